@@ -1,0 +1,92 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Class is what a failure is: remembered and acked, or released and retried.
+type Class int
+
+const (
+	// Retryable failures release the key and nack, so the redelivery runs
+	// again (until MaxAttempts). Unknown errors are retryable.
+	Retryable Class = iota
+	// Cached failures are stored for FailureTTL and acked; duplicates get the
+	// stored failure and the handler is not run again.
+	Cached
+)
+
+func (c Class) String() string {
+	if c == Cached {
+		return "cached"
+	}
+	return "retryable"
+}
+
+// classified marks an error with a class. errors.As finds the outermost
+// marker, so re-wrapping with another marker overrides an inner one.
+type classified struct {
+	err   error
+	class Class
+}
+
+func (c *classified) Error() string { return c.err.Error() }
+func (c *classified) Unwrap() error { return c.err }
+
+// Permanent marks err as a cached failure: it is stored and never re-run.
+// Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err, class: Cached}
+}
+
+// Transient marks err as retryable even when it would otherwise be cached.
+// Transient(nil) is nil.
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{err: err, class: Retryable}
+}
+
+// Permanentf is fmt.Errorf followed by Permanent.
+func Permanentf(format string, args ...any) error {
+	return Permanent(fmt.Errorf(format, args...))
+}
+
+// IsPermanent reports whether the policy would cache err.
+func (p Policy) IsPermanent(err error) bool { return p.Classify(err) == Cached }
+
+// Classify sorts err. The order, first match wins:
+//  1. the Classifier predicate, when it returns ok;
+//  2. the outermost Permanent or Transient marker;
+//  3. RetryableErrors, then CachedErrors, by errors.Is;
+//  4. anything else, context cancellation and deadlines included, is retryable.
+func (p Policy) Classify(err error) Class {
+	if err == nil {
+		return Retryable
+	}
+	if p.Classifier != nil {
+		if c, ok := p.Classifier(err); ok {
+			return c
+		}
+	}
+	var marked *classified
+	if errors.As(err, &marked) {
+		return marked.class
+	}
+	for _, target := range p.RetryableErrors {
+		if errors.Is(err, target) {
+			return Retryable
+		}
+	}
+	for _, target := range p.CachedErrors {
+		if errors.Is(err, target) {
+			return Cached
+		}
+	}
+	return Retryable
+}
