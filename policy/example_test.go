@@ -1,0 +1,27 @@
+package policy_test
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/oncemill/oncemill/policy"
+)
+
+func ExamplePolicy_Classify() {
+	errInsufficientFunds := errors.New("insufficient funds")
+
+	p := policy.Default()
+	p.SuccessTTL = 7 * 24 * time.Hour
+	p.CachedErrors = []error{errInsufficientFunds}
+
+	fmt.Println(p.Classify(fmt.Errorf("charge: %w", errInsufficientFunds)))
+	fmt.Println(p.Classify(errors.New("connection reset")))
+	fmt.Println(p.Classify(policy.Permanent(errors.New("amount must be positive"))))
+	fmt.Println(p.Validate())
+	// Output:
+	// cached
+	// retryable
+	// cached
+	// <nil>
+}
