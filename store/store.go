@@ -16,18 +16,24 @@ type Store interface {
 	Complete(ctx context.Context, lease Lease, out Outcome) error
 	// Release gives the key back after a retryable failure. The record keeps
 	// its attempt count for keep, so attempts are counted across deliveries.
+	// With keep <= 0 the record is removed (the key is absent again).
 	// ErrLeaseLost if the lease is not current.
 	Release(ctx context.Context, lease Lease, keep time.Duration) error
 	// Extend pushes the lease expiry to now+d and returns the updated lease.
 	// ErrLeaseLost if the lease is not current or has already expired.
+	// ErrInvalidRequest if d is not positive.
 	Extend(ctx context.Context, lease Lease, d time.Duration) (Lease, error)
 	// Get returns the unexpired record of (scope, key), or ErrNotFound.
+	// An in-progress record whose lease has expired counts as expired.
 	Get(ctx context.Context, scope, key string) (Record, error)
 	// Delete removes the record of (scope, key), whatever its state. It is
 	// for operators; deleting a live lease lets a duplicate run again.
 	Delete(ctx context.Context, scope, key string) error
 	// DeleteExpired removes up to limit expired records and returns how many
 	// it removed. Expired records are already invisible; this frees space.
+	// Expired leases are removed too, after which the next Begin of their
+	// key starts again at attempt 1. ErrInvalidRequest if limit is not
+	// positive.
 	DeleteExpired(ctx context.Context, limit int) (int, error)
 }
 

@@ -1,0 +1,26 @@
+// Package pipeline holds oncemill's stages, each an ordinary Watermill
+// message.HandlerMiddleware that can be used alone.
+//
+// The idempotency stage does what DESIGN.md's table "What a duplicate gets"
+// says:
+//
+//   - Execute: the handler runs under a lease that a heartbeat keeps alive.
+//     On success the produced messages (UUID, metadata, payload) are stored
+//     as the result and returned to the router.
+//   - Replay of a success: the stored produced messages are returned again
+//     with the same UUIDs, so the router re-publishes what a crash lost.
+//   - Replay of a cached failure: acked; the handler is not run.
+//   - In progress: wait up to a bound, then replay or nack after a delay.
+//   - Mismatch, or a key that cannot be computed: a permanent failure, acked.
+//   - A retryable failure releases the key and nacks; after
+//     policy.MaxAttempts deliveries the failure is cached instead.
+//
+// A panic in the handler is recovered like Watermill's middleware.Recoverer
+// does: it becomes a middleware.RecoveredPanicError carrying the stack, the
+// key is released (or the failure cached, if the policy says so), and the
+// error goes back to the router. Put Recoverer outside oncemill if you want
+// it for other middlewares too; it sees an error, never a panic.
+//
+// The handler reads its fencing token and attempt number with
+// LeaseFromContext(msg.Context()).
+package pipeline

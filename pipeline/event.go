@@ -1,0 +1,78 @@
+package pipeline
+
+import "github.com/oncemill/oncemill/store"
+
+// Outcome is what the idempotency stage did with one delivery.
+type Outcome int
+
+const (
+	// Executed: the handler ran and succeeded; the result is stored. Acked.
+	Executed Outcome = iota + 1
+	// Replayed: a duplicate of a success; the stored messages were returned. Acked.
+	Replayed
+	// FailureCached: the handler failed permanently (or ran out of attempts)
+	// and the failure is stored. Acked.
+	FailureCached
+	// FailureReplayed: a duplicate of a cached failure; not run. Acked.
+	FailureReplayed
+	// Released: the handler failed retryably; the key was released. Nacked.
+	Released
+	// InProgressNacked: another delivery held the key past the wait. Nacked.
+	InProgressNacked
+	// Rejected: a permanent failure before the handler could run (no key,
+	// mismatch, payload too large, an in-progress duplicate under policy.Reject). Acked.
+	Rejected
+	// Unguarded: no key could be computed and the policy said to run anyway.
+	Unguarded
+	// StoreFailed: the store could not decide. Nacked, so nothing is lost.
+	StoreFailed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Executed:
+		return "executed"
+	case Replayed:
+		return "replayed"
+	case FailureCached:
+		return "failure_cached"
+	case FailureReplayed:
+		return "failure_replayed"
+	case Released:
+		return "released"
+	case InProgressNacked:
+		return "in_progress_nacked"
+	case Rejected:
+		return "rejected"
+	case Unguarded:
+		return "unguarded"
+	case StoreFailed:
+		return "store_failed"
+	}
+	return "unknown"
+}
+
+// Acked reports whether the delivery is acknowledged with this outcome.
+func (o Outcome) Acked() bool {
+	switch o {
+	case Released, InProgressNacked, StoreFailed:
+		return false
+	}
+	return true
+}
+
+// Event describes one delivery after the idempotency stage decided on it.
+type Event struct {
+	MessageUUID string
+	Scope       string
+	Key         string
+	Outcome     Outcome
+	// Decision is the store's last decision; zero when the store was not reached.
+	Decision store.Decision
+	// Attempt and Token describe the lease for executed deliveries.
+	Attempt  int
+	Token    int64
+	Takeover bool
+	// Err is the handler's error, or why the delivery was rejected.
+	Err error
+}

@@ -1,0 +1,376 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+)
+
+// Errors the idempotency stage reports. Permanent ones are acked and carried
+// in Event.Err; ErrInProgress goes back to the router, which nacks.
+var (
+	// ErrInProgress: another delivery holds the key past the wait bound.
+	ErrInProgress = errors.New("oncemill: key is being processed by another delivery")
+	// ErrMismatch: the key is known with a different payload.
+	ErrMismatch = errors.New("oncemill: key reused with a different payload")
+	// ErrPayloadTooLarge: the payload is over policy.MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("oncemill: payload too large")
+	// ErrRejected: an in-progress duplicate under policy.Reject.
+	ErrRejected = errors.New("oncemill: duplicate rejected while the key is in progress")
+	// ErrInvalidConfig is wrapped by every NewIdempotency error.
+	ErrInvalidConfig = errors.New("oncemill: invalid configuration")
+)
+
+// Error kinds stored with a cached failure (store.Record.ErrorKind).
+const (
+	KindPermanent         = "permanent"
+	KindAttemptsExhausted = "attempts_exhausted"
+)
+
+// IdempotencyConfig configures the idempotency stage.
+type IdempotencyConfig struct {
+	Store store.Store
+	// Keys computes the key; required.
+	Keys keygen.Generator
+	// Fingerprint identifies the payload for mismatch detection. Nil uses
+	// keygen.FingerprintOf(Keys, msg); return "" to turn detection off.
+	Fingerprint func(*message.Message) string
+	// Scope names the key space. Empty uses the Watermill handler name from
+	// the message context, so two handlers of one topic each run a message once.
+	Scope string
+	// Policy decides TTLs, leases and classification; validated here.
+	Policy policy.Policy
+	// Logger defaults to watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// OnEvent, when set, is called once per delivery, after the decision and
+	// before the router acks or nacks. It must be quick and safe for
+	// concurrent use.
+	OnEvent func(Event)
+}
+
+// Idempotency is the idempotency stage.
+type Idempotency struct {
+	store       store.Store
+	keys        keygen.Generator
+	fingerprint func(*message.Message) string
+	scope       string
+	policy      policy.Policy
+	logger      watermill.LoggerAdapter
+	onEvent     func(Event)
+	maxKeyLen   int
+}
+
+// NewIdempotency validates cfg and returns the stage.
+func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("%w: Store is nil; pass a store such as memory.New(memory.Options{})", ErrInvalidConfig)
+	}
+	if cfg.Keys == nil {
+		return nil, fmt.Errorf("%w: Keys is nil; pass a key generator such as keygen.UUID()", ErrInvalidConfig)
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	s := &Idempotency{
+		store:       cfg.Store,
+		keys:        cfg.Keys,
+		fingerprint: cfg.Fingerprint,
+		scope:       cfg.Scope,
+		policy:      cfg.Policy,
+		logger:      cfg.Logger,
+		onEvent:     cfg.OnEvent,
+	}
+	if s.fingerprint == nil {
+		keys := cfg.Keys
+		s.fingerprint = func(m *message.Message) string { return keygen.FingerprintOf(keys, m) }
+	}
+	if s.logger == nil {
+		s.logger = watermill.NopLogger{}
+	}
+	if l, ok := cfg.Store.(store.KeyLimiter); ok {
+		s.maxKeyLen = l.MaxKeyLen()
+	}
+	return s, nil
+}
+
+// delivery is one message passing through the stage.
+type delivery struct {
+	msg   *message.Message
+	event Event
+}
+
+// Middleware is the stage as a Watermill middleware.
+func (s *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		d := &delivery{msg: msg, event: Event{MessageUUID: msg.UUID}}
+		msgs, err := s.handle(d, h)
+		if s.onEvent != nil {
+			s.onEvent(d.event)
+		}
+		return msgs, err
+	}
+}
+
+// handle keeps the common path (execute or replay) in one small frame: every
+// message runs on a fresh router goroutine, whose stack would otherwise grow
+// and be copied. Rare paths live in their own functions.
+func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+	msg := d.msg
+	d.event.Scope = s.scope
+	if d.event.Scope == "" {
+		d.event.Scope = message.HandlerNameFromCtx(msg.Context())
+	}
+	if len(msg.Payload) > s.policy.MaxPayloadBytes {
+		return s.tooLarge(d)
+	}
+	key, err := s.keys.Key(msg)
+	if err == nil && key == "" {
+		err = keygen.ErrEmptyKey
+	}
+	if err != nil {
+		return s.noKey(d, h, err)
+	}
+	d.event.Key = keygen.Limit(key, s.maxKeyLen)
+	req := store.BeginRequest{
+		Scope:       d.event.Scope,
+		Key:         d.event.Key,
+		Fingerprint: s.fingerprint(msg),
+		Lease:       s.policy.Lease,
+	}
+	var w waiter
+	for {
+		res, err := s.store.Begin(msg.Context(), req)
+		if err != nil {
+			return s.storeFailed(d, err)
+		}
+		d.event.Decision = res.Decision
+		switch res.Decision {
+		case store.Execute:
+			return s.execute(d, h, &res)
+		case store.Replay:
+			return s.replay(d, &res.Record)
+		case store.InProgress:
+			if again, err := s.inProgress(d, &w); !again {
+				return nil, err
+			}
+		case store.Mismatch:
+			return s.reject(d, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
+		default:
+			return s.storeFailed(d, fmt.Errorf("unknown decision %d", res.Decision))
+		}
+	}
+}
+
+func (s *Idempotency) tooLarge(d *delivery) ([]*message.Message, error) {
+	return s.reject(d, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes))
+}
+
+func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*message.Message, error) {
+	if s.policy.MissingKey == policy.ExecuteUnguarded {
+		d.event.Outcome, d.event.Err = Unguarded, err
+		return runHandler(h, d.msg)
+	}
+	return s.reject(d, fmt.Errorf("cannot compute the idempotency key: %w", err))
+}
+
+func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, error) {
+	d.event.Outcome, d.event.Err = StoreFailed, err
+	return nil, fmt.Errorf("oncemill: store begin: %w", err)
+}
+
+// waiter paces the polling of a key held by another delivery.
+type waiter struct {
+	pause *backoff.ExponentialBackOff
+	until time.Time
+}
+
+// inProgress decides what a duplicate does while another delivery holds the
+// key: ask the store again (true), or give up with the error to return.
+func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error) {
+	ctx := d.msg.Context()
+	switch s.policy.InProgress {
+	case policy.Reject:
+		_, err := s.reject(d, ErrRejected)
+		return false, err
+	case policy.Wait:
+		if w.pause == nil {
+			w.pause = &backoff.ExponentialBackOff{InitialInterval: 5 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: 250 * time.Millisecond}
+			w.until = time.Now().Add(s.policy.InProgressWait)
+		}
+		if pause := min(w.pause.NextBackOff(), time.Until(w.until)); pause > 0 {
+			if err := sleep(ctx, pause); err != nil {
+				d.event.Outcome, d.event.Err = InProgressNacked, err
+				return false, err
+			}
+			return true, nil
+		}
+	}
+	err = fmt.Errorf("%w: scope %q key %q", ErrInProgress, d.event.Scope, d.event.Key)
+	d.event.Outcome, d.event.Err = InProgressNacked, err
+	if serr := sleep(ctx, s.policy.NackDelay); serr != nil {
+		return false, errors.Join(err, serr)
+	}
+	return false, err
+}
+
+// reject acks a delivery that must never run.
+func (s *Idempotency) reject(d *delivery, err error) ([]*message.Message, error) {
+	d.event.Outcome, d.event.Err = Rejected, policy.Permanent(err)
+	s.logger.Error("Message rejected as a permanent failure; it is acked and not run", err, s.fields(d))
+	return nil, nil
+}
+
+func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message, error) {
+	if rec.Status == store.StatusFailed {
+		d.event.Outcome = FailureReplayed
+		d.event.Err = policy.Permanent(fmt.Errorf("cached failure (%s): %s", rec.ErrorKind, rec.ErrorMessage))
+		return nil, nil
+	}
+	d.event.Outcome = Replayed
+	msgs, omitted, err := decodeResult(rec.Result)
+	switch {
+	case err != nil:
+		d.event.Err = err
+		s.logger.Error("Stored result cannot be decoded; the duplicate is acked without re-publishing", err, s.fields(d))
+	case omitted:
+		s.logger.Info("Duplicate of a success whose produced messages were too large to store; nothing is re-published", s.fields(d))
+	}
+	return msgs, nil
+}
+
+func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.BeginResult) ([]*message.Message, error) {
+	lease := res.Lease
+	d.event.Attempt, d.event.Token, d.event.Takeover = lease.Attempt, lease.Token, res.Takeover
+
+	orig := d.msg.Context()
+	ctx, cancel := context.WithCancelCause(orig)
+	d.msg.SetContext(&handlerContext{Context: ctx, lease: lease})
+	hb := startHeartbeat(s.store, lease, &s.policy, cancel)
+	msgs, herr := runHandler(h, d.msg)
+	hb.stop()
+	cancel(nil)
+	d.msg.SetContext(orig)
+
+	// The store writes that follow record what already happened, so a router
+	// that is shutting down must not cut them short. Stores bound their own
+	// operations (connection and statement timeouts).
+	sctx := context.WithoutCancel(orig)
+	if herr == nil {
+		return s.succeed(sctx, d, lease, msgs)
+	}
+	return s.fail(sctx, d, lease, herr)
+}
+
+func (s *Idempotency) succeed(ctx context.Context, d *delivery, lease store.Lease, msgs []*message.Message) ([]*message.Message, error) {
+	d.event.Outcome = Executed
+	result, err := encodeResult(msgs, s.policy.MaxResultBytes)
+	if err != nil {
+		s.logger.Error("Produced messages are not stored; a duplicate will not re-publish them", err, s.fields(d))
+	}
+	err = s.finish(ctx, lease, store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL})
+	if err != nil {
+		// The effect happened: nacking now would run it again after the lease
+		// expires. Ack, and let the router publish what the handler produced.
+		d.event.Err = err
+		s.logger.Error("Handler succeeded but the success could not be recorded; a later duplicate may run again", err, s.fields(d))
+	}
+	return msgs, nil
+}
+
+func (s *Idempotency) fail(ctx context.Context, d *delivery, lease store.Lease, herr error) ([]*message.Message, error) {
+	d.event.Err = herr
+	kind := ""
+	switch {
+	case s.policy.Classify(herr) == policy.Cached:
+		kind = KindPermanent
+	case lease.Attempt >= s.policy.MaxAttempts:
+		kind = KindAttemptsExhausted
+	}
+	if kind == "" {
+		d.event.Outcome = Released
+		if err := s.store.Release(ctx, lease, s.policy.FailureTTL); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+			// The lease will expire on its own; the redelivery then takes over.
+			s.logger.Error("Could not release the key after a retryable failure", err, s.fields(d))
+		}
+		return nil, herr
+	}
+	d.event.Outcome = FailureCached
+	err := s.finish(ctx, lease, store.Outcome{Status: store.StatusFailed, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL})
+	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		// Not recorded: nack, so the failure is decided again on redelivery
+		// rather than forgotten.
+		d.event.Outcome = StoreFailed
+		return nil, fmt.Errorf("oncemill: recording failure %q: %w", herr.Error(), err)
+	}
+	s.logger.Error("Handler failed permanently; the failure is cached and the message acked", herr, s.fields(d))
+	return nil, nil
+}
+
+// finish completes the lease, retrying transient store errors briefly. A lost
+// lease is final: another delivery has taken over. The first try is made
+// directly so the common path pays nothing for the retry machinery.
+func (s *Idempotency) finish(ctx context.Context, lease store.Lease, out store.Outcome) error {
+	err := s.store.Complete(ctx, lease, out)
+	if err == nil || isFinal(err) {
+		return err
+	}
+	_, err = backoff.Retry(ctx, func() (struct{}, error) {
+		err := s.store.Complete(ctx, lease, out)
+		if isFinal(err) {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		return struct{}{}, err
+	}, backoff.WithMaxTries(2), backoff.WithBackOff(&backoff.ExponentialBackOff{
+		InitialInterval: 20 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 3, MaxInterval: time.Second,
+	}))
+	return err
+}
+
+// isFinal reports store errors that retrying cannot change.
+func isFinal(err error) bool {
+	return errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalidRequest)
+}
+
+func (s *Idempotency) fields(d *delivery) watermill.LogFields {
+	return watermill.LogFields{
+		"message_uuid": d.event.MessageUUID,
+		"scope":        d.event.Scope,
+		"key":          d.event.Key,
+		"attempt":      d.event.Attempt,
+	}
+}
+
+// runHandler turns a panic into an error the way middleware.Recoverer does.
+func runHandler(h message.HandlerFunc, msg *message.Message) (msgs []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			msgs, err = nil, middleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())}
+		}
+	}()
+	return h(msg)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,594 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/memory"
+	"github.com/oncemill/oncemill/store/storetest"
+)
+
+var errDeclined = errors.New("card declined")
+
+// harness is one idempotency stage over a memory store with a manual clock,
+// recording every event.
+type harness struct {
+	t      *testing.T
+	store  *memory.Store
+	clock  *storetest.Clock
+	stage  *pipeline.Idempotency
+	mu     sync.Mutex
+	events []pipeline.Event
+}
+
+func newHarness(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *harness {
+	t.Helper()
+	h := &harness{t: t, clock: storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
+	st, err := memory.New(memory.Options{Now: h.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	h.store = st
+	cfg := pipeline.IdempotencyConfig{
+		Store:  st,
+		Keys:   keygen.UUID(),
+		Scope:  "test",
+		Policy: policy.Default(),
+		OnEvent: func(e pipeline.Event) {
+			h.mu.Lock()
+			h.events = append(h.events, e)
+			h.mu.Unlock()
+		},
+	}
+	cfg.Policy.NackDelay = 0
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	h.stage, err = pipeline.NewIdempotency(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *harness) last() pipeline.Event {
+	h.t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.events) == 0 {
+		h.t.Fatal("no event recorded")
+	}
+	return h.events[len(h.events)-1]
+}
+
+func (h *harness) outcomes() []pipeline.Outcome {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]pipeline.Outcome, len(h.events))
+	for i, e := range h.events {
+		out[i] = e.Outcome
+	}
+	return out
+}
+
+func msg(uuid, payload string) *message.Message {
+	return message.NewMessage(uuid, []byte(payload))
+}
+
+// produce returns a handler that counts its calls and produces one message.
+func produce(calls *atomic.Int32) message.HandlerFunc {
+	return func(m *message.Message) ([]*message.Message, error) {
+		calls.Add(1)
+		out := message.NewMessage("out-"+m.UUID, []byte("settled:"+string(m.Payload)))
+		out.Metadata.Set("source", m.UUID)
+		return []*message.Message{out}, nil
+	}
+}
+
+func TestExecuteStoresProducedMessagesAndReplayReturnsThem(t *testing.T) {
+	h := newHarness(t, nil)
+	var calls atomic.Int32
+	handler := h.stage.Middleware(produce(&calls))
+
+	first, err := handler(msg("m1", `{"a":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Executed || e.Decision != store.Execute || e.Attempt != 1 || e.Token <= 0 {
+		t.Fatalf("first delivery: %+v", e)
+	}
+
+	again, err := handler(msg("m1", `{"a":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", calls.Load())
+	}
+	if e := h.last(); e.Outcome != pipeline.Replayed || e.Decision != store.Replay {
+		t.Fatalf("duplicate: %+v", e)
+	}
+	if len(first) != 1 || len(again) != 1 {
+		t.Fatalf("produced %d then replayed %d messages, want 1 and 1", len(first), len(again))
+	}
+	if !first[0].Equals(again[0]) || again[0].UUID != "out-m1" || again[0].Metadata.Get("source") != "m1" {
+		t.Fatalf("replayed %+v, want the stored %+v with the same UUID", again[0], first[0])
+	}
+}
+
+func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
+	h := newHarness(t, nil)
+	var calls atomic.Int32
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		calls.Add(1)
+		return nil, policy.Permanent(errDeclined)
+	})
+	for i := 0; i < 3; i++ {
+		if out, err := handler(msg("m1", "x")); err != nil || out != nil {
+			t.Fatalf("delivery %d: (%v, %v), want an ack", i, out, err)
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", calls.Load())
+	}
+	got := h.outcomes()
+	want := []pipeline.Outcome{pipeline.FailureCached, pipeline.FailureReplayed, pipeline.FailureReplayed}
+	if !slices.Equal(got, want) {
+		t.Fatalf("outcomes %v, want %v", got, want)
+	}
+	rec, err := h.store.Get(context.Background(), "test", "m1")
+	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != pipeline.KindPermanent || !strings.Contains(rec.ErrorMessage, "card declined") {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+	if err := h.last().Err; err == nil || !strings.Contains(err.Error(), "card declined") || !policy.Default().IsPermanent(err) {
+		t.Fatalf("replayed failure event carries %v, want the cached permanent failure", err)
+	}
+}
+
+func TestCachedErrorsByErrorsIs(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.CachedErrors = []error{errDeclined} })
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return nil, errors.Join(errors.New("charging"), errDeclined)
+	})
+	if _, err := handler(msg("m1", "x")); err != nil {
+		t.Fatalf("a cached failure must be acked, got %v", err)
+	}
+	if e := h.last(); e.Outcome != pipeline.FailureCached || !errors.Is(e.Err, errDeclined) {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+func TestRetryableFailureReleasesAndNacks(t *testing.T) {
+	h := newHarness(t, nil)
+	transient := errors.New("gateway timeout")
+	var calls atomic.Int32
+	var attempts []int
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		lease, ok := pipeline.LeaseFromContext(m.Context())
+		if !ok {
+			t.Error("no lease in the handler context")
+		}
+		attempts = append(attempts, lease.Attempt)
+		if calls.Add(1) == 1 {
+			return nil, transient
+		}
+		return nil, nil
+	})
+	if _, err := handler(msg("m1", "x")); !errors.Is(err, transient) {
+		t.Fatalf("retryable failure must nack with the handler's error, got %v", err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Released {
+		t.Fatalf("event %+v", e)
+	}
+	rec, err := h.store.Get(context.Background(), "test", "m1")
+	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 1 {
+		t.Fatalf("released record %+v, %v", rec, err)
+	}
+	if _, err := handler(msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 2 || !slices.Equal(attempts, []int{1, 2}) {
+		t.Fatalf("calls %d attempts %v, want 2 calls with attempts [1 2]", calls.Load(), attempts)
+	}
+	if e := h.last(); e.Outcome != pipeline.Executed || e.Attempt != 2 {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+func TestAttemptCapCachesTheFailure(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxAttempts = 3 })
+	var calls atomic.Int32
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		calls.Add(1)
+		return nil, policy.Transient(errors.New("still down"))
+	})
+	for i := 1; i <= 2; i++ {
+		if _, err := handler(msg("m1", "x")); err == nil {
+			t.Fatalf("attempt %d under the cap must nack", i)
+		}
+	}
+	if _, err := handler(msg("m1", "x")); err != nil {
+		t.Fatalf("the attempt that reaches the cap must be acked, got %v", err)
+	}
+	if _, err := handler(msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 3 {
+		t.Fatalf("handler ran %d times, want 3", calls.Load())
+	}
+	want := []pipeline.Outcome{pipeline.Released, pipeline.Released, pipeline.FailureCached, pipeline.FailureReplayed}
+	if got := h.outcomes(); !slices.Equal(got, want) {
+		t.Fatalf("outcomes %v, want %v", got, want)
+	}
+	rec, _ := h.store.Get(context.Background(), "test", "m1")
+	if rec.ErrorKind != pipeline.KindAttemptsExhausted {
+		t.Fatalf("error kind %q, want %q", rec.ErrorKind, pipeline.KindAttemptsExhausted)
+	}
+}
+
+func TestInProgressWaitsThenReplays(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.InProgressWait = time.Minute })
+	started, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		calls.Add(1)
+		close(started)
+		<-release
+		return []*message.Message{msg("out-1", "done")}, nil
+	})
+	firstDone := make(chan error, 1)
+	go func() { _, err := handler(msg("m1", "x")); firstDone <- err }()
+	<-started
+
+	dupDone := make(chan []*message.Message, 1)
+	go func() {
+		out, err := handler(msg("m1", "x"))
+		if err != nil {
+			t.Errorf("waiting duplicate: %v", err)
+		}
+		dupDone <- out
+	}()
+	time.Sleep(50 * time.Millisecond) // let the duplicate find the key in progress
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	out := <-dupDone
+	if calls.Load() != 1 || len(out) != 1 || out[0].UUID != "out-1" {
+		t.Fatalf("calls %d, duplicate got %v; want 1 call and the replayed out-1", calls.Load(), out)
+	}
+}
+
+func TestInProgressPastTheBoundNacks(t *testing.T) {
+	for _, mode := range []policy.InProgressMode{policy.Wait, policy.Nack} {
+		t.Run(mode.String(), func(t *testing.T) {
+			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+				c.Policy.InProgress = mode
+				c.Policy.InProgressWait = 30 * time.Millisecond
+				c.Policy.NackDelay = 10 * time.Millisecond
+			})
+			if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int32
+			_, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
+			if !errors.Is(err, pipeline.ErrInProgress) {
+				t.Fatalf("got %v, want ErrInProgress (a nack)", err)
+			}
+			if e := h.last(); e.Outcome != pipeline.InProgressNacked || e.Decision != store.InProgress || calls.Load() != 0 {
+				t.Fatalf("event %+v, calls %d", e, calls.Load())
+			}
+		})
+	}
+}
+
+func TestInProgressRejectAcksAsPermanent(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.InProgress = policy.Reject })
+	if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "x")); err != nil {
+		t.Fatalf("reject must ack, got %v", err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, pipeline.ErrRejected) || calls.Load() != 0 {
+		t.Fatalf("event %+v calls %d", e, calls.Load())
+	}
+}
+
+func TestMismatchIsPermanentAndNeverRuns(t *testing.T) {
+	h := newHarness(t, nil)
+	var calls atomic.Int32
+	handler := h.stage.Middleware(produce(&calls))
+	if _, err := handler(msg("m1", `{"amount":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := handler(msg("m1", `{"amount":2}`))
+	if err != nil || out != nil {
+		t.Fatalf("mismatch must be acked with nothing produced, got (%v, %v)", out, err)
+	}
+	e := h.last()
+	if e.Outcome != pipeline.Rejected || e.Decision != store.Mismatch || !errors.Is(e.Err, pipeline.ErrMismatch) || !policy.Default().IsPermanent(e.Err) {
+		t.Fatalf("event %+v", e)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", calls.Load())
+	}
+}
+
+func TestWithoutFingerprintTreatsAChangedPayloadAsDuplicate(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Fingerprint = func(*message.Message) string { return "" } })
+	var calls atomic.Int32
+	handler := h.stage.Middleware(produce(&calls))
+	_, _ = handler(msg("m1", `{"amount":1}`))
+	_, _ = handler(msg("m1", `{"amount":2}`))
+	if e := h.last(); e.Outcome != pipeline.Replayed || calls.Load() != 1 {
+		t.Fatalf("event %+v calls %d", e, calls.Load())
+	}
+}
+
+func TestMissingKey(t *testing.T) {
+	t.Run("fails permanently by default", func(t *testing.T) {
+		h := newHarness(t, nil)
+		var calls atomic.Int32
+		if _, err := h.stage.Middleware(produce(&calls))(msg("", "x")); err != nil {
+			t.Fatalf("missing key must be acked, got %v", err)
+		}
+		e := h.last()
+		if e.Outcome != pipeline.Rejected || !errors.Is(e.Err, keygen.ErrEmptyUUID) || !errors.Is(e.Err, keygen.ErrNoKey) || calls.Load() != 0 {
+			t.Fatalf("event %+v calls %d", e, calls.Load())
+		}
+	})
+	t.Run("empty key from a function", func(t *testing.T) {
+		h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+			c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", nil })
+		})
+		var calls atomic.Int32
+		_, _ = h.stage.Middleware(produce(&calls))(msg("m1", "x"))
+		if e := h.last(); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, keygen.ErrEmptyKey) || calls.Load() != 0 {
+			t.Fatalf("event %+v calls %d", e, calls.Load())
+		}
+	})
+	t.Run("execute unguarded", func(t *testing.T) {
+		h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MissingKey = policy.ExecuteUnguarded })
+		var calls atomic.Int32
+		out, err := h.stage.Middleware(produce(&calls))(msg("", "x"))
+		if err != nil || len(out) != 1 || calls.Load() != 1 {
+			t.Fatalf("unguarded run: (%v, %v), calls %d", out, err, calls.Load())
+		}
+		if e := h.last(); e.Outcome != pipeline.Unguarded || !errors.Is(e.Err, keygen.ErrEmptyUUID) {
+			t.Fatalf("event %+v", e)
+		}
+	})
+}
+
+func TestPanicReleasesTheKeyLikeRecoverer(t *testing.T) {
+	h := newHarness(t, nil)
+	var calls atomic.Int32
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		if calls.Add(1) == 1 {
+			panic("boom")
+		}
+		return nil, nil
+	})
+	_, err := handler(msg("m1", "x"))
+	var rp middleware.RecoveredPanicError
+	if !errors.As(err, &rp) || rp.V != "boom" || !strings.Contains(rp.Stacktrace, "TestPanicReleasesTheKeyLikeRecoverer") {
+		t.Fatalf("got %v, want a RecoveredPanicError with the stack", err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Released {
+		t.Fatalf("event %+v", e)
+	}
+	if _, err := handler(msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Executed || e.Attempt != 2 {
+		t.Fatalf("redelivery after a panic: %+v", e)
+	}
+}
+
+func TestPayloadTooLargeIsRejected(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxPayloadBytes = 10 })
+	var calls atomic.Int32
+	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "0123456789ab")); err != nil {
+		t.Fatal(err)
+	}
+	e := h.last()
+	if e.Outcome != pipeline.Rejected || !errors.Is(e.Err, pipeline.ErrPayloadTooLarge) || !strings.Contains(e.Err.Error(), "12 bytes, limit 10") || calls.Load() != 0 {
+		t.Fatalf("event %+v calls %d", e, calls.Load())
+	}
+}
+
+func TestResultTooLargeIsRememberedWithoutMessages(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxResultBytes = 16 })
+	var calls atomic.Int32
+	handler := h.stage.Middleware(produce(&calls))
+	first, err := handler(msg("m1", "a payload long enough to overflow"))
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first delivery must still return its messages: (%v, %v)", first, err)
+	}
+	again, err := handler(msg("m1", "a payload long enough to overflow"))
+	if err != nil || len(again) != 0 || calls.Load() != 1 {
+		t.Fatalf("duplicate: (%v, %v) calls %d; want an ack with nothing to replay", again, err, calls.Load())
+	}
+	if e := h.last(); e.Outcome != pipeline.Replayed {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+func TestLeaseLostCancelsTheHandler(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Policy.Lease = time.Minute
+		c.Policy.Heartbeat = 5 * time.Millisecond // real time; the lease runs on the manual clock
+	})
+	started := make(chan struct{})
+	var cause error
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		close(started)
+		<-m.Context().Done()
+		cause = context.Cause(m.Context())
+		return nil, m.Context().Err()
+	})
+	done := make(chan error, 1)
+	go func() { _, err := handler(msg("m1", "x")); done <- err }()
+	<-started
+	h.clock.Advance(2 * time.Minute)
+	res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Fingerprint: keygen.PayloadFingerprint(msg("m1", "x")), Lease: time.Minute})
+	if err != nil || res.Decision != store.Execute || !res.Takeover {
+		t.Fatalf("takeover: %+v %v", res, err)
+	}
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("handler returned %v, want its canceled context error", err)
+	}
+	if !errors.Is(cause, pipeline.ErrLeaseLost) || !errors.Is(cause, store.ErrLeaseLost) {
+		t.Fatalf("cancel cause %v, want ErrLeaseLost", cause)
+	}
+}
+
+func TestHeartbeatKeepsTheLease(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Policy.Lease = time.Minute
+		c.Policy.Heartbeat = 5 * time.Millisecond
+	})
+	started, release := make(chan struct{}), make(chan struct{})
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		close(started)
+		<-release
+		return nil, m.Context().Err()
+	})
+	done := make(chan error, 1)
+	go func() { _, err := handler(msg("m1", "x")); done <- err }()
+	<-started
+	// Move the manual clock past the original lease in small steps, letting
+	// real heartbeats extend it between steps.
+	for i := 0; i < 10; i++ {
+		h.clock.Advance(20 * time.Second)
+		waitFor(t, func() bool {
+			rec, err := h.store.Get(context.Background(), "test", "m1")
+			return err == nil && rec.LeaseExpiresAt.After(h.clock.Now().Add(50*time.Second))
+		})
+	}
+	res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Minute})
+	if err != nil || res.Decision != store.InProgress {
+		t.Fatalf("after 200s of store time the heartbeat must still hold the lease: %+v %v", res, err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("handler saw %v", err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Executed {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+// waitFor polls cond for up to 10s; it guards against a hang, not a speed.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// failingStore fails the operations named in fail, and delegates the rest.
+type failingStore struct {
+	store.Store
+	failBegin, failComplete bool
+}
+
+var errStoreDown = errors.New("connection refused")
+
+func (f *failingStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	if f.failBegin {
+		return store.BeginResult{}, errStoreDown
+	}
+	return f.Store.Begin(ctx, req)
+}
+
+func (f *failingStore) Complete(ctx context.Context, l store.Lease, o store.Outcome) error {
+	if f.failComplete {
+		return errStoreDown
+	}
+	return f.Store.Complete(ctx, l, o)
+}
+
+func TestStoreDownOnBeginNacks(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failBegin: true} })
+	var calls atomic.Int32
+	_, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
+	if !errors.Is(err, errStoreDown) || calls.Load() != 0 {
+		t.Fatalf("got %v calls %d, want a nack wrapping the store error and no run", err, calls.Load())
+	}
+	if e := h.last(); e.Outcome != pipeline.StoreFailed || e.Outcome.Acked() {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failComplete: true} })
+	var calls atomic.Int32
+	out, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
+	if err != nil || len(out) != 1 {
+		t.Fatalf("got (%v, %v), want the produced message and an ack", out, err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Executed || !errors.Is(e.Err, errStoreDown) {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failComplete: true} })
+	_, err := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return nil, policy.Permanent(errDeclined)
+	})(msg("m1", "x"))
+	if !errors.Is(err, errStoreDown) {
+		t.Fatalf("an unrecorded permanent failure must be nacked, got %v", err)
+	}
+	if e := h.last(); e.Outcome != pipeline.StoreFailed {
+		t.Fatalf("event %+v", e)
+	}
+}
+
+func TestLongKeysAreHashedToTheStoreLimit(t *testing.T) {
+	h := newHarness(t, nil)
+	long := strings.Repeat("k", h.store.MaxKeyLen()+1)
+	var calls atomic.Int32
+	if _, err := h.stage.Middleware(produce(&calls))(msg(long, "x")); err != nil {
+		t.Fatal(err)
+	}
+	e := h.last()
+	if e.Outcome != pipeline.Executed || e.Key != keygen.Limit(long, h.store.MaxKeyLen()) || len(e.Key) > h.store.MaxKeyLen() {
+		t.Fatalf("event key %q (len %d)", e.Key, len(e.Key))
+	}
+}
+
+func TestNewIdempotencyRefusesBadConfig(t *testing.T) {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	for name, cfg := range map[string]pipeline.IdempotencyConfig{
+		"no store":   {Keys: keygen.UUID(), Policy: policy.Default()},
+		"no keys":    {Store: st, Policy: policy.Default()},
+		"bad policy": {Store: st, Keys: keygen.UUID()},
+	} {
+		if _, err := pipeline.NewIdempotency(cfg); !errors.Is(err, pipeline.ErrInvalidConfig) {
+			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}

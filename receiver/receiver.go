@@ -1,0 +1,210 @@
+package receiver
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+)
+
+// ErrInvalidConfig is wrapped by every error Build returns.
+var ErrInvalidConfig = errors.New("oncemill: invalid receiver configuration")
+
+// Builder collects the receiver's configuration. Each With method returns the
+// builder; Build validates everything at once.
+type Builder struct {
+	cfg          pipeline.IdempotencyConfig
+	heartbeatSet bool
+	errs         []error
+}
+
+// New starts a builder over st with the defaults: the message UUID as the key,
+// the handler name as the scope, and policy.Default.
+func New(st store.Store) *Builder {
+	return &Builder{cfg: pipeline.IdempotencyConfig{
+		Store:  st,
+		Keys:   keygen.UUID(),
+		Policy: policy.Default(),
+	}}
+}
+
+func (b *Builder) invalid(format string, args ...any) *Builder {
+	b.errs = append(b.errs, fmt.Errorf(format, args...))
+	return b
+}
+
+// WithKeyGenerator sets who a message is (default keygen.UUID()).
+func (b *Builder) WithKeyGenerator(g keygen.Generator) *Builder {
+	if g == nil {
+		return b.invalid("WithKeyGenerator(nil): pass a generator such as keygen.UUID()")
+	}
+	b.cfg.Keys = g
+	return b
+}
+
+// WithFingerprint sets how the payload is fingerprinted for mismatch
+// detection (default: the generator's own, else SHA-256 of the payload).
+func (b *Builder) WithFingerprint(f func(*message.Message) string) *Builder {
+	if f == nil {
+		return b.invalid("WithFingerprint(nil): use WithoutFingerprint to turn mismatch detection off")
+	}
+	b.cfg.Fingerprint = f
+	return b
+}
+
+// WithoutFingerprint turns mismatch detection off: a key seen again with a
+// different payload is treated as a duplicate.
+func (b *Builder) WithoutFingerprint() *Builder {
+	b.cfg.Fingerprint = func(*message.Message) string { return "" }
+	return b
+}
+
+// WithScope sets the key space (default: the Watermill handler name).
+// Use it to share records across handlers, or to separate tenants.
+func (b *Builder) WithScope(scope string) *Builder {
+	if scope == "" {
+		return b.invalid("WithScope(\"\"): leave it unset to scope by handler name, or pass a name")
+	}
+	b.cfg.Scope = scope
+	return b
+}
+
+// WithSuccessTTL sets how long a success is replayed (default 24h).
+func (b *Builder) WithSuccessTTL(d time.Duration) *Builder {
+	b.cfg.Policy.SuccessTTL = d
+	return b
+}
+
+// WithFailureTTL sets how long a cached failure, and the attempt count of a
+// released key, are remembered (default 1h).
+func (b *Builder) WithFailureTTL(d time.Duration) *Builder {
+	b.cfg.Policy.FailureTTL = d
+	return b
+}
+
+// WithLease sets the lease length (default 30s). Unless WithHeartbeat is
+// called, the heartbeat is a third of the lease.
+func (b *Builder) WithLease(d time.Duration) *Builder {
+	b.cfg.Policy.Lease = d
+	return b
+}
+
+// WithHeartbeat sets how often a running handler extends its lease; it must
+// be shorter than the lease.
+func (b *Builder) WithHeartbeat(d time.Duration) *Builder {
+	b.cfg.Policy.Heartbeat = d
+	b.heartbeatSet = true
+	return b
+}
+
+// WithMaxAttempts caps executions of one key across redeliveries (default 5);
+// the failure of the last one is cached.
+func (b *Builder) WithMaxAttempts(n int) *Builder {
+	b.cfg.Policy.MaxAttempts = n
+	return b
+}
+
+// WithInProgress sets what a duplicate does while another delivery holds its
+// key: policy.Wait up to wait, policy.Nack, or policy.Reject.
+func (b *Builder) WithInProgress(mode policy.InProgressMode, wait time.Duration) *Builder {
+	b.cfg.Policy.InProgress = mode
+	b.cfg.Policy.InProgressWait = wait
+	return b
+}
+
+// WithNackDelay sets the pause before an in-progress duplicate is nacked.
+func (b *Builder) WithNackDelay(d time.Duration) *Builder {
+	b.cfg.Policy.NackDelay = d
+	return b
+}
+
+// WithMissingKey sets what happens when no key can be computed.
+func (b *Builder) WithMissingKey(mode policy.MissingKeyMode) *Builder {
+	b.cfg.Policy.MissingKey = mode
+	return b
+}
+
+// WithMaxResultBytes bounds the stored produced messages of one success.
+func (b *Builder) WithMaxResultBytes(n int) *Builder {
+	b.cfg.Policy.MaxResultBytes = n
+	return b
+}
+
+// WithMaxPayloadBytes bounds the incoming payload; larger messages are
+// rejected as permanent failures.
+func (b *Builder) WithMaxPayloadBytes(n int) *Builder {
+	b.cfg.Policy.MaxPayloadBytes = n
+	return b
+}
+
+// WithCachedErrors adds errors (matched with errors.Is) whose failures are
+// cached and not retried.
+func (b *Builder) WithCachedErrors(errs ...error) *Builder {
+	b.cfg.Policy.CachedErrors = append(b.cfg.Policy.CachedErrors, errs...)
+	return b
+}
+
+// WithRetryableErrors adds errors (matched with errors.Is) that are always retried.
+func (b *Builder) WithRetryableErrors(errs ...error) *Builder {
+	b.cfg.Policy.RetryableErrors = append(b.cfg.Policy.RetryableErrors, errs...)
+	return b
+}
+
+// WithClassifier sets a predicate asked before every other rule; returning
+// ok=false falls through to them.
+func (b *Builder) WithClassifier(f func(error) (policy.Class, bool)) *Builder {
+	b.cfg.Policy.Classifier = f
+	return b
+}
+
+// WithLogger sets the Watermill logger (default: none).
+func (b *Builder) WithLogger(l watermill.LoggerAdapter) *Builder {
+	b.cfg.Logger = l
+	return b
+}
+
+// WithEventHandler is called once per delivery with what oncemill decided;
+// use it for counting. It must be quick and safe for concurrent use.
+func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
+	b.cfg.OnEvent = f
+	return b
+}
+
+// Build validates the configuration and returns the receiver.
+func (b *Builder) Build() (*Receiver, error) {
+	if len(b.errs) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(b.errs...))
+	}
+	cfg := b.cfg
+	if !b.heartbeatSet {
+		cfg.Policy.Heartbeat = cfg.Policy.Lease / 3
+	}
+	idem, err := pipeline.NewIdempotency(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return &Receiver{idempotency: idem}, nil
+}
+
+// Receiver is a built pipeline.
+type Receiver struct {
+	idempotency *pipeline.Idempotency
+}
+
+// Middleware is the receiver as a Watermill middleware: add it to a router
+// (router.AddMiddleware) or to one handler (handler.AddMiddleware).
+func (r *Receiver) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return r.idempotency.Middleware(h)
+}
+
+// Wrap returns h guarded by the receiver, for use without router middleware.
+func (r *Receiver) Wrap(h message.HandlerFunc) message.HandlerFunc {
+	return r.Middleware(h)
+}

@@ -1,0 +1,109 @@
+package receiver_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/store/memory"
+)
+
+func TestBuildRefusesBadConfiguration(t *testing.T) {
+	st, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cases := []struct {
+		name  string
+		build func() *receiver.Builder
+		says  string // what the error must tell the user to change
+	}{
+		{"nil store", func() *receiver.Builder { return receiver.New(nil) }, "Store is nil"},
+		{"nil key generator", func() *receiver.Builder { return receiver.New(st).WithKeyGenerator(nil) }, "WithKeyGenerator(nil)"},
+		{"nil fingerprint", func() *receiver.Builder { return receiver.New(st).WithFingerprint(nil) }, "WithoutFingerprint"},
+		{"empty scope", func() *receiver.Builder { return receiver.New(st).WithScope("") }, "WithScope"},
+		{"zero success TTL", func() *receiver.Builder { return receiver.New(st).WithSuccessTTL(0) }, "SuccessTTL"},
+		{"negative failure TTL", func() *receiver.Builder { return receiver.New(st).WithFailureTTL(-time.Second) }, "FailureTTL"},
+		{"zero lease", func() *receiver.Builder { return receiver.New(st).WithLease(0) }, "Lease is 0s"},
+		{"heartbeat equal to lease", func() *receiver.Builder {
+			return receiver.New(st).WithLease(time.Second).WithHeartbeat(time.Second)
+		}, "not shorter than Lease"},
+		{"heartbeat longer than lease", func() *receiver.Builder {
+			return receiver.New(st).WithHeartbeat(time.Minute)
+		}, "not shorter than Lease"},
+		{"zero heartbeat", func() *receiver.Builder { return receiver.New(st).WithHeartbeat(0) }, "Heartbeat is 0s"},
+		{"zero attempts", func() *receiver.Builder { return receiver.New(st).WithMaxAttempts(0) }, "MaxAttempts"},
+		{"unknown in-progress mode", func() *receiver.Builder {
+			return receiver.New(st).WithInProgress(policy.InProgressMode(9), time.Second)
+		}, "policy.Wait"},
+		{"wait without bound", func() *receiver.Builder { return receiver.New(st).WithInProgress(policy.Wait, 0) }, "InProgressWait"},
+		{"negative nack delay", func() *receiver.Builder { return receiver.New(st).WithNackDelay(-1) }, "NackDelay"},
+		{"unknown missing-key mode", func() *receiver.Builder {
+			return receiver.New(st).WithMissingKey(policy.MissingKeyMode(7))
+		}, "policy.FailMissingKey"},
+		{"zero result size", func() *receiver.Builder { return receiver.New(st).WithMaxResultBytes(0) }, "MaxResultBytes"},
+		{"zero payload size", func() *receiver.Builder { return receiver.New(st).WithMaxPayloadBytes(0) }, "MaxPayloadBytes"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := tc.build().Build()
+			if r != nil || !errors.Is(err, receiver.ErrInvalidConfig) {
+				t.Fatalf("Build() = %v, %v; want ErrInvalidConfig", r, err)
+			}
+			if !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("error %q does not say %q", err, tc.says)
+			}
+		})
+	}
+}
+
+func TestBuildReportsEveryBuilderMistake(t *testing.T) {
+	_, err := receiver.New(nil).WithKeyGenerator(nil).WithScope("").Build()
+	for _, want := range []string{"WithKeyGenerator(nil)", "WithScope"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %v does not mention %s", err, want)
+		}
+	}
+}
+
+func TestHeartbeatFollowsTheLeaseUnlessSet(t *testing.T) {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	// A 3s lease with the default 10s heartbeat would be refused; the
+	// heartbeat follows the lease when it was not set explicitly.
+	if _, err := receiver.New(st).WithLease(3 * time.Second).Build(); err != nil {
+		t.Fatalf("lease without explicit heartbeat: %v", err)
+	}
+	if _, err := receiver.New(st).WithHeartbeat(2 * time.Second).WithLease(3 * time.Second).Build(); err != nil {
+		t.Fatalf("explicit heartbeat below the lease: %v", err)
+	}
+}
+
+func TestWrapRunsOncePerKey(t *testing.T) {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	var outcomes []pipeline.Outcome
+	r, err := receiver.New(st).WithScope("orders").WithEventHandler(func(e pipeline.Event) {
+		outcomes = append(outcomes, e.Outcome)
+	}).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h := r.Wrap(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+	for i := 0; i < 3; i++ {
+		if _, err := h(message.NewMessage("order-1", []byte("{}"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 1 || len(outcomes) != 3 || outcomes[0] != pipeline.Executed || outcomes[2] != pipeline.Replayed {
+		t.Fatalf("calls %d outcomes %v", calls, outcomes)
+	}
+}

@@ -1,0 +1,476 @@
+package memory
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+const (
+	defaultShards          = 64
+	maxShards              = 1 << 16
+	defaultCleanupInterval = time.Minute
+	defaultMaxKeyLen       = 1024
+)
+
+// Options configure a Store. The zero value is ready to use.
+type Options struct {
+	// Shards is the number of independently locked shards (a power of two,
+	// default 64). More shards mean less lock contention between keys.
+	Shards int
+	// Now is the store's clock (default time.Now). Every expiry is judged by
+	// it. Tests pass storetest.Clock.Now.
+	Now func() time.Time
+	// CleanupInterval is how often expired records are swept (default 1m; a
+	// negative value disables the sweeper; zero means the default). Expired
+	// records are invisible either way; sweeping frees their memory.
+	CleanupInterval time.Duration
+	// MaxKeyLen is the longest key in bytes that Begin accepts (default
+	// 1024). Longer keys are refused with store.ErrInvalidRequest: callers
+	// hash them with keygen.Limit instead of truncating them.
+	MaxKeyLen int
+}
+
+func (o Options) withDefaults() (Options, error) {
+	switch {
+	case o.Shards == 0:
+		o.Shards = defaultShards
+	case o.Shards < 0 || o.Shards&(o.Shards-1) != 0:
+		return o, fmt.Errorf("memory: Options.Shards is %d; use a power of two such as %d, or 0 for the default", o.Shards, defaultShards)
+	case o.Shards > maxShards:
+		return o, fmt.Errorf("memory: Options.Shards is %d; use at most %d", o.Shards, maxShards)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.CleanupInterval == 0 {
+		o.CleanupInterval = defaultCleanupInterval
+	}
+	switch {
+	case o.MaxKeyLen == 0:
+		o.MaxKeyLen = defaultMaxKeyLen
+	case o.MaxKeyLen < 0:
+		return o, fmt.Errorf("memory: Options.MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
+	}
+	return o, nil
+}
+
+// Store is an in-memory store.Store for one process. It is safe for
+// concurrent use. Create it with New and stop it with Close.
+type Store struct {
+	shards    []shard
+	mask      uint64
+	seed      maphash.Seed
+	now       func() time.Time
+	maxKeyLen int
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	stop      chan struct{} // closed by Close; nil without a sweeper
+	done      chan struct{} // closed when the sweeper has exited
+}
+
+var (
+	_ store.Store      = (*Store)(nil)
+	_ store.KeyLimiter = (*Store)(nil)
+)
+
+// shard is one lock and the records it guards. A key always hashes to the
+// same shard, so the shard's token counter gives every key strictly rising
+// fencing tokens, even across Delete and expiry.
+type shard struct {
+	mu      sync.Mutex
+	records map[recordKey]*record
+	token   int64
+	// Keeps the locks of neighbouring shards off one cache line pair.
+	_ [128 - 24]byte
+}
+
+type recordKey struct {
+	scope, key string
+}
+
+// record is the stored state of one key. For an in-progress record
+// expiresAt equals leaseExpiresAt.
+type record struct {
+	fingerprint    string
+	status         store.Status
+	token          int64
+	attempt        int
+	leaseExpiresAt time.Time
+	result         []byte
+	errorKind      string
+	errorMessage   string
+	createdAt      time.Time
+	updatedAt      time.Time
+	expiresAt      time.Time
+}
+
+// New returns a store configured by opts, with its sweeper running unless
+// opts.CleanupInterval is negative.
+func New(opts Options) (*Store, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		shards:    make([]shard, opts.Shards),
+		mask:      uint64(opts.Shards - 1),
+		seed:      maphash.MakeSeed(),
+		now:       opts.Now,
+		maxKeyLen: opts.MaxKeyLen,
+	}
+	for i := range s.shards {
+		s.shards[i].records = make(map[recordKey]*record)
+	}
+	if opts.CleanupInterval > 0 {
+		s.stop = make(chan struct{})
+		s.done = make(chan struct{})
+		go s.sweep(opts.CleanupInterval)
+	}
+	return s, nil
+}
+
+// MaxKeyLen implements store.KeyLimiter.
+func (s *Store) MaxKeyLen() int { return s.maxKeyLen }
+
+// Close stops the sweeper and waits for it to exit. Afterwards every
+// operation returns store.ErrClosed. Close is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		if s.stop != nil {
+			close(s.stop)
+			<-s.done
+		}
+	})
+	return nil
+}
+
+func (s *Store) sweep(interval time.Duration) {
+	defer close(s.done)
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-ticker.C:
+			s.deleteExpired(context.Background(), 0)
+		}
+	}
+}
+
+func (s *Store) shardFor(k recordKey) *shard {
+	return &s.shards[maphash.Comparable(s.seed, k)&s.mask]
+}
+
+func (s *Store) checkOpen(op string) error {
+	if s.closed.Load() {
+		return fmt.Errorf("memory: %s: %w", op, store.ErrClosed)
+	}
+	return nil
+}
+
+func checkKey(op, key string) error {
+	if key == "" {
+		return fmt.Errorf("memory: %s: empty key: %w", op, store.ErrInvalidRequest)
+	}
+	return nil
+}
+
+// Begin implements store.Store.
+func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	if err := req.Validate(); err != nil {
+		return store.BeginResult{}, fmt.Errorf("memory: begin: %w", err)
+	}
+	if len(req.Key) > s.maxKeyLen {
+		return store.BeginResult{}, fmt.Errorf("memory: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit: %w",
+			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
+	}
+	if err := s.checkOpen("begin"); err != nil {
+		return store.BeginResult{}, err
+	}
+
+	k := recordKey{req.Scope, req.Key}
+	sh := s.shardFor(k)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	rec := sh.records[k]
+	if rec == nil {
+		rec = &record{}
+		sh.records[k] = rec
+	}
+	live := now.Before(rec.expiresAt)
+	if !live && rec.status != store.StatusInProgress {
+		// Absent, or finished or released and expired: the key is free.
+		*rec = record{fingerprint: req.Fingerprint, createdAt: now}
+		return sh.execute(k, rec, req, now, 1, false), nil
+	}
+
+	// The record is live, or an expired lease whose attempt count the new
+	// delivery carries on: either way it must be the same payload.
+	if req.Fingerprint != "" && rec.fingerprint != "" && req.Fingerprint != rec.fingerprint {
+		return store.BeginResult{Decision: store.Mismatch, Record: rec.snapshot(k)}, nil
+	}
+	switch rec.status {
+	case store.StatusInProgress:
+		if live {
+			return store.BeginResult{Decision: store.InProgress, Record: rec.snapshot(k)}, nil
+		}
+		return sh.execute(k, rec, req, now, rec.attempt+1, true), nil
+	case store.StatusRetryable:
+		return sh.execute(k, rec, req, now, rec.attempt+1, false), nil
+	default: // succeeded or failed
+		return store.BeginResult{Decision: store.Replay, Record: rec.snapshot(k)}, nil
+	}
+}
+
+// execute hands rec to the caller under a new lease. sh.mu is held.
+func (sh *shard) execute(k recordKey, rec *record, req store.BeginRequest, now time.Time, attempt int, takeover bool) store.BeginResult {
+	sh.token++
+	rec.status = store.StatusInProgress
+	rec.token = sh.token
+	rec.attempt = attempt
+	if req.Fingerprint != "" {
+		rec.fingerprint = req.Fingerprint
+	}
+	rec.leaseExpiresAt = now.Add(req.Lease)
+	rec.expiresAt = rec.leaseExpiresAt
+	rec.updatedAt = now
+	return store.BeginResult{
+		Decision: store.Execute,
+		Takeover: takeover,
+		Lease: store.Lease{
+			Scope:     k.scope,
+			Key:       k.key,
+			Token:     rec.token,
+			Attempt:   attempt,
+			ExpiresAt: rec.leaseExpiresAt,
+		},
+	}
+}
+
+// holder returns the in-progress record that lease currently holds, or
+// ErrLeaseLost. sh.mu is held.
+//
+// A lease whose expiry has passed still holds its record until someone takes
+// it over (or the record is swept): finishing late is safe, because the
+// token proves nobody else ran the key since.
+func (sh *shard) holder(op string, k recordKey, lease store.Lease) (*record, error) {
+	rec := sh.records[k]
+	if rec == nil || rec.status != store.StatusInProgress || rec.token != lease.Token {
+		return nil, fmt.Errorf("memory: %s %q/%q with token %d: %w", op, k.scope, k.key, lease.Token, store.ErrLeaseLost)
+	}
+	return rec, nil
+}
+
+// Complete implements store.Store.
+func (s *Store) Complete(_ context.Context, lease store.Lease, out store.Outcome) error {
+	if err := out.Validate(); err != nil {
+		return fmt.Errorf("memory: complete: %w", err)
+	}
+	if err := checkKey("complete", lease.Key); err != nil {
+		return err
+	}
+	if err := s.checkOpen("complete"); err != nil {
+		return err
+	}
+
+	// Copy before taking the lock: the caller may reuse its slice.
+	result := bytes.Clone(out.Result)
+	k := recordKey{lease.Scope, lease.Key}
+	sh := s.shardFor(k)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	rec, err := sh.holder("complete", k, lease)
+	if err != nil {
+		return err
+	}
+	rec.status = out.Status
+	rec.result = result
+	rec.errorKind = out.ErrorKind
+	rec.errorMessage = out.ErrorMessage
+	rec.leaseExpiresAt = time.Time{}
+	rec.expiresAt = now.Add(out.TTL)
+	rec.updatedAt = now
+	return nil
+}
+
+// Release implements store.Store. With keep <= 0 the record is removed.
+func (s *Store) Release(_ context.Context, lease store.Lease, keep time.Duration) error {
+	if err := checkKey("release", lease.Key); err != nil {
+		return err
+	}
+	if err := s.checkOpen("release"); err != nil {
+		return err
+	}
+
+	k := recordKey{lease.Scope, lease.Key}
+	sh := s.shardFor(k)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	rec, err := sh.holder("release", k, lease)
+	if err != nil {
+		return err
+	}
+	if keep <= 0 {
+		delete(sh.records, k)
+		return nil
+	}
+	rec.status = store.StatusRetryable
+	rec.leaseExpiresAt = time.Time{}
+	rec.expiresAt = now.Add(keep)
+	rec.updatedAt = now
+	return nil
+}
+
+// Extend implements store.Store.
+func (s *Store) Extend(_ context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
+	if d <= 0 {
+		return store.Lease{}, fmt.Errorf("memory: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
+	}
+	if err := checkKey("extend", lease.Key); err != nil {
+		return store.Lease{}, err
+	}
+	if err := s.checkOpen("extend"); err != nil {
+		return store.Lease{}, err
+	}
+
+	k := recordKey{lease.Scope, lease.Key}
+	sh := s.shardFor(k)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	rec, err := sh.holder("extend", k, lease)
+	if err != nil {
+		return store.Lease{}, err
+	}
+	// Unlike Complete, Extend refuses an expired lease: the holder has been
+	// running unprotected and must not pretend otherwise.
+	if !now.Before(rec.leaseExpiresAt) {
+		return store.Lease{}, fmt.Errorf("memory: extend %q/%q with token %d: lease expired: %w", k.scope, k.key, lease.Token, store.ErrLeaseLost)
+	}
+	rec.leaseExpiresAt = now.Add(d)
+	rec.expiresAt = rec.leaseExpiresAt
+	rec.updatedAt = now
+	return store.Lease{
+		Scope:     k.scope,
+		Key:       k.key,
+		Token:     rec.token,
+		Attempt:   rec.attempt,
+		ExpiresAt: rec.leaseExpiresAt,
+	}, nil
+}
+
+// Get implements store.Store. An in-progress record whose lease has expired
+// is not returned, like any other expired record.
+func (s *Store) Get(_ context.Context, scope, key string) (store.Record, error) {
+	if err := checkKey("get", key); err != nil {
+		return store.Record{}, err
+	}
+	if err := s.checkOpen("get"); err != nil {
+		return store.Record{}, err
+	}
+
+	k := recordKey{scope, key}
+	sh := s.shardFor(k)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	rec := sh.records[k]
+	if rec == nil || !now.Before(rec.expiresAt) {
+		return store.Record{}, fmt.Errorf("memory: get %q/%q: %w", scope, key, store.ErrNotFound)
+	}
+	return rec.snapshot(k), nil
+}
+
+// Delete implements store.Store.
+func (s *Store) Delete(_ context.Context, scope, key string) error {
+	if err := checkKey("delete", key); err != nil {
+		return err
+	}
+	if err := s.checkOpen("delete"); err != nil {
+		return err
+	}
+
+	k := recordKey{scope, key}
+	sh := s.shardFor(k)
+	sh.mu.Lock()
+	delete(sh.records, k)
+	sh.mu.Unlock()
+	return nil
+}
+
+// DeleteExpired implements store.Store. It removes expired leases too: the
+// next Begin of such a key then starts again at attempt 1.
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("memory: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
+	}
+	if err := s.checkOpen("delete expired"); err != nil {
+		return 0, err
+	}
+	return s.deleteExpired(ctx, limit)
+}
+
+// deleteExpired removes up to limit expired records, or all of them when
+// limit is 0. It holds one shard's lock at a time.
+func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
+	removed := 0
+	for i := range s.shards {
+		if err := ctx.Err(); err != nil {
+			return removed, fmt.Errorf("memory: delete expired: %w", err)
+		}
+		sh := &s.shards[i]
+		now := s.now()
+		sh.mu.Lock()
+		for k, rec := range sh.records {
+			if limit > 0 && removed == limit {
+				break
+			}
+			if !now.Before(rec.expiresAt) {
+				delete(sh.records, k)
+				removed++
+			}
+		}
+		sh.mu.Unlock()
+		if limit > 0 && removed == limit {
+			break
+		}
+	}
+	return removed, nil
+}
+
+// snapshot returns a copy of rec that the caller may keep and change.
+func (rec *record) snapshot(k recordKey) store.Record {
+	return store.Record{
+		Scope:          k.scope,
+		Key:            k.key,
+		Fingerprint:    rec.fingerprint,
+		Status:         rec.status,
+		Token:          rec.token,
+		Attempt:        rec.attempt,
+		LeaseExpiresAt: rec.leaseExpiresAt,
+		Result:         bytes.Clone(rec.result),
+		ErrorKind:      rec.errorKind,
+		ErrorMessage:   rec.errorMessage,
+		CreatedAt:      rec.createdAt,
+		UpdatedAt:      rec.updatedAt,
+		ExpiresAt:      rec.expiresAt,
+	}
+}

@@ -1,0 +1,125 @@
+package memory
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/storetest"
+)
+
+// len counts the records held, expired or not.
+func (s *Store) len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.records)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+func TestSweeperRemovesExpired(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	s, err := New(Options{Now: clock.Now, CleanupInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+
+	begin := func(key string, lease time.Duration) store.Lease {
+		t.Helper()
+		res, err := s.Begin(ctx, store.BeginRequest{Key: key, Lease: lease})
+		if err != nil || res.Decision != store.Execute {
+			t.Fatalf("Begin(%q) = %v, %v; want execute", key, res.Decision, err)
+		}
+		return res.Lease
+	}
+	for _, key := range []string{"a", "b", "c"} {
+		if err := s.Complete(ctx, begin(key, time.Minute), store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	begin("crashed", time.Minute)
+	if err := s.Release(ctx, begin("released", time.Minute), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, begin("live", time.Minute), store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+
+	clock.Advance(2 * time.Minute)
+	waitFor(t, "the sweeper to leave one record", func() bool { return s.len() == 1 })
+	if _, err := s.Get(ctx, "", "live"); err != nil {
+		t.Fatalf("the sweeper removed a live record: %v", err)
+	}
+}
+
+func TestSweeperDisabled(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	s, err := New(Options{Now: clock.Now, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.stop != nil || s.done != nil {
+		t.Fatal("a sweeper was started with a negative CleanupInterval")
+	}
+	ctx := context.Background()
+	if _, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute)
+	if n := s.len(); n != 1 {
+		t.Fatalf("%d records held, want the expired one still there", n)
+	}
+	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("DeleteExpired = %d, %v; want 1", n, err)
+	}
+}
+
+func TestCloseStopsSweeper(t *testing.T) {
+	s, err := New(Options{CleanupInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Concurrent Closes all return only once the sweeper has exited.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if err := s.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+			select {
+			case <-s.done:
+			default:
+				t.Error("Close returned before the sweeper exited")
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestShardPadding(t *testing.T) {
+	if size := unsafe.Sizeof(shard{}); size < 64 {
+		t.Fatalf("shard is %d bytes; neighbouring shards would share a cache line", size)
+	}
+}
+
+// waitFor polls cond for up to ten seconds. It never judges speed: a slow
+// machine only waits longer.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,885 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mathrand "math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+// Harness is what a store's test gives the suite.
+type Harness struct {
+	Store store.Store
+	// Advance moves the store's clock forward by d. Stores judged by a server
+	// clock (PostgreSQL now(), Redis TIME) implement it by moving every stored
+	// deadline d earlier.
+	Advance func(d time.Duration)
+}
+
+// Run runs the contract suite against the stores newHarness builds. It calls
+// newHarness once per subtest, with that subtest's t.
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	t.Helper()
+
+	tests := []struct {
+		name string
+		run  func(t *testing.T, e *env)
+	}{
+		{"BeginAbsentKeyExecutes", testBeginAbsentKeyExecutes},
+		{"ConcurrentBeginsExecuteOnce", testConcurrentBeginsExecuteOnce},
+		{"CompleteSuccessReplays", testCompleteSuccessReplays},
+		{"CompleteFailureReplays", testCompleteFailureReplays},
+		{"TakeoverAfterLeaseExpiry", testTakeoverAfterLeaseExpiry},
+		{"InProgressBeforeLeaseExpiry", testInProgressBeforeLeaseExpiry},
+		{"StaleAndUnknownTokens", testStaleAndUnknownTokens},
+		{"FinishedRecordsExpire", testFinishedRecordsExpire},
+		{"FingerprintMismatch", testFingerprintMismatch},
+		{"ExtendKeepsLease", testExtendKeepsLease},
+		{"AttemptsCountedAcrossRelease", testAttemptsCountedAcrossRelease},
+		{"ReleaseStaleLease", testReleaseStaleLease},
+		{"Delete", testDelete},
+		{"DeleteExpired", testDeleteExpired},
+		{"InvalidRequests", testInvalidRequests},
+		{"ScopesIsolate", testScopesIsolate},
+		{"ConcurrentStress", testConcurrentStress},
+		{"TokensIncrease", testTokensIncrease},
+		{"KeyLimiter", testKeyLimiter},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			if h.Store == nil {
+				t.Fatal("storetest: Harness.Store is nil")
+			}
+			if h.Advance == nil {
+				t.Fatal("storetest: Harness.Advance is nil")
+			}
+			tt.run(t, &env{
+				t:       t,
+				ctx:     t.Context(),
+				s:       h.Store,
+				advance: h.Advance,
+				scope:   "storetest/" + t.Name() + "/" + rand.Text()[:10],
+			})
+		})
+	}
+}
+
+// Durations used throughout. The margins around every expiry are at least a
+// second so that stores on a real server clock pass while the test runs.
+const (
+	lease = 10 * time.Second
+	ttl   = time.Hour
+)
+
+// env is one subtest's view of the store: its scope and helpers that fail
+// the test on unexpected errors.
+type env struct {
+	t       *testing.T
+	ctx     context.Context
+	s       store.Store
+	advance func(time.Duration)
+	scope   string
+}
+
+func (e *env) req(key, fp string, d time.Duration) store.BeginRequest {
+	return store.BeginRequest{Scope: e.scope, Key: key, Fingerprint: fp, Lease: d}
+}
+
+func (e *env) begin(key, fp string, d time.Duration) store.BeginResult {
+	e.t.Helper()
+	res, err := e.s.Begin(e.ctx, e.req(key, fp, d))
+	if err != nil {
+		e.t.Fatalf("Begin(%q, fp %q): %v", key, fp, err)
+	}
+	return res
+}
+
+// expect calls Begin and checks its decision.
+func (e *env) expect(want store.Decision, key, fp string, d time.Duration) store.BeginResult {
+	e.t.Helper()
+	res := e.begin(key, fp, d)
+	if res.Decision != want {
+		e.t.Fatalf("Begin(%q, fp %q) = %v, want %v (record %+v)", key, fp, res.Decision, want, res.Record)
+	}
+	return res
+}
+
+// execute calls Begin, expects Execute and returns the lease.
+func (e *env) execute(key, fp string) store.Lease {
+	e.t.Helper()
+	return e.expect(store.Execute, key, fp, lease).Lease
+}
+
+func (e *env) complete(l store.Lease, out store.Outcome) {
+	e.t.Helper()
+	if err := e.s.Complete(e.ctx, l, out); err != nil {
+		e.t.Fatalf("Complete(%q, token %d): %v", l.Key, l.Token, err)
+	}
+}
+
+func (e *env) release(l store.Lease, keep time.Duration) {
+	e.t.Helper()
+	if err := e.s.Release(e.ctx, l, keep); err != nil {
+		e.t.Fatalf("Release(%q, token %d): %v", l.Key, l.Token, err)
+	}
+}
+
+func (e *env) get(key string) store.Record {
+	e.t.Helper()
+	rec, err := e.s.Get(e.ctx, e.scope, key)
+	if err != nil {
+		e.t.Fatalf("Get(%q): %v", key, err)
+	}
+	return rec
+}
+
+func (e *env) getNotFound(key string) {
+	e.t.Helper()
+	rec, err := e.s.Get(e.ctx, e.scope, key)
+	if !errors.Is(err, store.ErrNotFound) {
+		e.t.Fatalf("Get(%q) = %+v, %v; want ErrNotFound", key, rec, err)
+	}
+}
+
+// leaseLost checks that op failed with ErrLeaseLost.
+func (e *env) leaseLost(op string, err error) {
+	e.t.Helper()
+	if !errors.Is(err, store.ErrLeaseLost) {
+		e.t.Fatalf("%s: err = %v, want ErrLeaseLost", op, err)
+	}
+}
+
+func (e *env) invalid(op string, err error) {
+	e.t.Helper()
+	if !errors.Is(err, store.ErrInvalidRequest) {
+		e.t.Fatalf("%s: err = %v, want ErrInvalidRequest", op, err)
+	}
+}
+
+func success(result []byte) store.Outcome {
+	return store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: ttl}
+}
+
+// closeTo reports whether a and b are within a millisecond: stores may keep
+// times at millisecond (Redis) or microsecond (PostgreSQL) precision.
+func closeTo(a, b time.Time) bool {
+	d := a.Sub(b)
+	return d > -time.Millisecond && d < time.Millisecond
+}
+
+func checkRecord(t *testing.T, rec store.Record, scope, key string, status store.Status, attempt int) {
+	t.Helper()
+	if rec.Scope != scope || rec.Key != key {
+		t.Errorf("record is for (%q, %q), want (%q, %q)", rec.Scope, rec.Key, scope, key)
+	}
+	if rec.Status != status {
+		t.Errorf("record status = %v, want %v", rec.Status, status)
+	}
+	if rec.Attempt != attempt {
+		t.Errorf("record attempt = %d, want %d", rec.Attempt, attempt)
+	}
+}
+
+func testBeginAbsentKeyExecutes(t *testing.T, e *env) {
+	res := e.expect(store.Execute, "k", "fp-1", lease)
+	l := res.Lease
+	if l.Scope != e.scope || l.Key != "k" {
+		t.Errorf("lease is for (%q, %q), want (%q, %q)", l.Scope, l.Key, e.scope, "k")
+	}
+	if l.Token <= 0 {
+		t.Errorf("lease token = %d, want > 0", l.Token)
+	}
+	if l.Attempt != 1 {
+		t.Errorf("lease attempt = %d, want 1", l.Attempt)
+	}
+	if res.Takeover {
+		t.Error("Takeover = true on an absent key")
+	}
+	if l.ExpiresAt.IsZero() {
+		t.Error("lease ExpiresAt is zero")
+	}
+
+	rec := e.get("k")
+	checkRecord(t, rec, e.scope, "k", store.StatusInProgress, 1)
+	if rec.Fingerprint != "fp-1" {
+		t.Errorf("record fingerprint = %q, want %q", rec.Fingerprint, "fp-1")
+	}
+	if rec.Token != l.Token {
+		t.Errorf("record token = %d, want the lease's %d", rec.Token, l.Token)
+	}
+	if !closeTo(rec.LeaseExpiresAt, l.ExpiresAt) {
+		t.Errorf("record LeaseExpiresAt = %v, want the lease's %v", rec.LeaseExpiresAt, l.ExpiresAt)
+	}
+	if !rec.ExpiresAt.Equal(rec.LeaseExpiresAt) {
+		t.Errorf("in-progress record ExpiresAt = %v, want LeaseExpiresAt %v", rec.ExpiresAt, rec.LeaseExpiresAt)
+	}
+	if got := rec.LeaseExpiresAt.Sub(rec.UpdatedAt); got < lease-time.Second || got > lease+time.Second {
+		t.Errorf("record LeaseExpiresAt - UpdatedAt = %v, want about %v", got, lease)
+	}
+}
+
+func testConcurrentBeginsExecuteOnce(t *testing.T, e *env) {
+	const n = 64
+	var (
+		start   = make(chan struct{})
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		results []store.BeginResult
+		errs    []error
+	)
+	for range n {
+		wg.Go(func() {
+			<-start
+			res, err := e.s.Begin(e.ctx, e.req("k", "fp", lease))
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			results = append(results, res)
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d Begins failed, first: %v", len(errs), n, errs[0])
+	}
+	var winner store.Lease
+	counts := map[store.Decision]int{}
+	for _, res := range results {
+		counts[res.Decision]++
+		if res.Decision == store.Execute {
+			winner = res.Lease
+		}
+	}
+	if counts[store.Execute] != 1 || counts[store.InProgress] != n-1 {
+		t.Fatalf("decisions = %v, want 1 execute and %d in_progress", counts, n-1)
+	}
+	for _, res := range results {
+		if res.Decision == store.InProgress && res.Record.Token != winner.Token {
+			t.Fatalf("InProgress record token = %d, want the winner's %d", res.Record.Token, winner.Token)
+		}
+	}
+}
+
+func testCompleteSuccessReplays(t *testing.T, e *env) {
+	// Binary, not UTF-8, with NUL bytes: stores must keep bytes, not text.
+	want := append([]byte("ok\x00\xff\xfe\x80"), bytes.Repeat([]byte{0, 1, 0xff}, 1000)...)
+	result := bytes.Clone(want)
+
+	l := e.execute("k", "fp")
+	e.complete(l, success(result))
+	result[0] = 'X' // the store copied the result; this changes nothing
+
+	res := e.expect(store.Replay, "k", "fp", lease)
+	checkRecord(t, res.Record, e.scope, "k", store.StatusSucceeded, 1)
+	if !bytes.Equal(res.Record.Result, want) {
+		t.Fatalf("replayed result differs from the stored one (%d bytes, want %d)", len(res.Record.Result), len(want))
+	}
+	if res.Lease.Token != 0 {
+		t.Errorf("Replay carries a lease with token %d", res.Lease.Token)
+	}
+	res.Record.Result[0] = 'Y' // nor does changing what was returned
+
+	rec := e.get("k")
+	checkRecord(t, rec, e.scope, "k", store.StatusSucceeded, 1)
+	if !bytes.Equal(rec.Result, want) {
+		t.Fatal("Get: result differs from the stored one")
+	}
+	if rec.Fingerprint != "fp" {
+		t.Errorf("record fingerprint = %q, want %q", rec.Fingerprint, "fp")
+	}
+	if !rec.LeaseExpiresAt.IsZero() {
+		t.Errorf("succeeded record LeaseExpiresAt = %v, want zero", rec.LeaseExpiresAt)
+	}
+	if got := rec.ExpiresAt.Sub(rec.UpdatedAt); got < ttl-time.Second || got > ttl+time.Second {
+		t.Errorf("record ExpiresAt - UpdatedAt = %v, want about the TTL %v", got, ttl)
+	}
+
+	// An empty result is a result too.
+	l = e.execute("empty", "")
+	e.complete(l, success(nil))
+	res = e.expect(store.Replay, "empty", "", lease)
+	if res.Record.Status != store.StatusSucceeded || len(res.Record.Result) != 0 {
+		t.Errorf("empty result replayed as %v with %d bytes", res.Record.Status, len(res.Record.Result))
+	}
+}
+
+func testCompleteFailureReplays(t *testing.T, e *env) {
+	l := e.execute("k", "fp")
+	e.complete(l, store.Outcome{
+		Status:       store.StatusFailed,
+		ErrorKind:    "validation",
+		ErrorMessage: "amount must be positive, got -3 (ünïcode ok)",
+		TTL:          ttl,
+	})
+
+	for _, rec := range []store.Record{e.expect(store.Replay, "k", "fp", lease).Record, e.get("k")} {
+		checkRecord(t, rec, e.scope, "k", store.StatusFailed, 1)
+		if rec.ErrorKind != "validation" {
+			t.Errorf("ErrorKind = %q, want %q", rec.ErrorKind, "validation")
+		}
+		if rec.ErrorMessage != "amount must be positive, got -3 (ünïcode ok)" {
+			t.Errorf("ErrorMessage = %q", rec.ErrorMessage)
+		}
+	}
+}
+
+func testTakeoverAfterLeaseExpiry(t *testing.T, e *env) {
+	stale := e.execute("k", "fp")
+	e.advance(lease + time.Second)
+
+	res := e.expect(store.Execute, "k", "fp", lease)
+	fresh := res.Lease
+	if !res.Takeover {
+		t.Error("Takeover = false after the lease expired")
+	}
+	if fresh.Token <= stale.Token {
+		t.Errorf("takeover token %d is not larger than the stale token %d", fresh.Token, stale.Token)
+	}
+	if fresh.Attempt != 2 {
+		t.Errorf("takeover attempt = %d, want 2", fresh.Attempt)
+	}
+
+	e.leaseLost("stale Complete", e.s.Complete(e.ctx, stale, success([]byte("stale"))))
+	e.leaseLost("stale Release", e.s.Release(e.ctx, stale, ttl))
+	_, err := e.s.Extend(e.ctx, stale, lease)
+	e.leaseLost("stale Extend", err)
+
+	rec := e.get("k")
+	checkRecord(t, rec, e.scope, "k", store.StatusInProgress, 2)
+	if rec.Token != fresh.Token {
+		t.Fatalf("record token = %d after stale calls, want the new holder's %d", rec.Token, fresh.Token)
+	}
+
+	e.complete(fresh, success([]byte("fresh")))
+	e.leaseLost("stale Complete after the new holder finished", e.s.Complete(e.ctx, stale, success([]byte("stale"))))
+
+	rec = e.get("k")
+	checkRecord(t, rec, e.scope, "k", store.StatusSucceeded, 2)
+	if string(rec.Result) != "fresh" {
+		t.Fatalf("result = %q, want the new holder's %q", rec.Result, "fresh")
+	}
+}
+
+func testInProgressBeforeLeaseExpiry(t *testing.T, e *env) {
+	l := e.execute("k", "fp")
+	e.advance(lease - time.Second)
+
+	res := e.expect(store.InProgress, "k", "fp", lease)
+	if res.Takeover {
+		t.Error("Takeover = true for InProgress")
+	}
+	if res.Lease.Token != 0 {
+		t.Errorf("InProgress carries a lease with token %d", res.Lease.Token)
+	}
+	checkRecord(t, res.Record, e.scope, "k", store.StatusInProgress, 1)
+	if res.Record.Token != l.Token {
+		t.Errorf("record token = %d, want the holder's %d", res.Record.Token, l.Token)
+	}
+	if res.Record.Fingerprint != "fp" {
+		t.Errorf("record fingerprint = %q, want %q", res.Record.Fingerprint, "fp")
+	}
+
+	// The holder is undisturbed.
+	e.complete(l, success([]byte("done")))
+	e.expect(store.Replay, "k", "fp", lease)
+}
+
+func testStaleAndUnknownTokens(t *testing.T, e *env) {
+	l := e.execute("done", "")
+	e.complete(l, success([]byte("first")))
+	e.leaseLost("second Complete", e.s.Complete(e.ctx, l, success([]byte("second"))))
+	e.leaseLost("Release after Complete", e.s.Release(e.ctx, l, ttl))
+	_, err := e.s.Extend(e.ctx, l, lease)
+	e.leaseLost("Extend after Complete", err)
+	if rec := e.get("done"); rec.Status != store.StatusSucceeded || string(rec.Result) != "first" {
+		t.Fatalf("record = %v %q after stale calls, want succeeded %q", rec.Status, rec.Result, "first")
+	}
+
+	held := e.execute("held", "")
+	for _, token := range []int64{held.Token + 1, held.Token + 1000, held.Token - 1, 0, -1} {
+		fake := held
+		fake.Token = token
+		e.leaseLost(fmt.Sprintf("Complete with made-up token %d", token), e.s.Complete(e.ctx, fake, success(nil)))
+		e.leaseLost(fmt.Sprintf("Release with made-up token %d", token), e.s.Release(e.ctx, fake, ttl))
+		_, err := e.s.Extend(e.ctx, fake, lease)
+		e.leaseLost(fmt.Sprintf("Extend with made-up token %d", token), err)
+	}
+	if rec := e.get("held"); rec.Status != store.StatusInProgress || rec.Token != held.Token {
+		t.Fatalf("record = %v token %d after made-up tokens, want in_progress token %d", rec.Status, rec.Token, held.Token)
+	}
+	e.complete(held, success(nil))
+
+	absent := store.Lease{Scope: e.scope, Key: "absent", Token: held.Token, Attempt: 1}
+	e.leaseLost("Complete of an absent key", e.s.Complete(e.ctx, absent, success(nil)))
+	e.leaseLost("Release of an absent key", e.s.Release(e.ctx, absent, ttl))
+	_, err = e.s.Extend(e.ctx, absent, lease)
+	e.leaseLost("Extend of an absent key", err)
+	e.getNotFound("absent")
+}
+
+func testFinishedRecordsExpire(t *testing.T, e *env) {
+	ok := e.execute("ok", "fp")
+	e.complete(ok, store.Outcome{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute})
+	failed := e.execute("failed", "fp")
+	e.complete(failed, store.Outcome{Status: store.StatusFailed, ErrorKind: "k", ErrorMessage: "m", TTL: time.Minute})
+
+	e.advance(59 * time.Second)
+	e.expect(store.Replay, "ok", "fp", lease)
+	e.expect(store.Replay, "failed", "fp", lease)
+
+	e.advance(2 * time.Second)
+	for _, old := range []store.Lease{ok, failed} {
+		e.getNotFound(old.Key)
+		res := e.expect(store.Execute, old.Key, "fp", lease)
+		if res.Lease.Attempt != 1 || res.Takeover {
+			t.Errorf("%s: Begin after expiry = attempt %d, takeover %v; want attempt 1, no takeover", old.Key, res.Lease.Attempt, res.Takeover)
+		}
+		if res.Lease.Token <= old.Token {
+			t.Errorf("%s: token %d after expiry is not larger than the old %d", old.Key, res.Lease.Token, old.Token)
+		}
+	}
+}
+
+func testFingerprintMismatch(t *testing.T, e *env) {
+	// While in progress.
+	l := e.execute("k", "a")
+	res := e.expect(store.Mismatch, "k", "b", lease)
+	if res.Record.Fingerprint != "a" || res.Record.Status != store.StatusInProgress {
+		t.Errorf("Mismatch record = %v fp %q, want in_progress fp %q", res.Record.Status, res.Record.Fingerprint, "a")
+	}
+	e.expect(store.InProgress, "k", "", lease)
+	e.expect(store.InProgress, "k", "a", lease)
+
+	// After success.
+	e.complete(l, success([]byte("r")))
+	res = e.expect(store.Mismatch, "k", "b", lease)
+	if res.Record.Fingerprint != "a" || res.Record.Status != store.StatusSucceeded {
+		t.Errorf("Mismatch record = %v fp %q, want succeeded fp %q", res.Record.Status, res.Record.Fingerprint, "a")
+	}
+	e.expect(store.Replay, "k", "", lease)
+	e.expect(store.Replay, "k", "a", lease)
+
+	// After a release: the retry would carry the attempt count on.
+	l = e.execute("released", "a")
+	e.release(l, ttl)
+	e.expect(store.Mismatch, "released", "b", lease)
+	if rec := e.get("released"); rec.Status != store.StatusRetryable || rec.Attempt != 1 {
+		t.Errorf("Mismatch changed the record: %v attempt %d", rec.Status, rec.Attempt)
+	}
+	e.expect(store.Execute, "released", "a", lease)
+
+	// On takeover of an expired lease: same reason, and nothing changes.
+	l = e.execute("expired", "a")
+	e.advance(lease + time.Second)
+	e.expect(store.Mismatch, "expired", "b", lease)
+	res = e.expect(store.Execute, "expired", "a", lease)
+	if !res.Takeover || res.Lease.Attempt != 2 || res.Lease.Token <= l.Token {
+		t.Errorf("takeover after a Mismatch = takeover %v attempt %d token %d (old %d); want a takeover, attempt 2, larger token",
+			res.Takeover, res.Lease.Attempt, res.Lease.Token, l.Token)
+	}
+
+	// An empty fingerprint on the stored side is never checked either.
+	e.execute("unprinted", "")
+	e.expect(store.InProgress, "unprinted", "b", lease)
+}
+
+func testExtendKeepsLease(t *testing.T, e *env) {
+	l := e.execute("k", "")
+	e.advance(8 * time.Second)
+
+	extended, err := e.s.Extend(e.ctx, l, lease)
+	if err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if !extended.ExpiresAt.After(l.ExpiresAt) {
+		t.Errorf("extended ExpiresAt %v is not later than %v", extended.ExpiresAt, l.ExpiresAt)
+	}
+	if extended.Token != l.Token || extended.Attempt != l.Attempt || extended.Scope != l.Scope || extended.Key != l.Key {
+		t.Errorf("Extend changed the lease's identity: %+v, was %+v", extended, l)
+	}
+
+	e.advance(8 * time.Second) // 16s in: past the first expiry, before the extended one
+	res := e.expect(store.InProgress, "k", "", lease)
+	if res.Record.Token != l.Token {
+		t.Errorf("record token = %d, want the holder's %d", res.Record.Token, l.Token)
+	}
+
+	// The extended lease is the same lease: it can be extended and completed.
+	if _, err := e.s.Extend(e.ctx, extended, lease); err != nil {
+		t.Fatalf("second Extend: %v", err)
+	}
+	e.advance(lease + time.Second)
+	_, err = e.s.Extend(e.ctx, l, lease)
+	e.leaseLost("Extend after the lease expired", err)
+}
+
+func testAttemptsCountedAcrossRelease(t *testing.T, e *env) {
+	first := e.execute("k", "fp")
+	if first.Attempt != 1 {
+		t.Fatalf("first attempt = %d, want 1", first.Attempt)
+	}
+	e.release(first, time.Hour)
+	checkRecord(t, e.get("k"), e.scope, "k", store.StatusRetryable, 1)
+	if rec := e.get("k"); !rec.LeaseExpiresAt.IsZero() {
+		t.Errorf("retryable record LeaseExpiresAt = %v, want zero", rec.LeaseExpiresAt)
+	}
+
+	res := e.expect(store.Execute, "k", "fp", lease)
+	second := res.Lease
+	if second.Attempt != 2 || res.Takeover || second.Token <= first.Token {
+		t.Fatalf("Begin after Release = attempt %d, takeover %v, token %d (was %d); want attempt 2, no takeover, a larger token",
+			second.Attempt, res.Takeover, second.Token, first.Token)
+	}
+	e.leaseLost("Complete with the released lease", e.s.Complete(e.ctx, first, success(nil)))
+	e.release(second, time.Hour)
+	checkRecord(t, e.get("k"), e.scope, "k", store.StatusRetryable, 2)
+
+	third := e.execute("k", "fp")
+	if third.Attempt != 3 {
+		t.Fatalf("third attempt = %d, want 3", third.Attempt)
+	}
+
+	// The count lives as long as keep says.
+	e.release(third, time.Minute)
+	e.advance(2 * time.Minute)
+	e.getNotFound("k")
+	if l := e.execute("k", "fp"); l.Attempt != 1 || l.Token <= third.Token {
+		t.Fatalf("Begin after the count expired = attempt %d token %d; want attempt 1, a token above %d", l.Attempt, l.Token, third.Token)
+	}
+
+	// keep <= 0 keeps nothing.
+	l := e.execute("zero", "")
+	e.release(l, 0)
+	e.getNotFound("zero")
+	if l := e.execute("zero", ""); l.Attempt != 1 {
+		t.Fatalf("Begin after Release(keep 0) = attempt %d, want 1", l.Attempt)
+	}
+}
+
+func testReleaseStaleLease(t *testing.T, e *env) {
+	stale := e.execute("k", "")
+	e.advance(lease + time.Second)
+	fresh := e.execute("k", "")
+	e.leaseLost("Release of a taken-over lease", e.s.Release(e.ctx, stale, ttl))
+	if rec := e.get("k"); rec.Status != store.StatusInProgress || rec.Token != fresh.Token {
+		t.Fatalf("record = %v token %d, want in_progress token %d", rec.Status, rec.Token, fresh.Token)
+	}
+
+	e.release(fresh, ttl)
+	e.leaseLost("second Release", e.s.Release(e.ctx, fresh, ttl))
+}
+
+func testDelete(t *testing.T, e *env) {
+	l := e.execute("k", "fp")
+	e.complete(l, success([]byte("r")))
+	if err := e.s.Delete(e.ctx, e.scope, "k"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	e.getNotFound("k")
+	if l := e.execute("k", "other-fp"); l.Attempt != 1 {
+		t.Fatalf("Begin after Delete = attempt %d, want 1", l.Attempt)
+	}
+
+	if err := e.s.Delete(e.ctx, e.scope, "absent"); err != nil {
+		t.Fatalf("Delete of an absent key: %v", err)
+	}
+}
+
+func testDeleteExpired(t *testing.T, e *env) {
+	const limit = 5
+
+	// A shared store may hold expired records of other subtests (Advance
+	// moves all of them): clear them first so the counts below are ours.
+	for i := 0; ; i++ {
+		n, err := e.s.DeleteExpired(e.ctx, 1000)
+		if err != nil {
+			t.Fatalf("DeleteExpired: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("DeleteExpired never ran out of expired records")
+		}
+	}
+
+	short := store.Outcome{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute}
+	long := store.Outcome{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour}
+	var expired, inProgress, live []string
+	for i := range 7 {
+		key := fmt.Sprintf("short-%d", i)
+		e.complete(e.execute(key, ""), short)
+		expired = append(expired, key)
+	}
+	for i := range 3 { // crashed workers: leases that run out
+		key := fmt.Sprintf("crashed-%d", i)
+		e.expect(store.Execute, key, "", time.Minute)
+		expired = append(expired, key)
+		inProgress = append(inProgress, key)
+	}
+	for i := range 2 {
+		key := fmt.Sprintf("released-%d", i)
+		e.release(e.execute(key, ""), time.Minute)
+		expired = append(expired, key)
+	}
+	for i := range 4 {
+		key := fmt.Sprintf("long-%d", i)
+		e.complete(e.execute(key, ""), long)
+		live = append(live, key)
+	}
+	e.expect(store.Execute, "long-lease", "", time.Hour)
+	e.release(e.execute("long-release", ""), time.Hour)
+	live = append(live, "long-lease", "long-release")
+
+	if n, err := e.s.DeleteExpired(e.ctx, limit); err != nil || n != 0 {
+		t.Fatalf("DeleteExpired with nothing expired = %d, %v; want 0", n, err)
+	}
+
+	e.advance(2 * time.Minute)
+
+	total := 0
+	for i := 0; ; i++ {
+		n, err := e.s.DeleteExpired(e.ctx, limit)
+		if err != nil {
+			t.Fatalf("DeleteExpired: %v", err)
+		}
+		if n > limit {
+			t.Fatalf("DeleteExpired(limit %d) removed %d", limit, n)
+		}
+		if i == 0 && n != limit {
+			t.Fatalf("first DeleteExpired(limit %d) removed %d of %d expired records", limit, n, len(expired))
+		}
+		total += n
+		if n == 0 {
+			break
+		}
+		if i == 100 {
+			t.Fatal("DeleteExpired never ran out of expired records")
+		}
+	}
+	if total < len(expired) {
+		t.Fatalf("DeleteExpired removed %d records in total, want %d", total, len(expired))
+	}
+
+	for _, key := range live {
+		e.get(key)
+	}
+	for _, key := range expired {
+		e.getNotFound(key)
+	}
+	// Removed, not just hidden: an expired lease that was still there would
+	// be taken over with attempt 2.
+	for _, key := range inProgress {
+		res := e.expect(store.Execute, key, "", lease)
+		if res.Takeover || res.Lease.Attempt != 1 {
+			t.Errorf("%s: Begin after DeleteExpired = takeover %v attempt %d; want a fresh attempt 1", key, res.Takeover, res.Lease.Attempt)
+		}
+	}
+}
+
+func testInvalidRequests(t *testing.T, e *env) {
+	_, err := e.s.Begin(e.ctx, e.req("", "fp", lease))
+	e.invalid("Begin with an empty key", err)
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err = e.s.Begin(e.ctx, e.req("k", "fp", d))
+		e.invalid(fmt.Sprintf("Begin with lease %v", d), err)
+	}
+	e.getNotFound("k")
+
+	l := e.execute("k", "")
+	for _, out := range []store.Outcome{
+		{Status: store.StatusInProgress, TTL: ttl},
+		{Status: store.StatusRetryable, TTL: ttl},
+		{Status: 0, TTL: ttl},
+		{Status: store.StatusSucceeded, TTL: 0},
+		{Status: store.StatusFailed, TTL: -time.Second},
+	} {
+		e.invalid(fmt.Sprintf("Complete with status %v, TTL %v", out.Status, out.TTL), e.s.Complete(e.ctx, l, out))
+	}
+	for _, d := range []time.Duration{0, -time.Second} {
+		_, err = e.s.Extend(e.ctx, l, d)
+		e.invalid(fmt.Sprintf("Extend by %v", d), err)
+	}
+	_, err = e.s.DeleteExpired(e.ctx, 0)
+	e.invalid("DeleteExpired with limit 0", err)
+
+	// Nothing of the above touched the lease.
+	if rec := e.get("k"); rec.Status != store.StatusInProgress || rec.Token != l.Token {
+		t.Fatalf("record = %v token %d, want in_progress token %d", rec.Status, rec.Token, l.Token)
+	}
+	e.complete(l, success(nil))
+}
+
+func testScopesIsolate(t *testing.T, e *env) {
+	other := e.scope + "/other"
+	a := e.execute("k", "a")
+	res, err := e.s.Begin(e.ctx, store.BeginRequest{Scope: other, Key: "k", Fingerprint: "b", Lease: lease})
+	if err != nil {
+		t.Fatalf("Begin in the other scope: %v", err)
+	}
+	if res.Decision != store.Execute {
+		t.Fatalf("Begin of the same key in another scope = %v, want execute", res.Decision)
+	}
+	b := res.Lease
+	if b.Scope != other || b.Attempt != 1 {
+		t.Errorf("other scope's lease = (%q, attempt %d), want (%q, attempt 1)", b.Scope, b.Attempt, other)
+	}
+
+	e.complete(a, success([]byte("a")))
+	rec, err := e.s.Get(e.ctx, other, "k")
+	if err != nil {
+		t.Fatalf("Get in the other scope: %v", err)
+	}
+	if rec.Status != store.StatusInProgress || rec.Fingerprint != "b" {
+		t.Errorf("other scope's record = %v fp %q, want in_progress fp %q", rec.Status, rec.Fingerprint, "b")
+	}
+
+	if err := e.s.Delete(e.ctx, other, "k"); err != nil {
+		t.Fatalf("Delete in the other scope: %v", err)
+	}
+	if rec := e.get("k"); string(rec.Result) != "a" {
+		t.Errorf("Delete in another scope removed this scope's record")
+	}
+}
+
+func testConcurrentStress(t *testing.T, e *env) {
+	const (
+		workers = 32
+		keys    = 300
+		dups    = keys * 30 / 100
+	)
+	keyName := func(i int) string { return fmt.Sprintf("k-%d", i) }
+
+	// Every key once, 30% of them once more, in random order.
+	deliveries := make([]int, 0, keys+dups)
+	for i := range keys {
+		deliveries = append(deliveries, i)
+	}
+	for range dups {
+		deliveries = append(deliveries, mathrand.IntN(keys))
+	}
+	mathrand.Shuffle(len(deliveries), func(i, j int) {
+		deliveries[i], deliveries[j] = deliveries[j], deliveries[i]
+	})
+
+	var (
+		executes [keys]atomic.Int32
+		failed   atomic.Bool
+		queue    = make(chan int)
+		wg       sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			for i := range queue {
+				key := keyName(i)
+				res, err := e.s.Begin(e.ctx, e.req(key, "fp-"+key, time.Minute))
+				if err != nil {
+					t.Errorf("Begin(%q): %v", key, err)
+					failed.Store(true)
+					continue
+				}
+				if res.Decision != store.Execute {
+					continue
+				}
+				executes[i].Add(1)
+				if err := e.s.Complete(e.ctx, res.Lease, success([]byte(key))); err != nil {
+					t.Errorf("Complete(%q): %v", key, err)
+					failed.Store(true)
+				}
+			}
+		})
+	}
+	for _, i := range deliveries {
+		queue <- i
+	}
+	close(queue)
+	wg.Wait()
+	if failed.Load() {
+		t.FailNow()
+	}
+
+	for i := range keys {
+		key := keyName(i)
+		if n := executes[i].Load(); n != 1 {
+			t.Errorf("%s executed %d times, want once", key, n)
+			continue
+		}
+		if rec := e.get(key); rec.Status != store.StatusSucceeded || string(rec.Result) != key {
+			t.Errorf("%s: record %v %q, want succeeded %q", key, rec.Status, rec.Result, key)
+		}
+	}
+}
+
+func testTokensIncrease(t *testing.T, e *env) {
+	var tokens []int64
+	take := func(l store.Lease) store.Lease {
+		t.Helper()
+		if n := len(tokens); n > 0 && l.Token <= tokens[n-1] {
+			t.Fatalf("token %d after %v does not rise", l.Token, tokens)
+		}
+		tokens = append(tokens, l.Token)
+		return l
+	}
+
+	l := take(e.execute("k", ""))
+	e.release(l, ttl)
+	l = take(e.execute("k", "")) // retry after Release
+	e.advance(lease + time.Second)
+	stale := take(e.execute("k", "")) // takeover
+
+	if err := e.s.Delete(e.ctx, e.scope, "k"); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	fresh := take(e.execute("k", "")) // after Delete
+	if fresh.Attempt != 1 {
+		t.Errorf("attempt after Delete = %d, want 1", fresh.Attempt)
+	}
+
+	// The worker from before the Delete cannot finish the new attempt, even
+	// though its lease is not expired by its own reckoning.
+	e.leaseLost("Complete by the worker from before Delete", e.s.Complete(e.ctx, stale, success([]byte("stale"))))
+	e.leaseLost("Release by the worker from before Delete", e.s.Release(e.ctx, stale, ttl))
+	_, err := e.s.Extend(e.ctx, stale, lease)
+	e.leaseLost("Extend by the worker from before Delete", err)
+	if rec := e.get("k"); rec.Status != store.StatusInProgress || rec.Token != fresh.Token {
+		t.Fatalf("record = %v token %d, want in_progress token %d", rec.Status, rec.Token, fresh.Token)
+	}
+
+	e.complete(fresh, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute})
+	e.advance(2 * time.Minute)
+	take(e.execute("k", "")) // after expiry
+}
+
+func testKeyLimiter(t *testing.T, e *env) {
+	kl, ok := e.s.(store.KeyLimiter)
+	if !ok {
+		t.Skip("the store does not implement store.KeyLimiter")
+	}
+	limit := kl.MaxKeyLen()
+	if limit <= 0 {
+		t.Fatalf("MaxKeyLen() = %d, want > 0", limit)
+	}
+	longest := strings.Repeat("k", limit)
+	l := e.execute(longest, "")
+	e.complete(l, success([]byte("r")))
+	if rec := e.get(longest); rec.Key != longest {
+		t.Fatalf("record key is %d bytes, want %d", len(rec.Key), limit)
+	}
+
+	_, err := e.s.Begin(e.ctx, e.req(longest+"k", "", lease))
+	e.invalid(fmt.Sprintf("Begin with a key of %d bytes (MaxKeyLen %d)", limit+1, limit), err)
+}
