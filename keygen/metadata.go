@@ -1,0 +1,31 @@
+package keygen
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Metadata keys a message by one metadata field, such as an idempotency key
+// header the producer sets and keeps across re-sends. A missing or empty
+// field is a *MissingMetadataError. An empty field name is ErrInvalidOptions.
+func Metadata(field string) (Generator, error) {
+	if field == "" {
+		return nil, fmt.Errorf("%w: Metadata: field name is empty", ErrInvalidOptions)
+	}
+	return metadataGenerator{field: field}, nil
+}
+
+type metadataGenerator struct {
+	field string
+}
+
+func (g metadataGenerator) Key(msg *message.Message) (string, error) {
+	if msg == nil {
+		return "", errNilMessage
+	}
+	if v := msg.Metadata.Get(g.field); v != "" {
+		return v, nil
+	}
+	return "", &MissingMetadataError{Field: g.field}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package keygen_test
+
+const raceEnabled = false

@@ -1,0 +1,27 @@
+package keygen
+
+import "github.com/ThreeDotsLabs/watermill/message"
+
+// UUID keys a message by its Watermill UUID. Use it when the producer sets
+// the UUID once per logical message and keeps it when it re-sends; a
+// producer that mints a new UUID per attempt defeats it (use Metadata or
+// ContentHash then).
+//
+// Key does not allocate. An empty UUID is ErrEmptyUUID.
+func UUID() Generator { return uuidKeys }
+
+// uuidKeys is a zero-size value: storing it in the Generator interface
+// allocates nothing.
+var uuidKeys = uuidGenerator{}
+
+type uuidGenerator struct{}
+
+func (uuidGenerator) Key(msg *message.Message) (string, error) {
+	if msg == nil {
+		return "", errNilMessage
+	}
+	if msg.UUID == "" {
+		return "", ErrEmptyUUID
+	}
+	return msg.UUID, nil
+}
