@@ -1,8 +1,6 @@
 package keygen_test
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -11,11 +9,26 @@ import (
 )
 
 func TestPayloadFingerprint(t *testing.T) {
-	for _, p := range []string{"", `{"a":1}`, "\x00\xff"} {
-		sum := sha256.Sum256([]byte(p))
-		if got := keygen.PayloadFingerprint(msgWith(p)); got != hex.EncodeToString(sum[:]) {
-			t.Errorf("PayloadFingerprint(%q) = %s", p, got)
+	// Published XXH64 test vectors (seed 0), so the fingerprint stays the
+	// same across versions and processes sharing a store.
+	for p, want := range map[string]string{
+		"":    "ef46db3751d8e999",
+		"abc": "44bc2cf5ad770999",
+	} {
+		if got := keygen.PayloadFingerprint(msgWith(p)); got != want {
+			t.Errorf("PayloadFingerprint(%q) = %s, want %s", p, got, want)
 		}
+	}
+	seen := map[string]string{}
+	for _, p := range []string{`{"a":1}`, `{"a":2}`, "\x00\xff", "\x00"} {
+		got := keygen.PayloadFingerprint(msgWith(p))
+		if len(got) != 16 {
+			t.Errorf("PayloadFingerprint(%q) = %q, want 16 hex digits", p, got)
+		}
+		if other, dup := seen[got]; dup {
+			t.Errorf("%q and %q share fingerprint %s", p, other, got)
+		}
+		seen[got] = p
 	}
 	if got := keygen.PayloadFingerprint(nil); got != "" {
 		t.Errorf("nil message: %q", got)

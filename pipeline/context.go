@@ -19,18 +19,3 @@ func LeaseFromContext(ctx context.Context) (lease store.Lease, ok bool) {
 	}
 	return store.Lease{}, false
 }
-
-// handlerContext is the handler's context: the message's, made cancelable
-// (for a lost lease), carrying the lease. One allocation instead of a
-// context.WithValue on top.
-type handlerContext struct {
-	context.Context
-	lease store.Lease
-}
-
-func (c *handlerContext) Value(key any) any {
-	if key == (leaseKey{}) {
-		return &c.lease
-	}
-	return c.Context.Value(key)
-}

@@ -159,7 +159,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 		case store.Execute:
 			return s.execute(d, h, &res)
 		case store.Replay:
-			return s.replay(d, &res.Record)
+			return s.replay(d, res.Record)
 		case store.InProgress:
 			if again, err := s.inProgress(d, &w); !again {
 				return nil, err
@@ -254,22 +254,18 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 	d.event.Attempt, d.event.Token, d.event.Takeover = lease.Attempt, lease.Token, res.Takeover
 
 	orig := d.msg.Context()
-	ctx, cancel := context.WithCancelCause(orig)
-	d.msg.SetContext(&handlerContext{Context: ctx, lease: lease})
-	hb := startHeartbeat(s.store, lease, &s.policy, cancel)
+	e := newExecution(orig, lease, s.store, &s.policy)
+	d.msg.SetContext(e)
+	e.startHeartbeat()
 	msgs, herr := runHandler(h, d.msg)
-	hb.stop()
-	cancel(nil)
+	e.stopHeartbeat()
+	e.finish()
 	d.msg.SetContext(orig)
 
-	// The store writes that follow record what already happened, so a router
-	// that is shutting down must not cut them short. Stores bound their own
-	// operations (connection and statement timeouts).
-	sctx := context.WithoutCancel(orig)
 	if herr == nil {
-		return s.succeed(sctx, d, lease, msgs)
+		return s.succeed(&e.detached, d, lease, msgs)
 	}
-	return s.fail(sctx, d, lease, herr)
+	return s.fail(&e.detached, d, lease, herr)
 }
 
 func (s *Idempotency) succeed(ctx context.Context, d *delivery, lease store.Lease, msgs []*message.Message) ([]*message.Message, error) {

@@ -592,3 +592,65 @@ func TestNewIdempotencyRefusesBadConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckLease(t *testing.T) {
+	h := newHarness(t, nil)
+	if err := pipeline.CheckLease(context.Background()); err != nil {
+		t.Fatalf("outside a handler CheckLease must be a no-op, got %v", err)
+	}
+	started, checked := make(chan struct{}), make(chan error, 2)
+	proceed := make(chan struct{})
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		checked <- pipeline.CheckLease(m.Context())
+		close(started)
+		<-proceed
+		err := pipeline.CheckLease(m.Context())
+		checked <- err
+		return nil, err
+	})
+	done := make(chan error, 1)
+	go func() { _, err := handler(msg("m1", "x")); done <- err }()
+	<-started
+	if err := <-checked; err != nil {
+		t.Fatalf("lease held: CheckLease = %v", err)
+	}
+	// The worker "pauses" past its lease and another delivery takes over.
+	h.clock.Advance(time.Hour)
+	if res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Fingerprint: keygen.PayloadFingerprint(msg("m1", "x")), Lease: time.Minute}); err != nil || !res.Takeover {
+		t.Fatalf("takeover: %+v %v", res, err)
+	}
+	close(proceed)
+	if err := <-checked; !errors.Is(err, pipeline.ErrLeaseLost) || !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("after a takeover CheckLease = %v, want ErrLeaseLost", err)
+	}
+	<-done
+}
+
+func TestHandlerContextFollowsTheMessageContext(t *testing.T) {
+	h := newHarness(t, nil)
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "router value"))
+	m := msg("m1", "x")
+	m.SetContext(ctx)
+	var seen any
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		seen = m.Context().Value(ctxKey{})
+		cancel() // the router shuts down while the handler runs
+		<-m.Context().Done()
+		return nil, m.Context().Err()
+	})
+	if _, err := handler(m); !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want the canceled context's error", err)
+	}
+	if seen != "router value" {
+		t.Fatalf("handler context lost the message context's values: %v", seen)
+	}
+	if m.Context() != ctx {
+		t.Fatal("the message context must be restored after the handler")
+	}
+	// The release after the canceled handler still reached the store.
+	if rec, err := h.store.Get(context.Background(), "test", "m1"); err != nil || rec.Status != store.StatusRetryable {
+		t.Fatalf("record %+v %v, want released despite the canceled context", rec, err)
+	}
+}
+
+type ctxKey struct{}

@@ -28,13 +28,11 @@ var errResultTooLarge = errors.New("pipeline: produced messages exceed the maxim
 
 var omittedResult = []byte{resultVersion, flagOmitted}
 
-// emptyResult is the encoding of a success that produced nothing, shared so
-// the common consumer handler costs no allocation here. Stores copy it.
-var emptyResult = []byte{resultVersion, 0, 0}
-
+// encodeResult returns nil for a success that produced nothing: the common
+// consumer handler then stores no result bytes at all.
 func encodeResult(msgs []*message.Message, maxBytes int) ([]byte, error) {
 	if len(msgs) == 0 {
-		return emptyResult, nil
+		return nil, nil
 	}
 	size := 2 + binary.MaxVarintLen64
 	for _, m := range msgs {
@@ -77,7 +75,7 @@ func appendString(buf []byte, s string) []byte {
 // was too large to keep.
 func decodeResult(b []byte) (msgs []*message.Message, omitted bool, err error) {
 	if len(b) == 0 {
-		return nil, false, nil // a store that keeps no result for an empty success
+		return nil, false, nil // a success that produced nothing
 	}
 	if len(b) < 2 || b[0] != resultVersion {
 		return nil, false, fmt.Errorf("%w: unknown header", ErrCorruptResult)

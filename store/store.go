@@ -138,8 +138,9 @@ type BeginResult struct {
 	// Takeover is true for Execute when an expired lease of another worker
 	// was taken over.
 	Takeover bool
-	// Record is the existing record for Replay, InProgress and Mismatch.
-	Record Record
+	// Record is the existing record for Replay, InProgress and Mismatch, and
+	// nil for Execute.
+	Record *Record
 }
 
 // Lease is the right to finish one execution of a key.

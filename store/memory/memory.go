@@ -66,8 +66,9 @@ func (o Options) withDefaults() (Options, error) {
 type Store struct {
 	shards    []shard
 	mask      uint64
-	seed      maphash.Seed
+	hash      func(scope, key string) uint64
 	now       func() time.Time
+	base      time.Time // the instant record times count from
 	maxKeyLen int
 
 	closed    atomic.Bool
@@ -84,32 +85,37 @@ var (
 // shard is one lock and the records it guards. A key always hashes to the
 // same shard, so the shard's token counter gives every key strictly rising
 // fencing tokens, even across Delete and expiry.
+//
+// Records are found by the same 64-bit hash that picked the shard, so a key's
+// strings are hashed once per operation; keys whose hashes collide chain
+// through record.next.
 type shard struct {
 	mu      sync.Mutex
-	records map[recordKey]*record
+	records map[uint64]*record
 	token   int64
 	// Keeps the locks of neighbouring shards off one cache line pair.
 	_ [128 - 24]byte
 }
 
-type recordKey struct {
-	scope, key string
-}
-
-// record is the stored state of one key. For an in-progress record
-// expiresAt equals leaseExpiresAt.
+// record is the stored state of one key. Times are nanoseconds since the
+// store's base instant, by its clock: plain integers keep the record free of
+// time.Location pointers that the garbage collector would trace in every
+// record of a large store. For an in-progress record expires equals
+// leaseExpires.
 type record struct {
-	fingerprint    string
-	status         store.Status
-	token          int64
-	attempt        int
-	leaseExpiresAt time.Time
-	result         []byte
-	errorKind      string
-	errorMessage   string
-	createdAt      time.Time
-	updatedAt      time.Time
-	expiresAt      time.Time
+	scope, key   string
+	next         *record
+	fingerprint  string
+	status       store.Status
+	token        int64
+	attempt      int
+	leaseExpires int64
+	expires      int64
+	created      int64
+	updated      int64
+	result       []byte
+	errorKind    string
+	errorMessage string
 }
 
 // New returns a store configured by opts, with its sweeper running unless
@@ -122,12 +128,13 @@ func New(opts Options) (*Store, error) {
 	s := &Store{
 		shards:    make([]shard, opts.Shards),
 		mask:      uint64(opts.Shards - 1),
-		seed:      maphash.MakeSeed(),
+		hash:      seededHash(maphash.MakeSeed()),
 		now:       opts.Now,
+		base:      opts.Now(),
 		maxKeyLen: opts.MaxKeyLen,
 	}
 	for i := range s.shards {
-		s.shards[i].records = make(map[recordKey]*record)
+		s.shards[i].records = make(map[uint64]*record)
 	}
 	if opts.CleanupInterval > 0 {
 		s.stop = make(chan struct{})
@@ -167,8 +174,51 @@ func (s *Store) sweep(interval time.Duration) {
 	}
 }
 
-func (s *Store) shardFor(k recordKey) *shard {
-	return &s.shards[maphash.Comparable(s.seed, k)&s.mask]
+// clock is the store's current time as an offset from its base. Sub uses the
+// monotonic reading, so a wall-clock step does not expire or revive records.
+func (s *Store) clock() int64 { return int64(s.now().Sub(s.base)) }
+
+// at turns a record time back into a time.Time.
+func (s *Store) at(t int64) time.Time { return s.base.Add(time.Duration(t)) }
+
+// locate hashes (scope, key) once: the hash picks the shard and is the key
+// within it.
+func (s *Store) locate(scope, key string) (*shard, uint64) {
+	h := s.hash(scope, key)
+	return &s.shards[h&s.mask], h
+}
+
+func seededHash(seed maphash.Seed) func(scope, key string) uint64 {
+	return func(scope, key string) uint64 { return maphash.Comparable(seed, [2]string{scope, key}) }
+}
+
+// find returns the record of (scope, key), or nil. sh.mu is held.
+func (sh *shard) find(h uint64, scope, key string) *record {
+	for r := sh.records[h]; r != nil; r = r.next {
+		if r.key == key && r.scope == scope {
+			return r
+		}
+	}
+	return nil
+}
+
+// remove unlinks rec from its hash chain. sh.mu is held.
+func (sh *shard) remove(h uint64, rec *record) {
+	head := sh.records[h]
+	if head == rec {
+		if rec.next == nil {
+			delete(sh.records, h)
+		} else {
+			sh.records[h] = rec.next
+		}
+		return
+	}
+	for r := head; r != nil; r = r.next {
+		if r.next == rec {
+			r.next = rec.next
+			return
+		}
+	}
 }
 
 func (s *Store) checkOpen(op string) error {
@@ -187,55 +237,67 @@ func checkKey(op, key string) error {
 
 // Begin implements store.Store.
 func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginResult, error) {
-	if err := req.Validate(); err != nil {
-		return store.BeginResult{}, fmt.Errorf("memory: begin: %w", err)
-	}
-	if len(req.Key) > s.maxKeyLen {
-		return store.BeginResult{}, fmt.Errorf("memory: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit: %w",
-			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
-	}
-	if err := s.checkOpen("begin"); err != nil {
+	if err := s.checkBegin(req); err != nil {
 		return store.BeginResult{}, err
 	}
-
-	k := recordKey{req.Scope, req.Key}
-	sh := s.shardFor(k)
-	now := s.now()
+	sh, h := s.locate(req.Scope, req.Key)
+	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec := sh.records[k]
+	rec := sh.find(h, req.Scope, req.Key)
 	if rec == nil {
-		rec = &record{}
-		sh.records[k] = rec
+		rec = &record{scope: req.Scope, key: req.Key, next: sh.records[h]}
+		sh.records[h] = rec
 	}
-	live := now.Before(rec.expiresAt)
+	live := now < rec.expires
 	if !live && rec.status != store.StatusInProgress {
 		// Absent, or finished or released and expired: the key is free.
-		*rec = record{fingerprint: req.Fingerprint, createdAt: now}
-		return sh.execute(k, rec, req, now, 1, false), nil
+		*rec = record{scope: rec.scope, key: rec.key, next: rec.next, fingerprint: req.Fingerprint, created: now}
+		return s.execute(sh, rec, req, now, 1, false), nil
 	}
 
 	// The record is live, or an expired lease whose attempt count the new
 	// delivery carries on: either way it must be the same payload.
 	if req.Fingerprint != "" && rec.fingerprint != "" && req.Fingerprint != rec.fingerprint {
-		return store.BeginResult{Decision: store.Mismatch, Record: rec.snapshot(k)}, nil
+		return s.found(store.Mismatch, rec), nil
 	}
 	switch rec.status {
 	case store.StatusInProgress:
 		if live {
-			return store.BeginResult{Decision: store.InProgress, Record: rec.snapshot(k)}, nil
+			return s.found(store.InProgress, rec), nil
 		}
-		return sh.execute(k, rec, req, now, rec.attempt+1, true), nil
+		return s.execute(sh, rec, req, now, rec.attempt+1, true), nil
 	case store.StatusRetryable:
-		return sh.execute(k, rec, req, now, rec.attempt+1, false), nil
+		return s.execute(sh, rec, req, now, rec.attempt+1, false), nil
 	default: // succeeded or failed
-		return store.BeginResult{Decision: store.Replay, Record: rec.snapshot(k)}, nil
+		return s.found(store.Replay, rec), nil
 	}
 }
 
+// checkBegin refuses what Begin cannot serve. Kept out of Begin so the hot
+// path's stack frame stays small.
+func (s *Store) checkBegin(req store.BeginRequest) error {
+	if err := req.Validate(); err != nil {
+		return fmt.Errorf("memory: begin: %w", err)
+	}
+	if len(req.Key) > s.maxKeyLen {
+		return fmt.Errorf("memory: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit: %w",
+			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
+	}
+	return s.checkOpen("begin")
+}
+
+// found answers Begin with a copy of the existing record. sh.mu is held.
+//
+//go:noinline
+func (s *Store) found(d store.Decision, rec *record) store.BeginResult {
+	r := s.snapshot(rec)
+	return store.BeginResult{Decision: d, Record: &r}
+}
+
 // execute hands rec to the caller under a new lease. sh.mu is held.
-func (sh *shard) execute(k recordKey, rec *record, req store.BeginRequest, now time.Time, attempt int, takeover bool) store.BeginResult {
+func (s *Store) execute(sh *shard, rec *record, req store.BeginRequest, now int64, attempt int, takeover bool) store.BeginResult {
 	sh.token++
 	rec.status = store.StatusInProgress
 	rec.token = sh.token
@@ -243,18 +305,18 @@ func (sh *shard) execute(k recordKey, rec *record, req store.BeginRequest, now t
 	if req.Fingerprint != "" {
 		rec.fingerprint = req.Fingerprint
 	}
-	rec.leaseExpiresAt = now.Add(req.Lease)
-	rec.expiresAt = rec.leaseExpiresAt
-	rec.updatedAt = now
+	rec.leaseExpires = now + int64(req.Lease)
+	rec.expires = rec.leaseExpires
+	rec.updated = now
 	return store.BeginResult{
 		Decision: store.Execute,
 		Takeover: takeover,
 		Lease: store.Lease{
-			Scope:     k.scope,
-			Key:       k.key,
+			Scope:     rec.scope,
+			Key:       rec.key,
 			Token:     rec.token,
 			Attempt:   attempt,
-			ExpiresAt: rec.leaseExpiresAt,
+			ExpiresAt: s.at(rec.leaseExpires),
 		},
 	}
 }
@@ -265,10 +327,10 @@ func (sh *shard) execute(k recordKey, rec *record, req store.BeginRequest, now t
 // A lease whose expiry has passed still holds its record until someone takes
 // it over (or the record is swept): finishing late is safe, because the
 // token proves nobody else ran the key since.
-func (sh *shard) holder(op string, k recordKey, lease store.Lease) (*record, error) {
-	rec := sh.records[k]
+func (sh *shard) holder(op string, h uint64, lease store.Lease) (*record, error) {
+	rec := sh.find(h, lease.Scope, lease.Key)
 	if rec == nil || rec.status != store.StatusInProgress || rec.token != lease.Token {
-		return nil, fmt.Errorf("memory: %s %q/%q with token %d: %w", op, k.scope, k.key, lease.Token, store.ErrLeaseLost)
+		return nil, fmt.Errorf("memory: %s %q/%q with token %d: %w", op, lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
 	return rec, nil
 }
@@ -287,13 +349,12 @@ func (s *Store) Complete(_ context.Context, lease store.Lease, out store.Outcome
 
 	// Copy before taking the lock: the caller may reuse its slice.
 	result := bytes.Clone(out.Result)
-	k := recordKey{lease.Scope, lease.Key}
-	sh := s.shardFor(k)
-	now := s.now()
+	sh, h := s.locate(lease.Scope, lease.Key)
+	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec, err := sh.holder("complete", k, lease)
+	rec, err := sh.holder("complete", h, lease)
 	if err != nil {
 		return err
 	}
@@ -301,9 +362,9 @@ func (s *Store) Complete(_ context.Context, lease store.Lease, out store.Outcome
 	rec.result = result
 	rec.errorKind = out.ErrorKind
 	rec.errorMessage = out.ErrorMessage
-	rec.leaseExpiresAt = time.Time{}
-	rec.expiresAt = now.Add(out.TTL)
-	rec.updatedAt = now
+	rec.leaseExpires = 0
+	rec.expires = now + int64(out.TTL)
+	rec.updated = now
 	return nil
 }
 
@@ -316,24 +377,23 @@ func (s *Store) Release(_ context.Context, lease store.Lease, keep time.Duration
 		return err
 	}
 
-	k := recordKey{lease.Scope, lease.Key}
-	sh := s.shardFor(k)
-	now := s.now()
+	sh, h := s.locate(lease.Scope, lease.Key)
+	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec, err := sh.holder("release", k, lease)
+	rec, err := sh.holder("release", h, lease)
 	if err != nil {
 		return err
 	}
 	if keep <= 0 {
-		delete(sh.records, k)
+		sh.remove(h, rec)
 		return nil
 	}
 	rec.status = store.StatusRetryable
-	rec.leaseExpiresAt = time.Time{}
-	rec.expiresAt = now.Add(keep)
-	rec.updatedAt = now
+	rec.leaseExpires = 0
+	rec.expires = now + int64(keep)
+	rec.updated = now
 	return nil
 }
 
@@ -349,30 +409,29 @@ func (s *Store) Extend(_ context.Context, lease store.Lease, d time.Duration) (s
 		return store.Lease{}, err
 	}
 
-	k := recordKey{lease.Scope, lease.Key}
-	sh := s.shardFor(k)
-	now := s.now()
+	sh, h := s.locate(lease.Scope, lease.Key)
+	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec, err := sh.holder("extend", k, lease)
+	rec, err := sh.holder("extend", h, lease)
 	if err != nil {
 		return store.Lease{}, err
 	}
 	// Unlike Complete, Extend refuses an expired lease: the holder has been
 	// running unprotected and must not pretend otherwise.
-	if !now.Before(rec.leaseExpiresAt) {
-		return store.Lease{}, fmt.Errorf("memory: extend %q/%q with token %d: lease expired: %w", k.scope, k.key, lease.Token, store.ErrLeaseLost)
+	if now >= rec.leaseExpires {
+		return store.Lease{}, fmt.Errorf("memory: extend %q/%q with token %d: lease expired: %w", lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
-	rec.leaseExpiresAt = now.Add(d)
-	rec.expiresAt = rec.leaseExpiresAt
-	rec.updatedAt = now
+	rec.leaseExpires = now + int64(d)
+	rec.expires = rec.leaseExpires
+	rec.updated = now
 	return store.Lease{
-		Scope:     k.scope,
-		Key:       k.key,
+		Scope:     rec.scope,
+		Key:       rec.key,
 		Token:     rec.token,
 		Attempt:   rec.attempt,
-		ExpiresAt: rec.leaseExpiresAt,
+		ExpiresAt: s.at(rec.leaseExpires),
 	}, nil
 }
 
@@ -386,17 +445,16 @@ func (s *Store) Get(_ context.Context, scope, key string) (store.Record, error) 
 		return store.Record{}, err
 	}
 
-	k := recordKey{scope, key}
-	sh := s.shardFor(k)
-	now := s.now()
+	sh, h := s.locate(scope, key)
+	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec := sh.records[k]
-	if rec == nil || !now.Before(rec.expiresAt) {
+	rec := sh.find(h, scope, key)
+	if rec == nil || now >= rec.expires {
 		return store.Record{}, fmt.Errorf("memory: get %q/%q: %w", scope, key, store.ErrNotFound)
 	}
-	return rec.snapshot(k), nil
+	return s.snapshot(rec), nil
 }
 
 // Delete implements store.Store.
@@ -408,10 +466,11 @@ func (s *Store) Delete(_ context.Context, scope, key string) error {
 		return err
 	}
 
-	k := recordKey{scope, key}
-	sh := s.shardFor(k)
+	sh, h := s.locate(scope, key)
 	sh.mu.Lock()
-	delete(sh.records, k)
+	if rec := sh.find(h, scope, key); rec != nil {
+		sh.remove(h, rec)
+	}
 	sh.mu.Unlock()
 	return nil
 }
@@ -432,24 +491,29 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 // limit is 0. It holds one shard's lock at a time.
 func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 	removed := 0
+	full := func() bool { return limit > 0 && removed == limit }
 	for i := range s.shards {
 		if err := ctx.Err(); err != nil {
 			return removed, fmt.Errorf("memory: delete expired: %w", err)
 		}
 		sh := &s.shards[i]
-		now := s.now()
+		now := s.clock()
 		sh.mu.Lock()
-		for k, rec := range sh.records {
-			if limit > 0 && removed == limit {
-				break
+		for h, head := range sh.records {
+			for rec := head; rec != nil && !full(); {
+				next := rec.next
+				if now >= rec.expires {
+					sh.remove(h, rec)
+					removed++
+				}
+				rec = next
 			}
-			if !now.Before(rec.expiresAt) {
-				delete(sh.records, k)
-				removed++
+			if full() {
+				break
 			}
 		}
 		sh.mu.Unlock()
-		if limit > 0 && removed == limit {
+		if full() {
 			break
 		}
 	}
@@ -457,20 +521,23 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 }
 
 // snapshot returns a copy of rec that the caller may keep and change.
-func (rec *record) snapshot(k recordKey) store.Record {
-	return store.Record{
-		Scope:          k.scope,
-		Key:            k.key,
-		Fingerprint:    rec.fingerprint,
-		Status:         rec.status,
-		Token:          rec.token,
-		Attempt:        rec.attempt,
-		LeaseExpiresAt: rec.leaseExpiresAt,
-		Result:         bytes.Clone(rec.result),
-		ErrorKind:      rec.errorKind,
-		ErrorMessage:   rec.errorMessage,
-		CreatedAt:      rec.createdAt,
-		UpdatedAt:      rec.updatedAt,
-		ExpiresAt:      rec.expiresAt,
+func (s *Store) snapshot(rec *record) store.Record {
+	r := store.Record{
+		Scope:        rec.scope,
+		Key:          rec.key,
+		Fingerprint:  rec.fingerprint,
+		Status:       rec.status,
+		Token:        rec.token,
+		Attempt:      rec.attempt,
+		Result:       bytes.Clone(rec.result),
+		ErrorKind:    rec.errorKind,
+		ErrorMessage: rec.errorMessage,
+		CreatedAt:    s.at(rec.created),
+		UpdatedAt:    s.at(rec.updated),
+		ExpiresAt:    s.at(rec.expires),
 	}
+	if rec.status == store.StatusInProgress {
+		r.LeaseExpiresAt = s.at(rec.leaseExpires)
+	}
+	return r
 }

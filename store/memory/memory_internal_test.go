@@ -17,7 +17,11 @@ func (s *Store) len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.records)
+		for _, head := range sh.records {
+			for r := head; r != nil; r = r.next {
+				n++
+			}
+		}
 		sh.mu.Unlock()
 	}
 	return n
@@ -121,5 +125,52 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// The whole contract again with every key hashing alike, so each record sits
+// on one collision chain: finding, replacing, removing and sweeping through
+// chains is exercised, which 64-bit hashes of real keys never do.
+func TestContractAllKeysCollide(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+		s, err := New(Options{Now: clock.Now, CleanupInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.hash = func(string, string) uint64 { return 42 }
+		t.Cleanup(func() { s.Close() })
+		return storetest.Harness{Store: s, Advance: clock.Advance}
+	})
+}
+
+func TestCollisionChainRemoval(t *testing.T) {
+	clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
+	s, err := New(Options{Now: clock.Now, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.hash = func(string, string) uint64 { return 7 }
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if _, err := s.Begin(ctx, store.BeginRequest{Key: k, Lease: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Remove from the middle, the head and the tail of the chain.
+	for _, k := range []string{"b", "d", "a"} {
+		if err := s.Delete(ctx, "", k); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Get(ctx, "", k); err == nil {
+			t.Fatalf("%s still found after Delete", k)
+		}
+	}
+	if rec, err := s.Get(ctx, "", "c"); err != nil || rec.Key != "c" {
+		t.Fatalf("the remaining key: %+v %v", rec, err)
+	}
+	if n := s.len(); n != 1 {
+		t.Fatalf("%d records left, want 1", n)
 	}
 }

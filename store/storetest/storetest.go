@@ -284,7 +284,7 @@ func testCompleteSuccessReplays(t *testing.T, e *env) {
 	result[0] = 'X' // the store copied the result; this changes nothing
 
 	res := e.expect(store.Replay, "k", "fp", lease)
-	checkRecord(t, res.Record, e.scope, "k", store.StatusSucceeded, 1)
+	checkRecord(t, *res.Record, e.scope, "k", store.StatusSucceeded, 1)
 	if !bytes.Equal(res.Record.Result, want) {
 		t.Fatalf("replayed result differs from the stored one (%d bytes, want %d)", len(res.Record.Result), len(want))
 	}
@@ -326,7 +326,7 @@ func testCompleteFailureReplays(t *testing.T, e *env) {
 		TTL:          ttl,
 	})
 
-	for _, rec := range []store.Record{e.expect(store.Replay, "k", "fp", lease).Record, e.get("k")} {
+	for _, rec := range []store.Record{*e.expect(store.Replay, "k", "fp", lease).Record, e.get("k")} {
 		checkRecord(t, rec, e.scope, "k", store.StatusFailed, 1)
 		if rec.ErrorKind != "validation" {
 			t.Errorf("ErrorKind = %q, want %q", rec.ErrorKind, "validation")
@@ -385,7 +385,7 @@ func testInProgressBeforeLeaseExpiry(t *testing.T, e *env) {
 	if res.Lease.Token != 0 {
 		t.Errorf("InProgress carries a lease with token %d", res.Lease.Token)
 	}
-	checkRecord(t, res.Record, e.scope, "k", store.StatusInProgress, 1)
+	checkRecord(t, *res.Record, e.scope, "k", store.StatusInProgress, 1)
 	if res.Record.Token != l.Token {
 		t.Errorf("record token = %d, want the holder's %d", res.Record.Token, l.Token)
 	}

@@ -1,0 +1,247 @@
+package main
+
+// Effects and accounting: the ledger the handler writes (the side effect we
+// must not repeat), the tally of what oncemill decided for each delivery,
+// and the tracker of deliveries through the broker.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/store"
+)
+
+// ledger is the side effect: one entry per charge of a payment.
+type ledger struct {
+	mu      sync.Mutex
+	charges map[string]int // payment_id -> number of charges
+	total   int
+}
+
+func newLedger() *ledger { return &ledger{charges: map[string]int{}} }
+
+func (l *ledger) charge(paymentID string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.charges[paymentID]++
+	l.total++
+}
+
+func (l *ledger) effects() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total
+}
+
+// audit checks the ledger against the commands: double is the number of
+// extra charges, the sum over commands of (charges-1) where charges > 1;
+// lost is the number of valid commands never charged. doubled names the
+// first few payments charged more than once, for the failure message.
+func (l *ledger) audit(commands []paymentCommand, valid func(i int) bool) (double, lost int, doubled []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, c := range commands {
+		n := l.charges[c.PaymentID]
+		if n > 1 {
+			double += n - 1
+			if len(doubled) < 5 {
+				doubled = append(doubled, fmt.Sprintf("%s x%d", c.PaymentID, n))
+			}
+		}
+		if n == 0 && valid(i) {
+			lost++
+		}
+	}
+	return double, lost, doubled
+}
+
+// tally counts the outcome of every delivery, from the events oncemill
+// reports (or the baseline reports with --no-idempotency).
+type tally struct {
+	outcomes  [pipeline.StoreFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
+	acked     atomic.Int64
+	takeovers atomic.Int64
+}
+
+func (t *tally) record(ev pipeline.Event) {
+	o := ev.Outcome
+	if o < 0 || int(o) >= len(t.outcomes) {
+		o = 0
+	}
+	t.outcomes[o].Add(1)
+	if ev.Outcome.Acked() {
+		t.acked.Add(1)
+	}
+	if ev.Takeover {
+		t.takeovers.Add(1)
+	}
+}
+
+func (t *tally) count(o pipeline.Outcome) int64 { return t.outcomes[o].Load() }
+
+// replays counts deliveries answered from a stored success (the handler was
+// not called; the stored settlement was returned again).
+func (t *tally) replays() int64 { return t.count(pipeline.Replayed) }
+
+// cachedFailures counts deliveries acked as a cached failure: the first time
+// (FailureCached) or replayed to a duplicate (FailureReplayed).
+func (t *tally) cachedFailures() int64 {
+	return t.count(pipeline.FailureCached) + t.count(pipeline.FailureReplayed)
+}
+
+// countingStore records the keys for which Begin found another live lease:
+// the duplicates that really met a running delivery of the same command.
+type countingStore struct {
+	store.Store
+	mu        sync.Mutex
+	contended map[string]struct{}
+}
+
+func newCountingStore(st store.Store) *countingStore {
+	return &countingStore{Store: st, contended: map[string]struct{}{}}
+}
+
+func (s *countingStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	res, err := s.Store.Begin(ctx, req)
+	if err == nil && res.Decision == store.InProgress {
+		s.mu.Lock()
+		s.contended[req.Key] = struct{}{}
+		s.mu.Unlock()
+	}
+	return res, err
+}
+
+// contendedKeys is how many keys were found in progress at least once.
+func (s *countingStore) contendedKeys() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.contended)
+}
+
+// MaxKeyLen passes the wrapped store's key limit on (0: no limit).
+func (s *countingStore) MaxKeyLen() int {
+	if l, ok := s.Store.(store.KeyLimiter); ok {
+		return l.MaxKeyLen()
+	}
+	return 0
+}
+
+// tracker follows deliveries through the broker: how many are published and
+// acknowledged (per partition, for the producer's flow control), and the
+// settlements the handlers produced and the settlements topic received.
+// Waiters are woken by closing the changed channel, which is then replaced.
+type tracker struct {
+	mu        sync.Mutex
+	changed   chan struct{}
+	inFlight  []int // per partition: published and not yet acked
+	published int
+	acked     int
+	produced  int                 // messages returned by acked handlers, for the settlements topic
+	settled   int                 // messages received on the settlements topic
+	settleIDs map[string]struct{} // their distinct UUIDs
+}
+
+func newTracker(partitions int) *tracker {
+	return &tracker{
+		changed:   make(chan struct{}),
+		inFlight:  make([]int, partitions),
+		settleIDs: map[string]struct{}{},
+	}
+}
+
+// notifyLocked wakes every waiter.
+func (t *tracker) notifyLocked() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// publishing counts a delivery about to be published to partition.
+func (t *tracker) publishing(partition int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.inFlight[partition]++
+	t.published++
+	t.notifyLocked()
+}
+
+// middleware sees what the router will do with a delivery on partition: a
+// nil error is an ack (and the returned messages are published), an error a
+// nack (the broker redelivers, so the delivery is still in flight).
+func (t *tracker) middleware(partition int) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			msgs, err := h(msg)
+			if err == nil {
+				t.mu.Lock()
+				t.inFlight[partition]--
+				t.acked++
+				t.produced += len(msgs)
+				t.notifyLocked()
+				t.mu.Unlock()
+			}
+			return msgs, err
+		}
+	}
+}
+
+// settle counts a message received on the settlements topic.
+func (t *tracker) settle(msg *message.Message) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.settled++
+	t.settleIDs[msg.UUID] = struct{}{}
+	t.notifyLocked()
+	return nil
+}
+
+// waitFor waits until ok (called with the tracker locked) holds, limit
+// passes (limit <= 0: no limit) or ctx ends. It reports whether ok held.
+func (t *tracker) waitFor(ctx context.Context, limit time.Duration, ok func(t *tracker) bool) bool {
+	var expired <-chan time.Time
+	if limit > 0 {
+		timer := time.NewTimer(limit)
+		defer timer.Stop()
+		expired = timer.C
+	}
+	for {
+		t.mu.Lock()
+		done, changed := ok(t), t.changed
+		t.mu.Unlock()
+		if done {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-expired:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// flowState is a snapshot of the tracker.
+type flowState struct {
+	published, acked, inFlight int
+	produced, settled          int
+	distinctSettlements        int
+}
+
+func (t *tracker) state() flowState {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return flowState{
+		published:           t.published,
+		acked:               t.acked,
+		inFlight:            t.published - t.acked,
+		produced:            t.produced,
+		settled:             t.settled,
+		distinctSettlements: len(t.settleIDs),
+	}
+}

@@ -1,0 +1,177 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+)
+
+// ErrLeaseLost is the cancel cause of a handler whose lease was taken over
+// while it ran, and what CheckLease returns then.
+var ErrLeaseLost = fmt.Errorf("oncemill: lease lost while the handler ran: %w", store.ErrLeaseLost)
+
+// execution is one run of the handler under a lease. It is the handler's
+// context, its heartbeat, and the detached context for the store writes that
+// follow, in one allocation: the stage runs once per message, on a fresh
+// router goroutine, and every allocation there is paid for by every message.
+type execution struct {
+	parent context.Context // the message's context
+	lease  store.Lease
+	st     store.Store
+	p      *policy.Policy
+
+	// inner is the cancelable context, made only when the handler asks for
+	// Done or Err, or when the lease is lost: most fast handlers never pay
+	// for it.
+	inner  atomic.Pointer[cancelable]
+	innerM sync.Mutex
+
+	beatMu  sync.Mutex
+	timer   *time.Timer
+	stopped bool
+
+	detached detached
+}
+
+type cancelable struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+var _ context.Context = (*execution)(nil)
+
+type executionKey struct{}
+
+func newExecution(parent context.Context, lease store.Lease, st store.Store, p *policy.Policy) *execution {
+	e := &execution{parent: parent, lease: lease, st: st, p: p}
+	e.detached.parent = parent
+	return e
+}
+
+// current is the context the handler's context delegates to.
+func (e *execution) current() context.Context {
+	if c := e.inner.Load(); c != nil {
+		return c.ctx
+	}
+	return e.parent
+}
+
+func (e *execution) cancelable() *cancelable {
+	if c := e.inner.Load(); c != nil {
+		return c
+	}
+	e.innerM.Lock()
+	defer e.innerM.Unlock()
+	if c := e.inner.Load(); c != nil {
+		return c
+	}
+	ctx, cancel := context.WithCancelCause(e.parent)
+	c := &cancelable{ctx: ctx, cancel: cancel}
+	e.inner.Store(c)
+	return c
+}
+
+// Deadline, Done, Err and Value make the execution the handler's context.
+// Once the cancelable context exists, everything (context.Cause included,
+// which finds it through Value) goes to it.
+func (e *execution) Deadline() (time.Time, bool) { return e.parent.Deadline() }
+func (e *execution) Done() <-chan struct{}       { return e.cancelable().ctx.Done() }
+func (e *execution) Err() error                  { return e.current().Err() }
+func (e *execution) Value(key any) any {
+	switch key.(type) {
+	case leaseKey:
+		return &e.lease
+	case executionKey:
+		return e
+	}
+	return e.current().Value(key)
+}
+
+// lose cancels the handler's context with ErrLeaseLost.
+func (e *execution) lose() { e.cancelable().cancel(ErrLeaseLost) }
+
+// finish releases the cancelable context, if one was made.
+func (e *execution) finish() {
+	if c := e.inner.Load(); c != nil {
+		c.cancel(nil)
+	}
+}
+
+// startHeartbeat extends the lease every policy.Heartbeat while the handler
+// runs. A self-rearming timer rather than a goroutine: a handler that
+// finishes within one beat (nearly all) costs one timer and nothing else.
+func (e *execution) startHeartbeat() {
+	// Held so that a first beat firing at once finds the timer assigned.
+	e.beatMu.Lock()
+	e.timer = time.AfterFunc(e.p.Heartbeat, e.beat)
+	e.beatMu.Unlock()
+}
+
+func (e *execution) beat() {
+	e.beatMu.Lock()
+	defer e.beatMu.Unlock()
+	if e.stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(&e.detached, e.p.Heartbeat)
+	err := e.extend(ctx)
+	cancel()
+	if errors.Is(err, store.ErrLeaseLost) {
+		return // the handler has been told; nothing left to keep
+	}
+	// Another store error is not fatal: the lease is ours until it
+	// expires, and the next beat tries again.
+	e.timer.Reset(e.p.Heartbeat)
+}
+
+// extend pushes the lease expiry out; when the lease is gone, the handler's
+// context is canceled.
+func (e *execution) extend(ctx context.Context) error {
+	_, err := e.st.Extend(ctx, e.lease, e.p.Lease)
+	if errors.Is(err, store.ErrLeaseLost) {
+		e.lose()
+		return ErrLeaseLost
+	}
+	return err
+}
+
+// stopHeartbeat waits for a beat in flight, so no Extend runs after the handler.
+func (e *execution) stopHeartbeat() {
+	e.timer.Stop()
+	e.beatMu.Lock()
+	e.stopped = true
+	e.beatMu.Unlock()
+}
+
+// detached is the message's context without its cancellation: the store
+// writes after the handler record what already happened, so a router that is
+// shutting down must not cut them short. Stores bound their own operations
+// (connection and statement timeouts). Like context.WithoutCancel, but
+// inside the execution's allocation.
+type detached struct{ parent context.Context }
+
+func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (detached) Done() <-chan struct{}       { return nil }
+func (detached) Err() error                  { return nil }
+func (d *detached) Value(key any) any        { return d.parent.Value(key) }
+
+// CheckLease confirms, with one store round trip, that the handler still
+// holds its lease, and extends it. Call it right before a side effect that
+// cannot take part in a transaction with the record (an HTTP call, an
+// e-mail): a worker paused past its lease (GC, a stopped VM) then learns that
+// another delivery took over instead of acting a second time. It returns an
+// error wrapping ErrLeaseLost when the lease is gone, and nil outside the
+// idempotency stage's handler.
+func CheckLease(ctx context.Context) error {
+	e, ok := ctx.Value(executionKey{}).(*execution)
+	if !ok {
+		return nil
+	}
+	return e.extend(ctx)
+}
