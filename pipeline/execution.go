@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
@@ -25,6 +27,12 @@ type execution struct {
 	lease  store.Lease
 	st     store.Store
 	p      *policy.Policy
+	stage  *Idempotency
+
+	// completed is set by the transaction stage once the outcome was
+	// written inside the handler's transaction and that transaction
+	// committed; the idempotency stage then has nothing left to write.
+	completed bool
 
 	// inner is the cancelable context, made only when the handler asks for
 	// Done or Err, or when the lease is lost: most fast handlers never pay
@@ -48,8 +56,8 @@ var _ context.Context = (*execution)(nil)
 
 type executionKey struct{}
 
-func newExecution(parent context.Context, lease store.Lease, st store.Store, p *policy.Policy) *execution {
-	e := &execution{parent: parent, lease: lease, st: st, p: p}
+func newExecution(parent context.Context, lease store.Lease, stage *Idempotency) *execution {
+	e := &execution{parent: parent, lease: lease, st: stage.store, p: &stage.policy, stage: stage}
 	e.detached.parent = parent
 	return e
 }
@@ -160,6 +168,17 @@ func (detached) Deadline() (time.Time, bool) { return time.Time{}, false }
 func (detached) Done() <-chan struct{}       { return nil }
 func (detached) Err() error                  { return nil }
 func (d *detached) Value(key any) any        { return d.parent.Value(key) }
+
+// completeInTx writes the success inside the transaction ctx carries, when
+// the store can (store.TxCompleter). It reports whether it did; the write
+// counts only once the transaction commits (see markCompleted).
+func (e *execution) completeInTx(ctx context.Context, msgs []*message.Message) (bool, error) {
+	tc, ok := e.st.(store.TxCompleter)
+	if !ok {
+		return false, nil
+	}
+	return true, tc.CompleteInTx(ctx, e.lease, e.stage.successOutcome(msgs))
+}
 
 // CheckLease confirms, with one store round trip, that the handler still
 // holds its lease, and extends it. Call it right before a side effect that

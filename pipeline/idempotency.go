@@ -254,7 +254,7 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 	d.event.Attempt, d.event.Token, d.event.Takeover = lease.Attempt, lease.Token, res.Takeover
 
 	orig := d.msg.Context()
-	e := newExecution(orig, lease, s.store, &s.policy)
+	e := newExecution(orig, lease, s)
 	d.msg.SetContext(e)
 	e.startHeartbeat()
 	msgs, herr := runHandler(h, d.msg)
@@ -263,25 +263,33 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 	d.msg.SetContext(orig)
 
 	if herr == nil {
-		return s.succeed(&e.detached, d, lease, msgs)
+		return s.succeed(&e.detached, d, e, msgs)
 	}
 	return s.fail(&e.detached, d, lease, herr)
 }
 
-func (s *Idempotency) succeed(ctx context.Context, d *delivery, lease store.Lease, msgs []*message.Message) ([]*message.Message, error) {
+func (s *Idempotency) succeed(ctx context.Context, d *delivery, e *execution, msgs []*message.Message) ([]*message.Message, error) {
 	d.event.Outcome = Executed
-	result, err := encodeResult(msgs, s.policy.MaxResultBytes)
-	if err != nil {
-		s.logger.Error("Produced messages are not stored; a duplicate will not re-publish them", err, s.fields(d))
+	if e.completed {
+		return msgs, nil // written and committed with the handler's transaction
 	}
-	err = s.finish(ctx, lease, store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL})
-	if err != nil {
+	if err := s.finish(ctx, e.lease, s.successOutcome(msgs)); err != nil {
 		// The effect happened: nacking now would run it again after the lease
 		// expires. Ack, and let the router publish what the handler produced.
 		d.event.Err = err
 		s.logger.Error("Handler succeeded but the success could not be recorded; a later duplicate may run again", err, s.fields(d))
 	}
 	return msgs, nil
+}
+
+// successOutcome is what a success stores: the produced messages, or a
+// marker that they were too large to keep.
+func (s *Idempotency) successOutcome(msgs []*message.Message) store.Outcome {
+	result, err := encodeResult(msgs, s.policy.MaxResultBytes)
+	if err != nil {
+		s.logger.Error("Produced messages are not stored; a duplicate will not re-publish them", err, nil)
+	}
+	return store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL}
 }
 
 func (s *Idempotency) fail(ctx context.Context, d *delivery, lease store.Lease, herr error) ([]*message.Message, error) {

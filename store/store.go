@@ -43,6 +43,19 @@ type KeyLimiter interface {
 	MaxKeyLen() int
 }
 
+// TxCompleter is implemented by stores that can write the final outcome
+// inside the caller's own transaction: the one the store's transaction
+// manager began and put into ctx for the handler. The business writes and
+// the "processed" record then commit together or not at all.
+//
+// CompleteInTx follows the rules of Complete (ErrLeaseLost when the lease is
+// not current, changing nothing), but its write only takes effect if the
+// transaction commits. When ctx carries no transaction of this store it
+// returns an error wrapping ErrNoTransaction.
+type TxCompleter interface {
+	CompleteInTx(ctx context.Context, lease Lease, out Outcome) error
+}
+
 // Sentinel errors. Implementations wrap them with %w and context.
 var (
 	// ErrLeaseLost: the caller's fencing token is no longer current (the lease
@@ -54,6 +67,8 @@ var (
 	ErrInvalidRequest = errors.New("store: invalid request")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("store: closed")
+	// ErrNoTransaction: CompleteInTx found no transaction of the store in ctx.
+	ErrNoTransaction = errors.New("store: no transaction in context")
 )
 
 // Decision is what Begin tells the caller to do.

@@ -1,0 +1,93 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// TxManager begins, commits and rolls back the transactions of the
+// transaction stage. The transaction travels in the context: Begin returns a
+// context carrying it, where the handler finds it, and so does a store that
+// writes the outcome inside it (store.TxCompleter). The methods mention only
+// standard types, so store/postgres satisfies this interface without
+// importing this package, and this package never imports a driver.
+type TxManager interface {
+	// Begin starts a transaction and returns a context carrying it.
+	Begin(ctx context.Context) (context.Context, error)
+	// Commit commits the transaction ctx carries. A failed commit leaves it
+	// rolled back, as pgx and database/sql do.
+	Commit(ctx context.Context) error
+	// Rollback rolls back the transaction ctx carries.
+	Rollback(ctx context.Context) error
+}
+
+// ErrTransaction wraps failures to begin or commit the handler's transaction.
+// They are retryable unless the policy says otherwise.
+var ErrTransaction = errors.New("oncemill: transaction")
+
+// Transaction runs the handler inside a transaction: it commits only after
+// the handler succeeds, and rolls back on an error or a panic.
+//
+// Inside the idempotency stage, the success is written in the same
+// transaction right before the commit when the store can do that
+// (store.TxCompleter): business writes and the "processed" record commit
+// together or not at all, and a lease lost meanwhile rolls the business
+// writes back. Each retry attempt gets a fresh transaction.
+type Transaction struct {
+	tm TxManager
+}
+
+// NewTransaction returns the transaction stage over tm.
+func NewTransaction(tm TxManager) (*Transaction, error) {
+	if tm == nil {
+		return nil, fmt.Errorf("%w: TxManager is nil; pass a transaction manager such as postgres.Store.TxManager()", ErrInvalidConfig)
+	}
+	return &Transaction{tm: tm}, nil
+}
+
+// Middleware is the stage as a Watermill middleware.
+func (t *Transaction) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) (msgs []*message.Message, err error) {
+		orig := msg.Context()
+		txCtx, err := t.tm.Begin(orig)
+		if err != nil {
+			return nil, fmt.Errorf("%w: begin: %w", ErrTransaction, err)
+		}
+		msg.SetContext(txCtx)
+		settled := false
+		defer func() {
+			msg.SetContext(orig)
+			if settled {
+				return
+			}
+			// An error, a panic (the deferred call runs while it unwinds), or a
+			// failed outcome write: nothing of this attempt may stay.
+			if rerr := t.tm.Rollback(context.WithoutCancel(txCtx)); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("%w: rollback: %w", ErrTransaction, rerr))
+			}
+		}()
+
+		msgs, err = h(msg)
+		if err != nil {
+			return nil, err
+		}
+		e, guarded := orig.Value(executionKey{}).(*execution)
+		inTx := false
+		if guarded {
+			if inTx, err = e.completeInTx(txCtx, msgs); err != nil {
+				return nil, err
+			}
+		}
+		settled = true // a failed commit has already rolled back
+		if err := t.tm.Commit(txCtx); err != nil {
+			return nil, fmt.Errorf("%w: commit: %w", ErrTransaction, err)
+		}
+		if inTx {
+			e.completed = true
+		}
+		return msgs, nil
+	}
+}
