@@ -26,6 +26,8 @@ const (
 	Unguarded
 	// StoreFailed: the store could not decide. Nacked, so nothing is lost.
 	StoreFailed
+	// Invalid: the validation stage refused the message. Acked.
+	Invalid
 )
 
 func (o Outcome) String() string {
@@ -48,6 +50,8 @@ func (o Outcome) String() string {
 		return "unguarded"
 	case StoreFailed:
 		return "store_failed"
+	case Invalid:
+		return "invalid"
 	}
 	return "unknown"
 }

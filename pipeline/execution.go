@@ -141,7 +141,9 @@ func (e *execution) beat() {
 // extend pushes the lease expiry out; when the lease is gone, the handler's
 // context is canceled.
 func (e *execution) extend(ctx context.Context) error {
+	ctx, m := e.stage.tel.startStore(ctx, opExtend)
 	_, err := e.st.Extend(ctx, e.lease, e.p.Lease)
+	m.end(ctx, err)
 	if errors.Is(err, store.ErrLeaseLost) {
 		e.lose()
 		return ErrLeaseLost
@@ -177,7 +179,10 @@ func (e *execution) completeInTx(ctx context.Context, msgs []*message.Message) (
 	if !ok {
 		return false, nil
 	}
-	return true, tc.CompleteInTx(ctx, e.lease, e.stage.successOutcome(msgs))
+	ctx, m := e.stage.tel.startStore(ctx, opCompleteInTx)
+	err := tc.CompleteInTx(ctx, e.lease, e.stage.successOutcome(msgs))
+	m.end(ctx, err)
+	return true, err
 }
 
 // CheckLease confirms, with one store round trip, that the handler still

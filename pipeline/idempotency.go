@@ -28,8 +28,10 @@ var (
 	ErrPayloadTooLarge = errors.New("oncemill: payload too large")
 	// ErrRejected: an in-progress duplicate under policy.Reject.
 	ErrRejected = errors.New("oncemill: duplicate rejected while the key is in progress")
-	// ErrInvalidConfig is wrapped by every NewIdempotency error.
+	// ErrInvalidConfig is wrapped by every error a stage constructor returns.
 	ErrInvalidConfig = errors.New("oncemill: invalid configuration")
+	// ErrInvalidMessage wraps the validation stage's reason for refusing a message.
+	ErrInvalidMessage = errors.New("oncemill: invalid message")
 )
 
 // Error kinds stored with a cached failure (store.Record.ErrorKind).
@@ -57,6 +59,12 @@ type IdempotencyConfig struct {
 	// before the router acks or nacks. It must be quick and safe for
 	// concurrent use.
 	OnEvent func(Event)
+	// DeadLetter, when set, receives each cached failure (the first time it
+	// is cached) and each rejected message (mismatch, no key, too large)
+	// once, before the delivery is acked.
+	DeadLetter *DeadLetter
+	// Telemetry defaults to one over the global OpenTelemetry providers.
+	Telemetry *Telemetry
 }
 
 // Idempotency is the idempotency stage.
@@ -68,6 +76,8 @@ type Idempotency struct {
 	policy      policy.Policy
 	logger      watermill.LoggerAdapter
 	onEvent     func(Event)
+	deadLetter  *DeadLetter
+	tel         *Telemetry
 	maxKeyLen   int
 }
 
@@ -90,6 +100,11 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		policy:      cfg.Policy,
 		logger:      cfg.Logger,
 		onEvent:     cfg.OnEvent,
+		deadLetter:  cfg.DeadLetter,
+		tel:         cfg.Telemetry,
+	}
+	if s.tel == nil {
+		s.tel = defaultTelemetry()
 	}
 	if s.fingerprint == nil {
 		keys := cfg.Keys
@@ -115,6 +130,7 @@ func (s *Idempotency) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		d := &delivery{msg: msg, event: Event{MessageUUID: msg.UUID}}
 		msgs, err := s.handle(d, h)
+		s.tel.decided(msg.Context(), &d.event)
 		if s.onEvent != nil {
 			s.onEvent(d.event)
 		}
@@ -150,7 +166,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 	}
 	var w waiter
 	for {
-		res, err := s.store.Begin(msg.Context(), req)
+		res, err := s.begin(msg.Context(), req)
 		if err != nil {
 			return s.storeFailed(d, err)
 		}
@@ -165,7 +181,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 				return nil, err
 			}
 		case store.Mismatch:
-			return s.reject(d, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
+			return s.reject(d, ReasonMismatch, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
 		default:
 			return s.storeFailed(d, fmt.Errorf("unknown decision %d", res.Decision))
 		}
@@ -173,7 +189,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 }
 
 func (s *Idempotency) tooLarge(d *delivery) ([]*message.Message, error) {
-	return s.reject(d, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes))
+	return s.reject(d, ReasonRejected, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes))
 }
 
 func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*message.Message, error) {
@@ -181,7 +197,7 @@ func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 		d.event.Outcome, d.event.Err = Unguarded, err
 		return runHandler(h, d.msg)
 	}
-	return s.reject(d, fmt.Errorf("cannot compute the idempotency key: %w", err))
+	return s.reject(d, ReasonRejected, fmt.Errorf("cannot compute the idempotency key: %w", err))
 }
 
 func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, error) {
@@ -201,7 +217,7 @@ func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 	ctx := d.msg.Context()
 	switch s.policy.InProgress {
 	case policy.Reject:
-		_, err := s.reject(d, ErrRejected)
+		_, err := s.reject(d, ReasonRejected, ErrRejected)
 		return false, err
 	case policy.Wait:
 		if w.pause == nil {
@@ -224,11 +240,43 @@ func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 	return false, err
 }
 
-// reject acks a delivery that must never run.
-func (s *Idempotency) reject(d *delivery, err error) ([]*message.Message, error) {
+// reject acks a delivery that must never run, after forwarding it to the
+// dead-letter topic if one is set. If forwarding fails it nacks instead, so
+// the message is not lost.
+func (s *Idempotency) reject(d *delivery, reason string, err error) ([]*message.Message, error) {
 	d.event.Outcome, d.event.Err = Rejected, policy.Permanent(err)
+	if ferr := s.toDeadLetter(d, reason, err); ferr != nil {
+		d.event.Outcome = StoreFailed
+		return nil, ferr
+	}
 	s.logger.Error("Message rejected as a permanent failure; it is acked and not run", err, s.fields(d))
 	return nil, nil
+}
+
+func (s *Idempotency) toDeadLetter(d *delivery, reason string, err error) error {
+	if s.deadLetter == nil {
+		return nil
+	}
+	if ferr := s.deadLetter.forward(d.msg, reason, err); ferr != nil {
+		return ferr
+	}
+	s.tel.deadLettered(d.msg.Context(), reason)
+	return nil
+}
+
+// begin, release and extend are the store's calls, measured.
+func (s *Idempotency) begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	ctx, m := s.tel.startStore(ctx, opBegin)
+	res, err := s.store.Begin(ctx, req)
+	m.end(ctx, err)
+	return res, err
+}
+
+func (s *Idempotency) release(ctx context.Context, lease store.Lease) error {
+	ctx, m := s.tel.startStore(ctx, opRelease)
+	err := s.store.Release(ctx, lease, s.policy.FailureTTL)
+	m.end(ctx, err)
+	return err
 }
 
 func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message, error) {
@@ -257,7 +305,9 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 	e := newExecution(orig, lease, s)
 	d.msg.SetContext(e)
 	e.startHeartbeat()
+	started := s.tel.leaseTaken(orig)
 	msgs, herr := runHandler(h, d.msg)
+	s.tel.leaseDone(orig, started)
 	e.stopHeartbeat()
 	e.finish()
 	d.msg.SetContext(orig)
@@ -303,11 +353,18 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, lease store.Lease, 
 	}
 	if kind == "" {
 		d.event.Outcome = Released
-		if err := s.store.Release(ctx, lease, s.policy.FailureTTL); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		if err := s.release(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			// The lease will expire on its own; the redelivery then takes over.
 			s.logger.Error("Could not release the key after a retryable failure", err, s.fields(d))
 		}
 		return nil, herr
+	}
+	// Forwarded before it is recorded: a failed forward releases the key and
+	// nacks, so the failure is decided again and forwarded on redelivery.
+	if ferr := s.toDeadLetter(d, ReasonCachedFailure, herr); ferr != nil {
+		d.event.Outcome = StoreFailed
+		_ = s.release(ctx, lease)
+		return nil, ferr
 	}
 	d.event.Outcome = FailureCached
 	err := s.finish(ctx, lease, store.Outcome{Status: store.StatusFailed, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL})
@@ -325,12 +382,12 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, lease store.Lease, 
 // lease is final: another delivery has taken over. The first try is made
 // directly so the common path pays nothing for the retry machinery.
 func (s *Idempotency) finish(ctx context.Context, lease store.Lease, out store.Outcome) error {
-	err := s.store.Complete(ctx, lease, out)
+	err := s.complete(ctx, lease, out)
 	if err == nil || isFinal(err) {
 		return err
 	}
 	_, err = backoff.Retry(ctx, func() (struct{}, error) {
-		err := s.store.Complete(ctx, lease, out)
+		err := s.complete(ctx, lease, out)
 		if isFinal(err) {
 			return struct{}{}, backoff.Permanent(err)
 		}
@@ -338,6 +395,13 @@ func (s *Idempotency) finish(ctx context.Context, lease store.Lease, out store.O
 	}, backoff.WithMaxTries(2), backoff.WithBackOff(&backoff.ExponentialBackOff{
 		InitialInterval: 20 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 3, MaxInterval: time.Second,
 	}))
+	return err
+}
+
+func (s *Idempotency) complete(ctx context.Context, lease store.Lease, out store.Outcome) error {
+	ctx, m := s.tel.startStore(ctx, opComplete)
+	err := s.store.Complete(ctx, lease, out)
+	m.end(ctx, err)
 	return err
 }
 

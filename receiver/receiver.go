@@ -3,10 +3,13 @@ package receiver
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
@@ -23,6 +26,16 @@ type Builder struct {
 	cfg          pipeline.IdempotencyConfig
 	heartbeatSet bool
 	errs         []error
+
+	validate    func(*message.Message) error
+	retry       *pipeline.RetryConfig
+	breaker     *pipeline.BreakerConfig
+	tx          pipeline.TxManager
+	deadPub     message.Publisher
+	deadTopic   string
+	deadLetter  bool
+	telemetry   pipeline.TelemetryConfig
+	telemetryOn bool
 }
 
 // New starts a builder over st with the defaults: the message UUID as the key,
@@ -170,6 +183,84 @@ func (b *Builder) WithLogger(l watermill.LoggerAdapter) *Builder {
 	return b
 }
 
+// WithSlog sends oncemill's logs to an slog logger (through Watermill's
+// slog adapter).
+func (b *Builder) WithSlog(l *slog.Logger) *Builder {
+	if l == nil {
+		return b.invalid("WithSlog(nil): pass a logger such as slog.Default()")
+	}
+	b.cfg.Logger = watermill.NewSlogLogger(l)
+	return b
+}
+
+// WithValidation adds the validation stage: a message for which validate
+// returns an error is never stored and never retried; it is acked, counted,
+// and dead-lettered if WithDeadLetter is set.
+func (b *Builder) WithValidation(validate func(*message.Message) error) *Builder {
+	if validate == nil {
+		return b.invalid("WithValidation(nil): pass a func(*message.Message) error")
+	}
+	b.validate = validate
+	return b
+}
+
+// WithRetry adds in-process retries of retryable failures. Start from
+// pipeline.DefaultRetryConfig(); the receiver's error classification is used
+// whatever cfg.Policy says.
+func (b *Builder) WithRetry(cfg pipeline.RetryConfig) *Builder {
+	b.retry = &cfg
+	return b
+}
+
+// WithCircuitBreaker adds a circuit breaker around the handler. Start from
+// pipeline.DefaultBreakerConfig(); the receiver's error classification is
+// used whatever cfg.Policy says.
+func (b *Builder) WithCircuitBreaker(cfg pipeline.BreakerConfig) *Builder {
+	b.breaker = &cfg
+	return b
+}
+
+// WithTransaction runs the handler inside a transaction of tm, committed
+// only after it succeeds. With a store that implements store.TxCompleter on
+// the same database (store/postgres), the success is recorded inside that
+// transaction.
+func (b *Builder) WithTransaction(tm pipeline.TxManager) *Builder {
+	if tm == nil {
+		return b.invalid("WithTransaction(nil): pass a transaction manager such as postgres.Store.TxManager()")
+	}
+	b.tx = tm
+	return b
+}
+
+// WithDeadLetter forwards invalid messages, cached failures and rejected
+// messages (mismatch, no key, too large) once to topic on pub, with reason
+// metadata in the style of Watermill's PoisonQueue, before acking them.
+func (b *Builder) WithDeadLetter(pub message.Publisher, topic string) *Builder {
+	b.deadPub, b.deadTopic, b.deadLetter = pub, topic, true
+	return b
+}
+
+// WithTracerProvider sets where spans go (default: the global provider).
+// Setting it, or the meter provider or messaging system, also opens one
+// span per delivery around the whole chain.
+func (b *Builder) WithTracerProvider(tp trace.TracerProvider) *Builder {
+	b.telemetry.TracerProvider, b.telemetryOn = tp, true
+	return b
+}
+
+// WithMeterProvider sets where metrics go (default: the global provider).
+func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
+	b.telemetry.MeterProvider, b.telemetryOn = mp, true
+	return b
+}
+
+// WithMessagingSystem sets the messaging.system span attribute ("kafka",
+// "rabbitmq", "aws_sqs"); Watermill does not know which broker it reads.
+func (b *Builder) WithMessagingSystem(system string) *Builder {
+	b.telemetry.MessagingSystem, b.telemetryOn = system, true
+	return b
+}
+
 // WithEventHandler is called once per delivery with what oncemill decided;
 // use it for counting. It must be quick and safe for concurrent use.
 func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
@@ -182,29 +273,78 @@ func (b *Builder) Build() (*Receiver, error) {
 	if len(b.errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(b.errs...))
 	}
-	cfg := b.cfg
-	if !b.heartbeatSet {
-		cfg.Policy.Heartbeat = cfg.Policy.Lease / 3
-	}
-	idem, err := pipeline.NewIdempotency(cfg)
+	chain, err := b.chain()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	return &Receiver{idempotency: idem}, nil
+	return &Receiver{chain: chain.Middleware}, nil
+}
+
+// chain builds every configured stage; pipeline.Chain fixes their order.
+func (b *Builder) chain() (pipeline.Chain, error) {
+	var c pipeline.Chain
+	tel, err := pipeline.NewTelemetry(b.telemetry)
+	if err != nil {
+		return c, err
+	}
+	if b.telemetryOn {
+		c.Telemetry = tel
+	}
+	cfg := b.cfg
+	cfg.Telemetry = tel
+	if !b.heartbeatSet {
+		cfg.Policy.Heartbeat = cfg.Policy.Lease / 3
+	}
+	if b.deadLetter {
+		if cfg.DeadLetter, err = pipeline.NewDeadLetter(b.deadPub, b.deadTopic); err != nil {
+			return c, err
+		}
+	}
+	if c.Idempotency, err = pipeline.NewIdempotency(cfg); err != nil {
+		return c, err
+	}
+	if b.validate != nil {
+		c.Validation, err = pipeline.NewValidation(pipeline.ValidationConfig{
+			Validate: b.validate, DeadLetter: cfg.DeadLetter, Logger: cfg.Logger, OnEvent: cfg.OnEvent, Telemetry: tel,
+		})
+		if err != nil {
+			return c, err
+		}
+	}
+	if b.retry != nil {
+		rc := *b.retry
+		rc.Policy, rc.Telemetry = cfg.Policy, tel
+		if c.Retry, err = pipeline.NewRetry(rc); err != nil {
+			return c, fmt.Errorf("%w (start from pipeline.DefaultRetryConfig())", err)
+		}
+	}
+	if b.breaker != nil {
+		bc := *b.breaker
+		bc.Policy, bc.Telemetry = cfg.Policy, tel
+		if c.Breaker, err = pipeline.NewBreaker(bc); err != nil {
+			return c, fmt.Errorf("%w (start from pipeline.DefaultBreakerConfig())", err)
+		}
+	}
+	if b.tx != nil {
+		if c.Transaction, err = pipeline.NewTransaction(b.tx); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
 }
 
 // Receiver is a built pipeline.
 type Receiver struct {
-	idempotency *pipeline.Idempotency
+	chain message.HandlerMiddleware
 }
 
 // Middleware is the receiver as a Watermill middleware: add it to a router
 // (router.AddMiddleware) or to one handler (handler.AddMiddleware).
 func (r *Receiver) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return r.idempotency.Middleware(h)
+	return r.chain(h)
 }
 
 // Wrap returns h guarded by the receiver, for use without router middleware.
 func (r *Receiver) Wrap(h message.HandlerFunc) message.HandlerFunc {
-	return r.Middleware(h)
+	return r.chain(h)
 }

@@ -1,0 +1,114 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/oncemill/oncemill/policy"
+)
+
+// ErrCircuitOpen is returned without calling the handler while the circuit is
+// open (or half-open and at its probe limit). It is retryable: the message
+// comes back after the broker's redelivery, by which time the dependency may
+// have recovered.
+var ErrCircuitOpen = errors.New("oncemill: circuit open")
+
+// BreakerConfig configures the circuit breaker (sony/gobreaker/v2).
+type BreakerConfig struct {
+	// Name identifies the breaker in callbacks and metrics.
+	Name string
+	// MaxRequests may pass while half-open (default 1).
+	MaxRequests uint32
+	// Interval clears the counts while closed; 0 never clears them.
+	Interval time.Duration
+	// Timeout is how long the circuit stays open before probing (default 30s).
+	Timeout time.Duration
+	// ReadyToTrip decides when to open; default: 5 consecutive failures.
+	ReadyToTrip func(gobreaker.Counts) bool
+	// OnStateChange is called on every transition.
+	OnStateChange func(name string, from, to gobreaker.State)
+	// Policy classifies errors: only retryable failures (a dependency that is
+	// down) count against the circuit; a cached failure (a business rule
+	// said no) proves the dependency answered, and counts as a success.
+	Policy    policy.Policy
+	Telemetry *Telemetry
+}
+
+// DefaultBreakerConfig opens after 5 consecutive retryable failures and
+// probes with one request after 30 s.
+func DefaultBreakerConfig() BreakerConfig {
+	return BreakerConfig{
+		Name:        "oncemill",
+		MaxRequests: 1,
+		Timeout:     30 * time.Second,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 5 },
+		Policy:      policy.Default(),
+	}
+}
+
+// Breaker stops calling a failing dependency. Inside the chain it sits after
+// the idempotency stage, so a duplicate with a stored result is replayed even
+// while the circuit is open.
+type Breaker struct {
+	cb *gobreaker.CircuitBreaker[[]*message.Message]
+}
+
+// NewBreaker validates cfg and returns the breaker stage.
+func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
+	switch {
+	case cfg.Name == "":
+		return nil, fmt.Errorf("%w: breaker: Name is empty; name it after the dependency it guards", ErrInvalidConfig)
+	case cfg.Timeout <= 0:
+		return nil, fmt.Errorf("%w: breaker: Timeout is %v; set how long the circuit stays open (default 30s)", ErrInvalidConfig, cfg.Timeout)
+	case cfg.Interval < 0:
+		return nil, fmt.Errorf("%w: breaker: Interval is %v; use 0 (never clear counts) or a positive period", ErrInvalidConfig, cfg.Interval)
+	case cfg.ReadyToTrip == nil:
+		return nil, fmt.Errorf("%w: breaker: ReadyToTrip is nil; start from DefaultBreakerConfig", ErrInvalidConfig)
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: breaker: %w", ErrInvalidConfig, err)
+	}
+	if cfg.MaxRequests == 0 {
+		cfg.MaxRequests = 1
+	}
+	if cfg.Telemetry == nil {
+		cfg.Telemetry = defaultTelemetry()
+	}
+	tel, p, onChange := cfg.Telemetry, cfg.Policy, cfg.OnStateChange
+	tel.breakerState(cfg.Name, gobreaker.StateClosed)
+	cb := gobreaker.NewCircuitBreaker[[]*message.Message](gobreaker.Settings{
+		Name:        cfg.Name,
+		MaxRequests: cfg.MaxRequests,
+		Interval:    cfg.Interval,
+		Timeout:     cfg.Timeout,
+		ReadyToTrip: cfg.ReadyToTrip,
+		IsSuccessful: func(err error) bool {
+			return err == nil || p.Classify(err) == policy.Cached
+		},
+		OnStateChange: func(name string, from, to gobreaker.State) {
+			tel.breakerState(name, to)
+			if onChange != nil {
+				onChange(name, from, to)
+			}
+		},
+	})
+	return &Breaker{cb: cb}, nil
+}
+
+// State is the breaker's current state.
+func (b *Breaker) State() gobreaker.State { return b.cb.State() }
+
+// Middleware is the stage as a Watermill middleware.
+func (b *Breaker) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := b.cb.Execute(func() ([]*message.Message, error) { return h(msg) })
+		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+			return nil, fmt.Errorf("%w (%s): %w", ErrCircuitOpen, b.cb.Name(), policy.Transient(err))
+		}
+		return out, err
+	}
+}

@@ -1,0 +1,48 @@
+package pipeline
+
+import "github.com/ThreeDotsLabs/watermill/message"
+
+// Chain composes the stages in the one fixed order:
+//
+//		delivery → validation → idempotency → retry → circuit breaker → transaction → handler
+//
+//	  - validation first: an invalid message is never stored and never retried;
+//	  - idempotency before retry: a stored outcome ends the work before any retry;
+//	  - before the breaker: a stored result is replayed even while the circuit is open;
+//	  - before the transaction: no transaction is opened for a duplicate;
+//	  - transaction last: each retry attempt gets a fresh transaction, and the
+//	    success is written inside it.
+//
+// Nil stages are left out. Telemetry, when set, wraps the whole chain in one
+// span per delivery.
+type Chain struct {
+	Telemetry   *Telemetry
+	Validation  *Validation
+	Idempotency *Idempotency
+	Retry       *Retry
+	Breaker     *Breaker
+	Transaction *Transaction
+}
+
+// Middleware is the chain as one Watermill middleware.
+func (c Chain) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	if c.Transaction != nil {
+		h = c.Transaction.Middleware(h)
+	}
+	if c.Breaker != nil {
+		h = c.Breaker.Middleware(h)
+	}
+	if c.Retry != nil {
+		h = c.Retry.Middleware(h)
+	}
+	if c.Idempotency != nil {
+		h = c.Idempotency.Middleware(h)
+	}
+	if c.Validation != nil {
+		h = c.Validation.Middleware(h)
+	}
+	if c.Telemetry != nil {
+		h = c.Telemetry.Middleware(h)
+	}
+	return h
+}

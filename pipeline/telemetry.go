@@ -1,0 +1,289 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/store"
+)
+
+// InstrumentationName names oncemill's tracer and meter.
+const InstrumentationName = "github.com/oncemill/oncemill"
+
+// Span attribute keys oncemill sets besides the messaging conventions.
+const (
+	AttrKey      = attribute.Key("idempotency.key")
+	AttrScope    = attribute.Key("idempotency.scope")
+	AttrDecision = attribute.Key("idempotency.decision")
+	AttrAttempt  = attribute.Key("idempotency.attempt")
+	AttrOutcome  = attribute.Key("idempotency.outcome")
+	// maxAttrKeyLen: longer keys are replaced by their SHA-256 in spans.
+	maxAttrKeyLen = 128
+)
+
+// TelemetryConfig selects the OpenTelemetry providers. oncemill uses the API
+// only; the application installs the SDK and exporters.
+type TelemetryConfig struct {
+	// TracerProvider defaults to otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider defaults to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// MessagingSystem is the messaging.system attribute ("kafka",
+	// "rabbitmq", "aws_sqs", ...); Watermill does not know it. Default "watermill".
+	MessagingSystem string
+}
+
+// Telemetry records oncemill's spans and metrics. The zero cost when no SDK
+// is installed matters: every message passes through it, so attribute sets
+// are built once, clocks are read only when a histogram is enabled, and child
+// spans are started only under a recording delivery span.
+type Telemetry struct {
+	tracer trace.Tracer
+	system attribute.KeyValue
+
+	decisions, outcomes, retries, invalids, deadLetters metric.Int64Counter
+	storeDuration, handlerDuration                      metric.Float64Histogram
+	liveLeases                                          metric.Int64UpDownCounter
+	breaker                                             metric.Int64Gauge
+
+	// Option slices built once: passing a prebuilt slice to a variadic
+	// Add or Record allocates nothing per message.
+	decisionAttrs map[string][]metric.AddOption
+	outcomeAttrs  map[Outcome][]metric.AddOption
+	storeAttrs    [storeOps][]metric.RecordOption
+	reasonAttrs   map[string][]metric.AddOption
+}
+
+// Store operations measured by oncemill.store.duration.
+type storeOp int
+
+const (
+	opBegin storeOp = iota
+	opComplete
+	opCompleteInTx
+	opRelease
+	opExtend
+	storeOps
+)
+
+var storeOpNames = [storeOps]string{"begin", "complete", "complete_in_tx", "release", "extend"}
+
+// decisionNames are the values of the decision attribute.
+var decisionNames = []string{"execute", "takeover", "replay", "cached_failure", "in_progress", "mismatch"}
+
+// NewTelemetry creates the instruments.
+func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
+	tp, mp := cfg.TracerProvider, cfg.MeterProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	system := cfg.MessagingSystem
+	if system == "" {
+		system = "watermill"
+	}
+	m := mp.Meter(InstrumentationName)
+	t := &Telemetry{
+		tracer:        tp.Tracer(InstrumentationName),
+		system:        semconv.MessagingSystemKey.String(system),
+		decisionAttrs: map[string][]metric.AddOption{},
+		outcomeAttrs:  map[Outcome][]metric.AddOption{},
+		reasonAttrs:   map[string][]metric.AddOption{},
+	}
+	var errs [9]error
+	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
+		metric.WithDescription("Deliveries by the idempotency decision: execute, takeover, replay, cached_failure, in_progress, mismatch."))
+	t.outcomes, errs[1] = m.Int64Counter("oncemill.outcomes", metric.WithUnit("{delivery}"),
+		metric.WithDescription("Deliveries by what the idempotency stage did, acked or nacked."))
+	t.retries, errs[2] = m.Int64Counter("oncemill.retries", metric.WithUnit("{retry}"),
+		metric.WithDescription("In-process retries of a handler by the retry stage."))
+	t.invalids, errs[3] = m.Int64Counter("oncemill.validation.invalid", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages refused by the validation stage and acked."))
+	t.deadLetters, errs[4] = m.Int64Counter("oncemill.dead_letters", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages forwarded to the dead-letter topic, by reason."))
+	t.storeDuration, errs[5] = m.Float64Histogram("oncemill.store.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of store operations, by operation."))
+	t.handlerDuration, errs[6] = m.Float64Histogram("oncemill.handler.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of the wrapped handler (retries, breaker and transaction included) per execution."))
+	t.liveLeases, errs[7] = m.Int64UpDownCounter("oncemill.leases.live", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases held by handlers running now in this process."))
+	t.breaker, errs[8] = m.Int64Gauge("oncemill.breaker.state", metric.WithUnit("{state}"),
+		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
+	for _, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("oncemill: creating instruments: %w", err)
+		}
+	}
+	set := func(k, v string) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(attribute.String(k, v)))
+	}
+	for _, d := range decisionNames {
+		t.decisionAttrs[d] = []metric.AddOption{set("decision", d)}
+	}
+	for o := Executed; o <= Invalid; o++ {
+		t.outcomeAttrs[o] = []metric.AddOption{set("outcome", o.String())}
+	}
+	for op, name := range storeOpNames {
+		t.storeAttrs[op] = []metric.RecordOption{set("operation", name)}
+	}
+	for _, r := range []string{ReasonInvalid, ReasonCachedFailure, ReasonMismatch, ReasonRejected} {
+		t.reasonAttrs[r] = []metric.AddOption{set("reason", r)}
+	}
+	return t, nil
+}
+
+// defaultTelemetry uses the global providers; the global delegates reach an
+// SDK installed later.
+func defaultTelemetry() *Telemetry {
+	t, err := NewTelemetry(TelemetryConfig{})
+	if err != nil {
+		panic(err) // the API's instruments do not fail on valid, constant names
+	}
+	return t
+}
+
+// Middleware starts one consumer span per delivery, following the OTel
+// messaging conventions, and puts it in the message context for the stages.
+func (t *Telemetry) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		orig := msg.Context()
+		ctx, span := t.tracer.Start(orig, "process", trace.WithSpanKind(trace.SpanKindConsumer))
+		if span.IsRecording() {
+			topic := message.SubscribeTopicFromCtx(orig)
+			span.SetName("process " + topic)
+			span.SetAttributes(t.system,
+				semconv.MessagingDestinationName(topic),
+				semconv.MessagingMessageID(msg.UUID),
+				semconv.MessagingOperationName("process"),
+				semconv.MessagingOperationTypeProcess)
+		}
+		msg.SetContext(ctx)
+		out, err := h(msg)
+		msg.SetContext(orig)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+		return out, err
+	}
+}
+
+// decided records what the idempotency stage did with one delivery.
+func (t *Telemetry) decided(ctx context.Context, e *Event) {
+	if d := decisionName(e); d != "" {
+		t.decisions.Add(ctx, 1, t.decisionAttrs[d]...)
+	}
+	t.outcomes.Add(ctx, 1, t.outcomeAttrs[e.Outcome]...)
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(
+		AttrKey.String(keygen.Limit(e.Key, maxAttrKeyLen)),
+		AttrScope.String(e.Scope),
+		AttrOutcome.String(e.Outcome.String()),
+	)
+	if d := decisionName(e); d != "" {
+		span.SetAttributes(AttrDecision.String(d))
+	}
+	if e.Attempt > 0 {
+		span.SetAttributes(AttrAttempt.Int(e.Attempt))
+	}
+}
+
+// decisionName maps an event to the decision attribute; "" when the store
+// was never asked (no key, payload too large).
+func decisionName(e *Event) string {
+	switch e.Decision {
+	case store.Execute:
+		if e.Takeover {
+			return "takeover"
+		}
+		return "execute"
+	case store.Replay:
+		if e.Outcome == FailureReplayed {
+			return "cached_failure"
+		}
+		return "replay"
+	case store.InProgress:
+		return "in_progress"
+	case store.Mismatch:
+		return "mismatch"
+	}
+	return ""
+}
+
+// measure times one store operation, with a child span under a recording
+// delivery span.
+type measure struct {
+	t     *Telemetry
+	op    storeOp
+	start time.Time
+	span  trace.Span
+}
+
+func (t *Telemetry) startStore(ctx context.Context, op storeOp) (context.Context, measure) {
+	m := measure{t: t, op: op}
+	if t.storeDuration.Enabled(ctx) {
+		m.start = time.Now()
+	}
+	if trace.SpanFromContext(ctx).IsRecording() {
+		ctx, m.span = t.tracer.Start(ctx, "oncemill.store."+storeOpNames[op], trace.WithSpanKind(trace.SpanKindClient))
+	}
+	return ctx, m
+}
+
+func (m measure) end(ctx context.Context, err error) {
+	if !m.start.IsZero() {
+		m.t.storeDuration.Record(ctx, time.Since(m.start).Seconds(), m.t.storeAttrs[m.op]...)
+	}
+	if m.span != nil {
+		if err != nil {
+			m.span.RecordError(err)
+			m.span.SetStatus(codes.Error, err.Error())
+		}
+		m.span.End()
+	}
+}
+
+// leaseTaken and leaseDone keep oncemill.leases.live, and time the handler.
+func (t *Telemetry) leaseTaken(ctx context.Context) time.Time {
+	t.liveLeases.Add(ctx, 1)
+	if t.handlerDuration.Enabled(ctx) {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+func (t *Telemetry) leaseDone(ctx context.Context, start time.Time) {
+	t.liveLeases.Add(ctx, -1)
+	if !start.IsZero() {
+		t.handlerDuration.Record(ctx, time.Since(start).Seconds())
+	}
+}
+
+func (t *Telemetry) retried(ctx context.Context) { t.retries.Add(ctx, 1) }
+func (t *Telemetry) invalid(ctx context.Context) { t.invalids.Add(ctx, 1) }
+
+func (t *Telemetry) deadLettered(ctx context.Context, reason string) {
+	t.deadLetters.Add(ctx, 1, t.reasonAttrs[reason]...)
+}
+
+func (t *Telemetry) breakerState(name string, s gobreaker.State) {
+	v := map[gobreaker.State]int64{gobreaker.StateClosed: 0, gobreaker.StateHalfOpen: 1, gobreaker.StateOpen: 2}[s]
+	t.breaker.Record(context.Background(), v, metric.WithAttributes(attribute.String("breaker", name)))
+}

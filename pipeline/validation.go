@@ -1,0 +1,63 @@
+package pipeline
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ValidationConfig configures the validation stage.
+type ValidationConfig struct {
+	// Validate returns an error for a message that can never be processed.
+	Validate func(*message.Message) error
+	// DeadLetter, when set, receives each invalid message once.
+	DeadLetter *DeadLetter
+	Logger     watermill.LoggerAdapter
+	// OnEvent is called with an Invalid event for each invalid message.
+	OnEvent   func(Event)
+	Telemetry *Telemetry
+}
+
+// Validation is the first stage: an invalid message is never stored and never
+// retried. It is acked, counted, and dead-lettered if a destination is set.
+type Validation struct {
+	cfg ValidationConfig
+}
+
+// NewValidation returns the validation stage.
+func NewValidation(cfg ValidationConfig) (*Validation, error) {
+	if cfg.Validate == nil {
+		return nil, fmt.Errorf("%w: Validate is nil; pass a func(*message.Message) error", ErrInvalidConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.Telemetry == nil {
+		cfg.Telemetry = defaultTelemetry()
+	}
+	return &Validation{cfg: cfg}, nil
+}
+
+// Middleware is the stage as a Watermill middleware.
+func (v *Validation) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		err := v.cfg.Validate(msg)
+		if err == nil {
+			return h(msg)
+		}
+		invalid := fmt.Errorf("%w: %w", ErrInvalidMessage, err)
+		if v.cfg.DeadLetter != nil {
+			if ferr := v.cfg.DeadLetter.forward(msg, ReasonInvalid, invalid); ferr != nil {
+				// Not forwarded: nack, so the message is not lost.
+				return nil, ferr
+			}
+		}
+		v.cfg.Telemetry.invalid(msg.Context())
+		v.cfg.Logger.Info("Invalid message acked without processing", watermill.LogFields{"message_uuid": msg.UUID, "reason": err.Error()})
+		if v.cfg.OnEvent != nil {
+			v.cfg.OnEvent(Event{MessageUUID: msg.UUID, Outcome: Invalid, Err: invalid})
+		}
+		return nil, nil
+	}
+}
