@@ -102,6 +102,9 @@ func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 // State is the breaker's current state.
 func (b *Breaker) State() gobreaker.State { return b.cb.State() }
 
+// Counts are the breaker's request and failure counts in this generation.
+func (b *Breaker) Counts() gobreaker.Counts { return b.cb.Counts() }
+
 // Middleware is the stage as a Watermill middleware.
 func (b *Breaker) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {

@@ -46,7 +46,9 @@ func DefaultRetryConfig() RetryConfig {
 
 // Retry retries retryable failures in process, before the broker redelivers.
 // It stops at the first success, at a cached (permanent) failure, at a lost
-// lease, when the message's context ends, or when the schedule runs out; the
+// lease, at an open circuit (the breaker's pause is longer than any retry
+// schedule; the broker's redelivery is the better wait), when the message's
+// context ends, or when the schedule runs out; the
 // last error then goes back to the idempotency stage, which classifies it.
 // Inside the idempotency stage the lease's heartbeat keeps running while it
 // waits.
@@ -121,8 +123,9 @@ func (r *Retry) retry(h message.HandlerFunc, msg *message.Message, err error) ([
 	}
 }
 
-// retryable: the policy says so, and the lease is still ours (a lost lease
-// means another delivery owns the key now; retrying here cannot help).
+// retryable: the policy says so, the lease is still ours (a lost lease
+// means another delivery owns the key now), and the circuit is not open.
 func (r *Retry) retryable(err error) bool {
-	return r.cfg.Policy.Classify(err) == policy.Retryable && !errors.Is(err, store.ErrLeaseLost)
+	return r.cfg.Policy.Classify(err) == policy.Retryable &&
+		!errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, ErrCircuitOpen)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -105,5 +106,67 @@ func TestWrapRunsOncePerKey(t *testing.T) {
 	}
 	if calls != 1 || len(outcomes) != 3 || outcomes[0] != pipeline.Executed || outcomes[2] != pipeline.Replayed {
 		t.Fatalf("calls %d outcomes %v", calls, outcomes)
+	}
+}
+
+func TestBuildRefusesBadStageConfiguration(t *testing.T) {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	cases := []struct {
+		name  string
+		build func() *receiver.Builder
+		says  string
+	}{
+		{"nil validation", func() *receiver.Builder { return receiver.New(st).WithValidation(nil) }, "WithValidation(nil)"},
+		{"zero retry config", func() *receiver.Builder { return receiver.New(st).WithRetry(pipeline.RetryConfig{}) }, "pipeline.DefaultRetryConfig()"},
+		{"zero breaker config", func() *receiver.Builder { return receiver.New(st).WithCircuitBreaker(pipeline.BreakerConfig{}) }, "pipeline.DefaultBreakerConfig()"},
+		{"nil transaction manager", func() *receiver.Builder { return receiver.New(st).WithTransaction(nil) }, "WithTransaction(nil)"},
+		{"nil dead-letter publisher", func() *receiver.Builder { return receiver.New(st).WithDeadLetter(nil, "dead") }, "publisher is nil"},
+		{"empty dead-letter topic", func() *receiver.Builder {
+			return receiver.New(st).WithDeadLetter(gochannel.NewGoChannel(gochannel.Config{}, nil), "")
+		}, "topic is empty"},
+		{"nil slog logger", func() *receiver.Builder { return receiver.New(st).WithSlog(nil) }, "WithSlog(nil)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := tc.build().Build()
+			if r != nil || !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("Build() = %v, %v; want ErrInvalidConfig saying %q", r, err, tc.says)
+			}
+		})
+	}
+}
+
+// The builder assembles every stage, and the defaults need no configuration.
+func TestBuildFullChainWithDefaults(t *testing.T) {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	var outcomes []pipeline.Outcome
+	r, err := receiver.New(st).WithScope("s").
+		WithValidation(func(m *message.Message) error {
+			if len(m.Payload) == 0 {
+				return errors.New("empty")
+			}
+			return nil
+		}).
+		WithRetry(pipeline.DefaultRetryConfig()).
+		WithCircuitBreaker(pipeline.DefaultBreakerConfig()).
+		WithEventHandler(func(e pipeline.Event) { outcomes = append(outcomes, e.Outcome) }).
+		Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h := r.Wrap(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+	for _, m := range []*message.Message{
+		message.NewMessage("a", []byte("x")), message.NewMessage("a", []byte("x")), message.NewMessage("b", nil),
+	} {
+		if _, err := h(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []pipeline.Outcome{pipeline.Executed, pipeline.Replayed, pipeline.Invalid}
+	if calls != 1 || len(outcomes) != 3 || outcomes[0] != want[0] || outcomes[1] != want[1] || outcomes[2] != want[2] {
+		t.Fatalf("calls %d outcomes %v, want 1 and %v", calls, outcomes, want)
 	}
 }
