@@ -79,6 +79,17 @@ const (
 
 var storeOpNames = [storeOps]string{"begin", "complete", "complete_in_tx", "release", "extend"}
 
+// secondBuckets suit durations in seconds from half a millisecond (a memory
+// or nearby store) to ten seconds (a slow handler); the SDK's default
+// boundaries assume milliseconds.
+var secondBuckets = metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+// Span start options, built once: inline options allocate on every span.
+var (
+	consumerSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	clientSpan   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
+
 // decisionNames are the values of the decision attribute.
 var decisionNames = []string{"execute", "takeover", "replay", "cached_failure", "in_progress", "mismatch"}
 
@@ -115,9 +126,9 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	t.deadLetters, errs[4] = m.Int64Counter("oncemill.dead_letters", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages forwarded to the dead-letter topic, by reason."))
 	t.storeDuration, errs[5] = m.Float64Histogram("oncemill.store.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of store operations, by operation."))
+		metric.WithDescription("Duration of store operations, by operation."), secondBuckets)
 	t.handlerDuration, errs[6] = m.Float64Histogram("oncemill.handler.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of the wrapped handler (retries, breaker and transaction included) per execution."))
+		metric.WithDescription("Duration of the wrapped handler (retries, breaker and transaction included) per execution."), secondBuckets)
 	t.liveLeases, errs[7] = m.Int64UpDownCounter("oncemill.leases.live", metric.WithUnit("{lease}"),
 		metric.WithDescription("Leases held by handlers running now in this process."))
 	t.breaker, errs[8] = m.Int64Gauge("oncemill.breaker.state", metric.WithUnit("{state}"),
@@ -158,27 +169,34 @@ func defaultTelemetry() *Telemetry {
 // Middleware starts one consumer span per delivery, following the OTel
 // messaging conventions, and puts it in the message context for the stages.
 func (t *Telemetry) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
+	return func(msg *message.Message) (out []*message.Message, err error) {
 		orig := msg.Context()
-		ctx, span := t.tracer.Start(orig, "process", trace.WithSpanKind(trace.SpanKindConsumer))
+		ctx, span := t.tracer.Start(orig, "process", consumerSpan...)
 		if span.IsRecording() {
-			topic := message.SubscribeTopicFromCtx(orig)
-			span.SetName("process " + topic)
 			span.SetAttributes(t.system,
-				semconv.MessagingDestinationName(topic),
 				semconv.MessagingMessageID(msg.UUID),
 				semconv.MessagingOperationName("process"),
 				semconv.MessagingOperationTypeProcess)
+			if topic := message.SubscribeTopicFromCtx(orig); topic != "" {
+				span.SetName("process " + topic)
+				span.SetAttributes(semconv.MessagingDestinationName(topic))
+			}
 		}
 		msg.SetContext(ctx)
-		out, err := h(msg)
-		msg.SetContext(orig)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-		return out, err
+		defer func() {
+			msg.SetContext(orig)
+			if r := recover(); r != nil {
+				span.SetStatus(codes.Error, fmt.Sprint("panic: ", r))
+				span.End()
+				panic(r)
+			}
+			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+			}
+			span.End()
+		}()
+		return h(msg)
 	}
 }
 
@@ -242,7 +260,7 @@ func (t *Telemetry) startStore(ctx context.Context, op storeOp) (context.Context
 		m.start = time.Now()
 	}
 	if trace.SpanFromContext(ctx).IsRecording() {
-		ctx, m.span = t.tracer.Start(ctx, "oncemill.store."+storeOpNames[op], trace.WithSpanKind(trace.SpanKindClient))
+		ctx, m.span = t.tracer.Start(ctx, "oncemill.store."+storeOpNames[op], clientSpan...)
 	}
 	return ctx, m
 }
@@ -277,7 +295,10 @@ func (t *Telemetry) leaseDone(ctx context.Context, start time.Time) {
 }
 
 func (t *Telemetry) retried(ctx context.Context) { t.retries.Add(ctx, 1) }
-func (t *Telemetry) invalid(ctx context.Context) { t.invalids.Add(ctx, 1) }
+func (t *Telemetry) invalid(ctx context.Context) {
+	t.invalids.Add(ctx, 1)
+	t.outcomes.Add(ctx, 1, t.outcomeAttrs[Invalid]...)
+}
 
 func (t *Telemetry) deadLettered(ctx context.Context, reason string) {
 	t.deadLetters.Add(ctx, 1, t.reasonAttrs[reason]...)

@@ -52,6 +52,7 @@ func (v *Validation) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				// Not forwarded: nack, so the message is not lost.
 				return nil, ferr
 			}
+			v.cfg.Telemetry.deadLettered(msg.Context(), ReasonInvalid)
 		}
 		v.cfg.Telemetry.invalid(msg.Context())
 		v.cfg.Logger.Info("Invalid message acked without processing", watermill.LogFields{"message_uuid": msg.UUID, "reason": err.Error()})

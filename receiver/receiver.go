@@ -27,15 +27,14 @@ type Builder struct {
 	heartbeatSet bool
 	errs         []error
 
-	validate    func(*message.Message) error
-	retry       *pipeline.RetryConfig
-	breaker     *pipeline.BreakerConfig
-	tx          pipeline.TxManager
-	deadPub     message.Publisher
-	deadTopic   string
-	deadLetter  bool
-	telemetry   pipeline.TelemetryConfig
-	telemetryOn bool
+	validate   func(*message.Message) error
+	retry      *pipeline.RetryConfig
+	breaker    *pipeline.BreakerConfig
+	tx         pipeline.TxManager
+	deadPub    message.Publisher
+	deadTopic  string
+	deadLetter bool
+	telemetry  pipeline.TelemetryConfig
 }
 
 // New starts a builder over st with the defaults: the message UUID as the key,
@@ -240,24 +239,23 @@ func (b *Builder) WithDeadLetter(pub message.Publisher, topic string) *Builder {
 	return b
 }
 
-// WithTracerProvider sets where spans go (default: the global provider).
-// Setting it, or the meter provider or messaging system, also opens one
-// span per delivery around the whole chain.
+// WithTracerProvider sets where the span of each delivery goes (default:
+// the global provider).
 func (b *Builder) WithTracerProvider(tp trace.TracerProvider) *Builder {
-	b.telemetry.TracerProvider, b.telemetryOn = tp, true
+	b.telemetry.TracerProvider = tp
 	return b
 }
 
 // WithMeterProvider sets where metrics go (default: the global provider).
 func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
-	b.telemetry.MeterProvider, b.telemetryOn = mp, true
+	b.telemetry.MeterProvider = mp
 	return b
 }
 
 // WithMessagingSystem sets the messaging.system span attribute ("kafka",
 // "rabbitmq", "aws_sqs"); Watermill does not know which broker it reads.
 func (b *Builder) WithMessagingSystem(system string) *Builder {
-	b.telemetry.MessagingSystem, b.telemetryOn = system, true
+	b.telemetry.MessagingSystem = system
 	return b
 }
 
@@ -287,9 +285,7 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 	if err != nil {
 		return c, err
 	}
-	if b.telemetryOn {
-		c.Telemetry = tel
-	}
+	c.Telemetry = tel
 	cfg := b.cfg
 	cfg.Telemetry = tel
 	if !b.heartbeatSet {

@@ -1,0 +1,1137 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+)
+
+// telKit is an OpenTelemetry SDK reduced to what a test reads: a span
+// recorder behind a TracerProvider, a manual reader behind a MeterProvider,
+// and oncemill's Telemetry over both.
+type telKit struct {
+	spans  *tracetest.SpanRecorder
+	reader *sdkmetric.ManualReader
+	tp     *sdktrace.TracerProvider
+	tel    *pipeline.Telemetry
+}
+
+func newTelKit(t *testing.T) *telKit {
+	t.Helper()
+	k := &telKit{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(k.spans))
+	k.tp = tp
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(k.reader))
+	t.Cleanup(func() {
+		_ = tp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	var err error
+	k.tel, err = pipeline.NewTelemetry(pipeline.TelemetryConfig{TracerProvider: tp, MeterProvider: mp, MessagingSystem: "kafka"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// named returns the ended spans called name, in the order they ended.
+func (k *telKit) named(name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range k.spans.Ended() {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// deliveries returns the ended delivery spans (kind Consumer). Outside a
+// router the topic is empty, so they are found by kind, not by name.
+func (k *telKit) deliveries() []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range k.spans.Ended() {
+		if s.SpanKind() == trace.SpanKindConsumer {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// storeSpanNames lists the oncemill.store.* spans whose parent is the span
+// with context parent, in the order they ended.
+func (k *telKit) storeSpanNames(parent trace.SpanContext) []string {
+	var out []string
+	for _, s := range k.spans.Ended() {
+		if strings.HasPrefix(s.Name(), "oncemill.store.") && s.Parent().SpanID() == parent.SpanID() && s.Parent().TraceID() == parent.TraceID() {
+			out = append(out, s.Name())
+		}
+	}
+	return out
+}
+
+// collect reads every metric, by name.
+func (k *telKit) collect(t *testing.T) map[string]metricdata.Metrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := k.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]metricdata.Metrics{}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != pipeline.InstrumentationName {
+			t.Errorf("instrumentation scope %q, want %q", sm.Scope.Name, pipeline.InstrumentationName)
+		}
+		for _, m := range sm.Metrics {
+			out[m.Name] = m
+		}
+	}
+	return out
+}
+
+// telAttr is a data point's value of attribute key ("" when absent).
+func telAttr(set attribute.Set, key string) string {
+	v, _ := set.Value(attribute.Key(key))
+	return v.Emit()
+}
+
+// telSums returns an int64 sum's data points by the value of key; a metric
+// never recorded gives an empty map.
+func telSums(t *testing.T, ms map[string]metricdata.Metrics, name, key string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	m, ok := ms[name]
+	if !ok {
+		return out
+	}
+	sum, ok := m.Data.(metricdata.Sum[int64])
+	if !ok {
+		t.Fatalf("%s is a %T, want an int64 sum", name, m.Data)
+	}
+	for _, dp := range sum.DataPoints {
+		out[telAttr(dp.Attributes, key)] += dp.Value
+	}
+	return out
+}
+
+// telHistCounts returns a float64 histogram's counts by the value of key.
+func telHistCounts(t *testing.T, ms map[string]metricdata.Metrics, name, key string) map[string]uint64 {
+	t.Helper()
+	out := map[string]uint64{}
+	m, ok := ms[name]
+	if !ok {
+		return out
+	}
+	h, ok := m.Data.(metricdata.Histogram[float64])
+	if !ok {
+		t.Fatalf("%s is a %T, want a float64 histogram", name, m.Data)
+	}
+	for _, dp := range h.DataPoints {
+		out[telAttr(dp.Attributes, key)] += dp.Count
+	}
+	return out
+}
+
+// telGauge returns an int64 gauge's last values by the value of key.
+func telGauge(t *testing.T, ms map[string]metricdata.Metrics, name, key string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	m, ok := ms[name]
+	if !ok {
+		return out
+	}
+	g, ok := m.Data.(metricdata.Gauge[int64])
+	if !ok {
+		t.Fatalf("%s is a %T, want an int64 gauge", name, m.Data)
+	}
+	for _, dp := range g.DataPoints {
+		out[telAttr(dp.Attributes, key)] = dp.Value
+	}
+	return out
+}
+
+func telSpanAttrs(s sdktrace.ReadOnlySpan) map[string]attribute.Value {
+	out := map[string]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		out[string(kv.Key)] = kv.Value
+	}
+	return out
+}
+
+func telEqualMaps[V comparable](got, want map[string]V) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			return false
+		}
+	}
+	return true
+}
+
+// telRun delivers m through h and returns the error the router would see.
+func telRun(h message.HandlerFunc, m *message.Message) error {
+	_, err := h(m)
+	return err
+}
+
+func telNoop(*message.Message) ([]*message.Message, error) { return nil, nil }
+
+// The delivery span, run through a real gochannel router so the subscribe
+// topic is in the message context: its name, kind, every attribute, and the
+// store spans under it.
+func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Scope = "" // the Watermill handler name
+		c.Telemetry = k.tel
+	})
+	rr := newRouterRun(t)
+	handler := rr.router.AddConsumerHandler("payments", "payments.in", rr.pubSub, func(*message.Message) error { return nil })
+	handler.AddMiddleware(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware)
+	rr.start()
+
+	long := strings.Repeat("k", 500)
+	deliveries := []*message.Message{msg("m1", "x"), msg("m1", "x"), msg(long, "x")}
+	for i, m := range deliveries {
+		rr.publish("payments.in", m)
+		waitFor(t, func() bool { return len(k.named("process payments.in")) == i+1 })
+	}
+
+	spans := k.named("process payments.in")
+	hashed := keygen.Limit(long, 128)
+	if !strings.HasPrefix(hashed, "sha256:") || len(hashed) != 71 {
+		t.Fatalf("keygen.Limit(500 bytes, 128) = %q", hashed)
+	}
+	want := []struct {
+		uuid, key, decision, outcome string
+		attempt                      int64 // 0: attribute absent
+		storeSpans                   []string
+	}{
+		{"m1", "m1", "execute", "executed", 1, []string{"oncemill.store.begin", "oncemill.store.complete"}},
+		{"m1", "m1", "replay", "replayed", 0, []string{"oncemill.store.begin"}},
+		{long, hashed, "execute", "executed", 1, []string{"oncemill.store.begin", "oncemill.store.complete"}},
+	}
+	for i, w := range want {
+		s := spans[i]
+		if s.SpanKind() != trace.SpanKindConsumer {
+			t.Errorf("delivery %d: kind %v, want consumer", i, s.SpanKind())
+		}
+		if s.Parent().IsValid() {
+			t.Errorf("delivery %d: parent %v, want a root span (nothing upstream in the context)", i, s.Parent())
+		}
+		if s.Status().Code != codes.Unset {
+			t.Errorf("delivery %d: status %v, want unset for an acked delivery", i, s.Status())
+		}
+		if s.InstrumentationScope().Name != pipeline.InstrumentationName {
+			t.Errorf("delivery %d: scope %q", i, s.InstrumentationScope().Name)
+		}
+		attrs := telSpanAttrs(s)
+		wantAttrs := map[string]string{
+			"messaging.system":           "kafka",
+			"messaging.destination.name": "payments.in",
+			"messaging.message.id":       w.uuid,
+			"messaging.operation.name":   "process",
+			"messaging.operation.type":   "process",
+			"idempotency.key":            w.key,
+			"idempotency.scope":          "payments",
+			"idempotency.decision":       w.decision,
+			"idempotency.outcome":        w.outcome,
+		}
+		for name, v := range wantAttrs {
+			if got, ok := attrs[name]; !ok || got.Type() != attribute.STRING || got.AsString() != v {
+				t.Errorf("delivery %d: %s = %v (present %v), want %q", i, name, got.Emit(), ok, v)
+			}
+		}
+		got, ok := attrs["idempotency.attempt"]
+		switch {
+		case w.attempt == 0 && ok:
+			t.Errorf("delivery %d: idempotency.attempt = %v, want it absent on a replay", i, got.Emit())
+		case w.attempt != 0 && (!ok || got.Type() != attribute.INT64 || got.AsInt64() != w.attempt):
+			t.Errorf("delivery %d: idempotency.attempt = %v, want int %d", i, got.Emit(), w.attempt)
+		}
+		if extra := len(attrs) - len(wantAttrs); extra != 0 && !(extra == 1 && w.attempt != 0) {
+			t.Errorf("delivery %d: unexpected attributes %v", i, attrs)
+		}
+		if names := k.storeSpanNames(s.SpanContext()); strings.Join(names, ",") != strings.Join(w.storeSpans, ",") {
+			t.Errorf("delivery %d: store child spans %v, want %v", i, names, w.storeSpans)
+		}
+	}
+	for _, s := range k.spans.Ended() {
+		if strings.HasPrefix(s.Name(), "oncemill.store.") && s.SpanKind() != trace.SpanKindClient {
+			t.Errorf("%s: kind %v, want client", s.Name(), s.SpanKind())
+		}
+	}
+	if n := len(k.spans.Ended()); n != 3+2+1+2 {
+		t.Errorf("%d spans in all, want 3 delivery spans and 5 store spans", n)
+	}
+}
+
+// A retryable failure releases the key: begin, then release, under the
+// delivery span, whose status is Error because the delivery is nacked.
+func TestTelemetryReleaseSpan(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	errDown := errors.New("database briefly unavailable")
+	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return nil, errDown
+	})
+	if err := telRun(handler, msg("m1", "x")); !errors.Is(err, errDown) {
+		t.Fatalf("got %v, want the handler's error (nack)", err)
+	}
+	delivery := k.deliveries()
+	if len(delivery) != 1 {
+		t.Fatalf("%d delivery spans", len(delivery))
+	}
+	if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.begin,oncemill.store.release" {
+		t.Fatalf("store spans %v, want begin then release", names)
+	}
+	if st := delivery[0].Status(); st.Code != codes.Error || !strings.Contains(st.Description, errDown.Error()) {
+		t.Fatalf("delivery span status %+v, want Error with the handler's error", st)
+	}
+	attrs := telSpanAttrs(delivery[0])
+	if attrs["idempotency.decision"].AsString() != "execute" || attrs["idempotency.outcome"].AsString() != "released" || attrs["idempotency.attempt"].AsInt64() != 1 {
+		t.Fatalf("attributes %v", attrs)
+	}
+	ms := k.collect(t)
+	if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{"released": 1}) {
+		t.Fatalf("outcomes %v", got)
+	}
+}
+
+// A heartbeat extends the lease: oncemill.store.extend, a child of the
+// delivery span even though it runs on the heartbeat's timer goroutine.
+func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Telemetry = k.tel
+		c.Policy.Lease = time.Minute
+		c.Policy.Heartbeat = 5 * time.Millisecond
+	})
+	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(*message.Message) ([]*message.Message, error) {
+		// Wait a bit: until at least one heartbeat has fired and ended.
+		waitFor(t, func() bool { return len(k.named("oncemill.store.extend")) > 0 })
+		return nil, nil
+	})
+	if err := telRun(handler, msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	delivery := k.deliveries()
+	if len(delivery) != 1 {
+		t.Fatalf("%d delivery spans", len(delivery))
+	}
+	names := k.storeSpanNames(delivery[0].SpanContext())
+	if len(names) < 3 || names[0] != "oncemill.store.begin" || names[len(names)-1] != "oncemill.store.complete" {
+		t.Fatalf("store spans %v, want begin, extend..., complete", names)
+	}
+	for _, n := range names[1 : len(names)-1] {
+		if n != "oncemill.store.extend" {
+			t.Fatalf("store spans %v, want only extends between begin and complete", names)
+		}
+	}
+	for _, s := range k.named("oncemill.store.extend") {
+		if s.Status().Code != codes.Unset {
+			t.Fatalf("extend span status %+v", s.Status())
+		}
+	}
+	ms := k.collect(t)
+	if got := telHistCounts(t, ms, "oncemill.store.duration", "operation")["extend"]; got != uint64(len(names)-2) {
+		t.Fatalf("store.duration{operation=extend} count %d, want one per extend span (%d)", got, len(names)-2)
+	}
+}
+
+// pipeline.CheckLease extends the lease the same way: an
+// oncemill.store.extend span under the delivery span.
+func TestTelemetryCheckLeaseExtendSpan(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		return nil, pipeline.CheckLease(m.Context())
+	})
+	if err := telRun(handler, msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	delivery := k.deliveries()
+	if len(delivery) != 1 {
+		t.Fatalf("%d delivery spans", len(delivery))
+	}
+	if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.begin,oncemill.store.extend,oncemill.store.complete" {
+		t.Fatalf("store spans %v, want begin, extend, complete", names)
+	}
+}
+
+// Without the delivery-span middleware, the stage uses whatever recording
+// span is in the message context (one an upstream middleware started): it
+// sets the idempotency attributes there and puts the store spans under it.
+func TestTelemetryStageUsesTheSpanInTheMessageContext(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	ctx, upstream := k.tp.Tracer("upstream").Start(context.Background(), "upstream")
+	m := msg("m1", "x")
+	m.SetContext(ctx)
+	if err := telRun(h.stage.Middleware(telNoop), m); err != nil {
+		t.Fatal(err)
+	}
+	upstream.End()
+	spans := k.named("upstream")
+	if len(spans) != 1 {
+		t.Fatalf("%d upstream spans", len(spans))
+	}
+	attrs := telSpanAttrs(spans[0])
+	if attrs["idempotency.key"].AsString() != "m1" || attrs["idempotency.scope"].AsString() != "test" ||
+		attrs["idempotency.decision"].AsString() != "execute" || attrs["idempotency.outcome"].AsString() != "executed" ||
+		attrs["idempotency.attempt"].AsInt64() != 1 {
+		t.Fatalf("upstream span attributes %v", attrs)
+	}
+	if names := k.storeSpanNames(spans[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.begin,oncemill.store.complete" {
+		t.Fatalf("store spans %v", names)
+	}
+}
+
+// telTxKey marks the fake transaction in a context.
+type telTxKey struct{}
+
+// telTxManager is a fake pipeline.TxManager that counts what it is asked.
+type telTxManager struct{ begins, commits, rollbacks atomic.Int32 }
+
+func (m *telTxManager) Begin(ctx context.Context) (context.Context, error) {
+	m.begins.Add(1)
+	return context.WithValue(ctx, telTxKey{}, true), nil
+}
+func (m *telTxManager) Commit(context.Context) error   { m.commits.Add(1); return nil }
+func (m *telTxManager) Rollback(context.Context) error { m.rollbacks.Add(1); return nil }
+
+// telTxStore is a store that can write the outcome inside the fake
+// transaction (store.TxCompleter).
+type telTxStore struct{ store.Store }
+
+func (s telTxStore) CompleteInTx(ctx context.Context, lease store.Lease, out store.Outcome) error {
+	if ctx.Value(telTxKey{}) == nil {
+		return store.ErrNoTransaction
+	}
+	return s.Store.Complete(ctx, lease, out)
+}
+
+// With the transaction stage and a store.TxCompleter, the success is written
+// in the handler's transaction: oncemill.store.complete_in_tx instead of
+// oncemill.store.complete.
+func TestTelemetryCompleteInTxSpan(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Telemetry = k.tel
+		c.Store = telTxStore{c.Store}
+	})
+	tm := &telTxManager{}
+	tx, err := pipeline.NewTransaction(tm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage, Transaction: tx}.Middleware(telNoop)
+	if err := telRun(handler, msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if tm.begins.Load() != 1 || tm.commits.Load() != 1 || tm.rollbacks.Load() != 0 {
+		t.Fatalf("begins %d commits %d rollbacks %d", tm.begins.Load(), tm.commits.Load(), tm.rollbacks.Load())
+	}
+	delivery := k.deliveries()
+	if len(delivery) != 1 {
+		t.Fatalf("%d delivery spans", len(delivery))
+	}
+	if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.begin,oncemill.store.complete_in_tx" {
+		t.Fatalf("store spans %v, want begin then complete_in_tx", names)
+	}
+	ms := k.collect(t)
+	if got := telHistCounts(t, ms, "oncemill.store.duration", "operation"); !telEqualMaps(got, map[string]uint64{"begin": 1, "complete_in_tx": 1}) {
+		t.Fatalf("store.duration counts %v", got)
+	}
+}
+
+// telFailStore fails the named operations with errTelStoreDown.
+type telFailStore struct {
+	store.Store
+	begin, complete, release bool
+}
+
+var errTelStoreDown = errors.New("store connection refused")
+
+func (f telFailStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	if f.begin {
+		return store.BeginResult{}, errTelStoreDown
+	}
+	return f.Store.Begin(ctx, req)
+}
+
+func (f telFailStore) Complete(ctx context.Context, l store.Lease, o store.Outcome) error {
+	if f.complete {
+		return errTelStoreDown
+	}
+	return f.Store.Complete(ctx, l, o)
+}
+
+func (f telFailStore) Release(ctx context.Context, l store.Lease, keep time.Duration) error {
+	if f.release {
+		return errTelStoreDown
+	}
+	return f.Store.Release(ctx, l, keep)
+}
+
+// A failing store call ends its span with status Error, the error's text as
+// the description, and an exception event; it is still timed.
+func TestTelemetryFailingStoreSpans(t *testing.T) {
+	retryable := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("handler: try later") }
+	for _, tc := range []struct {
+		name        string
+		fail        telFailStore
+		handler     message.HandlerFunc
+		failingSpan string
+		wantSpans   string // the store spans under the delivery span
+		outcome     string
+		deliveryErr bool // nacked: the delivery span is an Error too
+	}{
+		{"begin", telFailStore{begin: true}, telNoop, "oncemill.store.begin", "oncemill.store.begin", "store_failed", true},
+		{"release", telFailStore{release: true}, retryable, "oncemill.store.release", "oncemill.store.begin,oncemill.store.release", "released", true},
+		// The success is acked although it could not be recorded; the
+		// stage tries Complete once and then twice more (its finish retry).
+		{"complete", telFailStore{complete: true}, telNoop, "oncemill.store.complete",
+			"oncemill.store.begin,oncemill.store.complete,oncemill.store.complete,oncemill.store.complete", "executed", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := newTelKit(t)
+			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+				c.Telemetry = k.tel
+				tc.fail.Store = c.Store
+				c.Store = tc.fail
+			})
+			err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(tc.handler), msg("m1", "x"))
+			if (err != nil) != tc.deliveryErr {
+				t.Fatalf("delivery error %v, want error %v", err, tc.deliveryErr)
+			}
+			delivery := k.deliveries()
+			if len(delivery) != 1 {
+				t.Fatalf("%d delivery spans", len(delivery))
+			}
+			if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != tc.wantSpans {
+				t.Fatalf("store spans %v, want %s", names, tc.wantSpans)
+			}
+			for _, s := range k.spans.Ended() {
+				if !strings.HasPrefix(s.Name(), "oncemill.store.") {
+					continue
+				}
+				st := s.Status()
+				if s.Name() != tc.failingSpan {
+					if st.Code != codes.Unset {
+						t.Errorf("%s: status %+v, want unset", s.Name(), st)
+					}
+					continue
+				}
+				if st.Code != codes.Error || st.Description != errTelStoreDown.Error() {
+					t.Errorf("%s: status %+v, want Error %q", s.Name(), st, errTelStoreDown)
+				}
+				if ev := s.Events(); len(ev) != 1 || ev[0].Name != "exception" {
+					t.Errorf("%s: events %v, want one exception event", s.Name(), ev)
+				}
+			}
+			if got := delivery[0].Status().Code; (got == codes.Error) != tc.deliveryErr {
+				t.Errorf("delivery span status %v, want Error %v", delivery[0].Status(), tc.deliveryErr)
+			}
+			if got := telSpanAttrs(delivery[0])["idempotency.outcome"].AsString(); got != tc.outcome {
+				t.Errorf("idempotency.outcome %q, want %q", got, tc.outcome)
+			}
+			ms := k.collect(t)
+			op := strings.TrimPrefix(tc.failingSpan, "oncemill.store.")
+			if got := telHistCounts(t, ms, "oncemill.store.duration", "operation")[op]; got == 0 {
+				t.Errorf("a failed %s is not timed", op)
+			}
+			if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{tc.outcome: 1}) {
+				t.Errorf("outcomes %v", got)
+			}
+			wantDecisions := map[string]int64{"execute": 1}
+			if tc.fail.begin {
+				wantDecisions = map[string]int64{} // the store never decided
+			}
+			if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, wantDecisions) {
+				t.Errorf("decisions %v, want %v", got, wantDecisions)
+			}
+			if _, ok := telSpanAttrs(delivery[0])["idempotency.decision"]; ok == tc.fail.begin {
+				t.Errorf("idempotency.decision present %v, want %v", ok, !tc.fail.begin)
+			}
+		})
+	}
+}
+
+// A message without a key, run anyway under policy.ExecuteUnguarded: outcome
+// unguarded, no decision, no store span, and no lease (so no handler
+// duration either).
+func TestTelemetryUnguarded(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Telemetry = k.tel
+		c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", nil })
+		c.Policy.MissingKey = policy.ExecuteUnguarded
+	})
+	if err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(telNoop), msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	delivery := k.deliveries()
+	if len(delivery) != 1 {
+		t.Fatalf("%d delivery spans", len(delivery))
+	}
+	attrs := telSpanAttrs(delivery[0])
+	if attrs["idempotency.outcome"].AsString() != "unguarded" || attrs["idempotency.key"].AsString() != "" {
+		t.Errorf("attributes %v", attrs)
+	}
+	for _, a := range []string{"idempotency.decision", "idempotency.attempt"} {
+		if _, ok := attrs[a]; ok {
+			t.Errorf("%s set on an unguarded delivery", a)
+		}
+	}
+	if names := k.storeSpanNames(delivery[0].SpanContext()); len(names) != 0 {
+		t.Errorf("store spans %v", names)
+	}
+	ms := k.collect(t)
+	if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{"unguarded": 1}) {
+		t.Errorf("outcomes %v", got)
+	}
+	if got := telSums(t, ms, "oncemill.decisions", "decision"); len(got) != 0 {
+		t.Errorf("decisions %v, want none", got)
+	}
+	if got := telHistCounts(t, ms, "oncemill.handler.duration", ""); len(got) != 0 {
+		t.Errorf("handler.duration %v, want none", got)
+	}
+}
+
+// Without a recording delivery span, no store span is started: the stage
+// alone, under an SDK TracerProvider, creates no spans at all.
+func TestTelemetryNoStoreSpansWithoutADeliverySpan(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	if err := telRun(h.stage.Middleware(telNoop), msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(k.spans.Ended()); n != 0 {
+		t.Fatalf("%d spans without a delivery span, want 0", n)
+	}
+	// The metrics are recorded all the same.
+	ms := k.collect(t)
+	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1}) {
+		t.Fatalf("decisions %v", got)
+	}
+}
+
+// Every decision value, produced deliberately on one stage, and the other
+// per-delivery metrics: outcomes, store and handler durations, live leases.
+func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Telemetry = k.tel
+		c.Policy.InProgress = policy.Nack
+		c.Policy.MaxPayloadBytes = 64
+	})
+	run := func(handler message.HandlerFunc, m *message.Message) error {
+		return telRun(h.stage.Middleware(handler), m)
+	}
+	declined := func(*message.Message) ([]*message.Message, error) {
+		return nil, policy.Permanent(errors.New("card declined"))
+	}
+	down := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("try later") }
+
+	// execute, then replay and mismatch of the same key.
+	if err := run(telNoop, msg("m1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(telNoop, msg("m1", "a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(telNoop, msg("m1", "b")); err != nil {
+		t.Fatal(err)
+	}
+	// execute with a permanent failure, then its cached failure.
+	_ = run(declined, msg("m2", "a"))
+	_ = run(declined, msg("m2", "a"))
+	// takeover: a worker took the lease and died; the lease expires.
+	m3 := msg("m3", "a")
+	if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m3", Fingerprint: keygen.PayloadFingerprint(m3), Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Advance(2 * time.Minute)
+	if err := run(telNoop, m3); err != nil {
+		t.Fatal(err)
+	}
+	// in_progress: a duplicate arrives while the first delivery runs; and
+	// meanwhile one lease is live.
+	started, proceed, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- run(func(*message.Message) ([]*message.Message, error) {
+			close(started)
+			<-proceed
+			return nil, nil
+		}, msg("m4", "a"))
+	}()
+	<-started
+	if got := telSums(t, k.collect(t), "oncemill.leases.live", ""); !telEqualMaps(got, map[string]int64{"": 1}) {
+		t.Errorf("leases.live while one handler runs: %v, want 1", got)
+	}
+	if err := run(telNoop, msg("m4", "a")); !errors.Is(err, pipeline.ErrInProgress) {
+		t.Fatalf("duplicate while in progress: %v", err)
+	}
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// execute with a retryable failure: released.
+	_ = run(down, msg("m5", "a"))
+	// No decision: the store is never asked about a payload over the limit.
+	_ = run(telNoop, msg("m6", strings.Repeat("x", 65)))
+
+	ms := k.collect(t)
+	if got, want := telSums(t, ms, "oncemill.decisions", "decision"), map[string]int64{
+		"execute": 4, "takeover": 1, "replay": 1, "cached_failure": 1, "in_progress": 1, "mismatch": 1,
+	}; !telEqualMaps(got, want) {
+		t.Errorf("decisions %v, want %v", got, want)
+	}
+	if got, want := telSums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
+		"executed": 3, "replayed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "in_progress_nacked": 1, "released": 1,
+	}; !telEqualMaps(got, want) {
+		t.Errorf("outcomes %v, want %v", got, want)
+	}
+	// Begin once per delivery that reached the store (all but m6: 9),
+	// Complete for the three successes and the cached failure, Release for
+	// the retryable failure.
+	if got, want := telHistCounts(t, ms, "oncemill.store.duration", "operation"), map[string]uint64{
+		"begin": 9, "complete": 4, "release": 1,
+	}; !telEqualMaps(got, want) {
+		t.Errorf("store.duration counts %v, want %v", got, want)
+	}
+	// The handler ran once per execute or takeover decision.
+	if got := telHistCounts(t, ms, "oncemill.handler.duration", ""); !telEqualMaps(got, map[string]uint64{"": 5}) {
+		t.Errorf("handler.duration counts %v, want 5 (one per execution)", got)
+	}
+	if got := telSums(t, ms, "oncemill.leases.live", ""); !telEqualMaps(got, map[string]int64{"": 0}) {
+		t.Errorf("leases.live after the handlers finished: %v, want 0", got)
+	}
+}
+
+// Under policy.Reject a duplicate of a running key is decided in_progress
+// and ends rejected (acked, dead-lettered as rejected).
+func TestTelemetryInProgressRejected(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Telemetry = k.tel
+		c.Policy.InProgress = policy.Reject
+	})
+	started, proceed, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- telRun(h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+			close(started)
+			<-proceed
+			return nil, nil
+		}), msg("m1", "x"))
+	}()
+	<-started
+	if err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(telNoop), msg("m1", "x")); err != nil {
+		t.Fatalf("a rejected duplicate is acked, got %v", err)
+	}
+	close(proceed)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	delivery := k.deliveries()
+	if len(delivery) != 1 {
+		t.Fatalf("%d delivery spans", len(delivery))
+	}
+	attrs := telSpanAttrs(delivery[0])
+	if attrs["idempotency.decision"].AsString() != "in_progress" || attrs["idempotency.outcome"].AsString() != "rejected" {
+		t.Fatalf("attributes %v", attrs)
+	}
+	ms := k.collect(t)
+	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1, "in_progress": 1}) {
+		t.Errorf("decisions %v", got)
+	}
+	if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{"executed": 1, "rejected": 1}) {
+		t.Errorf("outcomes %v", got)
+	}
+}
+
+// The metrics' names, kinds and units, as docs/observability.md lists them.
+func TestTelemetryInstruments(t *testing.T) {
+	k := newTelKit(t)
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	dl, err := pipeline.NewDeadLetter(ps, "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel; c.DeadLetter = dl })
+	v, err := pipeline.NewValidation(pipeline.ValidationConfig{Validate: func(m *message.Message) error {
+		if string(m.Payload) == "bad" {
+			return errors.New("bad")
+		}
+		return nil
+	}, DeadLetter: dl, Telemetry: k.tel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := pipeline.NewRetry(telRetryConfig(k.tel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := pipeline.DefaultBreakerConfig()
+	bc.Telemetry = k.tel
+	b, err := pipeline.NewBreaker(bc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	handler := pipeline.Chain{Validation: v, Idempotency: h.stage, Retry: r, Breaker: b}.Middleware(func(*message.Message) ([]*message.Message, error) {
+		if calls.Add(1) == 1 {
+			return nil, errors.New("try again")
+		}
+		return nil, nil
+	})
+	_ = telRun(handler, msg("m1", "x"))
+	_ = telRun(handler, msg("m2", "bad"))
+	_ = telRun(handler, msg("m1", "y")) // mismatch: dead-lettered
+
+	ms := k.collect(t)
+	for name, want := range map[string]struct {
+		unit string
+		kind string
+	}{
+		"oncemill.decisions":          {"{delivery}", "counter"},
+		"oncemill.outcomes":           {"{delivery}", "counter"},
+		"oncemill.retries":            {"{retry}", "counter"},
+		"oncemill.validation.invalid": {"{message}", "counter"},
+		"oncemill.dead_letters":       {"{message}", "counter"},
+		"oncemill.store.duration":     {"s", "histogram"},
+		"oncemill.handler.duration":   {"s", "histogram"},
+		"oncemill.leases.live":        {"{lease}", "updowncounter"},
+		"oncemill.breaker.state":      {"{state}", "gauge"},
+	} {
+		m, ok := ms[name]
+		if !ok {
+			t.Errorf("%s not recorded", name)
+			continue
+		}
+		kind := ""
+		switch d := m.Data.(type) {
+		case metricdata.Sum[int64]:
+			kind = "updowncounter"
+			if d.IsMonotonic {
+				kind = "counter"
+			}
+		case metricdata.Histogram[float64]:
+			kind = "histogram"
+		case metricdata.Gauge[int64]:
+			kind = "gauge"
+		}
+		if m.Unit != want.unit || kind != want.kind || m.Description == "" {
+			t.Errorf("%s: unit %q kind %q (%T) description %q; want unit %q kind %q", name, m.Unit, kind, m.Data, m.Description, want.unit, want.kind)
+		}
+	}
+	if len(ms) != 9 {
+		t.Errorf("%d metrics, want the 9 listed", len(ms))
+	}
+}
+
+func telRetryConfig(tel *pipeline.Telemetry) pipeline.RetryConfig {
+	cfg := pipeline.DefaultRetryConfig()
+	cfg.InitialInterval, cfg.MaxInterval, cfg.RandomizationFactor = time.Millisecond, time.Millisecond, 0
+	cfg.Telemetry = tel
+	return cfg
+}
+
+// oncemill.retries counts the retry stage's in-process retries: three tries,
+// two failures, two retries; one execution, one lease, one handler duration.
+func TestTelemetryRetries(t *testing.T) {
+	k := newTelKit(t)
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	cfg := telRetryConfig(k.tel)
+	cfg.MaxTries = 3
+	r, err := pipeline.NewRetry(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	handler := pipeline.Chain{Idempotency: h.stage, Retry: r}.Middleware(func(*message.Message) ([]*message.Message, error) {
+		if calls.Add(1) <= 2 {
+			return nil, errors.New("database briefly unavailable")
+		}
+		return nil, nil
+	})
+	if err := telRun(handler, msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	ms := k.collect(t)
+	if got := telSums(t, ms, "oncemill.retries", ""); !telEqualMaps(got, map[string]int64{"": 2}) {
+		t.Errorf("retries %v, want 2", got)
+	}
+	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1}) {
+		t.Errorf("decisions %v", got)
+	}
+	if got := telHistCounts(t, ms, "oncemill.handler.duration", ""); !telEqualMaps(got, map[string]uint64{"": 1}) {
+		t.Errorf("handler.duration %v, want one execution (retries included)", got)
+	}
+	if got := telSums(t, ms, "oncemill.leases.live", ""); !telEqualMaps(got, map[string]int64{"": 0}) {
+		t.Errorf("leases.live %v", got)
+	}
+}
+
+// oncemill.breaker.state: 0 when built (closed), 2 once open, 1 while
+// half-open, 0 again once closed; attribute breaker=<name>.
+func TestTelemetryBreakerState(t *testing.T) {
+	k := newTelKit(t)
+	var halfOpen atomic.Int64
+	halfOpen.Store(-1)
+	cfg := pipeline.DefaultBreakerConfig()
+	cfg.Name = "payments-db"
+	cfg.Timeout = time.Millisecond
+	cfg.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 }
+	cfg.Telemetry = k.tel
+	cfg.OnStateChange = func(_ string, _, to gobreaker.State) {
+		if to == gobreaker.StateHalfOpen {
+			// The gauge is recorded before this callback runs.
+			halfOpen.Store(telGauge(t, k.collect(t), "oncemill.breaker.state", "breaker")["payments-db"])
+		}
+	}
+	b, err := pipeline.NewBreaker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func() map[string]int64 { return telGauge(t, k.collect(t), "oncemill.breaker.state", "breaker") }
+	if got := state(); !telEqualMaps(got, map[string]int64{"payments-db": 0}) {
+		t.Fatalf("after NewBreaker: %v, want closed (0)", got)
+	}
+	var fail atomic.Bool
+	fail.Store(true)
+	handler := b.Middleware(func(*message.Message) ([]*message.Message, error) {
+		if fail.Load() {
+			return nil, errors.New("connection refused")
+		}
+		return nil, nil
+	})
+	_ = telRun(handler, msg("m1", "x"))
+	_ = telRun(handler, msg("m2", "x"))
+	if b.State() != gobreaker.StateOpen {
+		t.Fatalf("breaker %v after two failures", b.State())
+	}
+	if got := state(); !telEqualMaps(got, map[string]int64{"payments-db": 2}) {
+		t.Fatalf("after opening: %v, want open (2)", got)
+	}
+	fail.Store(false)
+	waitFor(t, func() bool { return telRun(handler, msg("m3", "x")) == nil })
+	if b.State() != gobreaker.StateClosed {
+		t.Fatalf("breaker %v after a successful probe", b.State())
+	}
+	if got := state(); !telEqualMaps(got, map[string]int64{"payments-db": 0}) {
+		t.Fatalf("after closing: %v, want closed (0)", got)
+	}
+	if halfOpen.Load() != 1 {
+		t.Fatalf("while half-open the gauge read %d, want 1", halfOpen.Load())
+	}
+}
+
+// oncemill.validation.invalid and oncemill.dead_letters{reason}, with the
+// dead letters read back from the gochannel topic they were forwarded to.
+func TestTelemetryValidationAndDeadLetters(t *testing.T) {
+	k := newTelKit(t)
+	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = ps.Close() })
+	dead, err := ps.Subscribe(context.Background(), "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := pipeline.NewDeadLetter(ps, "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Telemetry = k.tel
+		c.DeadLetter = dl
+		c.Policy.MaxPayloadBytes = 64
+	})
+	v, err := pipeline.NewValidation(pipeline.ValidationConfig{
+		Validate: func(m *message.Message) error {
+			if string(m.Payload) == "bad" {
+				return errors.New("amount missing")
+			}
+			return nil
+		},
+		DeadLetter: dl,
+		Telemetry:  k.tel,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := pipeline.Chain{Validation: v, Idempotency: h.stage}.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		if string(m.Payload) == "declined" {
+			return nil, policy.Permanent(errors.New("card declined"))
+		}
+		return nil, nil
+	})
+	for _, m := range []*message.Message{
+		msg("m1", "bad"),                    // invalid
+		msg("m2", "a"),                      // executed
+		msg("m2", "b"),                      // mismatch
+		msg("m3", "declined"),               // cached failure
+		msg("m3", "declined"),               // its replay: not forwarded again
+		msg("m4", strings.Repeat("x", 100)), // too large: rejected
+	} {
+		if err := telRun(handler, m); err != nil {
+			t.Fatalf("%s: %v", m.UUID, err)
+		}
+	}
+	got := map[string]string{}
+	for range 4 {
+		select {
+		case m := <-dead:
+			got[m.Metadata.Get(pipeline.ReasonKindKey)] = m.UUID
+			m.Ack()
+		case <-time.After(10 * time.Second):
+			t.Fatalf("dead letters received: %v, want 4", got)
+		}
+	}
+	if want := map[string]string{"invalid": "m1", "mismatch": "m2", "cached_failure": "m3", "rejected": "m4"}; !telEqualMaps(got, want) {
+		t.Fatalf("dead letters by reason %v, want %v", got, want)
+	}
+	ms := k.collect(t)
+	if got := telSums(t, ms, "oncemill.validation.invalid", ""); !telEqualMaps(got, map[string]int64{"": 1}) {
+		t.Errorf("validation.invalid %v, want 1", got)
+	}
+	deadLetters := telSums(t, ms, "oncemill.dead_letters", "reason")
+	if got, want := map[string]int64{
+		"mismatch": deadLetters["mismatch"], "cached_failure": deadLetters["cached_failure"], "rejected": deadLetters["rejected"],
+	}, map[string]int64{"mismatch": 1, "cached_failure": 1, "rejected": 1}; !telEqualMaps(got, want) {
+		t.Errorf("dead_letters %v, want %v", deadLetters, want)
+	}
+	if deadLetters["invalid"] != 1 {
+		t.Errorf("dead_letters{reason=invalid} = %d, want 1", deadLetters["invalid"])
+	}
+	// The invalid message never reached the store: no decision for it, and
+	// the outcome "invalid".
+	if got, want := telSums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
+		"executed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "invalid": 1,
+	}; !telEqualMaps(got, want) {
+		t.Errorf("outcomes %v, want %v", got, want)
+	}
+	if got, want := telSums(t, ms, "oncemill.decisions", "decision"), map[string]int64{
+		"execute": 2, "mismatch": 1, "cached_failure": 1,
+	}; !telEqualMaps(got, want) {
+		t.Errorf("decisions %v, want %v", got, want)
+	}
+}
+
+// telRaceEnabled reports whether the test binary was built with -race, from
+// its build settings (the race detector changes allocation counts).
+func telRaceEnabled() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "-race" {
+			return s.Value == "true"
+		}
+	}
+	return false
+}
+
+// Allocations per delivery, pinned at what they are now (measured with
+// Go 1.26, Watermill v1.5.3 and otel v1.47.0 over the memory store).
+const (
+	// The idempotency stage alone, without an SDK (the default global
+	// providers, or explicit no-op ones), and with an SDK's meter provider
+	// but no delivery span.
+	telReplayAllocs  = 2
+	telExecuteAllocs = 5
+	// The same with the delivery-span middleware (Chain.Telemetry, which the
+	// builder always adds) over the default global providers: the API's
+	// non-recording span and the contexts carrying it.
+	telSpanReplayAllocs  = 5
+	telSpanExecuteAllocs = 8
+)
+
+// Without an SDK, telemetry costs the stage nothing: the default global
+// providers hand out no-op instruments and non-recording spans, the
+// attribute sets are prebuilt, no clock is read and no child span is
+// started. Every message passes through the stage, so this guards that
+// design: a change that makes telemetry allocate without an SDK (an
+// attribute built per message, a span started regardless) raises these
+// numbers and fails here. The stage costs the same with the global providers
+// as with explicit no-op ones, and an SDK's metrics add nothing per message
+// either (prebuilt attribute sets).
+func TestTelemetryAllocatesNothingWithoutAnSDK(t *testing.T) {
+	if telRaceEnabled() {
+		t.Skip("the race detector changes allocation counts")
+	}
+	noopTel, err := pipeline.NewTelemetry(pipeline.TelemetryConfig{
+		TracerProvider: tracenoop.NewTracerProvider(),
+		MeterProvider:  metricnoop.NewMeterProvider(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	globalTel, err := pipeline.NewTelemetry(pipeline.TelemetryConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name                  string
+		stageTel, spanTel     *pipeline.Telemetry
+		maxReplay, maxExecute float64
+	}{
+		{"global providers", nil, nil, telReplayAllocs, telExecuteAllocs}, // nil: the stage's default
+		{"noop providers", noopTel, nil, telReplayAllocs, telExecuteAllocs},
+		{"SDK metrics without a delivery span", newTelKit(t).tel, nil, telReplayAllocs, telExecuteAllocs},
+		{"delivery span over global providers", nil, globalTel, telSpanReplayAllocs, telSpanExecuteAllocs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = tc.stageTel; c.OnEvent = nil })
+			handler := pipeline.Chain{Telemetry: tc.spanTel, Idempotency: h.stage}.Middleware(telNoop)
+
+			dup := msg("m0", "x")
+			if err := telRun(handler, dup); err != nil {
+				t.Fatal(err)
+			}
+			replay := testing.AllocsPerRun(200, func() { _ = telRun(handler, dup) })
+
+			const runs = 200
+			msgs := make([]*message.Message, runs+1) // AllocsPerRun makes one warm-up call
+			for i := range msgs {
+				msgs[i] = msg(fmt.Sprintf("e%04d", i), "x")
+			}
+			next := 0
+			execute := testing.AllocsPerRun(runs, func() { _ = telRun(handler, msgs[next]); next++ })
+			t.Logf("allocs per delivery: replay %.0f, execute %.0f", replay, execute)
+			if replay > tc.maxReplay {
+				t.Errorf("replay allocates %.0f per delivery, pinned at %.0f", replay, tc.maxReplay)
+			}
+			if execute > tc.maxExecute {
+				t.Errorf("execute allocates %.0f per delivery, pinned at %.0f", execute, tc.maxExecute)
+			}
+		})
+	}
+}
