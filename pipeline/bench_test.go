@@ -15,6 +15,7 @@ import (
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
 
@@ -35,7 +36,8 @@ func benchStage(b *testing.B) *pipeline.Idempotency {
 }
 
 // BenchmarkRouterThroughput runs the same router on gochannel bare, with
-// oncemill, and with Watermill's Deduplicator, in one process. The three
+// oncemill as the builder makes it, with Watermill's Deduplicator, and with
+// oncemill's full chain, in one process. The three
 // routers run side by side and take turns in batches (the order rotating each
 // round), so a shared, noisy machine slows all of them alike; the ratios are
 // reported directly. Every message is unique, so oncemill executes each one
@@ -44,9 +46,9 @@ func BenchmarkRouterThroughput(b *testing.B) {
 	dedup := &middleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}
 	routers := []*benchedRouter{
 		startBenchedRouter(b, "bare", nil),
-		startBenchedRouter(b, "oncemill", benchStage(b).Middleware),
+		startBenchedRouter(b, "oncemill", benchReceiver(b, false).Middleware),
 		startBenchedRouter(b, "deduplicator", dedup.Middleware),
-		startBenchedRouter(b, "full-chain", benchChain(b).Middleware),
+		startBenchedRouter(b, "full-chain", benchReceiver(b, true).Middleware),
 	}
 	const batch = 1000
 	b.ReportAllocs()
@@ -67,28 +69,30 @@ func BenchmarkRouterThroughput(b *testing.B) {
 	b.ReportMetric(routers[3].rate()/routers[1].rate(), "full-chain/oncemill")
 }
 
-// benchChain is every stage with nothing to do: validation passes, the
-// handler never fails (no retry, the breaker stays closed), and the
-// transaction manager does nothing.
-func benchChain(b *testing.B) pipeline.Chain {
+// benchReceiver is what a user builds: receiver.New(st) with the UUID key
+// (idempotency and the delivery span), and with full, every other stage too,
+// each with nothing to do: validation passes, the handler never fails (no
+// retry, the breaker stays closed), and the transaction manager does nothing.
+func benchReceiver(b *testing.B, full bool) *receiver.Receiver {
 	b.Helper()
-	valid, err := pipeline.NewValidation(pipeline.ValidationConfig{Validate: func(*message.Message) error { return nil }})
+	st, err := memory.New(memory.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	retry, err := pipeline.NewRetry(pipeline.DefaultRetryConfig())
+	b.Cleanup(func() { _ = st.Close() })
+	builder := receiver.New(st).WithScope("bench")
+	if full {
+		builder = builder.
+			WithValidation(func(*message.Message) error { return nil }).
+			WithRetry(pipeline.DefaultRetryConfig()).
+			WithCircuitBreaker(pipeline.DefaultBreakerConfig()).
+			WithTransaction(nopTxManager{})
+	}
+	r, err := builder.Build()
 	if err != nil {
 		b.Fatal(err)
 	}
-	breaker, err := pipeline.NewBreaker(pipeline.DefaultBreakerConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	tx, err := pipeline.NewTransaction(nopTxManager{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return pipeline.Chain{Validation: valid, Idempotency: benchStage(b), Retry: retry, Breaker: breaker, Transaction: tx}
+	return r
 }
 
 type nopTxManager struct{}
