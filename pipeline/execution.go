@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -25,8 +24,6 @@ var ErrLeaseLost = fmt.Errorf("oncemill: lease lost while the handler ran: %w", 
 type execution struct {
 	parent context.Context // the message's context
 	lease  store.Lease
-	st     store.Store
-	p      *policy.Policy
 	stage  *Idempotency
 
 	// completed is set by the transaction stage once the outcome was
@@ -57,7 +54,7 @@ var _ context.Context = (*execution)(nil)
 type executionKey struct{}
 
 func newExecution(parent context.Context, lease store.Lease, stage *Idempotency) *execution {
-	e := &execution{parent: parent, lease: lease, st: stage.store, p: &stage.policy, stage: stage}
+	e := &execution{parent: parent, lease: lease, stage: stage}
 	e.detached.parent = parent
 	return e
 }
@@ -117,7 +114,7 @@ func (e *execution) finish() {
 func (e *execution) startHeartbeat() {
 	// Held so that a first beat firing at once finds the timer assigned.
 	e.beatMu.Lock()
-	e.timer = time.AfterFunc(e.p.Heartbeat, e.beat)
+	e.timer = time.AfterFunc(e.stage.policy.Heartbeat, e.beat)
 	e.beatMu.Unlock()
 }
 
@@ -127,7 +124,7 @@ func (e *execution) beat() {
 	if e.stopped {
 		return
 	}
-	ctx, cancel := context.WithTimeout(&e.detached, e.p.Heartbeat)
+	ctx, cancel := context.WithTimeout(&e.detached, e.stage.policy.Heartbeat)
 	err := e.extend(ctx)
 	cancel()
 	if errors.Is(err, store.ErrLeaseLost) {
@@ -135,14 +132,14 @@ func (e *execution) beat() {
 	}
 	// Another store error is not fatal: the lease is ours until it
 	// expires, and the next beat tries again.
-	e.timer.Reset(e.p.Heartbeat)
+	e.timer.Reset(e.stage.policy.Heartbeat)
 }
 
 // extend pushes the lease expiry out; when the lease is gone, the handler's
 // context is canceled.
 func (e *execution) extend(ctx context.Context) error {
 	ctx, m := e.stage.tel.startStore(ctx, opExtend)
-	_, err := e.st.Extend(ctx, e.lease, e.p.Lease)
+	_, err := e.stage.store.Extend(ctx, e.lease, e.stage.policy.Lease)
 	m.end(ctx, err)
 	if errors.Is(err, store.ErrLeaseLost) {
 		e.lose()
@@ -175,7 +172,7 @@ func (d *detached) Value(key any) any        { return d.parent.Value(key) }
 // the store can (store.TxCompleter). It reports whether it did; the write
 // counts only once the transaction commits (see markCompleted).
 func (e *execution) completeInTx(ctx context.Context, msgs []*message.Message) (bool, error) {
-	tc, ok := e.st.(store.TxCompleter)
+	tc, ok := e.stage.store.(store.TxCompleter)
 	if !ok {
 		return false, nil
 	}
