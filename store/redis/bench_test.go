@@ -1,0 +1,207 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/oncemill/oncemill/store"
+	oredis "github.com/oncemill/oncemill/store/redis"
+)
+
+// The benchmarks run against the real Redis (ONCEMILL_REDIS_ADDR). Compare
+// them with redis-benchmark running SET NX EX at the same client count:
+//
+//	go test -run='^$' -bench=. -benchtime=100000x ./store/redis
+//	redis-benchmark -h 127.0.0.1 -p 6379 -n 200000 -c N -r 1000000 SET oncemillbench:__rand_int__ v NX EX 60
+//
+// msgs/s counts messages: one Begin and one Complete each, two scripts.
+
+var benchOutcome = store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
+
+func benchStore(b *testing.B, poolSize int, autoPipeline bool) *oredis.Store {
+	b.Helper()
+	c := newClient(b, &goredis.Options{PoolSize: poolSize})
+	return newStore(b, c, oredis.Options{Prefix: testPrefix(b, c), AutoPipeline: autoPipeline})
+}
+
+// concurrently runs op(i) for i in [0, b.N) on n goroutines and reports
+// the rate as msgs/s.
+func concurrently(b *testing.B, n int, op func(i int) error) {
+	b.Helper()
+	var (
+		next   atomic.Int64
+		wg     sync.WaitGroup
+		failed atomic.Pointer[error]
+	)
+	b.ResetTimer()
+	for range n {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= b.N || failed.Load() != nil {
+					return
+				}
+				if err := op(i); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err := failed.Load(); err != nil {
+		b.Fatal(*err)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+func beginComplete(ctx context.Context, s *oredis.Store, key string) error {
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute})
+	if err != nil {
+		return err
+	}
+	if res.Decision != store.Execute {
+		return fmt.Errorf("Begin(%s) = %v, want execute", key, res.Decision)
+	}
+	return s.Complete(ctx, res.Lease, benchOutcome)
+}
+
+// BenchmarkBeginComplete is a first delivery: Begin a new key, then
+// Complete it with a 256-byte result, at 1, 4 and 16 concurrent handlers.
+func BenchmarkBeginComplete(b *testing.B) {
+	for _, n := range []int{1, 4, 16} {
+		b.Run("handlers="+strconv.Itoa(n), func(b *testing.B) {
+			s := benchStore(b, n, false)
+			ctx := context.Background()
+			concurrently(b, n, func(i int) error { return beginComplete(ctx, s, "msg-"+strconv.Itoa(i)) })
+		})
+	}
+}
+
+// BenchmarkBeginCompleteAutoPipeline is BenchmarkBeginComplete with
+// Options.AutoPipeline: concurrent script calls share round trips.
+func BenchmarkBeginCompleteAutoPipeline(b *testing.B) {
+	for _, n := range []int{1, 4, 16} {
+		b.Run("handlers="+strconv.Itoa(n), func(b *testing.B) {
+			s := benchStore(b, n, true)
+			ctx := context.Background()
+			concurrently(b, n, func(i int) error { return beginComplete(ctx, s, "msg-"+strconv.Itoa(i)) })
+		})
+	}
+}
+
+// BenchmarkReplay is a duplicate of a finished key: one Begin that finds the
+// stored 256-byte result.
+func BenchmarkReplay(b *testing.B) {
+	for _, n := range []int{1, 4, 16} {
+		b.Run("handlers="+strconv.Itoa(n), func(b *testing.B) {
+			s := benchStore(b, n, false)
+			ctx := context.Background()
+			const keys = 1024
+			for i := range keys {
+				if err := beginComplete(ctx, s, "msg-"+strconv.Itoa(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			concurrently(b, n, func(i int) error {
+				key := "msg-" + strconv.Itoa(i%keys)
+				res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute})
+				if err != nil {
+					return err
+				}
+				if res.Decision != store.Replay {
+					return fmt.Errorf("Begin(%s) = %v, want replay", key, res.Decision)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// BenchmarkSetNX is the baseline in Go: go-redis sending SET key v NX EX 60
+// for unique keys, the command redis-benchmark measures, at the same
+// concurrency. It separates the cost of the client from that of the
+// scripts.
+func BenchmarkSetNX(b *testing.B) {
+	for _, n := range []int{1, 4, 16} {
+		b.Run("handlers="+strconv.Itoa(n), func(b *testing.B) {
+			c := newClient(b, &goredis.Options{PoolSize: n})
+			prefix := testPrefix(b, c)
+			ctx := context.Background()
+			concurrently(b, n, func(i int) error {
+				return c.SetNX(ctx, prefix+":"+strconv.Itoa(i), "v", time.Minute).Err()
+			})
+		})
+	}
+}
+
+// BenchmarkVersusSetNX takes turns, in batches of 1,000, between oncemill's
+// Begin+Complete of new keys and go-redis sending SET key v NX EX 60 for new
+// keys, each with the same number of goroutines and connections, so that a
+// noisy machine slows both alike. It reports both rates and their ratio.
+// b.N is the number of messages (and of SETs).
+func BenchmarkVersusSetNX(b *testing.B) {
+	for _, tt := range []struct {
+		n            int
+		autoPipeline bool
+	}{{1, false}, {4, false}, {16, false}, {4, true}, {16, true}} {
+		b.Run(fmt.Sprintf("handlers=%d/autopipeline=%v", tt.n, tt.autoPipeline), func(b *testing.B) {
+			c := newClient(b, &goredis.Options{PoolSize: tt.n})
+			prefix := testPrefix(b, c)
+			s := newStore(b, c, oredis.Options{Prefix: prefix, AutoPipeline: tt.autoPipeline})
+			ctx := context.Background()
+			run := func(from, to int, op func(i int) error) time.Duration {
+				var (
+					next = int64(from)
+					wg   sync.WaitGroup
+				)
+				start := time.Now()
+				for range tt.n {
+					wg.Go(func() {
+						for {
+							i := int(atomic.AddInt64(&next, 1) - 1)
+							if i >= to {
+								return
+							}
+							if err := op(i); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				return time.Since(start)
+			}
+			oncemill := func(i int) error { return beginComplete(ctx, s, "msg-"+strconv.Itoa(i)) }
+			setNX := func(i int) error { return c.SetNX(ctx, prefix+":set:"+strconv.Itoa(i), "v", time.Minute).Err() }
+
+			const batch = 1000
+			var tOnce, tSet time.Duration
+			b.ResetTimer()
+			for from := 0; from < b.N; from += batch {
+				to := min(from+batch, b.N)
+				if (from/batch)%2 == 0 {
+					tOnce += run(from, to, oncemill)
+					tSet += run(from, to, setNX)
+				} else {
+					tSet += run(from, to, setNX)
+					tOnce += run(from, to, oncemill)
+				}
+			}
+			b.StopTimer()
+			once, set := float64(b.N)/tOnce.Seconds(), float64(b.N)/tSet.Seconds()
+			b.ReportMetric(once, "msgs/s")
+			b.ReportMetric(set, "setnx/s")
+			b.ReportMetric(once/set, "ratio")
+		})
+	}
+}

@@ -1,0 +1,114 @@
+package redis_test
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	oredis "github.com/oncemill/oncemill/store/redis"
+)
+
+const startRedis = `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no`
+
+// redisAddr is the Redis the tests use: ONCEMILL_REDIS_ADDR, or 127.0.0.1:6379.
+func redisAddr() string {
+	if a := os.Getenv("ONCEMILL_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+// newClient connects to the test Redis. An unreachable Redis fails the test:
+// it is never skipped.
+func newClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
+	tb.Helper()
+	if opts == nil {
+		opts = &goredis.Options{}
+	}
+	opts.Addr = redisAddr()
+	c := goredis.NewClient(opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		c.Close()
+		tb.Fatalf("Redis at %s is unreachable (%v).\nStart it with:\n  %s\nor point ONCEMILL_REDIS_ADDR at a running Redis 7.", redisAddr(), err, startRedis)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+// testPrefix returns a prefix no other run uses, and removes every key under
+// it when the test ends.
+func testPrefix(tb testing.TB, c goredis.UniversalClient) string {
+	tb.Helper()
+	prefix := "oncemilltest:" + rand.Text()[:12]
+	tb.Cleanup(func() { removeKeys(tb, c, prefix) })
+	return prefix
+}
+
+// removeKeys deletes every key under prefix, on every node.
+func removeKeys(tb testing.TB, c goredis.UniversalClient, prefix string) {
+	tb.Helper()
+	ctx := context.Background()
+	node := func(ctx context.Context, n *goredis.Client) error {
+		var cursor uint64
+		for {
+			keys, next, err := n.Scan(ctx, cursor, prefix+":*", 1000).Result()
+			if err != nil {
+				return err
+			}
+			// One UNLINK per key: a cluster refuses multi-key commands
+			// across slots.
+			_, err = n.Pipelined(ctx, func(p goredis.Pipeliner) error {
+				for _, k := range keys {
+					p.Unlink(ctx, k)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	}
+	var err error
+	switch c := c.(type) {
+	case *goredis.ClusterClient:
+		err = c.ForEachMaster(ctx, node)
+	case *goredis.Client:
+		err = node(ctx, c)
+	}
+	if err != nil {
+		tb.Errorf("removing the test keys under %q: %v", prefix, err)
+	}
+}
+
+// listKeys lists the keys under prefix on a single Redis.
+func listKeys(tb testing.TB, c *goredis.Client, prefix string) []string {
+	tb.Helper()
+	var keys []string
+	iter := c.Scan(context.Background(), 0, prefix+":*", 1000).Iterator()
+	for iter.Next(context.Background()) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return keys
+}
+
+func newStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options) *oredis.Store {
+	tb.Helper()
+	s, err := oredis.New(c, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}

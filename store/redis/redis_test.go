@@ -1,0 +1,615 @@
+package redis_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/oncemill/oncemill/store"
+	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/storetest"
+)
+
+// TestContract runs the contract suite against the real Redis, over a client
+// of 4 connections (the suite's ConcurrentStress runs 32 goroutines with 30%
+// duplicate keys on it). Each subtest gets a new Store on the run's prefix;
+// Advance moves that store's clock offset (see export_test.go).
+func TestContract(t *testing.T) {
+	c := newClient(t, &goredis.Options{PoolSize: 4})
+	prefix := testPrefix(t, c)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s := newStore(t, c, oredis.Options{Prefix: prefix})
+		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }}
+	})
+}
+
+// The suite again with LeaseGrace off: Redis drops an in-progress record at
+// its lease expiry, ahead of any takeover. The suite judges expiry by the
+// offset clock, so the native TTL (real time) does not fire during it; this
+// checks the option changes nothing else.
+func TestContractNoGrace(t *testing.T) {
+	c := newClient(t, nil)
+	prefix := testPrefix(t, c)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s := newStore(t, c, oredis.Options{Prefix: prefix, LeaseGrace: -1})
+		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }}
+	})
+}
+
+// The suite again with Options.AutoPipeline: the scripts of concurrent
+// calls travel in shared pipelines.
+func TestContractAutoPipeline(t *testing.T) {
+	c := newClient(t, &goredis.Options{PoolSize: 4})
+	prefix := testPrefix(t, c)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s := newStore(t, c, oredis.Options{Prefix: prefix, AutoPipeline: true})
+		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }}
+	})
+}
+
+func TestOptionsValidation(t *testing.T) {
+	c := newClient(t, nil)
+	tests := []struct {
+		name string
+		opts oredis.Options
+		want string // in the error message; "" means valid
+	}{
+		{"zero value", oredis.Options{}, ""},
+		{"prefix with colon, slash, dot", oredis.Options{Prefix: "app-1.prod:oncemill/v2"}, ""},
+		{"prefix with space", oredis.Options{Prefix: "my app"}, `Options.Prefix "my app" has ' ' at byte 2`},
+		{"prefix with open brace", oredis.Options{Prefix: "a{b"}, "no spaces, braces or glob characters"},
+		{"prefix with close brace", oredis.Options{Prefix: "a}b"}, "no spaces, braces or glob characters"},
+		{"prefix with glob star", oredis.Options{Prefix: "a*"}, "no spaces, braces or glob characters"},
+		{"prefix with glob class", oredis.Options{Prefix: "a[b]"}, "no spaces, braces or glob characters"},
+		{"prefix with backslash", oredis.Options{Prefix: `a\b`}, "no spaces, braces or glob characters"},
+		{"prefix with NUL", oredis.Options{Prefix: "a\x00"}, "no spaces, braces or glob characters"},
+		{"prefix too long", oredis.Options{Prefix: strings.Repeat("p", 129)}, "Options.Prefix is 129 bytes; use at most 128"},
+		{"negative MaxKeyLen", oredis.Options{MaxKeyLen: -1}, "Options.MaxKeyLen is -1"},
+		{"negative MaxResultBytes", oredis.Options{MaxResultBytes: -1}, "Options.MaxResultBytes is -1"},
+		{"MaxResultBytes above 512 MiB", oredis.Options{MaxResultBytes: 512<<20 + 1}, "at most 536870912 bytes"},
+		{"MaxResultBytes of 512 MiB", oredis.Options{MaxResultBytes: 512 << 20}, ""},
+		{"negative LeaseGrace turns it off", oredis.Options{LeaseGrace: -1}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := oredis.New(c, tt.opts)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("New accepted %+v (prefix %q)", tt.opts, s.Prefix())
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New error %q does not mention %q", err, tt.want)
+			}
+		})
+	}
+
+	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": redisAddr()}})
+	defer ring.Close()
+	if _, err := oredis.New(ring, oredis.Options{AutoPipeline: true}); err == nil || !strings.Contains(err.Error(), "Options.AutoPipeline") {
+		t.Errorf("New(ring, AutoPipeline) = %v, want an error about AutoPipeline", err)
+	}
+	if _, err := oredis.New(nil, oredis.Options{}); err == nil || !strings.Contains(err.Error(), "client is nil") {
+		t.Errorf("New(nil) = %v, want an error about the nil client", err)
+	}
+	s := newStore(t, c, oredis.Options{})
+	if s.Prefix() != "oncemill" || s.MaxKeyLen() != 512 {
+		t.Errorf("defaults: prefix %q, MaxKeyLen %d; want oncemill, 512", s.Prefix(), s.MaxKeyLen())
+	}
+}
+
+func TestMaxKeyLen(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), MaxKeyLen: 8})
+	ctx := t.Context()
+	if s.MaxKeyLen() != 8 {
+		t.Fatalf("MaxKeyLen() = %d, want 8", s.MaxKeyLen())
+	}
+	if _, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "12345678", Lease: time.Minute}); err != nil {
+		t.Fatalf("Begin with an 8-byte key: %v", err)
+	}
+	_, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "123456789", Lease: time.Minute})
+	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "longer than MaxKeyLen 8") {
+		t.Fatalf("Begin with a 9-byte key: %v; want ErrInvalidRequest naming MaxKeyLen 8", err)
+	}
+}
+
+func TestMaxResultBytes(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), MaxResultBytes: 1000})
+	ctx := t.Context()
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
+	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "result is 1001 bytes, larger than MaxResultBytes 1000") {
+		t.Fatalf("Complete with 1001 bytes: %v; want ErrInvalidRequest naming the sizes", err)
+	}
+	if rec, err := s.Get(ctx, "s", "k"); err != nil || rec.Status != store.StatusInProgress {
+		t.Fatalf("after the refused Complete: %+v, %v; want the lease untouched", rec, err)
+	}
+	want := bytes.Repeat([]byte{0xff, 0}, 500)
+	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: want, TTL: time.Hour}); err != nil {
+		t.Fatalf("Complete with exactly 1000 bytes: %v", err)
+	}
+	if rec, err := s.Get(ctx, "s", "k"); err != nil || !bytes.Equal(rec.Result, want) {
+		t.Fatalf("Get after Complete: %v, %d bytes", err, len(rec.Result))
+	}
+}
+
+// tricky identities: each must be its own record, and round-trip as data.
+var tricky = [][2]string{
+	{"a:b", "c"}, {"a", "b:c"}, {"a:", "b"}, {"a", ":b"}, {"", "a:b"}, {"", "a"}, {"1:a", "b"}, {"1", "a:b"},
+	{"scope with spaces", "key with spaces"}, {"scope with spaces", "key  with spaces"},
+	{"{", "}"}, {"}", "{"}, {"{a}", "b"}, {"a", "{b}"}, {"{}", "{}"}, {"", "{}"}, {"}{", "x"},
+	{`"quoted"`, `'single' "double"`}, {"\\", "\\\\"},
+	{"*", "?"}, {"[a-z]", "*"}, {"oncemill:{x}:r:1:a", "b"},
+	{"nul\x00", "x"}, {"nul", "\x00x"}, {"\xff\xfe", "\x00\x01\x02"}, {"line\nbreak", "tab\tkey"},
+	{"ünïcödé", "ключ"},
+	{"lua", "'); redis.call('FLUSHALL') --"}, {"lua", "]] .. redis.call('DEL', KEYS[1]) .. [["},
+}
+
+// TestKeysAreData: scopes and keys with separators, braces, quotes, glob
+// characters and binary bytes are stored as data. No two of them share a
+// record, and each round-trips with its own result.
+func TestKeysAreData(t *testing.T) {
+	c := newClient(t, nil)
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, oredis.Options{Prefix: prefix})
+	ctx := t.Context()
+
+	for _, id := range tricky {
+		res, err := s.Begin(ctx, store.BeginRequest{Scope: id[0], Key: id[1], Fingerprint: "fp " + id[0] + id[1], Lease: time.Minute})
+		if err != nil {
+			t.Fatalf("Begin(%q, %q): %v", id[0], id[1], err)
+		}
+		if res.Decision != store.Execute || res.Lease.Attempt != 1 {
+			t.Fatalf("Begin(%q, %q) = %v attempt %d: it collides with an earlier identity (record %+v)",
+				id[0], id[1], res.Decision, res.Lease.Attempt, res.Record)
+		}
+		err = s.Complete(ctx, res.Lease, store.Outcome{
+			Status: store.StatusSucceeded, Result: []byte(id[0] + "\x00" + id[1]), TTL: time.Hour,
+		})
+		if err != nil {
+			t.Fatalf("Complete(%q, %q): %v", id[0], id[1], err)
+		}
+	}
+	for _, id := range tricky {
+		rec, err := s.Get(ctx, id[0], id[1])
+		if err != nil {
+			t.Fatalf("Get(%q, %q): %v", id[0], id[1], err)
+		}
+		if string(rec.Result) != id[0]+"\x00"+id[1] || rec.Fingerprint != "fp "+id[0]+id[1] || rec.Scope != id[0] || rec.Key != id[1] {
+			t.Errorf("Get(%q, %q) = scope %q key %q fp %q result %q", id[0], id[1], rec.Scope, rec.Key, rec.Fingerprint, rec.Result)
+		}
+		res, err := s.Begin(ctx, store.BeginRequest{Scope: id[0], Key: id[1], Lease: time.Minute})
+		if err != nil || res.Decision != store.Replay {
+			t.Errorf("Begin(%q, %q) again = %v, %v; want replay", id[0], id[1], res.Decision, err)
+		}
+	}
+
+	// Nothing was written outside the prefix's records and counters, and
+	// the Lua-looking keys ran nothing.
+	records := 0
+	for _, k := range listKeys(t, c, prefix) {
+		switch {
+		case strings.Contains(k, "}:r:"):
+			records++
+		case strings.HasSuffix(k, "}:t"):
+		default:
+			t.Errorf("unexpected key %q under the prefix", k)
+		}
+	}
+	if records != len(tricky) {
+		t.Errorf("%d record keys under the prefix, want %d", records, len(tricky))
+	}
+
+	// Delete of one identity leaves its look-alikes alone.
+	if err := s.Delete(ctx, "a:b", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "a:b", "c"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Get after Delete: %v, want ErrNotFound", err)
+	}
+	if rec, err := s.Get(ctx, "a", "b:c"); err != nil || string(rec.Result) != "a\x00b:c" {
+		t.Errorf("Delete(a:b, c) touched (a, b:c): %v", err)
+	}
+}
+
+// TestPrefixesIsolate: stores with different prefixes, one a prefix of the
+// other's, share no record, and DeleteExpired of one leaves the other alone.
+func TestPrefixesIsolate(t *testing.T) {
+	c := newClient(t, nil)
+	base := testPrefix(t, c)
+	outer := newStore(t, c, oredis.Options{Prefix: base})
+	inner := newStore(t, c, oredis.Options{Prefix: base + ":x"})
+	ctx := t.Context()
+
+	for _, s := range []*oredis.Store{outer, inner} {
+		res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+		if err != nil || res.Decision != store.Execute {
+			t.Fatalf("Begin under %q = %v, %v; want execute", s.Prefix(), res.Decision, err)
+		}
+		if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oredis.AdvanceClock(outer, 2*time.Minute)
+	if n, err := outer.DeleteExpired(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("outer DeleteExpired = %d, %v; want 1", n, err)
+	}
+	if _, err := inner.Get(ctx, "s", "k"); err != nil {
+		t.Fatalf("inner record after the outer DeleteExpired: %v", err)
+	}
+}
+
+// TestConcurrentDuplicates is the issue's concurrency check on a larger
+// scale than the contract suite: 32 goroutines share a client of 4
+// connections, 30% of 3000 deliveries are duplicates, and every delivery
+// runs Begin and, on Execute, Complete. Each key executes exactly once.
+func TestConcurrentDuplicates(t *testing.T) {
+	const (
+		workers = 32
+		keys    = 3000
+		dups    = keys * 30 / 100
+	)
+	c := newClient(t, &goredis.Options{PoolSize: 4})
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	ctx := t.Context()
+
+	deliveries := make(chan int)
+	go func() {
+		defer close(deliveries)
+		for i := range keys {
+			deliveries <- i
+			if i%10 < 3 { // the duplicate follows closely, so it often meets the lease
+				deliveries <- i
+			}
+		}
+	}()
+	var (
+		executes  [keys]atomic.Int32
+		decisions [5]atomic.Int32
+		wg        sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			for i := range deliveries {
+				key := fmt.Sprintf("k-%d", i)
+				res, err := s.Begin(ctx, store.BeginRequest{Scope: "stress", Key: key, Fingerprint: "fp-" + key, Lease: time.Minute})
+				if err != nil {
+					t.Errorf("Begin(%s): %v", key, err)
+					continue
+				}
+				decisions[res.Decision].Add(1)
+				if res.Decision != store.Execute {
+					continue
+				}
+				executes[i].Add(1)
+				if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte(key), TTL: time.Hour}); err != nil {
+					t.Errorf("Complete(%s): %v", key, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range keys {
+		if n := executes[i].Load(); n != 1 {
+			t.Errorf("k-%d executed %d times, want once", i, n)
+		}
+	}
+	if got := decisions[store.Replay].Load() + decisions[store.InProgress].Load(); got != dups {
+		t.Errorf("%d duplicates got replay or in_progress, want %d", got, dups)
+	}
+	t.Logf("decisions: execute %d, replay %d, in_progress %d", decisions[store.Execute].Load(), decisions[store.Replay].Load(), decisions[store.InProgress].Load())
+}
+
+// TestNativeTTLs: each record carries a Redis TTL matching its state, so
+// Redis frees it by itself, and the token counters have none.
+func TestNativeTTLs(t *testing.T) {
+	c := newClient(t, nil)
+	prefix := testPrefix(t, c)
+	s := newStore(t, c, oredis.Options{Prefix: prefix, LeaseGrace: 10 * time.Minute})
+	noGrace := newStore(t, c, oredis.Options{Prefix: prefix + ":nograce", LeaseGrace: -1})
+	ctx := t.Context()
+
+	pttl := func(key string) time.Duration {
+		t.Helper()
+		d, err := c.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	near := func(what string, got, want time.Duration) {
+		t.Helper()
+		if got > want || got < want-2*time.Second {
+			t.Errorf("%s: PTTL = %v, want about %v", what, got, want)
+		}
+	}
+
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, tok := oredis.KeysFor(s, "s", "k")
+	near("in progress", pttl(rec), 30*time.Second+10*time.Minute)
+	if d := pttl(tok); d != -1 {
+		t.Errorf("token counter PTTL = %v, want none (-1)", d)
+	}
+	l, err := s.Extend(ctx, res.Lease, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near("extended", pttl(rec), time.Minute+10*time.Minute)
+	if err := s.Release(ctx, l, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	near("released", pttl(rec), 5*time.Minute)
+	res, err = s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: 2 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	near("succeeded", pttl(rec), 2*time.Hour)
+
+	if _, err := noGrace.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	rec2, _ := oredis.KeysFor(noGrace, "s", "k")
+	near("in progress without grace", pttl(rec2), 30*time.Second)
+
+	// Redis removes an expired record by itself, with no DeleteExpired.
+	res, err = s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "short", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: 50 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	short, _ := oredis.KeysFor(s, "s", "short")
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Exists(ctx, short).Val() == 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis did not remove a record 5s after its 50ms TTL")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestTokensWhateverTheClock: the token counter keeps tokens rising across
+// Delete when the server clock steps back, and the clock keeps them rising
+// when the counter is lost.
+func TestTokensWhateverTheClock(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	ctx := t.Context()
+	req := store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute}
+
+	begin := func() store.Lease {
+		t.Helper()
+		res, err := s.Begin(ctx, req)
+		if err != nil || res.Decision != store.Execute {
+			t.Fatalf("Begin = %v, %v; want execute", res.Decision, err)
+		}
+		return res.Lease
+	}
+	first := begin()
+
+	// The server clock steps back an hour, and the record is gone.
+	oredis.SetClockOffset(s, -time.Hour)
+	if err := s.Delete(ctx, "s", "k"); err != nil {
+		t.Fatal(err)
+	}
+	second := begin()
+	if second.Token <= first.Token {
+		t.Fatalf("token after a clock step back and Delete = %d, not above %d", second.Token, first.Token)
+	}
+	if err := s.Complete(ctx, first, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Complete with the token from before Delete: %v, want ErrLeaseLost", err)
+	}
+
+	// The record and the counter are lost (a failover that dropped recent
+	// writes, a FLUSHDB): the clock has moved on, so tokens still rise.
+	oredis.SetClockOffset(s, 0)
+	rec, tok := oredis.KeysFor(s, "s", "k")
+	if err := c.Del(ctx, rec, tok).Err(); err != nil {
+		t.Fatal(err)
+	}
+	third := begin()
+	if third.Token <= second.Token {
+		t.Fatalf("token after losing the counter = %d, not above %d", third.Token, second.Token)
+	}
+}
+
+func TestClosedClient(t *testing.T) {
+	c := goredis.NewClient(&goredis.Options{Addr: redisAddr()})
+	s := newStore(t, c, oredis.Options{})
+	c.Close()
+	_, err := s.Begin(t.Context(), store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	if !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Begin on a closed client: %v, want store.ErrClosed", err)
+	}
+}
+
+// TestScriptCacheFlushed: EVALSHA falls back to EVAL when Redis lost its
+// script cache (a restart, SCRIPT FLUSH).
+func TestScriptCacheFlushed(t *testing.T) {
+	for _, ap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AutoPipeline=%v", ap), func(t *testing.T) { testScriptCacheFlushed(t, ap) })
+	}
+}
+
+func testScriptCacheFlushed(t *testing.T, autoPipeline bool) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
+	ctx := t.Context()
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	if err != nil || res.Decision != store.Execute {
+		t.Fatalf("Begin after SCRIPT FLUSH = %v, %v", res.Decision, err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+		t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
+	}
+}
+
+// TestContextCanceled: a canceled context fails fast with its error.
+func TestContextCanceled(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Begin with a canceled context: %v", err)
+	}
+}
+
+// TestServerClock: lease expiries come from the Redis server's TIME (the
+// scripts are given durations only, never a time of the worker's).
+func TestServerClock(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	ctx := t.Context()
+	before, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := res.Lease.ExpiresAt.Add(-time.Hour)
+	if started.Before(before.Truncate(time.Microsecond)) || started.After(after) {
+		t.Fatalf("lease started at %v by its expiry, outside the server's TIME %v .. %v", started, before, after)
+	}
+	rec, err := s.Get(ctx, "s", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rec.CreatedAt.Equal(started) || !rec.UpdatedAt.Equal(started) || !rec.LeaseExpiresAt.Equal(res.Lease.ExpiresAt) {
+		t.Errorf("record times created %v updated %v lease %v; want %v, %v, %v", rec.CreatedAt, rec.UpdatedAt, rec.LeaseExpiresAt, started, started, res.Lease.ExpiresAt)
+	}
+}
+
+// TestRecordMemory: a finished record with a small result stays a compact
+// listpack hash; a result above Redis's hash-max-listpack-value (64 bytes by
+// default) turns it into a hashtable several times larger. The sizes are
+// logged (go test -v -run TestRecordMemory).
+func TestRecordMemory(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	ctx := t.Context()
+	limit := 64
+	if v, err := c.ConfigGet(ctx, "hash-max-listpack-value").Result(); err == nil {
+		fmt.Sscan(v["hash-max-listpack-value"], &limit)
+	}
+	for _, tt := range []struct {
+		size     int
+		encoding string
+	}{{0, "listpack"}, {limit, "listpack"}, {limit + 1, "hashtable"}, {256, "hashtable"}} {
+		key := fmt.Sprintf("result-%d", tt.size)
+		res, err := s.Begin(ctx, store.BeginRequest{Scope: "orders", Key: key, Fingerprint: "xxh64:9f86d081884c7d65", Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: bytes.Repeat([]byte("r"), tt.size), TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		record, _ := oredis.KeysFor(s, "orders", key)
+		enc := c.ObjectEncoding(ctx, record).Val()
+		usage := c.MemoryUsage(ctx, record).Val()
+		t.Logf("result of %4d bytes: %s, MEMORY USAGE %d bytes", tt.size, enc, usage)
+		if enc != tt.encoding {
+			t.Errorf("result of %d bytes: encoding %s, want %s", tt.size, enc, tt.encoding)
+		}
+	}
+}
+
+// TestLateComplete: a holder whose lease ran out, but whom nobody took over,
+// may still Complete (its token proves nobody else ran the key) and Release,
+// but not Extend.
+func TestLateComplete(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	ctx := t.Context()
+	for _, finish := range []string{"complete", "release"} {
+		res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: finish, Lease: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		oredis.AdvanceClock(s, 11*time.Second)
+		if _, err := s.Extend(ctx, res.Lease, time.Minute); !errors.Is(err, store.ErrLeaseLost) || !strings.Contains(err.Error(), "lease expired") {
+			t.Fatalf("Extend of an expired lease: %v, want ErrLeaseLost (lease expired)", err)
+		}
+		var want store.Status
+		if finish == "complete" {
+			want = store.StatusSucceeded
+			err = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour})
+		} else {
+			want = store.StatusRetryable
+			err = s.Release(ctx, res.Lease, time.Hour)
+		}
+		if err != nil {
+			t.Fatalf("late %s: %v", finish, err)
+		}
+		if rec, err := s.Get(ctx, "s", finish); err != nil || rec.Status != want {
+			t.Fatalf("after the late %s: %v %v, want %v", finish, rec.Status, err, want)
+		}
+	}
+}
+
+// TestForeverTTL: durations of "forever" (math.MaxInt64) count as 100
+// years instead of overflowing the scripts' arithmetic.
+func TestForeverTTL(t *testing.T) {
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), LeaseGrace: math.MaxInt64})
+	ctx := t.Context()
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: math.MaxInt64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const century = 100 * 365 * 24 * time.Hour
+	if d := time.Until(res.Lease.ExpiresAt); d < century-time.Hour || d > century+time.Hour {
+		t.Fatalf("lease of MaxInt64 expires in %v, want about 100 years", d)
+	}
+	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: math.MaxInt64}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "s", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := rec.ExpiresAt.Sub(rec.UpdatedAt); d != century {
+		t.Fatalf("outcome TTL of MaxInt64 = %v, want %v", d, century)
+	}
+	record, _ := oredis.KeysFor(s, "s", "k")
+	if d := c.PTTL(ctx, record).Val(); d < century-time.Hour {
+		t.Fatalf("native TTL %v, want about 100 years", d)
+	}
+}
