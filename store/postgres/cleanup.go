@@ -1,0 +1,132 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// DeleteExpired implements store.Store: one bounded DELETE of up to limit
+// expired records (expired leases included), oldest first. It skips rows
+// that another transaction holds (FOR UPDATE SKIP LOCKED), so it never waits
+// for a Begin, and holds its own row locks for one short statement.
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, invalid("delete expired", "limit is %d, must be positive", limit)
+	}
+	if err := s.checkOpen("delete expired"); err != nil {
+		return 0, err
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.deleteExpired, limit)
+	if err != nil {
+		return 0, wrap("delete expired", err)
+	}
+	n := int(tag.RowsAffected())
+	s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
+	return n, nil
+}
+
+// CleanupPass removes every expired record in batches of
+// Options.CleanupBatch, unless another worker is cleaning the same table:
+// then it returns at once with ran false. The background cleaner runs the
+// same pass every Options.CleanupInterval.
+//
+// One cleaner at a time: the pass holds a session advisory lock
+// (pg_try_advisory_lock) on a connection of its own for its duration, and a
+// worker that dies mid-pass releases it with its session. Each batch is its
+// own short transaction, so no lock is held from one batch to the next.
+func (s *Store) CleanupPass(ctx context.Context) (removed int, ran bool, err error) {
+	if err := s.checkOpen("cleanup"); err != nil {
+		return 0, false, err
+	}
+	return s.cleanupPass(ctx)
+}
+
+func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err error) {
+	s.cleanupMu.Lock()
+	defer s.cleanupMu.Unlock()
+
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, false, wrap("cleanup", err)
+	}
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.cleanupKey).Scan(&locked); err != nil {
+		conn.Release()
+		return 0, false, wrap("cleanup: taking the cleaner lock", err)
+	}
+	if !locked {
+		conn.Release()
+		return 0, false, nil
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		var unlocked bool
+		if uerr := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", s.cleanupKey).Scan(&unlocked); uerr != nil || !unlocked {
+			// Ending the session is the sure way to drop the lock.
+			_ = conn.Conn().Close(uctx)
+		}
+		conn.Release()
+	}()
+
+	batch := s.opts.CleanupBatch
+	cursor := time.Time{} // older than any row
+	for {
+		if err := ctx.Err(); err != nil {
+			return removed, true, fmt.Errorf("postgres: cleanup: %w", err)
+		}
+		start := time.Now()
+		var n int
+		if err := conn.QueryRow(ctx, s.sql.cleanupBatch, batch, cursor).Scan(&n, &cursor); err != nil {
+			return removed, true, wrap("cleanup", err)
+		}
+		removed += n
+		s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
+		if n < batch {
+			return removed, true, nil
+		}
+		// Between full batches, rest for a share of the time the batch took,
+		// so a large backlog leaves the database to the handlers most of
+		// the time (Options.CleanupDuty).
+		if pause := s.cleanupPause(time.Since(start)); pause > 0 {
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// cleaner runs a cleanup pass every interval until ctx ends.
+func (s *Store) cleaner(ctx context.Context, interval time.Duration) {
+	defer close(s.cleanerDone)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		removed, ran, err := s.cleanupPass(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.opts.Logger.Error("oncemill: cleanup pass failed; it runs again next interval", "error", err, "removed", removed, "table", s.opts.Schema+"."+s.opts.Table)
+		case ran && removed > 0:
+			s.opts.Logger.Debug("oncemill: cleanup pass", "removed", removed, "table", s.opts.Schema+"."+s.opts.Table)
+		}
+	}
+}
+
+// cleanupPause is how long to rest after a full batch that took d, so that
+// cleanup is busy for the CleanupDuty share of the time.
+func (s *Store) cleanupPause(d time.Duration) time.Duration {
+	duty := s.opts.CleanupDuty
+	if duty >= 1 {
+		return 0
+	}
+	return time.Duration(float64(d) * (1 - duty) / duty)
+}

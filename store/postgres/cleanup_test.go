@@ -1,0 +1,159 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+// fill creates n succeeded records with the given TTL in scope.
+func fill(t *testing.T, s *postgres.Store, scope string, n int, ttl time.Duration) {
+	t.Helper()
+	for i := range n {
+		res, err := s.Begin(t.Context(), store.BeginRequest{Scope: scope, Key: fmt.Sprint(i), Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(t.Context(), res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: ttl}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestBackgroundCleaner(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	seed := newStore(t, pool, postgres.Options{Schema: schema})
+	fill(t, seed, "short", 25, time.Minute)
+	fill(t, seed, "long", 5, 24*time.Hour)
+	advance(t, pool, table(schema, ""), 2*time.Minute)
+
+	// Batches of 10: the pass loops until nothing expired is left.
+	s := newStore(t, pool, postgres.Options{Schema: schema, CleanupInterval: 20 * time.Millisecond, CleanupBatch: 10})
+	rows := func() (n int) {
+		if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM "+table(schema, "")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, "the background cleaner to remove the expired rows", func() bool { return rows() == 5 })
+	if _, err := s.Get(t.Context(), "long", "0"); err != nil {
+		t.Fatalf("a live record was removed: %v", err)
+	}
+	if err := s.Close(); err != nil { // stops the cleaner and waits for it
+		t.Fatal(err)
+	}
+}
+
+// One cleaner at a time across workers: while another session holds the
+// cleaner's advisory lock, a pass does nothing.
+func TestOneCleanerAtATime(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema, CleanupBatch: 7})
+	fill(t, s, "x", 20, time.Minute)
+	advance(t, pool, table(schema, ""), 2*time.Minute)
+
+	other, err := pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release()
+	var got bool
+	if err := other.QueryRow(t.Context(), "SELECT pg_try_advisory_lock($1)", s.CleanupLockKey()).Scan(&got); err != nil || !got {
+		t.Fatalf("taking the cleaner lock as another worker: %v %v", got, err)
+	}
+	removed, ran, err := s.CleanupPass(t.Context())
+	if err != nil || ran || removed != 0 {
+		t.Fatalf("CleanupPass while another worker cleans = %d, %v, %v; want 0, false, nil", removed, ran, err)
+	}
+	if _, err := other.Exec(t.Context(), "SELECT pg_advisory_unlock($1)", s.CleanupLockKey()); err != nil {
+		t.Fatal(err)
+	}
+	removed, ran, err = s.CleanupPass(t.Context())
+	if err != nil || !ran || removed != 20 {
+		t.Fatalf("CleanupPass = %d, %v, %v; want 20, true, nil", removed, ran, err)
+	}
+	// The pass let go of the lock.
+	if err := other.QueryRow(t.Context(), "SELECT pg_try_advisory_lock($1)", s.CleanupLockKey()).Scan(&got); err != nil || !got {
+		t.Fatalf("the cleaner lock is still held after the pass: %v %v", got, err)
+	}
+	other.Exec(t.Context(), "SELECT pg_advisory_unlock($1)", s.CleanupLockKey()) //nolint:errcheck
+}
+
+// Cleanup skips rows another transaction holds instead of waiting for them:
+// it never queues behind a Begin.
+func TestDeleteExpiredSkipsLockedRows(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema})
+	fill(t, s, "x", 10, time.Minute)
+	advance(t, pool, table(schema, ""), 2*time.Minute)
+	lockRow(t, pool, schema, "x", "3") // as a Begin taking the key over would
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // hang guard
+	defer cancel()
+	n, err := s.DeleteExpired(ctx, 100)
+	if err != nil || n != 9 {
+		t.Fatalf("DeleteExpired with one row locked = %d, %v; want 9 removed without waiting", n, err)
+	}
+}
+
+func TestCleanupLagMetric(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	reader := sdkmetric.NewManualReader()
+	s := newStore(t, pool, postgres.Options{Schema: schema, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	ctx := t.Context()
+
+	observe := func() (lag float64, deleted int64) {
+		t.Helper()
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		lag = -1
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				switch m.Name {
+				case postgres.MetricCleanupLag:
+					for _, dp := range m.Data.(metricdata.Gauge[float64]).DataPoints {
+						lag = dp.Value
+					}
+				case postgres.MetricCleanupDeleted:
+					for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+						deleted += dp.Value
+					}
+				}
+			}
+		}
+		return lag, deleted
+	}
+
+	if lag, _ := observe(); lag != 0 {
+		t.Fatalf("lag with an empty table = %v, want 0", lag)
+	}
+	fill(t, s, "x", 3, time.Minute)
+	advance(t, pool, table(schema, ""), time.Hour)
+	lag, _ := observe()
+	if lag < 59*60-5 || lag > 59*60+60 {
+		t.Fatalf("lag after the records expired 59 minutes ago = %.0fs, want about 3540s", lag)
+	}
+	if removed, _, err := s.CleanupPass(ctx); err != nil || removed != 3 {
+		t.Fatalf("CleanupPass = %d, %v", removed, err)
+	}
+	lag, deleted := observe()
+	if lag != 0 || deleted != 3 {
+		t.Fatalf("after cleanup: lag %v, deleted %d; want 0 and 3", lag, deleted)
+	}
+	if d, err := s.CleanupLag(ctx); err != nil || d != 0 {
+		t.Fatalf("CleanupLag = %v, %v", d, err)
+	}
+}

@@ -1,0 +1,50 @@
+package postgres_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/oncemill/oncemill/store/postgres"
+	"github.com/oncemill/oncemill/store/storetest"
+)
+
+// TestContract runs the store contract suite against the real database. The
+// subtests share one migrated table (each uses its own scope); Advance moves
+// every stored deadline earlier; the background cleaner is off.
+func TestContract(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	newStore(t, pool, postgres.Options{Schema: schema}) // migrates
+	qualified := table(schema, "")
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return storetest.Harness{
+			Store:   s,
+			Advance: func(d time.Duration) { advance(t, pool, qualified, d) },
+		}
+	})
+}
+
+// The suite again with Begin committing asynchronously and one request per
+// statement: the decisions must not depend on either.
+func TestContractAsyncUnbatched(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	newStore(t, pool, postgres.Options{Schema: schema})
+	qualified := table(schema, "")
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1, AsyncBegin: true, MaxBatch: 1, BatchWorkers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return storetest.Harness{
+			Store:   s,
+			Advance: func(d time.Duration) { advance(t, pool, qualified, d) },
+		}
+	})
+}

@@ -1,0 +1,81 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+// The READ COMMITTED corner of Begin's single statement: another transaction
+// commits the row after the statement took its snapshot. The upsert then
+// sees the newest version (and does not take the key) while the read of the
+// row sees the older one, or none. The statement runs again for that key
+// and answers from the committed state.
+func TestBeginReadCommittedCorner(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema})
+	qualified := table(schema, "")
+	seq := schema + "." + postgres.DefaultTable + "_token_seq"
+	ctx := t.Context()
+
+	// race runs Begin(key) while tx, which wrote the key's row, is still
+	// open, and commits tx once the Begin waits for its lock.
+	race := func(key string, write string) (store.BeginResult, int64) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background()) //nolint:errcheck
+		var token int64
+		if err := tx.QueryRow(ctx, write, key).Scan(&token); err != nil {
+			t.Fatal(err)
+		}
+		reruns := s.Reruns()
+		done := make(chan beginOutcome, 1)
+		go func() {
+			res, err := s.Begin(ctx, store.BeginRequest{Scope: "c", Key: key, Lease: time.Minute})
+			done <- beginOutcome{res, err}
+		}()
+		waitForLockWait(t, pool, schema)
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		o := <-done
+		if o.err != nil {
+			t.Fatalf("Begin(%s): %v", key, o.err)
+		}
+		if got := s.Reruns() - reruns; got != 1 {
+			t.Errorf("Begin(%s) ran its statement again %d times, want 1", key, got)
+		}
+		return o.res, token
+	}
+
+	// 1. The row did not exist for the snapshot: inserted and committed by
+	// another worker meanwhile. Neither inserted nor visible at first.
+	res, token := race("absent", `INSERT INTO `+qualified+`
+		(scope, key, status, token, attempt, lease_expires_at, expires_at, created_at, updated_at)
+		VALUES ('c', $1, 1, nextval('`+seq+`'), 1, now() + interval '1 hour', now() + interval '1 hour', now(), now())
+		RETURNING token`)
+	if res.Decision != store.InProgress || res.Record.Token != token {
+		t.Fatalf("Begin after a concurrent insert = %v (record %+v), want in_progress with token %d", res.Decision, res.Record, token)
+	}
+
+	// 2. The snapshot saw an expired lease (takeable), but another worker
+	// took it over meanwhile: the upsert sees the new live lease.
+	first, err := s.Begin(ctx, store.BeginRequest{Scope: "c", Key: "expired", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	advance(t, pool, qualified, 2*time.Minute)
+	res, token = race("expired", `UPDATE `+qualified+` SET token = nextval('`+seq+`'), attempt = attempt + 1,
+		lease_expires_at = now() + interval '1 hour', expires_at = now() + interval '1 hour'
+		WHERE scope = 'c' AND key = $1 RETURNING token`)
+	if res.Decision != store.InProgress || res.Record.Token != token || token <= first.Lease.Token {
+		t.Fatalf("Begin after a concurrent takeover = %v (record %+v), want in_progress with the new token %d", res.Decision, res.Record, token)
+	}
+}

@@ -1,0 +1,139 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+func exampleDSN() string {
+	if v := os.Getenv("ONCEMILL_POSTGRES_DSN"); v != "" {
+		return v
+	}
+	return "postgres://postgres@127.0.0.1:5432/test"
+}
+
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDSN())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	st, err := postgres.New(pool, postgres.Options{Schema: "oncemill_example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil { // idempotent; safe from every worker at once
+		log.Fatal(err)
+	}
+
+	req := store.BeginRequest{
+		Scope:       "billing",
+		Key:         "order-" + rand.Text(), // a fresh key for every run of the example
+		Fingerprint: "sha256:9f86d08",
+		Lease:       30 * time.Second,
+	}
+
+	// The first delivery owns the key and runs the handler.
+	first, err := st.Begin(ctx, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(first.Decision, "attempt", first.Lease.Attempt)
+
+	err = st.Complete(ctx, first.Lease, store.Outcome{
+		Status: store.StatusSucceeded,
+		Result: []byte(`{"charged":true}`),
+		TTL:    time.Hour,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// A redelivery, from this worker or any other on the same table, gets
+	// the stored result instead.
+	second, err := st.Begin(ctx, req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(second.Decision, second.Record.Status, string(second.Record.Result))
+
+	// Output:
+	// execute attempt 1
+	// replay succeeded {"charged":true}
+}
+
+// The transactional mode: the handler writes through the transaction it
+// finds in its context, and the success record commits in that same
+// transaction.
+func ExampleTxFromContext() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDSN())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	st, err := postgres.New(pool, postgres.Options{Schema: "oncemill_example"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS oncemill_example.payments (message_uuid text PRIMARY KEY, amount int)`); err != nil {
+		log.Fatal(err)
+	}
+
+	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
+		Store:   st,
+		Keys:    keygen.UUID(),
+		Scope:   "payments",
+		Policy:  policy.Default(),
+		OnEvent: func(e pipeline.Event) { fmt.Println("outcome:", e.Outcome) },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	tx, err := pipeline.NewTransaction(st.TxManager())
+	if err != nil {
+		log.Fatal(err)
+	}
+	handler := idem.Middleware(tx.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		tx, _ := postgres.TxFromContext(msg.Context())
+		_, err := tx.Exec(msg.Context(), `INSERT INTO oncemill_example.payments VALUES ($1, 100)`, msg.UUID)
+		return nil, err // on success, the record is written in tx right before its commit
+	}))
+
+	msg := message.NewMessage("payment-"+rand.Text(), []byte(`{"amount":100}`))
+	for range 2 { // the broker delivers it twice
+		if _, err := handler(msg); err != nil {
+			log.Fatal(err)
+		}
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM oncemill_example.payments WHERE message_uuid = $1`, msg.UUID).Scan(&rows); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("payment rows:", rows)
+
+	// Output:
+	// outcome: executed
+	// outcome: replayed
+	// payment rows: 1
+}

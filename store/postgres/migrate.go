@@ -1,0 +1,118 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// migration is one embedded SQL file, migrations/NNNN_name.sql.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// SchemaVersion is the newest schema version Migrate applies.
+var SchemaVersion = func() int {
+	ms := mustMigrations()
+	return ms[len(ms)-1].version
+}()
+
+func mustMigrations() []migration {
+	ms, err := loadMigrations(migrationFS)
+	if err != nil {
+		panic(err)
+	}
+	return ms
+}
+
+func loadMigrations(fsys fs.FS) ([]migration, error) {
+	files, err := fs.Glob(fsys, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, f := range files {
+		base := strings.TrimSuffix(path.Base(f), ".sql")
+		num, name, ok := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("postgres: migration file %s is not named NNNN_name.sql", f)
+		}
+		b, err := fs.ReadFile(fsys, f)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: name, sql: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i, m := range ms {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("postgres: migrations are not numbered 1, 2, 3...: found %d at position %d", m.version, i+1)
+		}
+	}
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("postgres: no embedded migrations")
+	}
+	return ms, nil
+}
+
+// Migrate creates or upgrades the schema, the records table, its token
+// sequence and cleanup index, and records each applied version in the table
+// <Table>_migrations. It is idempotent, and safe to run from many workers at
+// once: one transaction under pg_advisory_xact_lock applies what is missing,
+// and the others then find nothing to do.
+func (s *Store) Migrate(ctx context.Context) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: migrate: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
+		return fmt.Errorf("postgres: migrate: taking the migration lock: %w", err)
+	}
+	setup := s.names.render(`
+CREATE SCHEMA IF NOT EXISTS {{SCHEMA}};
+CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
+	version    integer PRIMARY KEY,
+	name       text NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now()
+);`)
+	if _, err := tx.Exec(ctx, setup, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("postgres: migrate: creating schema %s and version table: %w", s.names.schema, err)
+	}
+	var current int
+	if err := tx.QueryRow(ctx, s.names.render(`SELECT coalesce(max(version), 0) FROM {{VERSIONS}}`)).Scan(&current); err != nil {
+		return fmt.Errorf("postgres: migrate: reading the schema version: %w", err)
+	}
+	if current > SchemaVersion {
+		return fmt.Errorf("postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, SchemaVersion)
+	}
+	for _, m := range mustMigrations() {
+		if m.version <= current {
+			continue
+		}
+		if _, err := tx.Exec(ctx, s.names.render(m.sql), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return fmt.Errorf("postgres: migrate: applying version %d (%s): %w", m.version, m.name, err)
+		}
+		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), m.version, m.name); err != nil {
+			return fmt.Errorf("postgres: migrate: recording version %d: %w", m.version, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("postgres: migrate: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,198 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Defaults and bounds of Options.
+const (
+	DefaultSchema          = "public"
+	DefaultTable           = "oncemill_records"
+	DefaultMaxKeyLen       = 512
+	DefaultMaxResultBytes  = 1 << 20
+	DefaultCleanupInterval = time.Minute
+	DefaultCleanupBatch    = 1000
+	DefaultCleanupDuty     = 0.5
+	DefaultMaxBatch        = 128
+	DefaultBatchWorkers    = 1
+
+	// MaxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
+	// fit in one B-tree entry of the primary key (about 2,700 bytes).
+	MaxKeyLenLimit = 1024
+	// MaxScopeLen is the longest scope in bytes that Begin accepts.
+	MaxScopeLen = 1024
+	// MaxResultBytesLimit bounds Options.MaxResultBytes. Every replay reads
+	// the whole result; larger outputs belong in a table of their own.
+	MaxResultBytesLimit = 64 << 20
+	// MaxErrorMessageLen is the longest stored error message in bytes; a
+	// longer one is cut at a UTF-8 boundary.
+	MaxErrorMessageLen = 16 << 10
+
+	maxTableLen     = 48 // leaves room for the suffixes of derived names
+	maxCleanupBatch = 100_000
+	maxMaxBatch     = 10_000
+	maxBatchWorkers = 64
+)
+
+// identRE is what Schema and Table must match: a lower-case SQL identifier
+// that needs no quoting. The names are quoted anyway.
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ErrInvalidOptions is wrapped by every error New returns for bad Options.
+var ErrInvalidOptions = errors.New("postgres: invalid options")
+
+// Options configure a Store. The zero value is ready to use.
+type Options struct {
+	// Schema holds the table (default "public"). Migrate creates it when
+	// missing. Lower-case letters, digits and underscores, not starting
+	// with a digit or "pg_".
+	Schema string
+	// Table is the records table (default "oncemill_records"). The same
+	// rules as Schema, at most 48 characters: Migrate derives the names of
+	// its sequence, index and version table from it.
+	Table string
+
+	// MaxKeyLen is the longest key in bytes that Begin accepts (default
+	// 512, at most 1024). Longer keys are refused with
+	// store.ErrInvalidRequest; the idempotency stage hashes them first
+	// (store.KeyLimiter, keygen.Limit).
+	MaxKeyLen int
+	// MaxResultBytes bounds Outcome.Result (default 1 MiB, at most 64 MiB).
+	// Keep it at least policy.MaxResultBytes, or a success whose produced
+	// messages fit the policy is refused here.
+	MaxResultBytes int
+
+	// CleanupInterval is how often the background cleaner removes expired
+	// records (default 1m; zero means the default; negative turns it off).
+	// One cleaner runs at a time across every worker sharing the table.
+	CleanupInterval time.Duration
+	// CleanupBatch is how many rows one DELETE removes (default 1000). A
+	// pass loops batches until no expired row is left.
+	CleanupBatch int
+
+	// CleanupDuty is the share of a pass's time spent deleting, from above 0
+	// to 1 (default 0.5): after each full batch the pass rests so that a
+	// large backlog does not take the database away from the handlers.
+	// 1 deletes without rest.
+	CleanupDuty float64
+
+	// MaxBatch bounds how many waiting Begins (or Completes) go into one
+	// statement (default 128).
+	MaxBatch int
+	// BatchWorkers is how many coalesced statements of each kind (Begin,
+	// Complete) may run at once (default 1); each uses one pool connection
+	// while it runs. A caller that finds one free runs its request at once,
+	// together with whatever is queued, without waiting for more; callers
+	// that find none free queue for the next statement. More than one cuts
+	// the wait behind a running statement but splits the queue into smaller
+	// statements and uses more connections (BenchmarkBatchWorkers).
+	BatchWorkers int
+
+	// AsyncBegin commits the lease that Begin takes without waiting for the
+	// WAL flush (synchronous_commit = off for that statement only). It
+	// halves the flushes per message. It is safe with the transactional
+	// mode, where the handler's transaction flushes the lease before the
+	// success can commit. Without it, a crash of the database server
+	// within about 0.6 s of a Begin may forget that lease, and a
+	// duplicate delivered after the restart runs again. Off by default.
+	AsyncBegin bool
+
+	// TxOptions are used by TxManager to begin the handler's transaction
+	// (default: the server's default isolation, read-write).
+	TxOptions pgx.TxOptions
+
+	// MeterProvider provides the store's metrics (default
+	// otel.GetMeterProvider()).
+	MeterProvider metric.MeterProvider
+	// Logger receives errors of the background cleaner (default: discard).
+	Logger *slog.Logger
+}
+
+// withDefaults validates o and fills in the defaults. Every error says what
+// to change.
+func (o Options) withDefaults() (Options, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf(format, args...))
+	}
+
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if err := checkIdent("Schema", o.Schema, 63); err != nil {
+		errs = append(errs, err)
+	} else if strings.HasPrefix(o.Schema, "pg_") {
+		bad("Options.Schema %q starts with \"pg_\", which PostgreSQL reserves for system schemas; pick another name", o.Schema)
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	if err := checkIdent("Table", o.Table, maxTableLen); err != nil {
+		errs = append(errs, err)
+	}
+
+	switch {
+	case o.MaxKeyLen == 0:
+		o.MaxKeyLen = DefaultMaxKeyLen
+	case o.MaxKeyLen < 0 || o.MaxKeyLen > MaxKeyLenLimit:
+		bad("Options.MaxKeyLen is %d; use 1 to %d bytes, or 0 for the default %d (longer keys are hashed by the idempotency stage)", o.MaxKeyLen, MaxKeyLenLimit, DefaultMaxKeyLen)
+	}
+	switch {
+	case o.MaxResultBytes == 0:
+		o.MaxResultBytes = DefaultMaxResultBytes
+	case o.MaxResultBytes < 0 || o.MaxResultBytes > MaxResultBytesLimit:
+		bad("Options.MaxResultBytes is %d; use 1 to %d bytes, or 0 for the default %d", o.MaxResultBytes, MaxResultBytesLimit, DefaultMaxResultBytes)
+	}
+	if o.CleanupInterval == 0 {
+		o.CleanupInterval = DefaultCleanupInterval
+	}
+	switch {
+	case o.CleanupBatch == 0:
+		o.CleanupBatch = DefaultCleanupBatch
+	case o.CleanupBatch < 0 || o.CleanupBatch > maxCleanupBatch:
+		bad("Options.CleanupBatch is %d; use 1 to %d rows, or 0 for the default %d (small batches keep row locks short)", o.CleanupBatch, maxCleanupBatch, DefaultCleanupBatch)
+	}
+	switch {
+	case o.CleanupDuty == 0:
+		o.CleanupDuty = DefaultCleanupDuty
+	case !(o.CleanupDuty > 0 && o.CleanupDuty <= 1):
+		bad("Options.CleanupDuty is %v; use a share above 0 and at most 1, or 0 for the default %v", o.CleanupDuty, DefaultCleanupDuty)
+	}
+	switch {
+	case o.MaxBatch == 0:
+		o.MaxBatch = DefaultMaxBatch
+	case o.MaxBatch < 0 || o.MaxBatch > maxMaxBatch:
+		bad("Options.MaxBatch is %d; use 1 to %d requests, or 0 for the default %d", o.MaxBatch, maxMaxBatch, DefaultMaxBatch)
+	}
+	switch {
+	case o.BatchWorkers == 0:
+		o.BatchWorkers = DefaultBatchWorkers
+	case o.BatchWorkers < 0 || o.BatchWorkers > maxBatchWorkers:
+		bad("Options.BatchWorkers is %d; use 1 to %d, or 0 for the default %d", o.BatchWorkers, maxBatchWorkers, DefaultBatchWorkers)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if len(errs) > 0 {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
+	}
+	return o, nil
+}
+
+func checkIdent(field, name string, maxLen int) error {
+	if !identRE.MatchString(name) {
+		return fmt.Errorf("Options.%s %q is not a plain identifier; use lower-case letters, digits and underscores, starting with a letter or underscore (for example %q)", field, name, "oncemill_records")
+	}
+	if len(name) > maxLen {
+		return fmt.Errorf("Options.%s %q is %d characters; use at most %d", field, name, len(name), maxLen)
+	}
+	return nil
+}

@@ -1,0 +1,203 @@
+package postgres_test
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+// Values that would break a statement built by string concatenation travel
+// as parameters and come back unchanged.
+func TestHostileValuesRoundTrip(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema})
+	ctx := t.Context()
+
+	hostile := []string{
+		`'`, `''`, `"`, `\`, `\\'`, `'; DROP TABLE oncemill_records; --`,
+		`$1`, `$$ $$`, `%_*`, "line\nbreak\ttab\r", `E'\x41'`, "ünïcødé 🚀",
+		`") ; DELETE FROM pg_class; --`, `{"a":[1,2]}`, `NULL`, ` `,
+	}
+	for i, v := range hostile {
+		scope, key, fp := "scope"+v, "key"+v, "fp"+v
+		res, err := s.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
+		if err != nil || res.Decision != store.Execute {
+			t.Fatalf("Begin(%q) = %v, %v", v, res.Decision, err)
+		}
+		if res.Lease.Scope != scope || res.Lease.Key != key {
+			t.Fatalf("lease for (%q, %q), want (%q, %q)", res.Lease.Scope, res.Lease.Key, scope, key)
+		}
+		result := append([]byte(v), 0, '\'', 0xff)
+		out := store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}
+		if i%2 == 1 {
+			out = store.Outcome{Status: store.StatusFailed, ErrorKind: "kind" + v, ErrorMessage: "msg" + v, TTL: time.Hour}
+		}
+		if err := s.Complete(ctx, res.Lease, out); err != nil {
+			t.Fatalf("Complete(%q): %v", v, err)
+		}
+		rec, err := s.Get(ctx, scope, key)
+		if err != nil {
+			t.Fatalf("Get(%q): %v", v, err)
+		}
+		if rec.Scope != scope || rec.Key != key || rec.Fingerprint != fp || !bytes.Equal(rec.Result, out.Result) ||
+			rec.ErrorKind != out.ErrorKind || rec.ErrorMessage != out.ErrorMessage {
+			t.Fatalf("record of %q = %+v, want scope %q key %q fp %q outcome %+v", v, rec, scope, key, fp, out)
+		}
+		again, err := s.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
+		if err != nil || again.Decision != store.Replay {
+			t.Fatalf("second Begin(%q) = %v, %v; want replay", v, again.Decision, err)
+		}
+		if err := s.Delete(ctx, scope, key); err != nil {
+			t.Fatalf("Delete(%q): %v", v, err)
+		}
+		if _, err := s.Get(ctx, scope, key); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Get after Delete(%q) = %v", v, err)
+		}
+	}
+	// Nothing else was touched: the table holds no other row and still exists.
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("table holds %d rows (%v), want 0", n, err)
+	}
+}
+
+// PostgreSQL text cannot hold NUL and requires UTF-8: such scopes, keys and
+// fingerprints are refused up front with a clear error, before they could
+// fail a statement shared with other requests.
+func TestUnstorableTextRefused(t *testing.T) {
+	pool := newPool(t, nil)
+	s := newStore(t, pool, postgres.Options{})
+	ctx := t.Context()
+
+	cases := []struct {
+		name string
+		req  store.BeginRequest
+		want string
+	}{
+		{"NUL in key", store.BeginRequest{Key: "a\x00b", Lease: time.Minute}, "key contains a NUL byte"},
+		{"NUL in scope", store.BeginRequest{Scope: "\x00", Key: "k", Lease: time.Minute}, "scope contains a NUL byte"},
+		{"NUL in fingerprint", store.BeginRequest{Key: "k", Fingerprint: "f\x00", Lease: time.Minute}, "fingerprint contains a NUL byte"},
+		{"invalid UTF-8 key", store.BeginRequest{Key: "k\xff\xfe", Lease: time.Minute}, "key is not valid UTF-8"},
+		{"key over MaxKeyLen", store.BeginRequest{Key: strings.Repeat("k", postgres.DefaultMaxKeyLen+1), Lease: time.Minute}, "longer than MaxKeyLen 512"},
+		{"scope over its limit", store.BeginRequest{Scope: strings.Repeat("s", postgres.MaxScopeLen+1), Key: "k", Lease: time.Minute}, "scope is 1025 bytes"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := s.Begin(ctx, c.req)
+			if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Begin = %v, want ErrInvalidRequest saying %q", err, c.want)
+			}
+		})
+	}
+
+	// A bad request in the same moment as good ones fails alone.
+	res, err := s.Begin(ctx, store.BeginRequest{Key: "good", Lease: time.Minute})
+	if err != nil || res.Decision != store.Execute {
+		t.Fatalf("Begin(good) = %v, %v", res.Decision, err)
+	}
+
+	// Get, Delete and the lease operations check keys the same way.
+	bad := store.Lease{Key: "x\x00", Token: 1}
+	for op, err := range map[string]error{
+		"Complete": s.Complete(ctx, bad, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}),
+		"Release":  s.Release(ctx, bad, time.Minute),
+		"Delete":   s.Delete(ctx, "", "x\x00"),
+	} {
+		if !errors.Is(err, store.ErrInvalidRequest) {
+			t.Errorf("%s with a NUL key = %v, want ErrInvalidRequest", op, err)
+		}
+	}
+	if _, err := s.Get(ctx, "", "x\x00"); !errors.Is(err, store.ErrInvalidRequest) {
+		t.Errorf("Get with a NUL key = %v, want ErrInvalidRequest", err)
+	}
+	if _, err := s.Extend(ctx, bad, time.Minute); !errors.Is(err, store.ErrInvalidRequest) {
+		t.Errorf("Extend with a NUL key = %v, want ErrInvalidRequest", err)
+	}
+}
+
+// Error texts describe a failure that must be recorded, so they are made
+// storable rather than refused: NUL and invalid UTF-8 become U+FFFD, and an
+// overlong message is cut at a character boundary.
+func TestErrorTextMadeStorable(t *testing.T) {
+	pool := newPool(t, nil)
+	s := newStore(t, pool, postgres.Options{})
+	ctx := t.Context()
+	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", postgres.MaxErrorMessageLen) // 2 bytes each
+	if err := s.Complete(ctx, res.Lease, store.Outcome{
+		Status: store.StatusFailed, ErrorKind: "bad\x00kind", ErrorMessage: "a\x00b\xffc" + long, TTL: time.Hour,
+	}); err != nil {
+		t.Fatalf("Complete with NUL in the error: %v", err)
+	}
+	rec, err := s.Get(ctx, "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.ErrorKind != "bad\uFFFDkind" {
+		t.Errorf("ErrorKind = %q", rec.ErrorKind)
+	}
+	if !strings.HasPrefix(rec.ErrorMessage, "a\uFFFDb\uFFFDc") || len(rec.ErrorMessage) > postgres.MaxErrorMessageLen {
+		t.Errorf("ErrorMessage starts %q and is %d bytes, want the replacement characters and at most %d", rec.ErrorMessage[:12], len(rec.ErrorMessage), postgres.MaxErrorMessageLen)
+	}
+	if !strings.HasSuffix(rec.ErrorMessage, "é") {
+		t.Errorf("ErrorMessage was cut inside a character")
+	}
+}
+
+func TestResultSizeBounded(t *testing.T) {
+	pool := newPool(t, nil)
+	s := newStore(t, pool, postgres.Options{MaxResultBytes: 1000})
+	ctx := t.Context()
+	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
+	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "result is 1001 bytes, more than MaxResultBytes 1000") {
+		t.Fatalf("Complete with 1001 bytes = %v, want ErrInvalidRequest naming the limit", err)
+	}
+	// Refused without touching the lease: the exact limit still fits.
+	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 1000), TTL: time.Hour}); err != nil {
+		t.Fatalf("Complete with 1000 bytes: %v", err)
+	}
+}
+
+// The length limits apply where records are created: a store with a smaller
+// MaxKeyLen still reads, finishes and deletes records made under a larger
+// one.
+func TestLimitsApplyToNewRecords(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	wide := newStore(t, pool, postgres.Options{Schema: schema, MaxKeyLen: 1024})
+	narrow := newStore(t, pool, postgres.Options{Schema: schema, MaxKeyLen: 16})
+	ctx := t.Context()
+	key := strings.Repeat("k", 800)
+	res, err := wide.Begin(ctx, store.BeginRequest{Key: key, Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := narrow.Begin(ctx, store.BeginRequest{Key: key, Lease: time.Minute}); !errors.Is(err, store.ErrInvalidRequest) {
+		t.Fatalf("Begin of an 800-byte key with MaxKeyLen 16 = %v, want ErrInvalidRequest", err)
+	}
+	if _, err := narrow.Extend(ctx, res.Lease, time.Minute); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if err := narrow.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	if _, err := narrow.Get(ctx, "", key); err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if err := narrow.Delete(ctx, "", key); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+}
