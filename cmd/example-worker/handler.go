@@ -25,22 +25,42 @@ var (
 )
 
 // gateway simulates the payment provider and its faults, per payment_id.
+// A self-contained run sets the faults from its plan; a command may also
+// carry its own fault (paymentCommand.Fault), as the producer mode sends
+// them to a separate consumer.
 type gateway struct {
 	transient map[string]bool          // time out on the first call
 	delay     map[string]time.Duration // answer only after this long
+	latency   time.Duration            // every call takes at least this long
+	stall     time.Duration            // the delay of a command marked "stall"
+	overlap   time.Duration            // the delay of a command marked "overlap"
 
 	mu       sync.Mutex
 	timedOut map[string]bool // payments that already had their timeout
 }
 
+// Faults a command can carry in paymentCommand.Fault.
+const (
+	faultTransient = "transient" // the first call in this process times out
+	faultStall     = "stall"     // the call takes 1.5x the lease
+	faultOverlap   = "overlap"   // the call takes --overlap, so concurrent copies meet
+)
+
 // newGateway sets the faults of p: a stalled command takes stall, and a
 // command delivered to two partitions at once takes overlap, so that its
-// second copy arrives while the first is still running.
-func newGateway(p *plan, stall, overlap time.Duration) *gateway {
+// second copy arrives while the first is still running. p may be nil (a
+// consumer without a plan).
+func newGateway(p *plan, stall, overlap, latency time.Duration) *gateway {
 	g := &gateway{
 		transient: map[string]bool{},
 		delay:     map[string]time.Duration{},
+		latency:   latency,
+		stall:     stall,
+		overlap:   overlap,
 		timedOut:  map[string]bool{},
+	}
+	if p == nil {
+		return g
 	}
 	for i, f := range p.faults {
 		id := p.commands[i].PaymentID
@@ -60,17 +80,24 @@ func newGateway(p *plan, stall, overlap time.Duration) *gateway {
 // authorize answers before the charge is booked. It fails the first call for
 // a transient payment, and is slow for a delayed one (giving up if ctx ends,
 // e.g. because oncemill lost the lease).
-func (g *gateway) authorize(ctx context.Context, paymentID string) error {
-	if g.transient[paymentID] {
+func (g *gateway) authorize(ctx context.Context, cmd paymentCommand) error {
+	if g.transient[cmd.PaymentID] || cmd.Fault == faultTransient {
 		g.mu.Lock()
-		first := !g.timedOut[paymentID]
-		g.timedOut[paymentID] = true
+		first := !g.timedOut[cmd.PaymentID]
+		g.timedOut[cmd.PaymentID] = true
 		g.mu.Unlock()
 		if first {
 			return errGatewayTimeout
 		}
 	}
-	if d := g.delay[paymentID]; d > 0 {
+	d := g.delay[cmd.PaymentID]
+	switch cmd.Fault {
+	case faultStall:
+		d = g.stall
+	case faultOverlap:
+		d = max(d, g.overlap)
+	}
+	if d = max(d, g.latency); d > 0 {
 		t := time.NewTimer(d)
 		defer t.Stop()
 		select {
@@ -85,7 +112,8 @@ func (g *gateway) authorize(ctx context.Context, paymentID string) error {
 // paymentHandler is the business logic.
 type paymentHandler struct {
 	gateway *gateway
-	ledger  *ledger
+	ledger  effectLedger
+	scope   string // the ledger's scope: the run's key space
 }
 
 // settlement is the event produced for a charged payment.
@@ -104,7 +132,7 @@ func (h *paymentHandler) handle(msg *message.Message) ([]*message.Message, error
 	if cmd.AmountCents <= 0 {
 		return nil, policy.Permanent(fmt.Errorf("payment %s: %w (got %d)", cmd.PaymentID, errInvalidAmount, cmd.AmountCents))
 	}
-	if err := h.gateway.authorize(msg.Context(), cmd.PaymentID); err != nil {
+	if err := h.gateway.authorize(msg.Context(), cmd); err != nil {
 		return nil, policy.Transient(fmt.Errorf("payment %s: %w", cmd.PaymentID, err))
 	}
 
@@ -117,7 +145,14 @@ func (h *paymentHandler) handle(msg *message.Message) ([]*message.Message, error
 	if err := pipeline.CheckLease(msg.Context()); err != nil {
 		return nil, policy.Transient(fmt.Errorf("payment %s: lease check before charging: %w", cmd.PaymentID, err))
 	}
-	h.ledger.charge(cmd.PaymentID) // the effect
+	lease, _ := pipeline.LeaseFromContext(msg.Context())
+	// The effect. With the postgres store it is written in the transaction
+	// that also records the success (see effects_postgres.go).
+	if err := h.ledger.charge(msg.Context(), charge{
+		Scope: h.scope, PaymentID: cmd.PaymentID, MessageUUID: msg.UUID, Token: lease.Token, Attempt: lease.Attempt,
+	}); err != nil {
+		return nil, policy.Transient(fmt.Errorf("payment %s: booking the charge: %w", cmd.PaymentID, err))
+	}
 
 	payload, err := json.Marshal(settlement{
 		PaymentID: cmd.PaymentID, Account: cmd.Account, AmountCents: cmd.AmountCents, Currency: cmd.Currency,
@@ -128,7 +163,7 @@ func (h *paymentHandler) handle(msg *message.Message) ([]*message.Message, error
 	settled := message.NewMessage(watermill.NewUUID(), payload)
 	settled.Metadata.Set("type", "payment.settled")
 	settled.Metadata.Set("payment_id", cmd.PaymentID)
-	if lease, ok := pipeline.LeaseFromContext(msg.Context()); ok {
+	if lease.Token != 0 {
 		// A downstream system that checks fencing tokens can refuse a
 		// stale worker's late write with these.
 		settled.Metadata.Set("fencing_token", strconv.FormatInt(lease.Token, 10))

@@ -1,12 +1,11 @@
 package main
 
-// Effects and accounting: the ledger the handler writes (the side effect we
-// must not repeat), the tally of what oncemill decided for each delivery,
-// and the tracker of deliveries through the broker.
+// Accounting: the tally of what oncemill decided for each delivery, and the
+// tracker of deliveries through the broker. The ledger the handler writes
+// (the side effect we must not repeat) is in effects.go.
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,50 +15,6 @@ import (
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/store"
 )
-
-// ledger is the side effect: one entry per charge of a payment.
-type ledger struct {
-	mu      sync.Mutex
-	charges map[string]int // payment_id -> number of charges
-	total   int
-}
-
-func newLedger() *ledger { return &ledger{charges: map[string]int{}} }
-
-func (l *ledger) charge(paymentID string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.charges[paymentID]++
-	l.total++
-}
-
-func (l *ledger) effects() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.total
-}
-
-// audit checks the ledger against the commands: double is the number of
-// extra charges, the sum over commands of (charges-1) where charges > 1;
-// lost is the number of valid commands never charged. doubled names the
-// first few payments charged more than once, for the failure message.
-func (l *ledger) audit(commands []paymentCommand, valid func(i int) bool) (double, lost int, doubled []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i, c := range commands {
-		n := l.charges[c.PaymentID]
-		if n > 1 {
-			double += n - 1
-			if len(doubled) < 5 {
-				doubled = append(doubled, fmt.Sprintf("%s x%d", c.PaymentID, n))
-			}
-		}
-		if n == 0 && valid(i) {
-			lost++
-		}
-	}
-	return double, lost, doubled
-}
 
 // tally counts the outcome of every delivery, from the events oncemill
 // reports (or the baseline reports with --no-idempotency).

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/pipeline"
@@ -21,32 +22,39 @@ import (
 // a publish that failed, the timeout); failed checks are in summary.problems.
 func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, error) {
 	var logErrors atomic.Int64
-	logger := newLogger(cfg.LogLevel, stderr, &logErrors)
+	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr, &logErrors)
+	logger := watermill.NewSlogLogger(log)
 
-	st, closeStore, err := newStore(cfg)
+	ss, err := newStore(ctx, cfg)
 	if err != nil {
 		return summary{}, err
 	}
-	defer closeStore()
-	counting := newCountingStore(st)
+	defer ss.close()
+	counting := newCountingStore(ss.store)
+	cfg = freshNames(cfg, ss.shared)
 
 	b, err := newBroker(cfg, logger)
 	if err != nil {
 		return summary{}, err
 	}
-	defer b.close()
+	defer func() { _ = b.close() }()
+	tp := topics{prefix: cfg.TopicPrefix}
+	if err := b.initTopics(ctx, tp.all(cfg.Partitions)); err != nil {
+		return summary{}, err
+	}
 
-	keys, err := newKeyGenerator()
+	keys, err := newKeyGenerator(cfg.Key)
 	if err != nil {
 		return summary{}, fmt.Errorf("key generator: %w", err)
 	}
 
 	p := newPlan(cfg)
-	led := newLedger()
 	var outcomes tally
 	flow := newTracker(cfg.Partitions)
 
-	guard, err := newGuard(cfg, counting, keys, logger, outcomes.record)
+	guard, err := newGuard(cfg, guardDeps{
+		store: counting, tx: ss.tx, keys: keys, log: log, onEvent: outcomes.record, system: b.system,
+	})
 	if err != nil {
 		return summary{}, err
 	}
@@ -54,13 +62,22 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	if err != nil {
 		return summary{}, fmt.Errorf("router: %w", err)
 	}
-	h := &paymentHandler{gateway: newGateway(p, cfg.Lease*3/2, cfg.Overlap), ledger: led}
+	h := &paymentHandler{gateway: newGateway(p, cfg.Lease*3/2, cfg.Overlap, cfg.GatewayLatency), ledger: ss.ledger, scope: cfg.Scope}
 	for i := range cfg.Partitions {
-		rh := router.AddHandler(fmt.Sprintf("payments-%d", i), paymentsTopic(i), b.sub, settlementsTopic, b.pub, h.handle)
+		topic := tp.payments(i)
+		sub, err := b.subscriber(cfg.ConsumerGroup + "-" + topic)
+		if err != nil {
+			return summary{}, fmt.Errorf("subscriber of %s: %w", topic, err)
+		}
+		rh := router.AddHandler(fmt.Sprintf("payments-%d", i), topic, sub, tp.settlements(), b.handlerPublisher(), h.handle)
 		// First added is outermost: the tracker sees what the router does.
 		rh.AddMiddleware(flow.middleware(i), guard)
 	}
-	router.AddConsumerHandler("settlements", settlementsTopic, b.sub, flow.settle)
+	settleSub, err := b.subscriber(cfg.ConsumerGroup + "-" + tp.settlements())
+	if err != nil {
+		return summary{}, fmt.Errorf("subscriber of %s: %w", tp.settlements(), err)
+	}
+	router.AddConsumerHandler("settlements", tp.settlements(), settleSub, flow.settle)
 
 	// The router stops through Close once the numbers are final, not when
 	// ctx ends: an interrupted run still stops in order and reports.
@@ -81,14 +98,15 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	start := time.Now()
 	workCtx, cancelWork := context.WithTimeoutCause(ctx, cfg.Timeout, fmt.Errorf("timed out after %v", cfg.Timeout))
 	defer cancelWork()
-	prod := newProducer(p, b.pub, keys, flow, cfg.InFlight)
+	prod := newProducer(p, b.pub, tp, keys, flow, cfg.InFlight)
 	prodDone := make(chan error, 1)
 	go func() { prodDone <- prod.run(workCtx) }()
 
 	progress := func() {
 		fs := flow.state()
+		counts, _ := ss.ledger.counts(workCtx, cfg.Scope)
 		fmt.Fprintf(stderr, "progress: acked=%d / %d in_flight=%d effects=%d replays=%d cached_failures=%d in_progress_keys=%d takeovers=%d log_errors=%d\n",
-			fs.acked, p.deliveries, fs.inFlight, led.effects(), outcomes.replays(), outcomes.cachedFailures(),
+			fs.acked, p.deliveries, fs.inFlight, totalCharges(counts), outcomes.replays(), outcomes.cachedFailures(),
 			counting.contendedKeys(), outcomes.takeovers.Load(), logErrors.Load())
 	}
 	completed := waitComplete(workCtx, flow, p.deliveries, cfg.Progress, progress)
@@ -100,7 +118,11 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	}
 	<-routerDone
 
-	sum := summarize(p, prod, led, &outcomes, flow, counting, &logErrors, elapsed, completed, !cfg.NoIdempotency)
+	counts, countErr := ss.ledger.counts(context.WithoutCancel(ctx), cfg.Scope)
+	if countErr != nil {
+		return summary{}, fmt.Errorf("reading the ledger: %w", countErr)
+	}
+	sum := summarize(p, prod, counts, &outcomes, flow, counting, &logErrors, elapsed, completed, !cfg.NoIdempotency)
 	sum.write(stdout)
 
 	switch {
@@ -148,15 +170,15 @@ func outstanding(fs flowState, deliveries int) string {
 		deliveries-fs.published, deliveries, fs.published-fs.acked, max(fs.produced-fs.settled, 0))
 }
 
-func summarize(p *plan, prod *producer, led *ledger, outcomes *tally, flow *tracker, st *countingStore, logErrors *atomic.Int64,
+func summarize(p *plan, prod *producer, counts map[string]int, outcomes *tally, flow *tracker, st *countingStore, logErrors *atomic.Int64,
 	elapsed time.Duration, completed, idempotent bool) summary {
 	fs := flow.state()
-	double, lost, doubled := led.audit(p.commands, p.valid)
+	double, lost, doubled := audit(counts, p.commands, p.valid)
 	s := summary{
 		Published:      prod.commands,
 		Deliveries:     fs.published,
 		Unique:         len(prod.keysSeen),
-		Effects:        led.effects(),
+		Effects:        totalCharges(counts),
 		Replays:        outcomes.replays(),
 		CachedFailures: outcomes.cachedFailures(),
 		DoubleEffects:  double,
@@ -187,4 +209,20 @@ func summarize(p *plan, prod *producer, led *ledger, outcomes *tally, flow *trac
 		s.MsgsPerSec = float64(s.Deliveries) / secs
 	}
 	return s
+}
+
+// freshNames gives a self-contained run a key space, ledger scope and topics
+// of its own where they are shared with other runs: on a shared store
+// (postgres, redis) the scope gets a run suffix, and on a real broker the
+// topics get a run prefix unless --topic-prefix was given. Otherwise a
+// second run would replay the first one's records, or read its leftovers.
+func freshNames(cfg config, sharedStore bool) config {
+	id := watermill.NewShortUUID()
+	if sharedStore {
+		cfg.Scope += "-run-" + id
+	}
+	if cfg.Broker != "gochannel" && cfg.TopicPrefix == "" {
+		cfg.TopicPrefix = "oncemill-run-" + id + "-"
+	}
+	return cfg
 }

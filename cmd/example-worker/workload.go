@@ -26,6 +26,10 @@ type paymentCommand struct {
 	AmountCents int64       `json:"amount_cents"`
 	Currency    string      `json:"currency"`
 	Meta        commandMeta `json:"meta"`
+	// Fault, when set, tells the simulated gateway to misbehave for this
+	// command (faultTransient, faultStall, faultOverlap). A self-contained
+	// run keeps its faults in its plan; the producer mode sends them here.
+	Fault string `json:"fault,omitempty"`
 }
 
 type commandMeta struct {
@@ -185,6 +189,21 @@ func (c *faultCounts) add(f faults) {
 
 func (p *plan) valid(i int) bool { return !p.faults[i].invalid }
 
+// markFaults writes each command's gateway fault into the command itself,
+// for a consumer in another process that has no plan.
+func (p *plan) markFaults() {
+	for i, f := range p.faults {
+		switch {
+		case f.transient:
+			p.commands[i].Fault = faultTransient
+		case f.stall:
+			p.commands[i].Fault = faultStall
+		case f.concurrent:
+			p.commands[i].Fault = faultOverlap
+		}
+	}
+}
+
 // partitionOf is the command's home partition: hash(payment_id) % P.
 func (p *plan) partitionOf(cmd int) int {
 	h := fnv.New32a()
@@ -201,6 +220,7 @@ func (p *plan) partnerOf(cmd int) int {
 type producer struct {
 	plan     *plan
 	pub      message.Publisher
+	topics   topics
 	keys     keygen.Generator
 	flow     *tracker
 	inFlight int // most deliveries unacknowledged before the producer waits
@@ -213,10 +233,11 @@ type producer struct {
 	commands int                 // commands whose first send is published
 }
 
-func newProducer(p *plan, pub message.Publisher, keys keygen.Generator, flow *tracker, inFlight int) *producer {
+func newProducer(p *plan, pub message.Publisher, tp topics, keys keygen.Generator, flow *tracker, inFlight int) *producer {
 	return &producer{
 		plan:     p,
 		pub:      pub,
+		topics:   tp,
 		keys:     keys,
 		flow:     flow,
 		inFlight: inFlight,
@@ -273,9 +294,11 @@ func (pr *producer) publishStep(ctx context.Context, s step) error {
 	// A concurrent duplicate: let both partitions drain (briefly, a stalled
 	// one is not waited for), then publish both copies back to back.
 	partner := pr.plan.partnerOf(s.cmd)
-	pr.flow.waitFor(ctx, pr.pairWait, func(t *tracker) bool {
-		return t.inFlight[home] == 0 && t.inFlight[partner] == 0
-	})
+	if pr.pairWait > 0 {
+		pr.flow.waitFor(ctx, pr.pairWait, func(t *tracker) bool {
+			return t.inFlight[home] == 0 && t.inFlight[partner] == 0
+		})
+	}
 	if err := pr.waitForRoom(ctx, 2); err != nil {
 		return err
 	}
@@ -285,16 +308,20 @@ func (pr *producer) publishStep(ctx context.Context, s step) error {
 	return pr.publish(partner, message.NewMessage(msg.UUID, msg.Payload))
 }
 
-// waitForRoom waits until n more deliveries fit in the in-flight window.
+// waitForRoom waits until n more deliveries fit in the in-flight window
+// (inFlight <= 0: no window, as in the producer mode, which sees no acks).
 func (pr *producer) waitForRoom(ctx context.Context, n int) error {
+	if pr.inFlight <= 0 {
+		return ctx.Err()
+	}
 	pr.flow.waitFor(ctx, 0, func(t *tracker) bool { return t.published-t.acked+n <= pr.inFlight })
 	return ctx.Err()
 }
 
 func (pr *producer) publish(partition int, msg *message.Message) error {
 	pr.flow.publishing(partition)
-	if err := pr.pub.Publish(paymentsTopic(partition), msg); err != nil {
-		return fmt.Errorf("publish to %s: %w", paymentsTopic(partition), err)
+	if err := pr.pub.Publish(pr.topics.payments(partition), msg); err != nil {
+		return fmt.Errorf("publish to %s: %w", pr.topics.payments(partition), err)
 	}
 	return nil
 }

@@ -1,0 +1,152 @@
+package main
+
+// The idempotency store, the ledger that lives beside it, and, for
+// PostgreSQL, the transaction manager of the transactional mode.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/memory"
+	"github.com/oncemill/oncemill/store/postgres"
+	oredis "github.com/oncemill/oncemill/store/redis"
+)
+
+type storeSetup struct {
+	store  store.Store
+	ledger effectLedger
+	// tx is the transaction manager of the transactional mode (postgres
+	// only): the handler's ledger write and oncemill's record commit together.
+	tx pipeline.TxManager
+	// shared is true when other processes see the same records.
+	shared bool
+	close  func()
+}
+
+// connectTimeout bounds connecting to a store at startup.
+const connectTimeout = 10 * time.Second
+
+func newStore(ctx context.Context, cfg config) (*storeSetup, error) {
+	switch cfg.Store {
+	case "memory":
+		st, err := memory.New(memory.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("memory store: %w", err)
+		}
+		return &storeSetup{store: st, ledger: newMemoryLedger(), close: func() { _ = st.Close() }}, nil
+	case "postgres":
+		return newPostgresStore(ctx, cfg)
+	case "redis":
+		return newRedisStore(ctx, cfg)
+	}
+	return nil, fmt.Errorf("--store=%q is not built in", cfg.Store)
+}
+
+func newPostgresStore(ctx context.Context, cfg config) (*storeSetup, error) {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	where := redactURL(cfg.PostgresDSN)
+	poolCfg, err := pgxpool.ParseConfig(cfg.PostgresDSN)
+	if err != nil {
+		return nil, fmt.Errorf("postgres (%s): %w", where, err)
+	}
+	if !strings.Contains(cfg.PostgresDSN, "pool_max_conns") {
+		// In transactional mode every handler in flight holds a connection
+		// for its transaction, and the store needs more for Begin, the
+		// heartbeat and the lease checks: size the pool for the worker's
+		// concurrency unless the DSN says otherwise.
+		// (The store's coalescing workers take up to 8 more.)
+		poolCfg.MaxConns = int32(2*concurrency(cfg) + 10)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres (%s): %w", where, err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres (%s) does not answer: %w", where, err)
+	}
+	st, err := postgres.New(pool, postgres.Options{Schema: cfg.PGSchema})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	closeAll := func() { st.Close(); pool.Close() }
+	if err := st.Migrate(ctx); err != nil {
+		closeAll()
+		return nil, fmt.Errorf("postgres store (%s): migrate: %w", where, err)
+	}
+	led, err := newPostgresLedger(ctx, pool, cfg.PGSchema)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return &storeSetup{store: st, ledger: led, tx: st.TxManager(), shared: true, close: closeAll}, nil
+}
+
+func newRedisStore(ctx context.Context, cfg config) (*storeSetup, error) {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	// Enough connections that no handler's heartbeat queues behind others.
+	client := goredis.NewClient(&goredis.Options{Addr: cfg.RedisAddr, PoolSize: 2*concurrency(cfg) + 10})
+	if err := client.Ping(ctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("redis (%s) does not answer: %w", cfg.RedisAddr, err)
+	}
+	st, err := oredis.New(client, oredis.Options{Prefix: cfg.RedisPrefix})
+	if err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("redis store: %w", err)
+	}
+	return &storeSetup{
+		store:  st,
+		ledger: newRedisLedger(client, cfg.RedisPrefix),
+		shared: true,
+		close:  func() { _ = client.Close() },
+	}, nil
+}
+
+// concurrency is how many deliveries the worker handles at once, at most:
+// one per partition topic, times the receivers per topic; gochannel hands
+// out every published message at once, up to the producer's window.
+func concurrency(cfg config) int {
+	switch cfg.Broker {
+	case "gochannel":
+		return cfg.InFlight
+	case "sqs":
+		return cfg.Partitions * cfg.SQSWorkers
+	case "kafka":
+		return cfg.Partitions * cfg.KafkaPartitions
+	}
+	return cfg.Partitions
+}
+
+// storeAnswers is the readiness probe of a store: one read of a key that
+// does not exist.
+func storeAnswers(ctx context.Context, st store.Store) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := st.Get(ctx, "oncemill-readyz", "probe")
+	if err == nil || errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// redactURL hides the password of a URL-shaped address, for messages.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}

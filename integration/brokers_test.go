@@ -1,0 +1,189 @@
+package integration
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	amqp2 "github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
+	amqp3 "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsqs "github.com/ThreeDotsLabs/watermill-aws/sqs"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// brokerKind is one broker as the tests and the workers reach it.
+type brokerKind struct {
+	name string
+	// workerArgs select the broker in the example worker.
+	workerArgs func() []string
+	// publisher and subscriber are the test's own, with the same adapter
+	// the worker uses. group names a Kafka consumer group.
+	publisher  func(t *testing.T) message.Publisher
+	subscriber func(t *testing.T, group string) message.Subscriber
+	// cleanup removes what a test left on the broker (its queues).
+	cleanup func(t *testing.T, topics []string)
+}
+
+// Settings every scenario's workers share: short timeouts, so a crash or a
+// nack costs seconds, not minutes.
+const (
+	kafkaSessionTimeout = 2 * time.Second
+	sqsVisibility       = time.Second
+)
+
+var brokerKinds = []brokerKind{
+	{
+		name: "kafka",
+		workerArgs: func() []string {
+			return []string{"--broker=kafka", "--kafka-brokers=" + env.kafkaAddr, "--kafka-session-timeout=" + kafkaSessionTimeout.String()}
+		},
+		publisher: func(t *testing.T) message.Publisher {
+			c := kafka.DefaultSaramaSyncPublisherConfig()
+			c.Version = sarama.V2_8_0_0
+			pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: []string{env.kafkaAddr}, Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: c}, logger())
+			must(t, err)
+			return pub
+		},
+		subscriber: func(t *testing.T, group string) message.Subscriber {
+			c := kafka.DefaultSaramaSubscriberConfig()
+			c.Version = sarama.V2_8_0_0
+			c.Consumer.Offsets.Initial = sarama.OffsetOldest
+			sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
+				Brokers: []string{env.kafkaAddr}, Unmarshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: c, ConsumerGroup: group,
+			}, logger())
+			must(t, err)
+			return sub
+		},
+		cleanup: func(*testing.T, []string) {}, // kfake lives in memory and ends with the tests
+	},
+	amqpKind("amqp-v2", "v2", func(t *testing.T) message.Publisher {
+		pub, err := amqp2.NewPublisher(amqp2.NewDurableQueueConfig(env.amqpURL), logger())
+		must(t, err)
+		return pub
+	}, func(t *testing.T, _ string) message.Subscriber {
+		sub, err := amqp2.NewSubscriber(amqp2.NewDurableQueueConfig(env.amqpURL), logger())
+		must(t, err)
+		return sub
+	}),
+	amqpKind("amqp-v3", "v3", func(t *testing.T) message.Publisher {
+		pub, err := amqp3.NewPublisher(amqp3.NewDurableQueueConfig(env.amqpURL), logger())
+		must(t, err)
+		return pub
+	}, func(t *testing.T, _ string) message.Subscriber {
+		sub, err := amqp3.NewSubscriber(amqp3.NewDurableQueueConfig(env.amqpURL), logger())
+		must(t, err)
+		return sub
+	}),
+	{
+		name: "sqs",
+		workerArgs: func() []string {
+			return []string{"--broker=sqs", "--sqs-endpoint=" + env.sqsEndpoint,
+				"--sqs-visibility-timeout=" + sqsVisibility.String(), "--sqs-workers=1"}
+		},
+		publisher: func(t *testing.T) message.Publisher {
+			cfg, opts, attrs := sqsConfig()
+			pub, err := wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: cfg, OptFns: opts, CreateQueueConfig: attrs}, logger())
+			must(t, err)
+			return pub
+		},
+		subscriber: func(t *testing.T, _ string) message.Subscriber {
+			cfg, opts, attrs := sqsConfig()
+			sub, err := wsqs.NewSubscriber(wsqs.SubscriberConfig{AWSConfig: cfg, OptFns: opts, QueueConfigAttributes: attrs}, logger())
+			must(t, err)
+			return sub
+		},
+		cleanup: func(t *testing.T, topics []string) {
+			cfg, opts, _ := sqsConfig()
+			client := sqs.NewFromConfig(cfg, opts...)
+			for _, name := range topics {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if u, err := client.GetQueueUrl(ctx, &sqs.GetQueueUrlInput{QueueName: aws.String(name)}); err == nil {
+					_, _ = client.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: u.QueueUrl})
+				}
+				cancel()
+			}
+		},
+	},
+}
+
+func amqpKind(name, client string, pub func(*testing.T) message.Publisher, sub func(*testing.T, string) message.Subscriber) brokerKind {
+	return brokerKind{
+		name: name,
+		workerArgs: func() []string {
+			return []string{"--broker=amqp", "--amqp-client=" + client, "--amqp-url=" + env.amqpURL}
+		},
+		publisher:  pub,
+		subscriber: sub,
+		cleanup: func(t *testing.T, topics []string) {
+			conn, err := amqp091.Dial(env.amqpURL)
+			if err != nil {
+				t.Logf("deleting queues: %v", err)
+				return
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Logf("deleting queues: %v", err)
+				return
+			}
+			defer ch.Close()
+			for _, q := range topics {
+				_, _ = ch.QueueDelete(q, false, false, false)
+			}
+		},
+	}
+}
+
+func sqsConfig() (aws.Config, []func(*sqs.Options), wsqs.QueueConfigAttributes) {
+	cfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")}
+	opts := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(env.sqsEndpoint) }}
+	return cfg, opts, wsqs.QueueConfigAttributes{VisibilityTimeout: strconv.Itoa(int(sqsVisibility.Seconds()))}
+}
+
+// kafkaGroupReady reports whether the consumer group has n members that
+// each hold at least one partition.
+func kafkaGroupReady(t *testing.T, group string, n int) bool {
+	c := sarama.NewConfig()
+	c.Version = sarama.V2_8_0_0
+	admin, err := sarama.NewClusterAdmin([]string{env.kafkaAddr}, c)
+	if err != nil {
+		t.Logf("kafka admin: %v", err)
+		return false
+	}
+	defer admin.Close()
+	groups, err := admin.DescribeConsumerGroups([]string{group})
+	if err != nil || len(groups) != 1 || groups[0].State != "Stable" || len(groups[0].Members) != n {
+		return false
+	}
+	for _, m := range groups[0].Members {
+		a, err := m.GetMemberAssignment()
+		if err != nil || a == nil {
+			return false
+		}
+		total := 0
+		for _, ps := range a.Topics {
+			total += len(ps)
+		}
+		if total == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func logger() watermill.LoggerAdapter { return watermill.NopLogger{} }
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
