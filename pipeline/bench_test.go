@@ -36,8 +36,9 @@ func benchStage(b *testing.B) *pipeline.Idempotency {
 }
 
 // BenchmarkRouterThroughput runs the same router on gochannel bare, with
-// oncemill as the builder makes it, with Watermill's Deduplicator, and with
-// oncemill's full chain, in one process. The three
+// oncemill as the builder makes it (idempotency and a delivery span), with
+// Watermill's Deduplicator, with oncemill's full chain, and with the
+// idempotency stage alone (no span), in one process. The three
 // routers run side by side and take turns in batches (the order rotating each
 // round), so a shared, noisy machine slows all of them alike; the ratios are
 // reported directly. Every message is unique, so oncemill executes each one
@@ -49,6 +50,7 @@ func BenchmarkRouterThroughput(b *testing.B) {
 		startBenchedRouter(b, "oncemill", benchReceiver(b, false).Middleware),
 		startBenchedRouter(b, "deduplicator", dedup.Middleware),
 		startBenchedRouter(b, "full-chain", benchReceiver(b, true).Middleware),
+		startBenchedRouter(b, "stage-alone", benchStage(b).Middleware),
 	}
 	const batch = 1000
 	b.ReportAllocs()

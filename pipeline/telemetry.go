@@ -168,10 +168,12 @@ func defaultTelemetry() *Telemetry {
 
 // Middleware starts one consumer span per delivery, following the OTel
 // messaging conventions, and puts it in the message context for the stages.
+// The span ends however the chain returns, a panic included.
 func (t *Telemetry) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) (out []*message.Message, err error) {
+	return func(msg *message.Message) ([]*message.Message, error) {
 		orig := msg.Context()
 		ctx, span := t.tracer.Start(orig, "process", consumerSpan...)
+		defer span.End()
 		if span.IsRecording() {
 			span.SetAttributes(t.system,
 				semconv.MessagingMessageID(msg.UUID),
@@ -183,20 +185,13 @@ func (t *Telemetry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 		msg.SetContext(ctx)
-		defer func() {
-			msg.SetContext(orig)
-			if r := recover(); r != nil {
-				span.SetStatus(codes.Error, fmt.Sprint("panic: ", r))
-				span.End()
-				panic(r)
-			}
-			if err != nil {
-				span.RecordError(err)
-				span.SetStatus(codes.Error, err.Error())
-			}
-			span.End()
-		}()
-		return h(msg)
+		defer msg.SetContext(orig)
+		out, err := h(msg)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		return out, err
 	}
 }
 
