@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
+	"github.com/oncemill/oncemill/store/storetest"
 )
 
 // statementCounter is a pgx tracer that counts the store's Begin and
@@ -335,61 +335,8 @@ func TestConcurrency32GoroutinesOver4Connections(t *testing.T) {
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	ctx := t.Context()
-
-	const (
-		workers = 32
-		keys    = 1000
-		dups    = keys * 30 / 100
-	)
-	deliveries := make([]int, 0, keys+dups)
-	for i := range keys {
-		deliveries = append(deliveries, i)
-	}
-	for range dups {
-		deliveries = append(deliveries, rand.IntN(keys))
-	}
-	rand.Shuffle(len(deliveries), func(i, j int) { deliveries[i], deliveries[j] = deliveries[j], deliveries[i] })
-
-	var (
-		executes [keys]atomic.Int32
-		queue    = make(chan int)
-		wg       sync.WaitGroup
-		failed   atomic.Bool
-	)
-	for range workers {
-		wg.Go(func() {
-			for i := range queue {
-				key := fmt.Sprintf("k-%d", i)
-				res, err := s.Begin(ctx, store.BeginRequest{Scope: "conc", Key: key, Fingerprint: "fp-" + key, Lease: time.Minute})
-				if err != nil {
-					t.Errorf("Begin(%s): %v", key, err)
-					failed.Store(true)
-					continue
-				}
-				if res.Decision != store.Execute {
-					continue
-				}
-				executes[i].Add(1)
-				if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte(key), TTL: time.Hour}); err != nil {
-					t.Errorf("Complete(%s): %v", key, err)
-					failed.Store(true)
-				}
-			}
-		})
-	}
-	for _, i := range deliveries {
-		queue <- i
-	}
-	close(queue)
-	wg.Wait()
-	if failed.Load() {
-		t.FailNow()
-	}
-	for i := range keys {
-		if n := executes[i].Load(); n != 1 {
-			t.Errorf("k-%d executed %d times, want once", i, n)
-		}
-	}
+	const keys = 1000
+	storetest.ExecuteOnce(t, s, "conc", keys)
 	var succeeded int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")+" WHERE scope = 'conc' AND status = 2").Scan(&succeeded); err != nil {
 		t.Fatal(err)

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -259,63 +257,12 @@ func TestPrefixesIsolate(t *testing.T) {
 
 // TestConcurrentDuplicates is the concurrency check on a larger
 // scale than the contract suite: 32 goroutines share a client of 4
-// connections, 30% of 3000 deliveries are duplicates, and every delivery
-// runs Begin and, on Execute, Complete. Each key executes exactly once.
+// connections, 30% of 3000 keys are delivered twice, and each key executes
+// exactly once.
 func TestConcurrentDuplicates(t *testing.T) {
-	const (
-		workers = 32
-		keys    = 3000
-		dups    = keys * 30 / 100
-	)
 	c := newClient(t, &goredis.Options{PoolSize: 4})
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
-	ctx := t.Context()
-
-	deliveries := make(chan int)
-	go func() {
-		defer close(deliveries)
-		for i := range keys {
-			deliveries <- i
-			if i%10 < 3 { // the duplicate follows closely, so it often meets the lease
-				deliveries <- i
-			}
-		}
-	}()
-	var (
-		executes  [keys]atomic.Int32
-		decisions [5]atomic.Int32
-		wg        sync.WaitGroup
-	)
-	for range workers {
-		wg.Go(func() {
-			for i := range deliveries {
-				key := fmt.Sprintf("k-%d", i)
-				res, err := s.Begin(ctx, store.BeginRequest{Scope: "stress", Key: key, Fingerprint: "fp-" + key, Lease: time.Minute})
-				if err != nil {
-					t.Errorf("Begin(%s): %v", key, err)
-					continue
-				}
-				decisions[res.Decision].Add(1)
-				if res.Decision != store.Execute {
-					continue
-				}
-				executes[i].Add(1)
-				if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte(key), TTL: time.Hour}); err != nil {
-					t.Errorf("Complete(%s): %v", key, err)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	for i := range keys {
-		if n := executes[i].Load(); n != 1 {
-			t.Errorf("k-%d executed %d times, want once", i, n)
-		}
-	}
-	if got := decisions[store.Replay].Load() + decisions[store.InProgress].Load(); got != dups {
-		t.Errorf("%d duplicates got replay or in_progress, want %d", got, dups)
-	}
-	t.Logf("decisions: execute %d, replay %d, in_progress %d", decisions[store.Execute].Load(), decisions[store.Replay].Load(), decisions[store.InProgress].Load())
+	storetest.ExecuteOnce(t, s, "stress", 3000)
 }
 
 // TestNativeTTLs: each record carries a Redis TTL matching its state, so

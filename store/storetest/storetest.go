@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	mathrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -757,70 +756,83 @@ func testScopesIsolate(t *testing.T, e *env) {
 }
 
 func testConcurrentStress(t *testing.T, e *env) {
-	const (
-		workers = 32
-		keys    = 300
-		dups    = keys * 30 / 100
-	)
+	ExecuteOnce(t, e.s, e.scope, 300)
+}
+
+// ExecuteOnce is the concurrency check every store runs, also on its own with
+// a small connection pool: 32 goroutines deliver keys keys, 3 in 10 of them a
+// second time right behind the first (so the duplicate often meets the live
+// lease), each delivery a Begin and, on Execute, a Complete. Every key must
+// execute exactly once and end succeeded with its result, and every duplicate
+// must get Replay or InProgress.
+func ExecuteOnce(t *testing.T, st store.Store, scope string, keys int) {
+	t.Helper()
+	const workers = 32
+	ctx := t.Context()
 	keyName := func(i int) string { return fmt.Sprintf("k-%d", i) }
 
-	// Every key once, 30% of them once more, in random order.
-	deliveries := make([]int, 0, keys+dups)
+	twice := func(i int) bool { return i%10 < 3 }
+	dups := 0
 	for i := range keys {
-		deliveries = append(deliveries, i)
+		if twice(i) {
+			dups++
+		}
 	}
-	for range dups {
-		deliveries = append(deliveries, mathrand.IntN(keys))
-	}
-	mathrand.Shuffle(len(deliveries), func(i, j int) {
-		deliveries[i], deliveries[j] = deliveries[j], deliveries[i]
-	})
-
+	deliveries := make(chan int)
+	go func() {
+		defer close(deliveries)
+		for i := range keys {
+			deliveries <- i
+			if twice(i) {
+				deliveries <- i
+			}
+		}
+	}()
 	var (
-		executes [keys]atomic.Int32
-		failed   atomic.Bool
-		queue    = make(chan int)
-		wg       sync.WaitGroup
+		executes   = make([]atomic.Int32, keys)
+		duplicates atomic.Int32
+		failed     atomic.Bool
+		wg         sync.WaitGroup
 	)
 	for range workers {
 		wg.Go(func() {
-			for i := range queue {
+			for i := range deliveries {
 				key := keyName(i)
-				res, err := e.s.Begin(e.ctx, e.req(key, "fp-"+key, time.Minute))
+				res, err := st.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: "fp-" + key, Lease: time.Minute})
 				if err != nil {
 					t.Errorf("Begin(%q): %v", key, err)
 					failed.Store(true)
 					continue
 				}
-				if res.Decision != store.Execute {
-					continue
-				}
-				executes[i].Add(1)
-				if err := e.s.Complete(e.ctx, res.Lease, success([]byte(key))); err != nil {
-					t.Errorf("Complete(%q): %v", key, err)
-					failed.Store(true)
+				switch res.Decision {
+				case store.Replay, store.InProgress:
+					duplicates.Add(1)
+				case store.Execute:
+					executes[i].Add(1)
+					if err := st.Complete(ctx, res.Lease, success([]byte(key))); err != nil {
+						t.Errorf("Complete(%q): %v", key, err)
+						failed.Store(true)
+					}
 				}
 			}
 		})
 	}
-	for _, i := range deliveries {
-		queue <- i
-	}
-	close(queue)
 	wg.Wait()
 	if failed.Load() {
 		t.FailNow()
 	}
-
 	for i := range keys {
 		key := keyName(i)
 		if n := executes[i].Load(); n != 1 {
 			t.Errorf("%s executed %d times, want once", key, n)
 			continue
 		}
-		if rec := e.get(key); rec.Status != store.StatusSucceeded || string(rec.Result) != key {
-			t.Errorf("%s: record %v %q, want succeeded %q", key, rec.Status, rec.Result, key)
+		if rec, err := st.Get(ctx, scope, key); err != nil || rec.Status != store.StatusSucceeded || string(rec.Result) != key {
+			t.Errorf("%s: record %v %q (%v), want succeeded %q", key, rec.Status, rec.Result, err, key)
 		}
+	}
+	if got := duplicates.Load(); got != int32(dups) {
+		t.Errorf("%d duplicates got replay or in_progress, want %d", got, dups)
 	}
 }
 
