@@ -77,6 +77,10 @@ type Event struct {
 	Attempt  int
 	Token    int64
 	Takeover bool
+	// Contended is true when a Begin of this delivery found the key held by
+	// another running delivery (store.InProgress), whatever came of it: a
+	// wait that ended in a replay or an execution, or a nack.
+	Contended bool
 	// Err is the handler's error, or why the delivery was rejected.
 	Err error
 }

@@ -94,3 +94,20 @@ func (c *countingStore) Extend(ctx context.Context, l store.Lease, d time.Durati
 	c.extends.Add(1)
 	return c.Store.Extend(ctx, l, d)
 }
+
+// contendedSignal signals each Begin that finds the key in progress.
+type contendedSignal struct {
+	store.Store
+	inProgress chan struct{}
+}
+
+func (c *contendedSignal) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	res, err := c.Store.Begin(ctx, req)
+	if err == nil && res.Decision == store.InProgress {
+		select {
+		case c.inProgress <- struct{}{}:
+		default:
+		}
+	}
+	return res, err
+}

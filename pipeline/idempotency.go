@@ -177,6 +177,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 		case store.Replay:
 			return s.replay(d, res.Record)
 		case store.InProgress:
+			d.event.Contended = true
 			if again, err := s.inProgress(d, &w); !again {
 				return nil, err
 			}

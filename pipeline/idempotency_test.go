@@ -241,7 +241,12 @@ func TestAttemptCapCachesTheFailure(t *testing.T) {
 }
 
 func TestInProgressWaitsThenReplays(t *testing.T) {
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.InProgressWait = time.Minute })
+	signal := &contendedSignal{inProgress: make(chan struct{}, 1)}
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Policy.InProgressWait = time.Minute
+		signal.Store = c.Store
+		c.Store = signal
+	})
 	started, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
@@ -262,7 +267,7 @@ func TestInProgressWaitsThenReplays(t *testing.T) {
 		}
 		dupDone <- out
 	}()
-	time.Sleep(50 * time.Millisecond) // let the duplicate find the key in progress
+	<-signal.inProgress // the duplicate found the key in progress
 	close(release)
 	if err := <-firstDone; err != nil {
 		t.Fatal(err)
@@ -270,6 +275,21 @@ func TestInProgressWaitsThenReplays(t *testing.T) {
 	out := <-dupDone
 	if calls.Load() != 1 || len(out) != 1 || out[0].UUID != "out-1" {
 		t.Fatalf("calls %d, duplicate got %v; want 1 call and the replayed out-1", calls.Load(), out)
+	}
+	h.mu.Lock()
+	events := slices.Clone(h.events)
+	h.mu.Unlock()
+	// The two events may arrive in either order: each is reported after
+	// its delivery's last store call.
+	slices.SortFunc(events, func(a, b pipeline.Event) int { return int(a.Outcome) - int(b.Outcome) })
+	if len(events) != 2 {
+		t.Fatalf("%d events, want 2", len(events))
+	}
+	if first := events[0]; first.Outcome != pipeline.Executed || first.Contended {
+		t.Errorf("first delivery's event %+v, want executed and not contended", first)
+	}
+	if dup := events[1]; dup.Outcome != pipeline.Replayed || dup.Decision != store.Replay || !dup.Contended {
+		t.Errorf("duplicate's event %+v, want replayed after finding the key in progress (Contended)", dup)
 	}
 }
 
@@ -289,7 +309,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 			if !errors.Is(err, pipeline.ErrInProgress) {
 				t.Fatalf("got %v, want ErrInProgress (a nack)", err)
 			}
-			if e := h.last(); e.Outcome != pipeline.InProgressNacked || e.Decision != store.InProgress || calls.Load() != 0 {
+			if e := h.last(); e.Outcome != pipeline.InProgressNacked || e.Decision != store.InProgress || !e.Contended || calls.Load() != 0 {
 				t.Fatalf("event %+v, calls %d", e, calls.Load())
 			}
 		})

@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/pipeline"
-	"github.com/oncemill/oncemill/store"
 )
 
 // tally counts the outcome of every delivery, from the events oncemill
@@ -22,6 +21,11 @@ type tally struct {
 	outcomes  [pipeline.StoreFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
 	acked     atomic.Int64
 	takeovers atomic.Int64
+
+	// contended holds the keys a delivery found held by another running
+	// delivery at least once: the duplicates that really met each other.
+	mu        sync.Mutex
+	contended map[string]struct{}
 }
 
 func (t *tally) record(ev pipeline.Event) {
@@ -36,6 +40,21 @@ func (t *tally) record(ev pipeline.Event) {
 	if ev.Takeover {
 		t.takeovers.Add(1)
 	}
+	if ev.Contended {
+		t.mu.Lock()
+		if t.contended == nil {
+			t.contended = map[string]struct{}{}
+		}
+		t.contended[ev.Key] = struct{}{}
+		t.mu.Unlock()
+	}
+}
+
+// contendedKeys is how many keys were found in progress at least once.
+func (t *tally) contendedKeys() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.contended)
 }
 
 func (t *tally) count(o pipeline.Outcome) int64 { return t.outcomes[o].Load() }
@@ -48,43 +67,6 @@ func (t *tally) replays() int64 { return t.count(pipeline.Replayed) }
 // (FailureCached) or replayed to a duplicate (FailureReplayed).
 func (t *tally) cachedFailures() int64 {
 	return t.count(pipeline.FailureCached) + t.count(pipeline.FailureReplayed)
-}
-
-// countingStore records the keys for which Begin found another live lease:
-// the duplicates that really met a running delivery of the same command.
-type countingStore struct {
-	store.Store
-	mu        sync.Mutex
-	contended map[string]struct{}
-}
-
-func newCountingStore(st store.Store) *countingStore {
-	return &countingStore{Store: st, contended: map[string]struct{}{}}
-}
-
-func (s *countingStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
-	res, err := s.Store.Begin(ctx, req)
-	if err == nil && res.Decision == store.InProgress {
-		s.mu.Lock()
-		s.contended[req.Key] = struct{}{}
-		s.mu.Unlock()
-	}
-	return res, err
-}
-
-// contendedKeys is how many keys were found in progress at least once.
-func (s *countingStore) contendedKeys() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.contended)
-}
-
-// MaxKeyLen passes the wrapped store's key limit on (0: no limit).
-func (s *countingStore) MaxKeyLen() int {
-	if l, ok := s.Store.(store.KeyLimiter); ok {
-		return l.MaxKeyLen()
-	}
-	return 0
 }
 
 // tracker follows deliveries through the broker: how many are published and

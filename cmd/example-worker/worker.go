@@ -30,7 +30,6 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 		return summary{}, err
 	}
 	defer ss.close()
-	counting := newCountingStore(ss.store)
 	cfg = freshNames(cfg, ss.shared)
 
 	b, err := newBroker(cfg, logger)
@@ -53,7 +52,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	flow := newTracker(cfg.Partitions)
 
 	guard, err := newGuard(cfg, guardDeps{
-		store: counting, tx: ss.tx, keys: keys, log: log, onEvent: outcomes.record, system: b.system,
+		store: ss.store, tx: ss.tx, keys: keys, log: log, onEvent: outcomes.record, system: b.system,
 	})
 	if err != nil {
 		return summary{}, err
@@ -107,7 +106,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 		counts, _ := ss.ledger.counts(workCtx, cfg.Scope)
 		fmt.Fprintf(stderr, "progress: acked=%d / %d in_flight=%d effects=%d replays=%d cached_failures=%d in_progress_keys=%d takeovers=%d log_errors=%d\n",
 			fs.acked, p.deliveries, fs.inFlight, totalCharges(counts), outcomes.replays(), outcomes.cachedFailures(),
-			counting.contendedKeys(), outcomes.takeovers.Load(), logErrors.Load())
+			outcomes.contendedKeys(), outcomes.takeovers.Load(), logErrors.Load())
 	}
 	completed := waitComplete(workCtx, flow, p.deliveries, cfg.Progress, progress)
 	elapsed := time.Since(start)
@@ -122,7 +121,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 	if countErr != nil {
 		return summary{}, fmt.Errorf("reading the ledger: %w", countErr)
 	}
-	sum := summarize(p, prod, counts, &outcomes, flow, counting, &logErrors, elapsed, completed, !cfg.NoIdempotency)
+	sum := summarize(p, prod, counts, &outcomes, flow, &logErrors, elapsed, completed, !cfg.NoIdempotency)
 	sum.write(stdout)
 
 	switch {
@@ -170,7 +169,7 @@ func outstanding(fs flowState, deliveries int) string {
 		deliveries-fs.published, deliveries, fs.published-fs.acked, max(fs.produced-fs.settled, 0))
 }
 
-func summarize(p *plan, prod *producer, counts map[string]int, outcomes *tally, flow *tracker, st *countingStore, logErrors *atomic.Int64,
+func summarize(p *plan, prod *producer, counts map[string]int, outcomes *tally, flow *tracker, logErrors *atomic.Int64,
 	elapsed time.Duration, completed, idempotent bool) summary {
 	fs := flow.state()
 	double, lost, doubled := audit(counts, p.commands, p.valid)
@@ -194,7 +193,7 @@ func summarize(p *plan, prod *producer, counts map[string]int, outcomes *tally, 
 		AckedByEvents:  outcomes.acked.Load(),
 		Outcomes:       map[pipeline.Outcome]int64{},
 		Takeovers:      outcomes.takeovers.Load(),
-		InProgressKeys: st.contendedKeys(),
+		InProgressKeys: outcomes.contendedKeys(),
 		Produced:       fs.produced,
 		Settled:        fs.settled,
 		SettledUUIDs:   fs.distinctSettlements,
