@@ -39,10 +39,8 @@ func benchStage(b *testing.B) *pipeline.Idempotency {
 // BenchmarkRouterThroughput runs the same router on gochannel bare, with
 // oncemill as the builder makes it (idempotency and a delivery span), with
 // Watermill's Deduplicator, with oncemill's full chain, and with the
-// idempotency stage alone (no span), in one process. The three
-// routers run side by side and take turns in batches (the order rotating each
-// round), so a shared, noisy machine slows all of them alike; the ratios are
-// reported directly. Every message is unique, so oncemill executes each one
+// idempotency stage alone (no span), in one process. The five routers take
+// turns (takeTurns), and the ratios are reported directly. Every message is unique, so oncemill executes each one
 // and stores its record: this is its full cost.
 func BenchmarkRouterThroughput(b *testing.B) {
 	dedup := &middleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}
@@ -59,18 +57,14 @@ func BenchmarkRouterThroughput(b *testing.B) {
 }
 
 // BenchmarkRouterOverhead splits the gap between oncemill and a bare router
-// into its parts, side by side like BenchmarkRouterThroughput:
+// into its parts, side by side like BenchmarkRouterThroughput. "passthrough"
+// is a middleware that only calls the handler: how far apart two identical
+// routers land on this machine, the resolution of any ratio measured here.
+// "stage-nop-store" is the idempotency stage over a store that keeps nothing
+// (every Begin executes): the stage's own work. "stage-memory-store" is the
+// stage as BenchmarkRouterThroughput runs it. docs/benchmarks.md runs it as
 //
-//   - passthrough: a middleware that only calls the handler, which shows
-//     how far apart two identical routers land on this machine (the
-//     resolution of any ratio measured here);
-//
-//   - stage, no-op store: the idempotency stage over a store that keeps
-//     nothing (every Begin executes), so the stage's own work alone;
-//
-//   - stage, memory store: the stage as BenchmarkRouterThroughput runs it.
-//
-//     go test -run='^$' -bench=RouterOverhead -count=3 ./pipeline
+//	go test -run='^$' -bench=RouterOverhead -count=3 ./pipeline
 func BenchmarkRouterOverhead(b *testing.B) {
 	nop, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: keepNothing{}, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Default()})
 	if err != nil {

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -72,7 +73,13 @@ func newGuard(cfg config, d guardDeps) (message.HandlerMiddleware, error) {
 		WithEventHandler(d.onEvent)
 	if d.tx != nil {
 		// Transactional mode: the ledger row and the "processed" record
-		// commit in one PostgreSQL transaction.
+		// commit in one PostgreSQL transaction. That takes a store that
+		// writes its record inside the transaction; any other (a wrapper
+		// that hides the method, say) would record after the commit, and a
+		// crash in between would charge the command again.
+		if _, ok := d.store.(store.TxCompleter); !ok {
+			return nil, fmt.Errorf("transactional mode needs a store that records inside the handler's transaction (store.TxCompleter); %T is not one", d.store)
+		}
 		b = b.WithTransaction(d.tx)
 	}
 	if d.deadPub != nil {
