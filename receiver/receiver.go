@@ -325,6 +325,12 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 		if c.Transaction, err = pipeline.NewTransaction(b.tx); err != nil {
 			return c, err
 		}
+		if _, ok := cfg.Store.(store.TxCompleter); !ok && cfg.Logger != nil {
+			// Allowed (the records may live elsewhere than the business
+			// data), but easy to get by accident: a wrapper around a
+			// TxCompleter store hides the method.
+			cfg.Logger.Info("The store cannot record inside the handler's transaction, so the success is recorded after the commit; a crash in between runs the message again", watermill.LogFields{"store": fmt.Sprintf("%T", cfg.Store)})
+		}
 	}
 	return c, nil
 }
