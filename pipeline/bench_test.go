@@ -140,7 +140,7 @@ func benchReceiver(b *testing.B, full bool) *receiver.Receiver {
 			WithValidation(func(*message.Message) error { return nil }).
 			WithRetry(pipeline.DefaultRetryConfig()).
 			WithCircuitBreaker(pipeline.DefaultBreakerConfig()).
-			WithTransaction(nopTxManager{})
+			WithSeparateTransaction(nopTxManager{})
 	}
 	r, err := builder.Build()
 	if err != nil {

@@ -10,8 +10,12 @@ import "github.com/ThreeDotsLabs/watermill/message"
 //	  - idempotency before retry: a stored outcome ends the work before any retry;
 //	  - before the breaker: a stored result is replayed even while the circuit is open;
 //	  - before the transaction: no transaction is opened for a duplicate;
-//	  - transaction last: each retry attempt gets a fresh transaction, and the
-//	    success is written inside it.
+//	  - transaction last: each retry attempt gets a fresh transaction.
+//
+// In the one-transaction mode (an Idempotency over a TxStore) the
+// transaction is the idempotency stage's own: the chain ends each attempt's
+// transaction innermost, committing the success with the record, and
+// Transaction, which would open a second one, must be nil.
 //
 // Nil stages are left out. Telemetry, when set, wraps the whole chain in one
 // span per delivery.
@@ -26,6 +30,9 @@ type Chain struct {
 
 // Middleware is the chain as one Watermill middleware.
 func (c Chain) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	if c.Idempotency != nil && c.Idempotency.txStore != nil {
+		h = c.Idempotency.attempt(h)
+	}
 	if c.Transaction != nil {
 		h = c.Transaction.Middleware(h)
 	}

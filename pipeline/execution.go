@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -26,10 +24,12 @@ type execution struct {
 	lease  store.Lease
 	stage  *Idempotency
 
-	// completed is set by the transaction stage once the outcome was
-	// written inside the handler's transaction and that transaction
-	// committed; the idempotency stage then has nothing left to write.
-	completed bool
+	// The one-transaction mode: claim is the request that took the key,
+	// tx the attempt's open transaction (nil once an attempt ended it), and
+	// committed is set by the commit of a successful attempt.
+	claim     *store.ClaimRequest
+	tx        store.Tx
+	committed bool
 
 	// inner is the cancelable context, made only when the handler asks for
 	// Done or Err, or when the lease is lost: most fast handlers never pay
@@ -168,20 +168,6 @@ func (detached) Done() <-chan struct{}       { return nil }
 func (detached) Err() error                  { return nil }
 func (d *detached) Value(key any) any        { return d.parent.Value(key) }
 
-// completeInTx writes the success inside the transaction ctx carries, when
-// the store can (store.TxCompleter). It reports whether it did; the write
-// counts only once the transaction commits (see markCompleted).
-func (e *execution) completeInTx(ctx context.Context, msgs []*message.Message) (bool, error) {
-	tc, ok := e.stage.store.(store.TxCompleter)
-	if !ok {
-		return false, nil
-	}
-	ctx, m := e.stage.tel.startStore(ctx, opCompleteInTx)
-	err := tc.CompleteInTx(ctx, e.lease, e.stage.successOutcome(msgs))
-	m.end(ctx, err)
-	return true, err
-}
-
 // CheckLease confirms, with one store round trip, that the handler still
 // holds its lease, and extends it. Call it right before a side effect that
 // cannot take part in a transaction with the record (an HTTP call, an
@@ -189,9 +175,13 @@ func (e *execution) completeInTx(ctx context.Context, msgs []*message.Message) (
 // another delivery took over instead of acting a second time. It returns an
 // error wrapping ErrLeaseLost when the lease is gone, and nil outside the
 // idempotency stage's handler.
+//
+// In the one-transaction mode it returns nil at once: the claim is held by
+// the handler's open transaction, which no other delivery can take over; a
+// transaction whose connection died fails the handler's next statement.
 func CheckLease(ctx context.Context) error {
 	e, ok := ctx.Value(executionKey{}).(*execution)
-	if !ok {
+	if !ok || e.claim != nil {
 		return nil
 	}
 	return e.extend(ctx)

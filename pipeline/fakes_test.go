@@ -52,11 +52,11 @@ func (m *fakeTxManager) Rollback(ctx context.Context) error {
 	return nil
 }
 
-// txStore is the memory store plus store.TxCompleter: the outcome is
-// written when the fake transaction commits. It counts plain Completes.
+// txStore is the memory store counting Completes, under the lease mode's
+// separate transaction (fakeTxManager).
 type txStore struct {
 	*memory.Store
-	completes, completesInTx atomic.Int32
+	completes atomic.Int32
 }
 
 func newTxStore() *txStore {
@@ -70,18 +70,6 @@ func newTxStore() *txStore {
 func (s *txStore) Complete(ctx context.Context, l store.Lease, o store.Outcome) error {
 	s.completes.Add(1)
 	return s.Store.Complete(ctx, l, o)
-}
-
-func (s *txStore) CompleteInTx(ctx context.Context, l store.Lease, o store.Outcome) error {
-	tx, ok := ctx.Value(fakeTxKey{}).(*fakeTx)
-	if !ok {
-		return store.ErrNoTransaction
-	}
-	s.completesInTx.Add(1)
-	tx.mu.Lock()
-	tx.writes = append(tx.writes, func() error { return s.Store.Complete(context.Background(), l, o) })
-	tx.mu.Unlock()
-	return nil
 }
 
 // countingStore counts Extend calls.
@@ -110,4 +98,67 @@ func (c *contendedSignal) Begin(ctx context.Context, req store.BeginRequest) (st
 		}
 	}
 	return res, err
+}
+
+// fakeTxStore is a store.Transactional over the memory store, enough to test
+// the one-transaction mode's flow through the stages: a claim is a Begin, a
+// commit a Complete, a rollback forgets the claim. The real one
+// (store/postgres) is tested against PostgreSQL.
+type fakeTxStore struct {
+	*memory.Store
+	claims, commits, rollbacks, records atomic.Int32
+}
+
+func newFakeTxStore() *fakeTxStore {
+	st, err := memory.New(memory.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return &fakeTxStore{Store: st}
+}
+
+func (s *fakeTxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	s.claims.Add(1)
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Lease: time.Hour})
+	if err != nil || res.Decision != store.Execute {
+		return store.ClaimResult{BeginResult: res}, err
+	}
+	return store.ClaimResult{BeginResult: res, Tx: &fakeClaimTx{s: s, lease: res.Lease, ttl: req.SuccessTTL}}, nil
+}
+
+// RecordRollback writes the outcome under a fresh claim, unless the key is
+// taken.
+func (s *fakeTxStore) RecordRollback(ctx context.Context, l store.Lease, fp string, out store.Outcome) error {
+	s.records.Add(1)
+	res, err := s.Begin(ctx, store.BeginRequest{Scope: l.Scope, Key: l.Key, Fingerprint: fp, Lease: time.Hour})
+	if err != nil {
+		return err
+	}
+	if res.Decision != store.Execute {
+		return store.ErrLeaseLost
+	}
+	if out.Status == store.StatusRetryable {
+		return s.Release(ctx, res.Lease, out.TTL)
+	}
+	return s.Complete(ctx, res.Lease, out)
+}
+
+type fakeClaimTx struct {
+	s     *fakeTxStore
+	lease store.Lease
+	ttl   time.Duration
+}
+
+func (t *fakeClaimTx) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, fakeTxKey{}, t)
+}
+
+func (t *fakeClaimTx) Commit(ctx context.Context, result []byte) error {
+	t.s.commits.Add(1)
+	return t.s.Complete(ctx, t.lease, store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: t.ttl})
+}
+
+func (t *fakeClaimTx) Rollback(ctx context.Context) error {
+	t.s.rollbacks.Add(1)
+	return t.s.Delete(ctx, t.lease.Scope, t.lease.Key)
 }

@@ -42,7 +42,14 @@ const (
 
 // IdempotencyConfig configures the idempotency stage.
 type IdempotencyConfig struct {
+	// Store keeps the records in the lease mode: a separately committed
+	// claim, a heartbeat, and a completion after the handler.
 	Store store.Store
+	// TxStore, instead of Store, chooses the one-transaction mode: the key
+	// is claimed by the first statement of the handler's own transaction,
+	// and the success commits with it (docs/stores.md). The chain then ends
+	// each attempt's transaction innermost, after the handler (Chain).
+	TxStore store.Transactional
 	// Keys computes the key; required.
 	Keys keygen.Generator
 	// Fingerprint identifies the payload for mismatch detection. Nil uses
@@ -69,7 +76,9 @@ type IdempotencyConfig struct {
 
 // Idempotency is the idempotency stage.
 type Idempotency struct {
-	store       store.Store
+	store       store.Store         // lease mode
+	txStore     store.Transactional // one-transaction mode
+	retain      time.Duration       // how long a record is kept at least: the longest outcome TTL
 	keys        keygen.Generator
 	fingerprint func(*message.Message) string
 	scope       string
@@ -83,8 +92,11 @@ type Idempotency struct {
 
 // NewIdempotency validates cfg and returns the stage.
 func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
-	if cfg.Store == nil {
-		return nil, fmt.Errorf("%w: Store is nil; pass a store such as memory.New(memory.Options{})", ErrInvalidConfig)
+	switch {
+	case cfg.Store == nil && cfg.TxStore == nil:
+		return nil, fmt.Errorf("%w: Store is nil; pass a store such as memory.New(memory.Options{}), or a TxStore for the one-transaction mode", ErrInvalidConfig)
+	case cfg.Store != nil && cfg.TxStore != nil:
+		return nil, fmt.Errorf("%w: both Store and TxStore are set; set Store for the lease mode or TxStore for the one-transaction mode", ErrInvalidConfig)
 	}
 	if cfg.Keys == nil {
 		return nil, fmt.Errorf("%w: Keys is nil; pass a key generator such as keygen.UUID()", ErrInvalidConfig)
@@ -94,6 +106,8 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	}
 	s := &Idempotency{
 		store:       cfg.Store,
+		txStore:     cfg.TxStore,
+		retain:      max(cfg.Policy.SuccessTTL, cfg.Policy.FailureTTL),
 		keys:        cfg.Keys,
 		fingerprint: cfg.Fingerprint,
 		scope:       cfg.Scope,
@@ -113,7 +127,11 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	if s.logger == nil {
 		s.logger = watermill.NopLogger{}
 	}
-	if l, ok := cfg.Store.(store.KeyLimiter); ok {
+	var keyStore any = cfg.Store
+	if cfg.TxStore != nil {
+		keyStore = cfg.TxStore
+	}
+	if l, ok := keyStore.(store.KeyLimiter); ok {
 		s.maxKeyLen = l.MaxKeyLen()
 	}
 	return s, nil
@@ -158,11 +176,15 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 		return s.noKey(d, h, err)
 	}
 	d.event.Key = keygen.Limit(key, s.maxKeyLen)
+	if s.txStore != nil {
+		return s.handleTx(d, h)
+	}
 	req := store.BeginRequest{
 		Scope:       d.event.Scope,
 		Key:         d.event.Key,
 		Fingerprint: s.fingerprint(msg),
 		Lease:       s.policy.Lease,
+		Retain:      s.retain,
 	}
 	var w waiter
 	for {
@@ -182,11 +204,15 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 				return nil, err
 			}
 		case store.Mismatch:
-			return s.reject(d, ReasonMismatch, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
+			return s.mismatch(d)
 		default:
 			return s.storeFailed(d, fmt.Errorf("unknown decision %d", res.Decision))
 		}
 	}
+}
+
+func (s *Idempotency) mismatch(d *delivery) ([]*message.Message, error) {
+	return s.reject(d, ReasonMismatch, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
 }
 
 func (s *Idempotency) tooLarge(d *delivery) ([]*message.Message, error) {
@@ -223,7 +249,9 @@ func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 	case policy.Wait:
 		if w.pause == nil {
 			w.pause = &backoff.ExponentialBackOff{InitialInterval: 5 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: 250 * time.Millisecond}
-			w.until = time.Now().Add(s.policy.InProgressWait)
+			if w.until.IsZero() { // the one-transaction mode set it before its first claim
+				w.until = time.Now().Add(s.policy.InProgressWait)
+			}
 		}
 		if pause := min(w.pause.NextBackOff(), time.Until(w.until)); pause > 0 {
 			if err := sleep(ctx, pause); err != nil {
@@ -316,14 +344,11 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 	if herr == nil {
 		return s.succeed(&e.detached, d, e, msgs)
 	}
-	return s.fail(&e.detached, d, lease, herr)
+	return s.fail(&e.detached, d, e, herr)
 }
 
 func (s *Idempotency) succeed(ctx context.Context, d *delivery, e *execution, msgs []*message.Message) ([]*message.Message, error) {
 	d.event.Outcome = Executed
-	if e.completed {
-		return msgs, nil // written and committed with the handler's transaction
-	}
 	if err := s.finish(ctx, e.lease, s.successOutcome(msgs)); err != nil {
 		// The effect happened: nacking now would run it again after the lease
 		// expires. Ack, and let the router publish what the handler produced.
@@ -343,18 +368,21 @@ func (s *Idempotency) successOutcome(msgs []*message.Message) store.Outcome {
 	return store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL}
 }
 
-func (s *Idempotency) fail(ctx context.Context, d *delivery, lease store.Lease, herr error) ([]*message.Message, error) {
+// fail decides what a failed execution leaves behind: a retryable failure
+// gives the key back (keeping the attempt count) and nacks; a cached one is
+// dead-lettered, recorded and acked.
+func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr error) ([]*message.Message, error) {
 	d.event.Err = herr
 	kind := ""
 	switch {
 	case s.policy.Classify(herr) == policy.Cached:
 		kind = KindPermanent
-	case lease.Attempt >= s.policy.MaxAttempts:
+	case e.lease.Attempt >= s.policy.MaxAttempts:
 		kind = KindAttemptsExhausted
 	}
 	if kind == "" {
 		d.event.Outcome = Released
-		if err := s.release(ctx, lease); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		if err := s.giveBack(ctx, e); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			// The lease will expire on its own; the redelivery then takes over.
 			s.logger.Error("Could not release the key after a retryable failure", err, s.fields(d))
 		}
@@ -364,11 +392,17 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, lease store.Lease, 
 	// nacks, so the failure is decided again and forwarded on redelivery.
 	if ferr := s.toDeadLetter(d, ReasonCachedFailure, herr); ferr != nil {
 		d.event.Outcome = StoreFailed
-		_ = s.release(ctx, lease)
+		_ = s.giveBack(ctx, e)
 		return nil, ferr
 	}
 	d.event.Outcome = FailureCached
-	err := s.finish(ctx, lease, store.Outcome{Status: store.StatusFailed, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL})
+	out := store.Outcome{Status: store.StatusFailed, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL}
+	var err error
+	if e.claim != nil {
+		err = s.recordRollback(ctx, e, out)
+	} else {
+		err = s.finish(ctx, e.lease, out)
+	}
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		// Not recorded: nack, so the failure is decided again on redelivery
 		// rather than forgotten.
@@ -377,6 +411,15 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, lease store.Lease, 
 	}
 	s.logger.Error("Handler failed permanently; the failure is cached and the message acked", herr, s.fields(d))
 	return nil, nil
+}
+
+// giveBack frees the key after a retryable failure, keeping its attempt
+// count for the failure TTL.
+func (s *Idempotency) giveBack(ctx context.Context, e *execution) error {
+	if e.claim != nil {
+		return s.recordRollback(ctx, e, store.Outcome{Status: store.StatusRetryable, TTL: s.policy.FailureTTL})
+	}
+	return s.release(ctx, e.lease)
 }
 
 // finish completes the lease, retrying transient store errors briefly. A lost

@@ -71,13 +71,15 @@ type storeOp int
 const (
 	opBegin storeOp = iota
 	opComplete
-	opCompleteInTx
 	opRelease
 	opExtend
+	opClaim
+	opCommit
+	opRecordRollback
 	storeOps
 )
 
-var storeOpNames = [storeOps]string{"begin", "complete", "complete_in_tx", "release", "extend"}
+var storeOpNames = [storeOps]string{"begin", "complete", "release", "extend", "claim", "commit", "record_rollback"}
 
 // secondBuckets suit durations in seconds from half a millisecond (a memory
 // or nearby store) to ten seconds (a slow handler); the SDK's default

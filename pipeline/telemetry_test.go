@@ -412,60 +412,29 @@ func TestTelemetryStageUsesTheSpanInTheMessageContext(t *testing.T) {
 	}
 }
 
-// telTxKey marks the fake transaction in a context.
-type telTxKey struct{}
-
-// telTxManager is a fake pipeline.TxManager that counts what it is asked.
-type telTxManager struct{ begins, commits, rollbacks atomic.Int32 }
-
-func (m *telTxManager) Begin(ctx context.Context) (context.Context, error) {
-	m.begins.Add(1)
-	return context.WithValue(ctx, telTxKey{}, true), nil
-}
-func (m *telTxManager) Commit(context.Context) error   { m.commits.Add(1); return nil }
-func (m *telTxManager) Rollback(context.Context) error { m.rollbacks.Add(1); return nil }
-
-// telTxStore is a store that can write the outcome inside the fake
-// transaction (store.TxCompleter).
-type telTxStore struct{ store.Store }
-
-func (s telTxStore) CompleteInTx(ctx context.Context, lease store.Lease, out store.Outcome) error {
-	if ctx.Value(telTxKey{}) == nil {
-		return store.ErrNoTransaction
-	}
-	return s.Store.Complete(ctx, lease, out)
-}
-
-// With the transaction stage and a store.TxCompleter, the success is written
-// in the handler's transaction: oncemill.store.complete_in_tx instead of
-// oncemill.store.complete.
-func TestTelemetryCompleteInTxSpan(t *testing.T) {
+// In the one-transaction mode the store spans are the claim and the
+// commit.
+func TestTelemetryOneTransactionSpans(t *testing.T) {
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Telemetry = k.tel
-		c.Store = telTxStore{c.Store}
-	})
-	tm := &telTxManager{}
-	tx, err := pipeline.NewTransaction(tm)
+	st := newFakeTxStore()
+	t.Cleanup(func() { _ = st.Close() })
+	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Default(), Telemetry: k.tel})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage, Transaction: tx}.Middleware(telNoop)
+	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: idem}.Middleware(telNoop)
 	if err := telRun(handler, msg("m1", "x")); err != nil {
 		t.Fatal(err)
-	}
-	if tm.begins.Load() != 1 || tm.commits.Load() != 1 || tm.rollbacks.Load() != 0 {
-		t.Fatalf("begins %d commits %d rollbacks %d", tm.begins.Load(), tm.commits.Load(), tm.rollbacks.Load())
 	}
 	delivery := k.deliveries()
 	if len(delivery) != 1 {
 		t.Fatalf("%d delivery spans", len(delivery))
 	}
-	if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.begin,oncemill.store.complete_in_tx" {
-		t.Fatalf("store spans %v, want begin then complete_in_tx", names)
+	if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.claim,oncemill.store.commit" {
+		t.Fatalf("store spans %v, want claim then commit", names)
 	}
 	ms := k.collect(t)
-	if got := telHistCounts(t, ms, "oncemill.store.duration", "operation"); !telEqualMaps(got, map[string]uint64{"begin": 1, "complete_in_tx": 1}) {
+	if got := telHistCounts(t, ms, "oncemill.store.duration", "operation"); !telEqualMaps(got, map[string]uint64{"claim": 1, "commit": 1}) {
 		t.Fatalf("store.duration counts %v", got)
 	}
 }

@@ -10,8 +10,7 @@ import (
 
 // TxManager begins, commits and rolls back the transactions of the
 // transaction stage. The transaction travels in the context: Begin returns a
-// context carrying it, where the handler finds it, and so does a store that
-// writes the outcome inside it (store.TxCompleter). The methods mention only
+// context carrying it, where the handler finds it. The methods mention only
 // standard types, so store/postgres satisfies this interface without
 // importing this package, and this package never imports a driver.
 type TxManager interface {
@@ -28,14 +27,16 @@ type TxManager interface {
 // They are retryable unless the policy says otherwise.
 var ErrTransaction = errors.New("oncemill: transaction")
 
-// Transaction runs the handler inside a transaction: it commits only after
-// the handler succeeds, and rolls back on an error or a panic.
+// Transaction runs the handler inside a transaction of a TxManager: it
+// commits only after the handler succeeds, and rolls back on an error or a
+// panic. Each retry attempt gets a fresh transaction.
 //
-// Inside the idempotency stage, the success is written in the same
-// transaction right before the commit when the store can do that
-// (store.TxCompleter): business writes and the "processed" record commit
-// together or not at all, and a lease lost meanwhile rolls the business
-// writes back. Each retry attempt gets a fresh transaction.
+// This is the lease mode's transaction, separate from the record: the
+// idempotency stage records the success after this commit, so a crash
+// between the two runs the message again. Use it when the records live
+// elsewhere than the business data (Redis, another database). When they
+// share a PostgreSQL database, the one-transaction mode
+// (IdempotencyConfig.TxStore) commits both together instead.
 type Transaction struct {
 	tm TxManager
 }
@@ -74,19 +75,9 @@ func (t *Transaction) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			return nil, err
 		}
-		e, guarded := orig.Value(executionKey{}).(*execution)
-		inTx := false
-		if guarded {
-			if inTx, err = e.completeInTx(txCtx, msgs); err != nil {
-				return nil, err
-			}
-		}
 		settled = true // a failed commit has already rolled back
 		if err := t.tm.Commit(txCtx); err != nil {
 			return nil, fmt.Errorf("%w: commit: %w", ErrTransaction, err)
-		}
-		if inTx {
-			e.completed = true
 		}
 		return msgs, nil
 	}

@@ -37,13 +37,32 @@ type Builder struct {
 	telemetry  pipeline.TelemetryConfig
 }
 
-// New starts a builder over st with the defaults: the message UUID as the key,
-// the handler name as the scope, and policy.Default.
+// New starts a builder in the lease mode over st, with the defaults: the
+// message UUID as the key, the handler name as the scope, and
+// policy.Default. The lease mode claims a key with a statement of its own,
+// keeps the lease alive with a heartbeat while the handler runs, and
+// records the outcome after it: for records kept apart from the business
+// data (memory, Redis, another database).
 func New(st store.Store) *Builder {
 	return &Builder{cfg: pipeline.IdempotencyConfig{
 		Store:  st,
 		Keys:   keygen.UUID(),
 		Policy: policy.Default(),
+	}}
+}
+
+// NewTransactional starts a builder in the one-transaction mode over ts
+// (store/postgres), with the defaults of New. The key is claimed by the
+// first statement of the handler's own transaction, which the handler
+// finds in its context (postgres.TxFromContext), and the success commits
+// with the handler's writes or not at all. A concurrent duplicate waits for
+// that transaction, up to the in-progress bound. There is no lease to keep
+// alive: WithLease and WithHeartbeat do not apply.
+func NewTransactional(ts store.Transactional) *Builder {
+	return &Builder{cfg: pipeline.IdempotencyConfig{
+		TxStore: ts,
+		Keys:    keygen.UUID(),
+		Policy:  policy.Default(),
 	}}
 }
 
@@ -85,6 +104,14 @@ func (b *Builder) WithScope(scope string) *Builder {
 		return b.invalid("WithScope(\"\"): leave it unset to scope by handler name, or pass a name")
 	}
 	b.cfg.Scope = scope
+	return b
+}
+
+// WithPolicy replaces the whole policy (default policy.Default()); the
+// With methods below change one field of it. Build validates it.
+func (b *Builder) WithPolicy(p policy.Policy) *Builder {
+	b.cfg.Policy = p
+	b.heartbeatSet = true
 	return b
 }
 
@@ -219,13 +246,15 @@ func (b *Builder) WithCircuitBreaker(cfg pipeline.BreakerConfig) *Builder {
 	return b
 }
 
-// WithTransaction runs the handler inside a transaction of tm, committed
-// only after it succeeds. With a store that implements store.TxCompleter on
-// the same database (store/postgres), the success is recorded inside that
-// transaction.
-func (b *Builder) WithTransaction(tm pipeline.TxManager) *Builder {
+// WithSeparateTransaction runs the handler of the lease mode inside a
+// transaction of tm (such as postgres.NewTxManager), committed only after
+// it succeeds. The record is written after that commit, apart from it: a
+// crash in between runs the message again. It is for records kept
+// elsewhere than the business data; when both are in one PostgreSQL
+// database, NewTransactional commits them together.
+func (b *Builder) WithSeparateTransaction(tm pipeline.TxManager) *Builder {
 	if tm == nil {
-		return b.invalid("WithTransaction(nil): pass a transaction manager such as postgres.Store.TxManager()")
+		return b.invalid("WithSeparateTransaction(nil): pass a transaction manager such as postgres.NewTxManager(pool, pgx.TxOptions{})")
 	}
 	b.tx = tm
 	return b
@@ -322,14 +351,11 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 		}
 	}
 	if b.tx != nil {
+		if cfg.TxStore != nil {
+			return c, errors.New("WithSeparateTransaction with NewTransactional: the one-transaction mode already runs the handler in the store's transaction; drop WithSeparateTransaction")
+		}
 		if c.Transaction, err = pipeline.NewTransaction(b.tx); err != nil {
 			return c, err
-		}
-		if _, ok := cfg.Store.(store.TxCompleter); !ok && cfg.Logger != nil {
-			// Allowed (the records may live elsewhere than the business
-			// data), but easy to get by accident: a wrapper around a
-			// TxCompleter store hides the method.
-			cfg.Logger.Info("The store cannot record inside the handler's transaction, so the success is recorded after the commit; a crash in between runs the message again", watermill.LogFields{"store": fmt.Sprintf("%T", cfg.Store)})
 		}
 	}
 	return c, nil

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
@@ -122,7 +121,11 @@ func TestBuildRefusesBadStageConfiguration(t *testing.T) {
 		{"nil validation", func() *receiver.Builder { return receiver.New(st).WithValidation(nil) }, "WithValidation(nil)"},
 		{"zero retry config", func() *receiver.Builder { return receiver.New(st).WithRetry(pipeline.RetryConfig{}) }, "pipeline.DefaultRetryConfig()"},
 		{"zero breaker config", func() *receiver.Builder { return receiver.New(st).WithCircuitBreaker(pipeline.BreakerConfig{}) }, "pipeline.DefaultBreakerConfig()"},
-		{"nil transaction manager", func() *receiver.Builder { return receiver.New(st).WithTransaction(nil) }, "WithTransaction(nil)"},
+		{"nil transaction manager", func() *receiver.Builder { return receiver.New(st).WithSeparateTransaction(nil) }, "WithSeparateTransaction(nil)"},
+		{"nil transactional store", func() *receiver.Builder { return receiver.NewTransactional(nil) }, "Store is nil"},
+		{"a second transaction in the one-transaction mode", func() *receiver.Builder {
+			return receiver.NewTransactional(struct{ store.Transactional }{}).WithSeparateTransaction(telTxManager{})
+		}, "drop WithSeparateTransaction"},
 		{"nil dead-letter publisher", func() *receiver.Builder { return receiver.New(st).WithDeadLetter(nil, "dead") }, "publisher is nil"},
 		{"empty dead-letter topic", func() *receiver.Builder {
 			return receiver.New(st).WithDeadLetter(gochannel.NewGoChannel(gochannel.Config{}, nil), "")
@@ -170,39 +173,5 @@ func TestBuildFullChainWithDefaults(t *testing.T) {
 	want := []pipeline.Outcome{pipeline.Executed, pipeline.Replayed, pipeline.Invalid}
 	if calls != 1 || len(outcomes) != 3 || outcomes[0] != want[0] || outcomes[1] != want[1] || outcomes[2] != want[2] {
 		t.Fatalf("calls %d outcomes %v, want 1 and %v", calls, outcomes, want)
-	}
-}
-
-// A transaction with a store that cannot record inside it is allowed, but
-// Build says so: a wrapper around a TxCompleter store hides the method and
-// silently moves the record after the commit.
-func TestBuildSaysWhenTheRecordIsWrittenAfterTheCommit(t *testing.T) {
-	st, err := memory.New(memory.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	const warning = "The store cannot record inside the handler's transaction, so the success is recorded after the commit; a crash in between runs the message again"
-	for _, tt := range []struct {
-		name  string
-		store store.Store
-		warns bool
-	}{
-		{"plain store", st, true},
-		{"TxCompleter store", telTxStore{st}, false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			logs := watermill.NewCaptureLogger()
-			if _, err := receiver.New(tt.store).WithLogger(logs).WithTransaction(telTxManager{}).Build(); err != nil {
-				t.Fatal(err)
-			}
-			warned := false
-			for _, m := range logs.Captured()[watermill.InfoLogLevel] {
-				warned = warned || m.Msg == warning
-			}
-			if warned != tt.warns {
-				t.Fatalf("Build logged the after-commit warning: %v, want %v (logs %v)", warned, tt.warns, logs.Captured())
-			}
-		})
 	}
 }

@@ -32,7 +32,6 @@ import (
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
-	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
 )
 
@@ -342,24 +341,15 @@ func (telTxManager) Begin(ctx context.Context) (context.Context, error) {
 func (telTxManager) Commit(context.Context) error   { return nil }
 func (telTxManager) Rollback(context.Context) error { return nil }
 
-// telTxStore writes the outcome inside the fake transaction.
-type telTxStore struct{ store.Store }
-
-func (s telTxStore) CompleteInTx(ctx context.Context, lease store.Lease, out store.Outcome) error {
-	if ctx.Value(telTxKey{}) == nil {
-		return store.ErrNoTransaction
-	}
-	return s.Store.Complete(ctx, lease, out)
-}
-
-// With WithTransaction and a store.TxCompleter the success is recorded by
-// oncemill.store.complete_in_tx, a child of the delivery span.
-func TestReceiverTelemetryCompleteInTx(t *testing.T) {
+// With WithSeparateTransaction the lease mode records the success after
+// the commit: oncemill.store.begin and .complete, children of the delivery
+// span.
+func TestReceiverTelemetrySeparateTransaction(t *testing.T) {
 	own := newTelSDK(t)
-	r, err := receiver.New(telTxStore{telStore(t)}).
+	r, err := receiver.New(telStore(t)).
 		WithTracerProvider(own.tp).
 		WithMeterProvider(own.mp).
-		WithTransaction(telTxManager{}).
+		WithSeparateTransaction(telTxManager{}).
 		Build()
 	if err != nil {
 		t.Fatal(err)
@@ -376,7 +366,7 @@ func TestReceiverTelemetryCompleteInTx(t *testing.T) {
 			children = append(children, s.Name())
 		}
 	}
-	if strings.Join(children, ",") != "oncemill.store.begin,oncemill.store.complete_in_tx" {
+	if strings.Join(children, ",") != "oncemill.store.begin,oncemill.store.complete" {
 		t.Fatalf("children of the delivery span: %v", children)
 	}
 	attrs := map[string]string{}

@@ -43,17 +43,89 @@ type KeyLimiter interface {
 	MaxKeyLen() int
 }
 
-// TxCompleter is implemented by stores that can write the final outcome
-// inside the caller's own transaction: the one the store's transaction
-// manager began and put into ctx for the handler. The business writes and
-// the "processed" record then commit together or not at all.
+// Transactional is implemented by stores that keep the record in the same
+// database as the handler's business data and write it inside the
+// handler's own transaction: the one-transaction mode.
 //
-// CompleteInTx follows the rules of Complete (ErrLeaseLost when the lease is
-// not current, changing nothing), but its write only takes effect if the
-// transaction commits. When ctx carries no transaction of this store it
-// returns an error wrapping ErrNoTransaction.
-type TxCompleter interface {
-	CompleteInTx(ctx context.Context, lease Lease, out Outcome) error
+// Claim begins a transaction whose first statement claims the key. The
+// uncommitted record is the lease: a concurrent Claim of the key waits on
+// it (at most ClaimRequest.Wait), then replays what the first committed, or
+// takes the key when the first rolled back or its connection died. The
+// record is written in its final, succeeded form by the claim, so a commit
+// without produced messages writes nothing more; the business writes and
+// "processed" commit together or not at all. There is no heartbeat and no
+// lease expiry: the lease lasts as long as the transaction.
+//
+// A failed attempt rolls back, claim included. RecordRollback then records
+// what the failure leaves behind, unless another delivery claimed or
+// finished the key meanwhile: out.Status StatusFailed caches the failure
+// for out.TTL; StatusRetryable keeps the lease's attempt count for out.TTL,
+// so that attempts are counted across deliveries. fingerprint is the
+// claim's, kept for mismatch detection.
+type Transactional interface {
+	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+	RecordRollback(ctx context.Context, lease Lease, fingerprint string, out Outcome) error
+}
+
+// ClaimRequest asks for the key inside a new transaction.
+type ClaimRequest struct {
+	Scope       string
+	Key         string
+	Fingerprint string
+	// SuccessTTL is how long a success is replayed, counted from the
+	// commit. Must be positive.
+	SuccessTTL time.Duration
+	// Retain is how long the record is kept at least, whatever its outcome
+	// (the longest of the outcome TTLs). Zero means SuccessTTL.
+	Retain time.Duration
+	// Wait bounds how long the claim waits for another delivery that holds
+	// the key in its transaction; past it the answer is InProgress. Must be
+	// positive.
+	Wait time.Duration
+}
+
+// Validate reports a request no store can serve.
+func (r ClaimRequest) Validate() error {
+	switch {
+	case r.Key == "":
+		return errors.Join(ErrInvalidRequest, errors.New("empty key"))
+	case r.SuccessTTL <= 0:
+		return errors.Join(ErrInvalidRequest, errors.New("success TTL must be positive"))
+	case r.Retain < 0:
+		return errors.Join(ErrInvalidRequest, errors.New("retain must not be negative"))
+	case r.Wait <= 0:
+		return errors.Join(ErrInvalidRequest, errors.New("wait must be positive"))
+	}
+	return nil
+}
+
+// ClaimResult is Claim's answer. With Decision Execute, Tx is the open
+// transaction that holds the claim; for every other decision the
+// transaction has already ended and Tx is nil.
+type ClaimResult struct {
+	BeginResult
+	Tx Tx
+	// Contended is true when the claim met the key held by another
+	// delivery's open transaction and waited for it: it then replays what
+	// that one committed, or answers InProgress past the wait. (A wait that
+	// ends in Execute, the holder having rolled back, leaves no trace.)
+	Contended bool
+}
+
+// Tx is the handler's transaction in the one-transaction mode. Exactly one
+// of Commit and Rollback ends it; both release its connection.
+type Tx interface {
+	// Context returns ctx carrying the transaction, where the handler finds
+	// it (for store/postgres: postgres.TxFromContext).
+	Context(ctx context.Context) context.Context
+	// Commit stores result (the encoded produced messages; nil for none)
+	// with the success and commits. The success is replayed for
+	// SuccessTTL from the commit. An error means the outcome is unknown or
+	// rolled back: the caller treats the attempt as failed, and a later
+	// Claim finds what really happened.
+	Commit(ctx context.Context, result []byte) error
+	// Rollback ends the transaction, claim and business writes included.
+	Rollback(ctx context.Context) error
 }
 
 // Sentinel errors. Implementations wrap them with %w and context.
@@ -67,7 +139,7 @@ var (
 	ErrInvalidRequest = errors.New("store: invalid request")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("store: closed")
-	// ErrNoTransaction: CompleteInTx found no transaction of the store in ctx.
+	// ErrNoTransaction: no transaction of the store in the context.
 	ErrNoTransaction = errors.New("store: no transaction in context")
 )
 
@@ -132,6 +204,10 @@ type BeginRequest struct {
 	Fingerprint string
 	// Lease is how long the lease lasts without Extend. Must be positive.
 	Lease time.Duration
+	// Retain is how long the record is kept at least, whatever its outcome
+	// (the longest of the outcome TTLs): stores that remove records in the
+	// background schedule the removal from it. Zero means Lease.
+	Retain time.Duration
 }
 
 // Validate reports a request no store can serve.

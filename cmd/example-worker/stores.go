@@ -1,7 +1,7 @@
 package main
 
 // The idempotency store, the ledger that lives beside it, and, for
-// PostgreSQL, the transaction manager of the transactional mode.
+// PostgreSQL, the one-transaction mode.
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -24,9 +23,9 @@ import (
 type storeSetup struct {
 	store  store.Store
 	ledger effectLedger
-	// tx is the transaction manager of the transactional mode (postgres
-	// only): the handler's ledger write and oncemill's record commit together.
-	tx pipeline.TxManager
+	// tx is the store of the one-transaction mode (postgres only): the
+	// handler's ledger write and oncemill's record commit together.
+	tx store.Transactional
 	// shared is true when other processes see the same records.
 	shared bool
 	close  func()
@@ -60,12 +59,12 @@ func newPostgresStore(ctx context.Context, cfg config) (*storeSetup, error) {
 		return nil, fmt.Errorf("postgres (%s): %w", where, err)
 	}
 	if !strings.Contains(cfg.PostgresDSN, "pool_max_conns") {
-		// In transactional mode every handler in flight holds a connection
-		// for its transaction, and the store needs more for Begin, the
-		// heartbeat and the lease checks: size the pool for the worker's
-		// concurrency unless the DSN says otherwise.
-		// (The store's coalescing workers take up to 8 more.)
-		poolCfg.MaxConns = int32(2*concurrency(cfg) + 10)
+		// In the one-transaction mode every handler in flight holds one
+		// connection for its transaction and needs no other; a failure
+		// takes one more for a moment to record itself, and the cleaner
+		// one: size the pool for the worker's concurrency unless the DSN
+		// says otherwise.
+		poolCfg.MaxConns = int32(concurrency(cfg) + 4)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
@@ -90,7 +89,7 @@ func newPostgresStore(ctx context.Context, cfg config) (*storeSetup, error) {
 		closeAll()
 		return nil, err
 	}
-	return &storeSetup{store: st, ledger: led, tx: st.TxManager(), shared: true, close: closeAll}, nil
+	return &storeSetup{store: st, ledger: led, tx: st, shared: true, close: closeAll}, nil
 }
 
 func newRedisStore(ctx context.Context, cfg config) (*storeSetup, error) {

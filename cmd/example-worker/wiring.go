@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -37,7 +36,7 @@ func newKeyGenerator(kind string) (keygen.Generator, error) {
 // guardDeps is what the oncemill receiver is built over.
 type guardDeps struct {
 	store     store.Store
-	tx        pipeline.TxManager // nil: not transactional
+	tx        store.Transactional // nil: the lease mode over store
 	keys      keygen.Generator
 	log       *slog.Logger
 	onEvent   func(pipeline.Event)
@@ -55,8 +54,14 @@ func newGuard(cfg config, d guardDeps) (message.HandlerMiddleware, error) {
 	if cfg.NoIdempotency {
 		return withoutIdempotency(watermill.NewSlogLogger(d.log), d.onEvent), nil
 	}
-	b := receiver.New(d.store).
-		WithKeyGenerator(d.keys).
+	// The one-transaction mode (postgres): the ledger row and the
+	// "processed" record commit in one PostgreSQL transaction. Otherwise
+	// the lease mode.
+	b := receiver.New(d.store)
+	if d.tx != nil {
+		b = receiver.NewTransactional(d.tx)
+	}
+	b = b.WithKeyGenerator(d.keys).
 		WithScope(cfg.Scope).
 		WithLease(cfg.Lease).
 		WithHeartbeat(cfg.Lease/3).
@@ -71,17 +76,6 @@ func newGuard(cfg config, d guardDeps) (message.HandlerMiddleware, error) {
 		WithCachedErrors(errInvalidAmount).
 		WithSlog(d.log).
 		WithEventHandler(d.onEvent)
-	if d.tx != nil {
-		// Transactional mode: the ledger row and the "processed" record
-		// commit in one PostgreSQL transaction. That takes a store that
-		// writes its record inside the transaction; any other (a wrapper
-		// that hides the method, say) would record after the commit, and a
-		// crash in between would charge the command again.
-		if _, ok := d.store.(store.TxCompleter); !ok {
-			return nil, fmt.Errorf("transactional mode needs a store that records inside the handler's transaction (store.TxCompleter); %T is not one", d.store)
-		}
-		b = b.WithTransaction(d.tx)
-	}
 	if d.deadPub != nil {
 		b = b.WithDeadLetter(d.deadPub, d.deadTopic)
 	}

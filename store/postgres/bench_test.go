@@ -10,16 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
-// BenchmarkBeginComplete measures unique messages per second through Begin
-// and Complete (two statements per message), at 1, 4, 16 and 64 concurrent
-// handlers on a pool of at most 16 connections. Compare with pgbench running
+// BenchmarkBeginComplete measures unique messages per second through the
+// lease mode's Begin and Complete (two statements per message), at 1, 4, 16
+// and 64 concurrent handlers on a pool of at most 16 connections. Compare with pgbench running
 // testdata/pgbench-insert.sql (one statement per message) at the same
 // client counts.
 //
@@ -48,62 +47,6 @@ func BenchmarkBeginComplete(b *testing.B) {
 				})
 			})
 		}
-	}
-}
-
-// BenchmarkBatchWorkers compares statements in flight per kind at 16
-// handlers (Options.BatchWorkers).
-func BenchmarkBatchWorkers(b *testing.B) {
-	for _, workers := range []int{1, 2, 4} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			pool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = 16 })
-			s := newStore(b, pool, postgres.Options{BatchWorkers: workers})
-			runHandlers(b, 16, func(ctx context.Context, key string) error {
-				res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Lease: time.Minute})
-				if err != nil {
-					return err
-				}
-				return s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour})
-			})
-		})
-	}
-}
-
-// BenchmarkTransactional is the transactional mode end to end: Begin, then
-// one transaction holding a business INSERT and the success record
-// (CompleteInTx), committed. One flush per message with AsyncBegin.
-func BenchmarkTransactional(b *testing.B) {
-	for _, handlers := range []int{1, 4, 16} {
-		b.Run(fmt.Sprintf("async-begin/handlers=%d", handlers), func(b *testing.B) {
-			pool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = 32 })
-			schema := newSchema(b, pool)
-			s := newStore(b, pool, postgres.Options{Schema: schema, AsyncBegin: true})
-			ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
-			if _, err := pool.Exec(b.Context(), "CREATE TABLE "+ledger+" (key text PRIMARY KEY, amount int)"); err != nil {
-				b.Fatal(err)
-			}
-			tm := s.TxManager()
-			runHandlers(b, handlers, func(ctx context.Context, key string) error {
-				res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Lease: time.Minute})
-				if err != nil {
-					return err
-				}
-				txCtx, err := tm.Begin(ctx)
-				if err != nil {
-					return err
-				}
-				tx, _ := postgres.TxFromContext(txCtx)
-				if _, err := tx.Exec(txCtx, "INSERT INTO "+ledger+" VALUES ($1, 100)", key); err != nil {
-					tm.Rollback(txCtx) //nolint:errcheck
-					return err
-				}
-				if err := s.CompleteInTx(txCtx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
-					tm.Rollback(txCtx) //nolint:errcheck
-					return err
-				}
-				return tm.Commit(txCtx)
-			})
-		})
 	}
 }
 

@@ -4,19 +4,24 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/oncemill/oncemill/store"
 )
 
 // DeleteExpired implements store.Store: one bounded DELETE of up to limit
-// expired records (expired leases included), oldest first. It skips rows
+// expired records (expired leases included) whose purge time has come (the
+// claim's BeginRequest.Retain), oldest first. It skips rows
 // that another transaction holds (FOR UPDATE SKIP LOCKED), so it never waits
 // for a Begin, and holds its own row locks for one short statement.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, invalid("delete expired", "limit is %d, must be positive", limit)
 	}
-	if err := s.checkOpen("delete expired"); err != nil {
+	ctx, cancel, err := s.enter(ctx, "delete expired", 0)
+	if err != nil {
 		return 0, err
 	}
+	defer s.leave(cancel)
 	tag, err := s.pool.Exec(ctx, s.sql.deleteExpired, limit)
 	if err != nil {
 		return 0, wrap("delete expired", err)
@@ -36,8 +41,8 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 // worker that dies mid-pass releases it with its session. Each batch is its
 // own short transaction, so no lock is held from one batch to the next.
 func (s *Store) CleanupPass(ctx context.Context) (removed int, ran bool, err error) {
-	if err := s.checkOpen("cleanup"); err != nil {
-		return 0, false, err
+	if s.isClosed() {
+		return 0, false, fmt.Errorf("postgres: cleanup: %w", store.ErrClosed)
 	}
 	return s.cleanupPass(ctx)
 }
@@ -46,12 +51,14 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 	s.cleanupMu.Lock()
 	defer s.cleanupMu.Unlock()
 
-	conn, err := s.pool.Acquire(ctx)
+	actx, cancel := context.WithTimeout(ctx, s.opts.StatementTimeout)
+	defer cancel()
+	conn, err := s.pool.Acquire(actx)
 	if err != nil {
 		return 0, false, wrap("cleanup", err)
 	}
 	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.cleanupKey).Scan(&locked); err != nil {
+	if err := conn.QueryRow(actx, "SELECT pg_try_advisory_lock($1)", s.cleanupKey).Scan(&locked); err != nil {
 		conn.Release()
 		return 0, false, wrap("cleanup: taking the cleaner lock", err)
 	}
@@ -60,7 +67,7 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 		return 0, false, nil
 	}
 	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StatementTimeout)
 		defer cancel()
 		var unlocked bool
 		if uerr := conn.QueryRow(uctx, "SELECT pg_advisory_unlock($1)", s.cleanupKey).Scan(&unlocked); uerr != nil || !unlocked {
@@ -78,7 +85,10 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 		}
 		start := time.Now()
 		var n int
-		if err := conn.QueryRow(ctx, s.sql.cleanupBatch, batch, cursor).Scan(&n, &cursor); err != nil {
+		bctx, cancel := context.WithTimeout(ctx, s.opts.StatementTimeout)
+		err := conn.QueryRow(bctx, s.sql.cleanupBatch, batch, cursor).Scan(&n, &cursor)
+		cancel()
+		if err != nil {
 			return removed, true, wrap("cleanup", err)
 		}
 		removed += n

@@ -29,15 +29,15 @@ func TestContract(t *testing.T) {
 	})
 }
 
-// The suite again with Begin committing asynchronously and one request per
-// statement: the decisions must not depend on either.
-func TestContractAsyncUnbatched(t *testing.T) {
+// The suite again with Begin committing asynchronously: the decisions must
+// not depend on it.
+func TestContractAsyncBegin(t *testing.T) {
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	newStore(t, pool, postgres.Options{Schema: schema})
 	qualified := table(schema, "")
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1, AsyncBegin: true, MaxBatch: 1, BatchWorkers: 1})
+		s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1, AsyncBegin: true})
 		if err != nil {
 			t.Fatal(err)
 		}

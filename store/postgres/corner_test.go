@@ -9,6 +9,11 @@ import (
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
+type beginOutcome struct {
+	res store.BeginResult
+	err error
+}
+
 // The READ COMMITTED corner of Begin's single statement: another transaction
 // commits the row after the statement took its snapshot. The upsert then
 // sees the newest version (and does not take the key) while the read of the
@@ -58,7 +63,7 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 	// 1. The row did not exist for the snapshot: inserted and committed by
 	// another worker meanwhile. Neither inserted nor visible at first.
 	res, token := race("absent", `INSERT INTO `+qualified+`
-		(scope, key, status, token, attempt, lease_expires_at, expires_at, created_at, updated_at)
+		(scope, key, status, token, attempt, purge_at, expires_at, created_at, updated_at)
 		VALUES ('c', $1, 1, nextval('`+seq+`'), 1, now() + interval '1 hour', now() + interval '1 hour', now(), now())
 		RETURNING token`)
 	if res.Decision != store.InProgress || res.Record.Token != token {
@@ -73,7 +78,7 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 	}
 	advance(t, pool, qualified, 2*time.Minute)
 	res, token = race("expired", `UPDATE `+qualified+` SET token = nextval('`+seq+`'), attempt = attempt + 1,
-		lease_expires_at = now() + interval '1 hour', expires_at = now() + interval '1 hour'
+		expires_at = now() + interval '1 hour'
 		WHERE scope = 'c' AND key = $1 RETURNING token`)
 	if res.Decision != store.InProgress || res.Record.Token != token || token <= first.Lease.Token {
 		t.Fatalf("Begin after a concurrent takeover = %v (record %+v), want in_progress with the new token %d", res.Decision, res.Record, token)

@@ -24,7 +24,7 @@ import (
 )
 
 // The crash test models a broker as a table of messages: a consumer takes
-// unacked ones, runs them through the real pipeline in transactional mode
+// unacked ones, runs them through the real pipeline in the one-transaction mode
 // (idempotency → transaction → handler INSERTing into a ledger), and acks a
 // message by marking it after the pipeline returned success. A consumer
 // killed before that UPDATE leaves the message unacked, and it is delivered
@@ -220,20 +220,14 @@ func TestCrashChild(t *testing.T) {
 	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
 
 	p := policy.Default()
-	p.Lease = time.Second // a crashed holder's key is taken over after 1 s
-	p.Heartbeat = 300 * time.Millisecond
 	p.InProgress = policy.Nack // the broker redelivers later
 	p.NackDelay = 10 * time.Millisecond
 	p.MaxAttempts = 1 << 20 // crashes are not failures to cap
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: s, Keys: keygen.UUID(), Scope: "crash", Policy: p})
+	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: s, Keys: keygen.UUID(), Scope: "crash", Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
-	txs, err := pipeline.NewTransaction(s.TxManager())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := idem.Middleware(txs.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	h := pipeline.Chain{Idempotency: idem}.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := postgres.TxFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("no transaction")
@@ -243,7 +237,7 @@ func TestCrashChild(t *testing.T) {
 		}
 		maybeDie(0.05) // after the business write, before the commit
 		return nil, nil
-	}))
+	})
 
 	ctx := context.Background()
 	for {

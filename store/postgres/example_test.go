@@ -11,9 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
-	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -78,9 +77,9 @@ func Example() {
 	// replay succeeded {"charged":true}
 }
 
-// The transactional mode: the handler writes through the transaction it
-// finds in its context, and the success record commits in that same
-// transaction.
+// The one-transaction mode: the key is claimed by the first statement of
+// the handler's transaction, the handler writes through that transaction,
+// and the success commits with its writes.
 func ExampleTxFromContext() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, exampleDSN())
@@ -100,25 +99,17 @@ func ExampleTxFromContext() {
 		log.Fatal(err)
 	}
 
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
-		Store:   st,
-		Keys:    keygen.UUID(),
-		Scope:   "payments",
-		Policy:  policy.Default(),
-		OnEvent: func(e pipeline.Event) { fmt.Println("outcome:", e.Outcome) },
-	})
+	r, err := receiver.NewTransactional(st).
+		WithEventHandler(func(e pipeline.Event) { fmt.Println("outcome:", e.Outcome) }).
+		Build()
 	if err != nil {
 		log.Fatal(err)
 	}
-	tx, err := pipeline.NewTransaction(st.TxManager())
-	if err != nil {
-		log.Fatal(err)
-	}
-	handler := idem.Middleware(tx.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	handler := r.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, _ := postgres.TxFromContext(msg.Context())
 		_, err := tx.Exec(msg.Context(), `INSERT INTO oncemill_example.payments VALUES ($1, 100)`, msg.UUID)
-		return nil, err // on success, the record is written in tx right before its commit
-	}))
+		return nil, err // nil commits the payment and the record together
+	})
 
 	msg := message.NewMessage("payment-"+rand.Text(), []byte(`{"amount":100}`))
 	for range 2 { // the broker delivers it twice

@@ -106,11 +106,46 @@ func advance(tb testing.TB, pool *pgxpool.Pool, qualified string, d time.Duratio
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET
-		lease_expires_at = lease_expires_at - $1 * interval '1 microsecond',
+		purge_at = purge_at - $1 * interval '1 microsecond',
 		expires_at = expires_at - $1 * interval '1 microsecond',
 		created_at = created_at - $1 * interval '1 microsecond',
 		updated_at = updated_at - $1 * interval '1 microsecond'`, qualified), d.Microseconds())
 	if err != nil {
 		tb.Fatalf("advancing the clock by %v: %v", d, err)
 	}
+}
+
+// waitFor polls cond until it holds, failing the test after 30 s.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitForLockWait waits until a statement naming schema waits for a lock.
+func waitForLockWait(tb testing.TB, pool *pgxpool.Pool, schema string) {
+	tb.Helper()
+	waitFor(tb, "a statement to wait for a row lock", func() bool {
+		var n int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND position($1 in query) > 0`, schema).Scan(&n)
+		return err == nil && n > 0
+	})
+}
+func lockRow(t *testing.T, pool *pgxpool.Pool, schema, scope, key string) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck
+	if _, err := tx.Exec(t.Context(), "SELECT 1 FROM "+table(schema, "")+" WHERE scope = $1 AND key = $2 FOR UPDATE", scope, key); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }

@@ -21,8 +21,7 @@ const (
 	DefaultCleanupInterval = time.Minute
 	DefaultCleanupBatch    = 1000
 	DefaultCleanupDuty     = 0.5
-	DefaultMaxBatch        = 128
-	DefaultBatchWorkers    = 1
+	DefaultStatementTimeout = 5 * time.Second
 
 	// MaxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
 	// fit in one B-tree entry of the primary key (about 2,700 bytes).
@@ -38,8 +37,6 @@ const (
 
 	maxTableLen     = 48 // leaves room for the suffixes of derived names
 	maxCleanupBatch = 100_000
-	maxMaxBatch     = 10_000
-	maxBatchWorkers = 64
 )
 
 // identRE is what Schema and Table must match: a lower-case SQL identifier
@@ -84,29 +81,26 @@ type Options struct {
 	// 1 deletes without rest.
 	CleanupDuty float64
 
-	// MaxBatch bounds how many waiting Begins (or Completes) go into one
-	// statement (default 128).
-	MaxBatch int
-	// BatchWorkers is how many coalesced statements of each kind (Begin,
-	// Complete) may run at once (default 1); each uses one pool connection
-	// while it runs. A caller that finds one free runs its request at once,
-	// together with whatever is queued, without waiting for more; callers
-	// that find none free queue for the next statement. More than one cuts
-	// the wait behind a running statement but splits the queue into smaller
-	// statements and uses more connections (BenchmarkBatchWorkers).
-	BatchWorkers int
+	// StatementTimeout bounds every operation of the store (default 5s):
+	// acquiring a connection and one statement's round trip, or a
+	// one-transaction claim's round trip on top of its wait for the key.
+	// Past it the operation fails with context.DeadlineExceeded, and pgx
+	// closes the connection it was using, so that a stalled server or
+	// network holds no caller longer than this.
+	StatementTimeout time.Duration
 
 	// AsyncBegin commits the lease that Begin takes without waiting for the
 	// WAL flush (synchronous_commit = off for that statement only). It
-	// halves the flushes per message. It is safe with the transactional
-	// mode, where the handler's transaction flushes the lease before the
-	// success can commit. Without it, a crash of the database server
+	// halves the flushes per message of the lease mode (the
+	// one-transaction mode has one flush per message anyway). Without it, a
+	// crash of the database server
 	// within about 0.6 s of a Begin may forget that lease, and a
 	// duplicate delivered after the restart runs again. Off by default.
 	AsyncBegin bool
 
-	// TxOptions are used by TxManager to begin the handler's transaction
-	// (default: the server's default isolation, read-write).
+	// TxOptions begin the handler's transaction in the one-transaction
+	// mode (default: the server's default isolation, read-write).
+	// BeginQuery and CommitQuery are not supported.
 	TxOptions pgx.TxOptions
 
 	// MeterProvider provides the store's metrics (default
@@ -167,16 +161,15 @@ func (o Options) withDefaults() (Options, error) {
 		bad("Options.CleanupDuty is %v; use a share above 0 and at most 1, or 0 for the default %v", o.CleanupDuty, DefaultCleanupDuty)
 	}
 	switch {
-	case o.MaxBatch == 0:
-		o.MaxBatch = DefaultMaxBatch
-	case o.MaxBatch < 0 || o.MaxBatch > maxMaxBatch:
-		bad("Options.MaxBatch is %d; use 1 to %d requests, or 0 for the default %d", o.MaxBatch, maxMaxBatch, DefaultMaxBatch)
+	case o.StatementTimeout == 0:
+		o.StatementTimeout = DefaultStatementTimeout
+	case o.StatementTimeout < time.Millisecond:
+		bad("Options.StatementTimeout is %v; use 1ms or more, or 0 for the default %v", o.StatementTimeout, DefaultStatementTimeout)
 	}
-	switch {
-	case o.BatchWorkers == 0:
-		o.BatchWorkers = DefaultBatchWorkers
-	case o.BatchWorkers < 0 || o.BatchWorkers > maxBatchWorkers:
-		bad("Options.BatchWorkers is %d; use 1 to %d, or 0 for the default %d", o.BatchWorkers, maxBatchWorkers, DefaultBatchWorkers)
+	if o.TxOptions.BeginQuery != "" || o.TxOptions.CommitQuery != "" {
+		bad("Options.TxOptions sets BeginQuery or CommitQuery; oncemill writes its own BEGIN and COMMIT: set IsoLevel, AccessMode and DeferrableMode only")
+	} else if o.TxOptions.AccessMode == pgx.ReadOnly {
+		bad("Options.TxOptions.AccessMode is read only; the handler's transaction writes the record: leave it empty or use pgx.ReadWrite")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -25,7 +25,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"zero value", postgres.Options{}, ""},
 		{"custom names", postgres.Options{Schema: "billing", Table: "dedup_v2"}, ""},
 		{"reserved word as table (quoted)", postgres.Options{Table: "select"}, ""},
-		{"all limits at their bounds", postgres.Options{MaxKeyLen: 1024, MaxResultBytes: 64 << 20, CleanupBatch: 100000, MaxBatch: 10000, BatchWorkers: 64}, ""},
+		{"all limits at their bounds", postgres.Options{MaxKeyLen: 1024, MaxResultBytes: 64 << 20, CleanupBatch: 100000, StatementTimeout: time.Hour}, ""},
 		{"cleanup off", postgres.Options{CleanupInterval: -1}, ""},
 
 		{"injection in table", postgres.Options{Table: "x; drop table users"}, `Options.Table "x; drop table users" is not a plain identifier`},
@@ -45,13 +45,13 @@ func TestOptionsValidation(t *testing.T) {
 		{"huge MaxResultBytes", postgres.Options{MaxResultBytes: 1 << 30}, "Options.MaxResultBytes"},
 		{"negative CleanupBatch", postgres.Options{CleanupBatch: -5}, "Options.CleanupBatch is -5"},
 		{"huge CleanupBatch", postgres.Options{CleanupBatch: 1 << 20}, "Options.CleanupBatch"},
-		{"negative MaxBatch", postgres.Options{MaxBatch: -1}, "Options.MaxBatch is -1"},
+		{"StatementTimeout below a millisecond", postgres.Options{StatementTimeout: time.Microsecond}, "Options.StatementTimeout is 1µs"},
+		{"own BEGIN", postgres.Options{TxOptions: pgx.TxOptions{BeginQuery: "BEGIN"}}, "BeginQuery or CommitQuery"},
+		{"read-only transactions", postgres.Options{TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}, "read only"},
 		{"cleanup without rest", postgres.Options{CleanupDuty: 1}, ""},
 		{"negative CleanupDuty", postgres.Options{CleanupDuty: -0.5}, "Options.CleanupDuty is -0.5"},
 		{"CleanupDuty above 1", postgres.Options{CleanupDuty: 1.5}, "Options.CleanupDuty is 1.5"},
 		{"CleanupDuty NaN", postgres.Options{CleanupDuty: math.NaN()}, "Options.CleanupDuty is NaN"},
-		{"negative BatchWorkers", postgres.Options{BatchWorkers: -2}, "Options.BatchWorkers is -2"},
-		{"too many BatchWorkers", postgres.Options{BatchWorkers: 65}, "Options.BatchWorkers is 65"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

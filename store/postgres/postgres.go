@@ -2,11 +2,9 @@ package postgres
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,53 +19,45 @@ import (
 )
 
 // Store is a store.Store on a PostgreSQL table, shared by every worker that
-// points at it. It is safe for concurrent use. Create it with New, create
-// its table with Migrate, and stop it with Close.
+// points at it, and a store.Transactional: it can write the record inside
+// the handler's own transaction. It is safe for concurrent use. Create it
+// with New, create its table with Migrate, and stop it with Close.
 type Store struct {
 	pool  *pgxpool.Pool
 	opts  Options
 	names names
 	sql   statements
 
-	begins    *batcher[store.BeginRequest, store.BeginResult]
-	completes *batcher[completeReq, struct{}]
-
-	mu        sync.RWMutex // guards closed against new requests
+	mu        sync.RWMutex // guards closed against new operations
 	closed    bool
 	closeOnce sync.Once
-	inflight  sync.WaitGroup // Begins and Completes that got in before Close
+	inflight  sync.WaitGroup // operations that got in before Close
 
 	cleanupKey   int64
 	stopCleaner  context.CancelFunc
 	cleanerDone  chan struct{}
 	telemetry    *telemetry
 	cleanupMu    sync.Mutex // one pass at a time within this process
-	beginRetries int        // bound on statement runs per Begin (READ COMMITTED corner)
+	claimRetries int        // bound on statement runs per claim (READ COMMITTED corner)
 
-	// reruns counts Begins that a statement left unanswered (the READ
+	// reruns counts claims that a statement left unanswered (the READ
 	// COMMITTED corner) and that ran again; for tests.
 	reruns atomic.Int64
 }
 
 var (
-	_ store.Store       = (*Store)(nil)
-	_ store.KeyLimiter  = (*Store)(nil)
-	_ store.TxCompleter = (*Store)(nil)
+	_ store.Store         = (*Store)(nil)
+	_ store.KeyLimiter    = (*Store)(nil)
+	_ store.Transactional = (*Store)(nil)
 )
-
-// completeReq is one Complete waiting for a coalesced statement.
-type completeReq struct {
-	lease store.Lease
-	out   store.Outcome
-}
 
 // New returns a store over pool configured by opts. It does no I/O: call
 // Migrate once (from any number of workers) before the first Begin. The pool
 // stays the caller's: Close does not close it.
 //
-// Size the pool for the handlers that run transactions (each holds a
-// connection while it runs), plus 2×BatchWorkers for the coalesced
-// statements, plus one for the cleaner.
+// Size the pool for the handlers in flight: in the one-transaction mode each
+// holds one connection for its transaction and needs no other; in the lease
+// mode each takes one for a statement at a time. Add one for the cleaner.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool is nil; pass a *pgxpool.Pool from pgxpool.New", ErrInvalidOptions)
@@ -83,13 +73,11 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		names:        n,
 		sql:          newStatements(n, opts.AsyncBegin),
 		cleanupKey:   lockKey("cleanup", n),
-		beginRetries: 10,
+		claimRetries: 10,
 	}
 	if s.telemetry, err = newTelemetry(s); err != nil {
 		return nil, err
 	}
-	s.begins = newBatcher(opts.BatchWorkers, opts.MaxBatch, s.runBegins)
-	s.completes = newBatcher(opts.BatchWorkers, opts.MaxBatch, s.runCompletes)
 	if opts.CleanupInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopCleaner = cancel
@@ -102,9 +90,10 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 // MaxKeyLen implements store.KeyLimiter.
 func (s *Store) MaxKeyLen() int { return s.opts.MaxKeyLen }
 
-// Close refuses new operations, waits for the Begins and Completes already
-// accepted (queued ones included) to finish, stops the background cleaner,
-// and waits for it. Afterwards every operation returns store.ErrClosed.
+// Close refuses new operations, waits for those already under way (each is
+// bounded by Options.StatementTimeout), stops the background cleaner, and
+// waits for it. Afterwards every operation returns store.ErrClosed; a
+// one-transaction claim taken before Close can still commit or roll back.
 // Close is idempotent and does not close the pool.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -127,15 +116,24 @@ func (s *Store) isClosed() bool {
 	return s.closed
 }
 
-func (s *Store) closedErr(op string) error {
-	return fmt.Errorf("postgres: %s: %w", op, store.ErrClosed)
+// enter admits one operation: it refuses once Close has begun, and bounds
+// ctx by Options.StatementTimeout plus extra (a wait the operation is
+// allowed on top). Call leave with the returned cancel when done.
+func (s *Store) enter(ctx context.Context, op string, extra time.Duration) (context.Context, context.CancelFunc, error) {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return ctx, nil, fmt.Errorf("postgres: %s: %w", op, store.ErrClosed)
+	}
+	s.inflight.Add(1)
+	s.mu.RUnlock()
+	ctx, cancel := context.WithTimeout(ctx, s.opts.StatementTimeout+extra)
+	return ctx, cancel, nil
 }
 
-func (s *Store) checkOpen(op string) error {
-	if s.isClosed() {
-		return s.closedErr(op)
-	}
-	return nil
+func (s *Store) leave(cancel context.CancelFunc) {
+	cancel()
+	s.inflight.Done()
 }
 
 // wrap adds the operation to a database error, and a hint when the table is
@@ -148,20 +146,8 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("postgres: %s: %w", op, err)
 }
 
-// maxStatementRetries bounds how often a coalesced statement that failed as
-// a whole is run again.
-const maxStatementRetries = 3
-
-// retryable reports errors after which a statement certainly did not take
-// effect and may run again: a deadlock or serialization failure rolled it
-// back, or nothing was sent at all.
-func retryable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == "40P01" || pgErr.Code == "40001"
-	}
-	return pgconn.SafeToRetry(err)
-}
+// maxErrorKindLen bounds a stored error kind, which names a kind, in bytes.
+const maxErrorKindLen = 256
 
 func invalid(op, format string, args ...any) error {
 	return fmt.Errorf("postgres: %s: %s: %w", op, fmt.Sprintf(format, args...), store.ErrInvalidRequest)
@@ -194,8 +180,11 @@ func (s *Store) checkID(op, scope, key string) error {
 	return checkText(op, "key", key)
 }
 
-// checkNewID validates the scope and key of a Begin.
-func (s *Store) checkNewID(op, scope, key string) error {
+// checkNewID validates the scope, key and fingerprint of a claim.
+func (s *Store) checkNewID(op, scope, key, fingerprint string) error {
+	if err := checkText(op, "fingerprint", fingerprint); err != nil {
+		return err
+	}
 	if len(key) > s.opts.MaxKeyLen {
 		return invalid(op, "key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit", len(key), s.opts.MaxKeyLen)
 	}
@@ -211,193 +200,119 @@ func micros(d time.Duration) int64 {
 	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }
 
-// Begin implements store.Store. Concurrent Begins share statements (see
-// batcher); each gets its own answer.
+// Begin implements store.Store: one statement, in a transaction of its own.
 func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
 	if err := req.Validate(); err != nil {
 		return store.BeginResult{}, fmt.Errorf("postgres: begin: %w", err)
 	}
-	if err := s.checkNewID("begin", req.Scope, req.Key); err != nil {
+	if err := s.checkNewID("begin", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.BeginResult{}, err
 	}
-	if err := checkText("begin", "fingerprint", req.Fingerprint); err != nil {
-		return store.BeginResult{}, err
-	}
-	return do(s, s.begins, ctx, "begin", req)
-}
-
-type scopeKey struct{ scope, key string }
-
-func compareSK(a, b scopeKey) int {
-	if c := cmp.Compare(a.scope, b.scope); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.key, b.key)
-}
-
-// nextRound picks from pending calls the next statement's share: the first
-// pending call of each (scope, key), sorted by (scope, key). The rest wait
-// for a later statement, in their order of arrival: one statement cannot
-// upsert a row twice, and a later request of the same key must see the
-// earlier one's effect, exactly as if they had arrived one after another.
-func nextRound[Req, Res any](pending []*call[Req, Res], id func(Req) scopeKey, seen map[scopeKey]struct{}, round []*call[Req, Res]) []*call[Req, Res] {
-	clear(seen)
-	round = round[:0]
-	for _, c := range pending {
-		k := id(c.req)
-		if _, dup := seen[k]; dup {
-			continue
-		}
-		seen[k] = struct{}{}
-		round = append(round, c)
-	}
-	slices.SortFunc(round, func(a, b *call[Req, Res]) int { return compareSK(id(a.req), id(b.req)) })
-	return round
-}
-
-func beginID(r store.BeginRequest) scopeKey { return scopeKey{r.Scope, r.Key} }
-
-// runBegins answers a batch of Begins, in as few statements as the rules
-// allow: usually one.
-func (s *Store) runBegins(ctx context.Context, calls []*call[store.BeginRequest, store.BeginResult]) {
-	pending := calls
-	seen := make(map[scopeKey]struct{}, len(calls))
-	var round []*call[store.BeginRequest, store.BeginResult]
-	failures := 0
-	for len(pending) > 0 {
-		round = nextRound(pending, beginID, seen, round)
-		s.telemetry.batch(ctx, opBegin, len(round))
-		if err := s.beginStatement(ctx, round); err != nil {
-			if retryable(err) && failures < maxStatementRetries && ctx.Err() == nil {
-				failures++
-				continue // rolled back as a whole: run the round again
-			}
-			for _, c := range pending {
-				c.finish(store.BeginResult{}, wrap("begin", err))
-			}
-			return
-		}
-		// Keep what is left, in order: unanswered calls of this round
-		// (bounded retries) and later calls of a key already in it.
-		rest := pending[:0]
-		for _, c := range pending {
-			select {
-			case <-c.done:
-				continue
-			default:
-			}
-			if c.retries > s.beginRetries {
-				c.finish(store.BeginResult{}, fmt.Errorf("postgres: begin %q/%q: the record kept changing under %d statements in a row; try again", c.req.Scope, c.req.Key, c.retries))
-				continue
-			}
-			rest = append(rest, c)
-		}
-		pending = rest
-	}
-}
-
-// beginStatement runs sqlBegin for one round of distinct keys and finishes
-// every call it has an answer for, once the statement has committed. A call
-// without an answer gets its retries counted and stays pending.
-func (s *Store) beginStatement(ctx context.Context, round []*call[store.BeginRequest, store.BeginResult]) error {
-	n := len(round)
-	scopes := make([]string, n)
-	keys := make([]string, n)
-	fps := make([]string, n)
-	leases := make([]int64, n)
-	for i, c := range round {
-		scopes[i], keys[i], fps[i], leases[i] = c.req.Scope, c.req.Key, c.req.Fingerprint, micros(c.req.Lease)
-	}
-	rows, err := s.pool.Query(ctx, s.sql.begin, scopes, keys, fps, leases)
+	ctx, cancel, err := s.enter(ctx, "begin", 0)
 	if err != nil {
-		return err
+		return store.BeginResult{}, err
 	}
-	answers := make([]store.BeginResult, n)
-	var (
-		ord                     int64
-		decision, status        int16
-		fingerprint, kind, msg  string
-		token                   int64
-		attempt                 int32
-		takenOver               bool
-		leaseExpires            *time.Time
-		result                  []byte
-		created, updated, expir time.Time
-	)
-	for rows.Next() {
-		result = nil
-		if err := rows.Scan(&ord, &decision, &fingerprint, &status, &token, &attempt, &takenOver,
-			&leaseExpires, &result, &kind, &msg, &created, &updated, &expir); err != nil {
-			rows.Close()
-			return err
-		}
-		i := int(ord) - 1
-		if i < 0 || i >= n || answers[i].Decision != 0 {
-			rows.Close()
-			return fmt.Errorf("begin statement returned ordinal %d for %d requests", ord, n)
-		}
-		if decision == 0 {
-			continue // the snapshot saw an older version: run again
-		}
-		req := round[i].req
-		if store.Decision(decision) == store.Execute {
-			answers[i] = store.BeginResult{
-				Decision: store.Execute,
-				Takeover: takenOver,
-				Lease: store.Lease{
-					Scope:     req.Scope,
-					Key:       req.Key,
-					Token:     token,
-					Attempt:   int(attempt),
-					ExpiresAt: *leaseExpires,
-				},
+	defer s.leave(cancel)
+	for runs := 1; ; runs++ {
+		res, err := s.claimStatement(ctx, s.pool, s.sql.begin, req.Scope, req.Key, req.Fingerprint,
+			micros(req.Lease), micros(req.Lease+req.Retain))
+		if err != nil || res.Decision != 0 {
+			if err != nil {
+				err = wrap("begin", err)
 			}
-			continue
+			return res, err
 		}
-		rec := &store.Record{
-			Scope:        req.Scope,
-			Key:          req.Key,
-			Fingerprint:  fingerprint,
-			Status:       store.Status(status),
-			Token:        token,
-			Attempt:      int(attempt),
-			Result:       result,
-			ErrorKind:    kind,
-			ErrorMessage: msg,
-			CreatedAt:    created,
-			UpdatedAt:    updated,
-			ExpiresAt:    expir,
+		if err := s.rerun("begin", req.Scope, req.Key, runs); err != nil {
+			return store.BeginResult{}, err
 		}
-		if rec.Status == store.StatusInProgress && leaseExpires != nil {
-			rec.LeaseExpiresAt = *leaseExpires
-		}
-		answers[i] = store.BeginResult{Decision: store.Decision(decision), Record: rec}
 	}
-	// Close reads up to the end of the statement's implicit transaction:
-	// only a statement that committed may hand out its answers.
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for i, c := range round {
-		if answers[i].Decision == 0 {
-			c.retries++
-			s.reruns.Add(1)
-			continue
-		}
-		c.finish(answers[i], nil)
+}
+
+// rerun counts a statement that left a key undecided (the READ COMMITTED
+// corner: the row changed under it), and refuses to go on after
+// claimRetries of them in a row.
+func (s *Store) rerun(op, scope, key string, runs int) error {
+	s.reruns.Add(1)
+	if runs > s.claimRetries {
+		return fmt.Errorf("postgres: %s %q/%q: the record kept changing under %d statements in a row; try again", op, scope, key, runs)
 	}
 	return nil
 }
 
-// Complete implements store.Store. Concurrent Completes share statements.
+// querier runs a statement: the pool, or a connection in a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// claimStatement runs one form of sqlClaim (sql.go) and returns the
+// decision, or decision 0 when the statement left the key undecided.
+func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args ...any) (store.BeginResult, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return store.BeginResult{}, err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		rows.Close()
+		return store.BeginResult{}, rows.Err() // no row: undecided
+	}
+	var (
+		decision, status int16
+		attempt          int32
+		takenOver        bool
+		rec              = &store.Record{Scope: args[0].(string), Key: args[1].(string)}
+		dest             = []any{&decision, &rec.Fingerprint, &status, &rec.Token, &attempt, &takenOver,
+			&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt}
+	)
+	if len(rows.FieldDescriptions()) > len(dest) {
+		dest = append(dest, nil) // the claim form's lock_timeout restore
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return store.BeginResult{}, err
+	}
+	// Close reads up to the end of the statement: only a statement that
+	// succeeded may hand out its answer.
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return store.BeginResult{}, err
+	}
+	rec.Status, rec.Attempt = store.Status(status), int(attempt)
+	switch store.Decision(decision) {
+	case 0:
+		return store.BeginResult{}, nil
+	case store.Execute:
+		return store.BeginResult{
+			Decision: store.Execute,
+			Takeover: takenOver,
+			Lease:    store.Lease{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt},
+		}, nil
+	}
+	if rec.Status == store.StatusInProgress {
+		rec.LeaseExpiresAt = rec.ExpiresAt
+	}
+	return store.BeginResult{Decision: store.Decision(decision), Record: rec}, nil
+}
+
+// Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Outcome) error {
 	out, err := s.checkComplete("complete", lease, out)
 	if err != nil {
 		return err
 	}
-	_, err = do(s, s.completes, ctx, "complete", completeReq{lease: lease, out: out})
-	return err
+	ctx, cancel, err := s.enter(ctx, "complete", 0)
+	if err != nil {
+		return err
+	}
+	defer s.leave(cancel)
+	tag, err := s.pool.Exec(ctx, s.sql.complete, lease.Scope, lease.Key, lease.Token,
+		int16(out.Status), out.Result, out.ErrorKind, out.ErrorMessage, micros(out.TTL))
+	if err != nil {
+		return wrap("complete", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return leaseLost("complete", lease)
+	}
+	return nil
 }
 
 // checkComplete validates a Complete and returns the outcome as stored: the
@@ -413,7 +328,7 @@ func (s *Store) checkComplete(op string, lease store.Lease, out store.Outcome) (
 		return out, invalid(op, "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(out.Result), s.opts.MaxResultBytes)
 	}
 	out.Result = bytes.Clone(out.Result)
-	out.ErrorKind = storableText(out.ErrorKind, 256)
+	out.ErrorKind = storableText(out.ErrorKind, maxErrorKindLen)
 	out.ErrorMessage = storableText(out.ErrorMessage, MaxErrorMessageLen)
 	return out, nil
 }
@@ -439,95 +354,8 @@ func storableText(v string, max int) string {
 	return v
 }
 
-func completeID(r completeReq) scopeKey { return scopeKey{r.lease.Scope, r.lease.Key} }
-
-func (s *Store) runCompletes(ctx context.Context, calls []*call[completeReq, struct{}]) {
-	pending := calls
-	seen := make(map[scopeKey]struct{}, len(calls))
-	var round []*call[completeReq, struct{}]
-	failures := 0
-	for len(pending) > 0 {
-		round = nextRound(pending, completeID, seen, round)
-		s.telemetry.batch(ctx, opComplete, len(round))
-		applied, err := s.completeStatement(ctx, s.pool, round)
-		if err != nil {
-			if retryable(err) && failures < maxStatementRetries && ctx.Err() == nil {
-				failures++
-				continue
-			}
-			for _, c := range pending {
-				c.finish(struct{}{}, wrap("complete", err))
-			}
-			return
-		}
-		for i, c := range round {
-			if applied[i] {
-				c.finish(struct{}{}, nil)
-			} else {
-				c.finish(struct{}{}, leaseLost("complete", c.req.lease))
-			}
-		}
-		rest := pending[:0]
-		for _, c := range pending {
-			select {
-			case <-c.done:
-			default:
-				rest = append(rest, c)
-			}
-		}
-		pending = rest
-	}
-}
-
 func leaseLost(op string, l store.Lease) error {
 	return fmt.Errorf("postgres: %s %q/%q with token %d: %w", op, l.Scope, l.Key, l.Token, store.ErrLeaseLost)
-}
-
-// querier is what runs a statement: the pool, or the handler's transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// completeStatement runs sqlComplete for distinct keys and reports which
-// requests it applied.
-func (s *Store) completeStatement(ctx context.Context, q querier, round []*call[completeReq, struct{}]) ([]bool, error) {
-	n := len(round)
-	var (
-		scopes   = make([]string, n)
-		keys     = make([]string, n)
-		tokens   = make([]int64, n)
-		statuses = make([]int16, n)
-		results  = make([][]byte, n)
-		kinds    = make([]string, n)
-		msgs     = make([]string, n)
-		ttls     = make([]int64, n)
-	)
-	for i, c := range round {
-		l, o := c.req.lease, c.req.out
-		scopes[i], keys[i], tokens[i] = l.Scope, l.Key, l.Token
-		statuses[i], results[i], kinds[i], msgs[i], ttls[i] = int16(o.Status), o.Result, o.ErrorKind, o.ErrorMessage, micros(o.TTL)
-	}
-	rows, err := q.Query(ctx, s.sql.complete, scopes, keys, tokens, statuses, results, kinds, msgs, ttls)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	applied := make([]bool, n)
-	var ord int64
-	for rows.Next() {
-		if err := rows.Scan(&ord); err != nil {
-			return nil, err
-		}
-		if ord < 1 || int(ord) > n {
-			return nil, fmt.Errorf("complete statement returned ordinal %d for %d requests", ord, n)
-		}
-		applied[ord-1] = true
-	}
-	rows.Close() // up to the end of the statement's transaction
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return applied, nil
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.
@@ -535,13 +363,12 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 	if err := s.checkID("release", lease.Scope, lease.Key); err != nil {
 		return err
 	}
-	if err := s.checkOpen("release"); err != nil {
+	ctx, cancel, err := s.enter(ctx, "release", 0)
+	if err != nil {
 		return err
 	}
-	var (
-		tag pgconn.CommandTag
-		err error
-	)
+	defer s.leave(cancel)
+	var tag pgconn.CommandTag
 	if keep <= 0 {
 		tag, err = s.pool.Exec(ctx, s.sql.releaseDelete, lease.Scope, lease.Key, lease.Token)
 	} else {
@@ -565,12 +392,14 @@ func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) 
 	if err := s.checkID("extend", lease.Scope, lease.Key); err != nil {
 		return store.Lease{}, err
 	}
-	if err := s.checkOpen("extend"); err != nil {
+	ctx, cancel, err := s.enter(ctx, "extend", 0)
+	if err != nil {
 		return store.Lease{}, err
 	}
+	defer s.leave(cancel)
 	var attempt int32
 	var expires time.Time
-	err := s.pool.QueryRow(ctx, s.sql.extend, lease.Scope, lease.Key, lease.Token, micros(d)).Scan(&attempt, &expires)
+	err = s.pool.QueryRow(ctx, s.sql.extend, lease.Scope, lease.Key, lease.Token, micros(d)).Scan(&attempt, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Lease{}, fmt.Errorf("postgres: extend %q/%q with token %d: the lease was taken over, finished, or expired: %w",
 			lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
@@ -584,21 +413,23 @@ func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) 
 }
 
 // Get implements store.Store. An in-progress record whose lease has expired
-// is not returned, like any other expired record.
+// is not returned, like any other expired record. A one-transaction claim
+// is invisible until its commit.
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
 	if err := s.checkID("get", scope, key); err != nil {
 		return store.Record{}, err
 	}
-	if err := s.checkOpen("get"); err != nil {
+	ctx, cancel, err := s.enter(ctx, "get", 0)
+	if err != nil {
 		return store.Record{}, err
 	}
+	defer s.leave(cancel)
 	rec := store.Record{Scope: scope, Key: key}
 	var (
-		status       int16
-		attempt      int32
-		leaseExpires *time.Time
+		status  int16
+		attempt int32
 	)
-	err := s.pool.QueryRow(ctx, s.sql.get, scope, key).Scan(&rec.Fingerprint, &status, &rec.Token, &attempt, &leaseExpires,
+	err = s.pool.QueryRow(ctx, s.sql.get, scope, key).Scan(&rec.Fingerprint, &status, &rec.Token, &attempt,
 		&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, fmt.Errorf("postgres: get %q/%q: %w", scope, key, store.ErrNotFound)
@@ -607,8 +438,8 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 		return store.Record{}, wrap("get", err)
 	}
 	rec.Status, rec.Attempt = store.Status(status), int(attempt)
-	if rec.Status == store.StatusInProgress && leaseExpires != nil {
-		rec.LeaseExpiresAt = *leaseExpires
+	if rec.Status == store.StatusInProgress {
+		rec.LeaseExpiresAt = rec.ExpiresAt
 	}
 	return rec, nil
 }
@@ -618,9 +449,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if err := s.checkID("delete", scope, key); err != nil {
 		return err
 	}
-	if err := s.checkOpen("delete"); err != nil {
+	ctx, cancel, err := s.enter(ctx, "delete", 0)
+	if err != nil {
 		return err
 	}
+	defer s.leave(cancel)
 	if _, err := s.pool.Exec(ctx, s.sql.del, scope, key); err != nil {
 		return wrap("delete", err)
 	}

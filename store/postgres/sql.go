@@ -19,7 +19,8 @@ type names struct {
 	table    string // "schema"."table"
 	seq      string // "schema"."table_token_seq"
 	seqLit   string // '"schema"."table_token_seq"', for nextval
-	index    string // "table_expires_at_idx" (unqualified: CREATE INDEX names it in the table's schema)
+	index    string // "table_expires_at_idx", migration 1's index (unqualified: CREATE INDEX names it in the table's schema)
+	purge    string // "table_purge_at_idx"
 	versions string // "schema"."table_migrations"
 }
 
@@ -31,6 +32,7 @@ func newNames(schema, table string) names {
 		seq:      seq,
 		seqLit:   "'" + seq + "'", // identifiers are [a-z0-9_]: no quote to escape
 		index:    pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
+		purge:    pgx.Identifier{table + "_purge_at_idx"}.Sanitize(),
 		versions: pgx.Identifier{schema, table + "_migrations"}.Sanitize(),
 	}
 }
@@ -43,6 +45,7 @@ func (n names) render(sql string) string {
 		"{{SEQ}}", n.seq,
 		"{{SEQ_LITERAL}}", n.seqLit,
 		"{{INDEX}}", n.index,
+		"{{PURGE_INDEX}}", n.purge,
 		"{{VERSIONS}}", n.versions,
 		// Codes shared with Go, so the SQL cannot drift from them.
 		"{{IN_PROGRESS}}", fmt.Sprint(int(store.StatusInProgress)),
@@ -71,8 +74,13 @@ var migrateLockKey = func() int64 {
 	return int64(h.Sum64())
 }()
 
+// Every statement names one row by its primary key, or walks the purge_at
+// index in order: no plan the planner may choose for them scans the table,
+// whatever its size or statistics (TestPlansUseIndexes). Durations travel
+// as microseconds.
+//
 // The record is free when it finished or was released and has expired: the
-// next Begin starts again at attempt 1. The predicates below are written
+// next claim starts again at attempt 1. The predicates below are written
 // once and used both where the upsert decides and where the answer is
 // explained, so the two cannot disagree.
 const (
@@ -84,121 +92,152 @@ const (
 	fpOkO  = `(excluded.fingerprint = '' OR o.fingerprint = '' OR excluded.fingerprint = o.fingerprint)`
 )
 
-// sqlBegin decides up to MaxBatch Begins in one statement and one round
-// trip. The parameters are parallel arrays: scope, key, fingerprint, lease in
-// microseconds. Keys of one call are distinct (the coalescer sees to it: ON
-// CONFLICT DO UPDATE cannot touch one row twice in a statement) and sorted,
-// so concurrent statements lock rows in the same order.
+// sqlClaim is the one statement that takes a key, in two forms: Begin's
+// (lease mode) writes an in-progress row that expires with the lease;
+// Claim's (one-transaction mode) runs inside the handler's transaction and
+// writes the row in its final succeeded form, which only its commit makes
+// visible. Parameters: $1 scope, $2 key, $3 fingerprint, $4 the expiry of
+// the new row and $5 its purge time, both in microseconds from now().
 //
-// The upsert takes the key when it is absent, free, or carried on, and
-// RETURNs the new lease. For a key it did not take, the second half of the
-// UNION returns the row as the statement's snapshot saw it, with the
-// decision: Replay, InProgress or Mismatch. Decision 0, or no row at all,
-// is the READ COMMITTED corner: another transaction changed or inserted the
-// row after this statement's snapshot was taken (the upsert saw the newest
-// version, the SELECT an older one, or none). The caller runs the statement
-// again for those keys, with a fresh snapshot.
-//
-// Every expiry is judged by now() of the database.
+// The upsert takes the key when it is absent, free, or carried on. For a
+// key it did not take, the second half of the UNION returns the row as the
+// statement's snapshot saw it, with the decision: Replay, InProgress or
+// Mismatch. Decision 0, or no row at all, is the READ COMMITTED corner:
+// another transaction changed or inserted the row after this statement's
+// snapshot was taken (the upsert saw the newest version, the SELECT an
+// older one, or none). The caller runs the statement again.
 //
 // Tokens: a taken-over or reused row gets nextval() in DO UPDATE, after the
 // row is locked, so it exceeds every token the row had. A fresh insert
 // evaluates nextval() just before its conflict check; a token can only come
-// out lower than an earlier one of the same key if, within that instant, the
-// key was executed and then deleted by another session (an operator Delete
-// of a live lease racing a Begin).
-const sqlBegin = `
-WITH {{ASYNC_CTE}}req AS (
-	SELECT r.scope, r.key, r.fp, r.lease_us, r.ord
-	FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[]) WITH ORDINALITY AS r(scope, key, fp, lease_us, ord){{ASYNC_FROM}}
-), up AS (
+// out lower than an earlier one of the same key if, within that instant,
+// the key was claimed and then rolled back or deleted by another session.
+const sqlClaim = `
+WITH {{PRE}}up AS (
 	INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
-		lease_expires_at, expires_at, created_at, updated_at)
-	SELECT req.scope, req.key, req.fp, {{IN_PROGRESS}}, nextval({{SEQ_LITERAL}}), 1, false,
-		now() + req.lease_us * interval '1 microsecond', now() + req.lease_us * interval '1 microsecond', now(), now()
-	FROM req
+		expires_at, purge_at, created_at, updated_at)
+	SELECT $1::text, $2::text, $3::text, {{NEW_STATUS}}, nextval({{SEQ_LITERAL}}), 1, false,
+		now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now()
+	{{FROM}}
 	ON CONFLICT (scope, key) DO UPDATE SET
-		status = {{IN_PROGRESS}},
+		status = {{NEW_STATUS}},
 		token = nextval({{SEQ_LITERAL}}),
 		attempt = CASE WHEN ` + freeO + ` THEN 1 ELSE o.attempt + 1 END,
 		taken_over = (o.status = {{IN_PROGRESS}}),
 		fingerprint = CASE WHEN ` + freeO + ` OR excluded.fingerprint <> '' THEN excluded.fingerprint ELSE o.fingerprint END,
-		lease_expires_at = excluded.lease_expires_at,
 		expires_at = excluded.expires_at,
+		purge_at = excluded.purge_at,
 		result = NULL,
 		error_kind = NULL,
 		error_message = NULL,
 		created_at = CASE WHEN ` + freeO + ` THEN now() ELSE o.created_at END,
 		updated_at = now()
 	WHERE ` + freeO + ` OR (` + carryO + ` AND ` + fpOkO + `)
-	RETURNING o.scope, o.key, o.fingerprint, o.token, o.attempt, o.taken_over,
-		o.lease_expires_at, o.created_at, o.updated_at, o.expires_at
+	RETURNING o.fingerprint, o.token, o.attempt, o.taken_over, o.created_at, o.updated_at, o.expires_at
 )
-SELECT req.ord, {{EXECUTE}}::int2, up.fingerprint, {{IN_PROGRESS}}::int2, up.token, up.attempt, up.taken_over,
-	up.lease_expires_at, NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at
-FROM req JOIN up ON up.scope = req.scope AND up.key = req.key
+SELECT {{EXECUTE}}::int2, up.fingerprint, {{IN_PROGRESS}}::int2, up.token, up.attempt, up.taken_over,
+	NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at{{POST}}
+FROM up{{JOIN}}
 UNION ALL
-SELECT req.ord,
+SELECT
 	(CASE
 		WHEN t.status <> {{IN_PROGRESS}} AND t.expires_at <= now() THEN 0
-		WHEN req.fp <> '' AND t.fingerprint <> '' AND req.fp <> t.fingerprint THEN {{MISMATCH}}
+		WHEN $3 <> '' AND t.fingerprint <> '' AND $3 <> t.fingerprint THEN {{MISMATCH}}
 		WHEN t.status = {{IN_PROGRESS}} AND t.expires_at > now() THEN {{IN_PROGRESS_DECISION}}
 		WHEN t.status IN ({{SUCCEEDED}}, {{FAILED}}) THEN {{REPLAY}}
 		ELSE 0
 	END)::int2,
 	t.fingerprint, t.status, t.token, t.attempt, t.taken_over,
-	t.lease_expires_at, t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at
-FROM req JOIN {{TABLE}} t ON t.scope = req.scope AND t.key = req.key
-WHERE NOT EXISTS (SELECT 1 FROM up WHERE up.scope = req.scope AND up.key = req.key)`
+	t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at{{POST}}
+FROM {{TABLE}} t{{JOIN}}
+WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM up)`
 
-// asyncBegin turns sqlBegin into a statement that commits without waiting
-// for the WAL flush (Options.AsyncBegin): set_config(.., true) lasts until
-// the end of the statement's own transaction, whose commit reads it. The
-// CTE is joined so that it is evaluated.
-var asyncBegin = strings.NewReplacer(
-	"{{ASYNC_CTE}}", "async AS (SELECT set_config('synchronous_commit', 'off', true)), ",
-	"{{ASYNC_FROM}}", ", async",
+// The forms of sqlClaim.
+var (
+	// beginForm is Begin's: an in-progress row.
+	beginForm = strings.NewReplacer("{{PRE}}", "", "{{FROM}}", "", "{{POST}}", "", "{{JOIN}}", "",
+		"{{NEW_STATUS}}", "{{IN_PROGRESS}}")
+	// asyncBeginForm is Begin's with Options.AsyncBegin: the statement's own
+	// transaction commits without waiting for the WAL flush.
+	// set_config(.., true) lasts until the end of that transaction, whose
+	// commit reads it; the CTE is joined so that it is evaluated.
+	asyncBeginForm = strings.NewReplacer(
+		"{{PRE}}", "async AS (SELECT set_config('synchronous_commit', 'off', true)), ",
+		"{{FROM}}", "FROM async", "{{POST}}", "", "{{JOIN}}", "",
+		"{{NEW_STATUS}}", "{{IN_PROGRESS}}")
+	// claimForm is Claim's: the row in its final form, and a bound on the
+	// wait for a row another transaction holds. lock_timeout ($6, in
+	// milliseconds) is set before the upsert runs (the upsert reads the
+	// materialized CTE first) and put back to what it was in the same
+	// statement, so the handler's own statements keep the session's value.
+	claimForm = strings.NewReplacer(
+		"{{PRE}}", "lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true)), ",
+		"{{FROM}}", "FROM lt", "{{POST}}", ", set_config('lock_timeout', lt.prior, true)", "{{JOIN}}", " CROSS JOIN lt",
+		"{{NEW_STATUS}}", "{{SUCCEEDED}}")
 )
 
-var syncBegin = strings.NewReplacer("{{ASYNC_CTE}}", "", "{{ASYNC_FROM}}", "")
+// sqlCommitResult, sent with COMMIT in one round trip, stores the produced
+// messages of a one-transaction success and counts its expiry from now
+// (clock_timestamp: now() is the transaction's start). The row is this
+// transaction's own. Sent only when there is something to write.
+const sqlCommitResult = `
+UPDATE {{TABLE}} SET
+	result = $3,
+	expires_at = greatest(expires_at, clock_timestamp() + $4::int8 * interval '1 microsecond'),
+	updated_at = clock_timestamp()
+WHERE scope = $1 AND key = $2`
 
-// sqlComplete writes up to MaxBatch outcomes in one statement, each only if
-// the caller's token is current and the record in progress. It returns the
-// ordinal of every request it applied; a missing one lost its lease. Keys of
-// one call are distinct and sorted (one row cannot be updated twice).
-const sqlComplete = `
-WITH req AS (
-	SELECT r.scope, r.key, r.token, r.status, r.result, r.error_kind, r.error_message, r.ttl_us, r.ord
-	FROM unnest($1::text[], $2::text[], $3::int8[], $4::int2[], $5::bytea[], $6::text[], $7::text[], $8::int8[])
-		WITH ORDINALITY AS r(scope, key, token, status, result, error_kind, error_message, ttl_us, ord)
-)
-UPDATE {{TABLE}} AS t SET
-	status = req.status,
-	result = req.result,
-	error_kind = nullif(req.error_kind, ''),
-	error_message = nullif(req.error_message, ''),
-	lease_expires_at = NULL,
-	expires_at = now() + req.ttl_us * interval '1 microsecond',
+// sqlRecordRollback records what a rolled-back claim leaves behind ($4:
+// failed or retryable, kept for $7 microseconds), unless the row is owned
+// or finished by another delivery now: it writes only where a claim could
+// take the key, so a newer claim's success or live lease is never
+// overwritten. The attempt count never goes down.
+const sqlRecordRollback = `
+INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
+	error_kind, error_message, expires_at, purge_at, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6, false, nullif($8, ''), nullif($9, ''),
+	now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond', now(), now())
+ON CONFLICT (scope, key) DO UPDATE SET
+	status = excluded.status,
+	token = excluded.token,
+	attempt = greatest(o.attempt, excluded.attempt),
+	taken_over = false,
+	fingerprint = CASE WHEN ` + freeO + ` OR excluded.fingerprint <> '' THEN excluded.fingerprint ELSE o.fingerprint END,
+	result = NULL,
+	error_kind = excluded.error_kind,
+	error_message = excluded.error_message,
+	expires_at = excluded.expires_at,
+	purge_at = excluded.purge_at,
+	created_at = CASE WHEN ` + freeO + ` THEN now() ELSE o.created_at END,
 	updated_at = now()
-FROM req
-WHERE t.scope = req.scope AND t.key = req.key AND t.token = req.token AND t.status = {{IN_PROGRESS}}
-RETURNING req.ord`
+WHERE ` + freeO + ` OR (` + carryO + ` AND ` + fpOkO + `)`
+
+// sqlComplete writes a lease's outcome, only while the caller's token is
+// current and the record in progress. It changes no indexed column: a HOT
+// update.
+const sqlComplete = `
+UPDATE {{TABLE}} SET
+	status = $4,
+	result = $5,
+	error_kind = nullif($6, ''),
+	error_message = nullif($7, ''),
+	expires_at = now() + $8::int8 * interval '1 microsecond',
+	updated_at = now()
+WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}}`
 
 // sqlExtend pushes a live lease out. It refuses an expired lease.
 const sqlExtend = `
 UPDATE {{TABLE}} SET
-	lease_expires_at = now() + $4 * interval '1 microsecond',
-	expires_at = now() + $4 * interval '1 microsecond',
+	expires_at = now() + $4::int8 * interval '1 microsecond',
 	updated_at = now()
 WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}} AND expires_at > now()
-RETURNING attempt, lease_expires_at`
+RETURNING attempt, expires_at`
 
-// sqlRelease keeps the attempt count for keep.
+// sqlRelease keeps the attempt count for keep ($4).
 const sqlRelease = `
 UPDATE {{TABLE}} SET
 	status = {{RETRYABLE}},
-	lease_expires_at = NULL,
-	expires_at = now() + $4 * interval '1 microsecond',
+	expires_at = now() + $4::int8 * interval '1 microsecond',
 	updated_at = now()
 WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}}`
 
@@ -207,37 +246,41 @@ const sqlReleaseDelete = `
 DELETE FROM {{TABLE}}
 WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}}`
 
-// sqlGet returns the record while it is visible. An in-progress record
-// expires with its lease (expires_at = lease_expires_at).
+// sqlGet returns the record while it is visible.
 const sqlGet = `
-SELECT fingerprint, status, token, attempt, lease_expires_at, result,
+SELECT fingerprint, status, token, attempt, result,
 	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at
 FROM {{TABLE}}
 WHERE scope = $1 AND key = $2 AND expires_at > now()`
 
 const sqlDelete = `DELETE FROM {{TABLE}} WHERE scope = $1 AND key = $2`
 
-// sqlDeleteExpired removes up to $1 expired rows. The inner SELECT walks the
-// expires_at index from the oldest row and locks what it picks with SKIP
-// LOCKED, so it never waits for a Begin that holds a row, and a Begin waits
-// at most for one short batch. FOR UPDATE re-checks expires_at on the newest
-// version of each row, so a row taken over meanwhile is left alone, and the
-// rows stay locked until the DELETE, which finds them by ctid (a TID scan:
-// no other condition, or the planner may scan every expired row per batch).
+// purgeable is a row cleanup may remove: its purge time has come and it has
+// expired. Rows whose expiry moved past their purge time (a long handler,
+// an extended lease) wait for the expiry.
+const purgeable = `purge_at <= now() AND expires_at <= now()`
+
+// sqlDeleteExpired removes up to $1 purgeable rows. The inner SELECT walks
+// the purge_at index from the oldest row and locks what it picks with SKIP
+// LOCKED, so it never waits for a claim that holds a row, and a claim
+// waits at most for one short batch. FOR UPDATE re-checks the condition on
+// the newest version of each row, so a row claimed meanwhile is left alone,
+// and the rows stay locked until the DELETE, which finds them by ctid (a
+// TID scan).
 const sqlDeleteExpired = `
 DELETE FROM {{TABLE}}
 WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM {{TABLE}}
-	WHERE expires_at <= now()
-	ORDER BY expires_at
+	WHERE ` + purgeable + `
+	ORDER BY purge_at
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))`
 
 // sqlCleanupBatch is one batch of a cleanup pass: sqlDeleteExpired that
-// starts its index walk at $2, the oldest expiry the previous batch of the
-// pass removed, so that a pass does not walk over the index entries of the
-// rows it already deleted again and again. It reports how many rows it
-// removed and the newest expiry among them. Rows it skips (locked, or
+// starts its index walk at $2, the oldest purge time the previous batch of
+// the pass removed, so that a pass does not walk over the index entries of
+// the rows it already deleted again and again. It reports how many rows it
+// removed and the newest purge time among them. Rows it skips (locked, or
 // behind the cursor) are found by the next pass, which starts from the
 // beginning.
 const sqlCleanupBatch = `
@@ -245,40 +288,45 @@ WITH gone AS (
 	DELETE FROM {{TABLE}}
 	WHERE ctid = ANY (ARRAY(
 		SELECT ctid FROM {{TABLE}}
-		WHERE expires_at <= now() AND expires_at >= $2
-		ORDER BY expires_at
+		WHERE ` + purgeable + ` AND purge_at >= $2
+		ORDER BY purge_at
 		LIMIT $1
 		FOR UPDATE SKIP LOCKED))
-	RETURNING expires_at
+	RETURNING purge_at
 )
-SELECT count(*), coalesce(max(expires_at), $2) FROM gone`
+SELECT count(*), coalesce(max(purge_at), $2) FROM gone`
 
-// sqlCleanupLag is the age of the oldest expired row, in seconds: how far
-// cleanup is behind. 0 when nothing expired is left.
+// sqlCleanupLag is how far cleanup is behind, in seconds: the age of the
+// oldest purge time of a purgeable row. 0 when none is left.
 const sqlCleanupLag = `
-SELECT coalesce(extract(epoch FROM now() - min(expires_at)), 0)::float8
-FROM {{TABLE}} WHERE expires_at <= now()`
+SELECT coalesce(extract(epoch FROM now() - (
+	SELECT purge_at FROM {{TABLE}} WHERE ` + purgeable + ` ORDER BY purge_at LIMIT 1)), 0)::float8`
 
 // statements are the store's SQL with its names filled in.
 type statements struct {
-	begin, complete, extend, release, releaseDelete, get, del, deleteExpired, cleanupBatch, cleanupLag string
+	begin, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
+	get, del, deleteExpired, cleanupBatch, cleanupLag string
 }
 
 func newStatements(n names, async bool) statements {
-	begin := syncBegin.Replace(sqlBegin)
+	begin := beginForm
 	if async {
-		begin = asyncBegin.Replace(sqlBegin)
+		begin = asyncBeginForm
 	}
 	return statements{
-		begin:         n.render(begin),
-		complete:      n.render(sqlComplete),
-		extend:        n.render(sqlExtend),
-		release:       n.render(sqlRelease),
-		releaseDelete: n.render(sqlReleaseDelete),
-		get:           n.render(sqlGet),
-		del:           n.render(sqlDelete),
-		deleteExpired: n.render(sqlDeleteExpired),
-		cleanupBatch:  n.render(sqlCleanupBatch),
-		cleanupLag:    n.render(sqlCleanupLag),
+		// The forms leave placeholders of their own, which render fills in.
+		begin:          n.render(begin.Replace(sqlClaim)),
+		claim:          n.render(claimForm.Replace(sqlClaim)),
+		commitResult:   n.render(sqlCommitResult),
+		recordRollback: n.render(sqlRecordRollback),
+		complete:       n.render(sqlComplete),
+		extend:         n.render(sqlExtend),
+		release:        n.render(sqlRelease),
+		releaseDelete:  n.render(sqlReleaseDelete),
+		get:            n.render(sqlGet),
+		del:            n.render(sqlDelete),
+		deleteExpired:  n.render(sqlDeleteExpired),
+		cleanupBatch:   n.render(sqlCleanupBatch),
+		cleanupLag:     n.render(sqlCleanupLag),
 	}
 }

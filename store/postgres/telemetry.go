@@ -13,35 +13,22 @@ import (
 // Metric names. Every instrument carries the attribute
 // oncemill.store.table = "<schema>.<table>".
 const (
-	// MetricCleanupLag is an observable gauge, in seconds: the age of the
-	// oldest expired row still in the table (now() − min(expires_at) of
-	// expired rows, by the database clock), 0 when none is left. Below the
+	// MetricCleanupLag is an observable gauge, in seconds: how long the
+	// oldest row cleanup may remove has waited for it (now() − its purge
+	// time, by the database clock), 0 when none is left. Below the
 	// cleanup interval is healthy; a steady rise means cleanup is not
 	// keeping up or not running.
 	MetricCleanupLag = "oncemill.store.cleanup.lag"
 	// MetricCleanupDeleted counts rows removed by cleanup.
 	MetricCleanupDeleted = "oncemill.store.cleanup.deleted"
-	// MetricBatchSize is a histogram of requests per coalesced statement,
-	// with the attribute oncemill.store.operation = begin or complete.
-	MetricBatchSize = "oncemill.store.batch.size"
 )
 
 const meterName = "github.com/oncemill/oncemill/store/postgres"
 
-type operation string
-
-const (
-	opBegin    operation = "begin"
-	opComplete operation = "complete"
-)
-
 type telemetry struct {
 	table      attribute.KeyValue
-	batchSize  metric.Int64Histogram
 	deleted    metric.Int64Counter
 	reg        metric.Registration
-	beginAttrs metric.MeasurementOption
-	compAttrs  metric.MeasurementOption
 	tableAttrs metric.MeasurementOption
 }
 
@@ -53,16 +40,8 @@ func newTelemetry(s *Store) (*telemetry, error) {
 	m := mp.Meter(meterName)
 	t := &telemetry{table: attribute.String("oncemill.store.table", s.opts.Schema+"."+s.opts.Table)}
 	t.tableAttrs = metric.WithAttributes(t.table)
-	t.beginAttrs = metric.WithAttributes(t.table, attribute.String("oncemill.store.operation", string(opBegin)))
-	t.compAttrs = metric.WithAttributes(t.table, attribute.String("oncemill.store.operation", string(opComplete)))
 
 	var err error
-	if t.batchSize, err = m.Int64Histogram(MetricBatchSize,
-		metric.WithUnit("{request}"),
-		metric.WithDescription("Requests coalesced into one statement."),
-		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)); err != nil {
-		return nil, fmt.Errorf("postgres: metrics: %w", err)
-	}
 	if t.deleted, err = m.Int64Counter(MetricCleanupDeleted,
 		metric.WithUnit("{record}"),
 		metric.WithDescription("Expired records removed by cleanup.")); err != nil {
@@ -92,26 +71,21 @@ func newTelemetry(s *Store) (*telemetry, error) {
 	return t, nil
 }
 
-func (t *telemetry) batch(ctx context.Context, op operation, n int) {
-	attrs := t.beginAttrs
-	if op == opComplete {
-		attrs = t.compAttrs
-	}
-	t.batchSize.Record(ctx, int64(n), attrs)
-}
-
 func (t *telemetry) close() {
 	if t.reg != nil {
 		_ = t.reg.Unregister()
 	}
 }
 
-// CleanupLag returns the age of the oldest expired record still in the table,
-// by the database clock, or 0 when there is none. It is what the
+// CleanupLag returns how long the oldest record that cleanup may remove has
+// waited for it, by the database clock, or 0 when there is none. It is what the
 // oncemill.store.cleanup.lag gauge reports.
 func (s *Store) CleanupLag(ctx context.Context) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
+	ctx, cancel, err := s.enter(ctx, "cleanup lag", 0)
+	if err != nil {
+		return 0, err
+	}
+	defer s.leave(cancel)
 	var secs float64
 	if err := s.pool.QueryRow(ctx, s.sql.cleanupLag).Scan(&secs); err != nil {
 		return 0, wrap("cleanup lag", err)

@@ -4,73 +4,386 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/store"
 )
 
-// TxManager begins, commits and rolls back the handler's transactions on the
-// store's pool. It satisfies pipeline.TxManager (this package does not
-// import pipeline): the transaction travels in the context, where the
-// handler finds it with TxFromContext and CompleteInTx writes the outcome
-// into it.
-type TxManager struct {
-	s *Store
+// The one-transaction mode (store.Transactional). Claim sends BEGIN and the
+// claim statement in one round trip; the handler then works in that
+// transaction; Commit sends COMMIT, preceded in the same round trip by a
+// statement that stores the produced messages when there are some. A
+// message costs the round trips and the one commit of a plain transaction.
+
+// ErrTxOwned is returned by Commit and Rollback of the transaction a
+// handler finds with TxFromContext: the stage ends it, committing when the
+// handler returns nil and rolling back when it returns an error.
+var ErrTxOwned = errors.New("postgres: the handler's transaction is committed or rolled back by oncemill: return nil to commit, an error to roll back")
+
+// errAborted: a statement of the handler failed, and the handler went on to
+// return nil; the transaction can only roll back.
+var errAborted = fmt.Errorf("the transaction was aborted by an earlier error of the handler's statements, so it rolled back: %w", pgx.ErrTxCommitRollback)
+
+// lockNotAvailable is lock_timeout's SQLSTATE: the claim waited its bound
+// for another delivery's transaction.
+const lockNotAvailable = "55P03"
+
+// Claim implements store.Transactional. It acquires a connection from the
+// pool and, for Execute, keeps it for the transaction until Commit or
+// Rollback.
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if err := req.Validate(); err != nil {
+		return store.ClaimResult{}, fmt.Errorf("postgres: claim: %w", err)
+	}
+	if err := s.checkNewID("claim", req.Scope, req.Key, req.Fingerprint); err != nil {
+		return store.ClaimResult{}, err
+	}
+	ctx, cancel, err := s.enter(ctx, "claim", req.Wait)
+	if err != nil {
+		return store.ClaimResult{}, err
+	}
+	defer s.leave(cancel)
+	purge := max(req.SuccessTTL, req.Retain)
+	waitMS := max(req.Wait.Milliseconds(), 1) // lock_timeout 0 would mean no bound
+	// A claim that waited for another transaction's row and then did not
+	// take the key finds it committed after its statement's snapshot: the
+	// statement leaves it undecided and runs again (sql.go). So a run after
+	// the first, or a lock timeout, is what contention looks like here.
+	for runs := 1; ; runs++ {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return store.ClaimResult{}, wrap("claim", err)
+		}
+		res, tx, err := s.claimTx(ctx, conn, req.Scope, req.Key, req.Fingerprint, micros(req.SuccessTTL), micros(purge), waitMS)
+		if err == nil && res.Decision == store.Execute {
+			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: time.Now()}
+			t.handler = &handlerTx{Tx: tx, owner: t, top: true}
+			return store.ClaimResult{BeginResult: res, Tx: t}, nil
+		}
+		// Nothing to keep: end the transaction and give the connection back.
+		rollback(ctx, conn)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
+			return store.ClaimResult{BeginResult: store.BeginResult{Decision: store.InProgress}, Contended: true}, nil
+		case err != nil:
+			return store.ClaimResult{}, wrap("claim", err)
+		case res.Decision != 0:
+			return store.ClaimResult{BeginResult: res, Contended: runs > 1}, nil
+		}
+		// Undecided: a new transaction sees the row as it is now.
+		if err := s.rerun("claim", req.Scope, req.Key, runs); err != nil {
+			return store.ClaimResult{}, err
+		}
+	}
 }
 
-// TxManager returns the store's transaction manager, for the pipeline's
-// transaction stage (receiver's WithTransaction, pipeline.NewTransaction).
-func (s *Store) TxManager() *TxManager { return &TxManager{s: s} }
+// claimTx sends BEGIN and the claim in one round trip on conn
+// (pgx.Batch.BeginTx), and returns the decision and the transaction.
+func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, args ...any) (store.BeginResult, pgx.Tx, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(s.opts.TxOptions)
+	b.Queue(s.sql.claim, args...)
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return store.BeginResult{}, nil, err
+	}
+	res, err := s.claimStatement(ctx, batchQuerier{br}, s.sql.claim, args...)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return res, br.Tx(), err
+}
+
+// batchQuerier reads the next result of a sent batch as a querier.
+type batchQuerier struct{ br pgx.BatchResults }
+
+func (q batchQuerier) Query(context.Context, string, ...any) (pgx.Rows, error) { return q.br.Query() }
+
+// rollback ends whatever transaction conn is in and releases it. A
+// connection that cannot roll back is closed, so the pool never hands out
+// one in a transaction.
+func rollback(ctx context.Context, conn *pgxpool.Conn) {
+	if conn.Conn().PgConn().TxStatus() != 'I' {
+		if _, err := conn.Exec(ctx, "rollback"); err != nil {
+			_ = conn.Conn().Close(ctx)
+		}
+	}
+	conn.Release()
+}
+
+// RecordRollback implements store.Transactional.
+func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerprint string, out store.Outcome) error {
+	if out.Status != store.StatusFailed && out.Status != store.StatusRetryable {
+		return invalid("record rollback", "outcome status must be failed or retryable, not %v", out.Status)
+	}
+	if out.TTL <= 0 {
+		return invalid("record rollback", "outcome TTL %v must be positive", out.TTL)
+	}
+	if err := s.checkNewID("record rollback", lease.Scope, lease.Key, fingerprint); err != nil {
+		return err
+	}
+	ctx, cancel, err := s.enter(ctx, "record rollback", 0)
+	if err != nil {
+		return err
+	}
+	defer s.leave(cancel)
+	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
+		micros(out.TTL), storableText(out.ErrorKind, maxErrorKindLen), storableText(out.ErrorMessage, MaxErrorMessageLen), micros(out.TTL))
+	if err != nil {
+		return wrap("record rollback", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("postgres: record rollback %q/%q: another delivery claimed or finished the key: %w", lease.Scope, lease.Key, store.ErrLeaseLost)
+	}
+	return nil
+}
+
+// claimTx is an open one-transaction claim: store.Tx.
+type claimTx struct {
+	s          *Store
+	conn       *pgxpool.Conn
+	scope, key string
+	ttl        time.Duration
+	started    time.Time
+	handler    *handlerTx
+	ended      bool
+}
+
+var _ store.Tx = (*claimTx)(nil)
 
 type txKey struct{}
 
-// txValue is what the context carries: the transaction and the pool it came
-// from, so that a store writes only into transactions on its own database.
-type txValue struct {
-	tx   pgx.Tx
-	pool *pgxpool.Pool
+// Context implements store.Tx: ctx carrying the handler's pgx.Tx.
+func (t *claimTx) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, txKey{}, pgx.Tx(t.handler))
 }
 
-func txFrom(ctx context.Context) *txValue {
-	v, _ := ctx.Value(txKey{}).(*txValue)
-	return v
+// longRun is the share of the success TTL a handler may run before its
+// commit moves the expiry: a shorter run leaves the claim's expiry, counted
+// from the start of the transaction, and writes nothing at the commit.
+const longRun = 100 // 1%
+
+// Commit implements store.Tx. It writes the produced messages, and the
+// expiry when the handler ran longer than 1% of the success TTL, in the
+// commit's round trip; otherwise it sends COMMIT alone.
+func (t *claimTx) Commit(ctx context.Context, result []byte) error {
+	if t.ended {
+		return fmt.Errorf("postgres: commit: %w", pgx.ErrTxClosed)
+	}
+	t.end()
+	if len(result) > t.s.opts.MaxResultBytes {
+		rollback(context.WithoutCancel(ctx), t.conn)
+		return invalid("commit", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(result), t.s.opts.MaxResultBytes)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
+	defer cancel()
+	if t.conn.Conn().PgConn().TxStatus() == 'E' {
+		rollback(ctx, t.conn)
+		return wrap("commit", errAborted)
+	}
+	var tag pgconn.CommandTag
+	var err error
+	if result != nil || time.Since(t.started) > t.ttl/longRun {
+		b := &pgx.Batch{}
+		b.Queue(t.s.sql.commitResult, t.scope, t.key, result, micros(t.ttl))
+		b.Queue("commit")
+		br := t.conn.SendBatch(ctx, b)
+		if _, err = br.Exec(); err == nil {
+			tag, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	} else {
+		tag, err = t.conn.Exec(ctx, "commit")
+	}
+	if err == nil && tag.String() != "COMMIT" {
+		err = errAborted // COMMIT of an aborted transaction rolls back
+	}
+	rollback(ctx, t.conn) // a no-op after a commit; releases the connection
+	if err != nil {
+		return wrap("commit", err)
+	}
+	return nil
 }
 
-// TxFromContext returns the transaction the transaction stage began for the
-// handler. Do the handler's database writes on it: they commit together with
-// the record of the message's success, or not at all. ok is false outside
-// the stage.
+// Rollback implements store.Tx.
+func (t *claimTx) Rollback(ctx context.Context) error {
+	if t.ended {
+		return nil
+	}
+	t.end()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
+	defer cancel()
+	rollback(ctx, t.conn)
+	return nil
+}
+
+// end marks the transaction ended before its last round trip, so that the
+// handler's pgx.Tx, and what it made, refuse to touch the connection,
+// which goes back to the pool.
+func (t *claimTx) end() { t.ended = true }
+
+// TxFromContext returns the transaction the handler runs in: the
+// one-transaction mode's (receiver.NewTransactional), or one a TxManager
+// began. Do the handler's database writes on it: in the one-transaction
+// mode they commit together with the record of the message's success, or
+// not at all. Its Commit and Rollback return ErrTxOwned (for the
+// one-transaction mode) or end it early (TxManager): let the stage end it.
+// ok is false outside those stages.
 func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
-	if v := txFrom(ctx); v != nil {
-		return v.tx, true
-	}
-	return nil, false
+	tx, ok = ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
 }
 
-// Begin starts a transaction with Options.TxOptions and returns a context
-// carrying it. Each call starts a new transaction, even when ctx already
-// carries one.
-func (m *TxManager) Begin(ctx context.Context) (context.Context, error) {
-	if err := m.s.checkOpen("begin transaction"); err != nil {
-		return ctx, err
+// handlerTx is the pgx.Tx a handler gets in the one-transaction mode: pgx's
+// own transaction from Claim's batch, which the stage commits or rolls back
+// on the connection directly (so that the completion can share COMMIT's
+// round trip). At the top level it refuses to end the transaction itself;
+// its savepoints (Begin) are handlerTx values too. Once the stage has ended
+// the transaction, every call fails with pgx.ErrTxClosed: the connection is
+// back in the pool.
+type handlerTx struct {
+	pgx.Tx
+	owner *claimTx
+	top   bool
+}
+
+var _ pgx.Tx = (*handlerTx)(nil)
+
+func (h *handlerTx) check() error {
+	if h.owner.ended {
+		return pgx.ErrTxClosed
 	}
-	tx, err := m.s.pool.BeginTx(ctx, m.s.opts.TxOptions)
+	return nil
+}
+
+// Begin starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
+func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	tx, err := h.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &handlerTx{Tx: tx, owner: h.owner}, nil
+}
+
+// Commit of the top level refuses: the stage commits when the handler
+// returns nil. A savepoint is released.
+func (h *handlerTx) Commit(ctx context.Context) error {
+	if h.top {
+		return ErrTxOwned
+	}
+	if err := h.check(); err != nil {
+		return err
+	}
+	return h.Tx.Commit(ctx)
+}
+
+// Rollback of the top level refuses: the stage rolls back when the handler
+// returns an error, so a deferred tx.Rollback(ctx) in the handler is
+// harmless. A savepoint is rolled back to.
+func (h *handlerTx) Rollback(ctx context.Context) error {
+	if h.top {
+		return ErrTxOwned
+	}
+	if err := h.check(); err != nil {
+		return err
+	}
+	return h.Tx.Rollback(ctx)
+}
+
+func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := h.check(); err != nil {
+		return 0, err
+	}
+	return h.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := h.check(); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return h.Tx.SendBatch(ctx, b)
+}
+
+func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	return h.Tx.Prepare(ctx, name, sql)
+}
+
+func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := h.check(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return h.Tx.Exec(ctx, sql, args...)
+}
+
+func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := h.check(); err != nil {
+		return nil, err
+	}
+	return h.Tx.Query(ctx, sql, args...)
+}
+
+func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := h.check(); err != nil {
+		return errRow{err}
+	}
+	return h.Tx.QueryRow(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// TxManager begins, commits and rolls back transactions on a pool, for the
+// transaction stage of the lease mode (pipeline.TxManager; this package
+// does not import pipeline): a transaction around the handler whose
+// records live elsewhere (Redis, another database), and commit apart from
+// it. The handler finds its transaction with TxFromContext. For records in
+// the same database as the business data, use the one-transaction mode
+// instead: Store is a store.Transactional.
+type TxManager struct {
+	pool *pgxpool.Pool
+	opts pgx.TxOptions
+}
+
+// NewTxManager returns a transaction manager over pool.
+func NewTxManager(pool *pgxpool.Pool, opts pgx.TxOptions) (*TxManager, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil; pass a *pgxpool.Pool from pgxpool.New", ErrInvalidOptions)
+	}
+	return &TxManager{pool: pool, opts: opts}, nil
+}
+
+// Begin starts a transaction and returns a context carrying it.
+func (m *TxManager) Begin(ctx context.Context) (context.Context, error) {
+	tx, err := m.pool.BeginTx(ctx, m.opts)
 	if err != nil {
 		return ctx, wrap("begin transaction", err)
 	}
-	return context.WithValue(ctx, txKey{}, &txValue{tx: tx, pool: m.s.pool}), nil
+	return context.WithValue(ctx, txKey{}, tx), nil
 }
 
 // Commit commits the transaction ctx carries. A failed commit leaves it
 // rolled back.
 func (m *TxManager) Commit(ctx context.Context) error {
-	v := txFrom(ctx)
-	if v == nil {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
 		return fmt.Errorf("postgres: commit: %w", store.ErrNoTransaction)
 	}
-	if err := v.tx.Commit(ctx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return wrap("commit", err)
 	}
 	return nil
@@ -79,40 +392,12 @@ func (m *TxManager) Commit(ctx context.Context) error {
 // Rollback rolls back the transaction ctx carries. Rolling back a
 // transaction that already ended is not an error.
 func (m *TxManager) Rollback(ctx context.Context) error {
-	v := txFrom(ctx)
-	if v == nil {
+	tx, ok := TxFromContext(ctx)
+	if !ok {
 		return fmt.Errorf("postgres: rollback: %w", store.ErrNoTransaction)
 	}
-	if err := v.tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return wrap("rollback", err)
-	}
-	return nil
-}
-
-// CompleteInTx implements store.TxCompleter: Complete's conditional write,
-// run inside the transaction ctx carries (begun by this store's TxManager).
-// It takes effect only if that transaction commits, and returns an error
-// wrapping store.ErrLeaseLost, changing nothing, when the lease is not
-// current; the transaction stage then rolls the handler's writes back.
-func (s *Store) CompleteInTx(ctx context.Context, lease store.Lease, out store.Outcome) error {
-	out, err := s.checkComplete("complete in transaction", lease, out)
-	if err != nil {
-		return err
-	}
-	if err := s.checkOpen("complete in transaction"); err != nil {
-		return err
-	}
-	v := txFrom(ctx)
-	if v == nil || v.pool != s.pool {
-		return fmt.Errorf("postgres: complete in transaction: no transaction of this store's pool in the context (use Store.TxManager with the transaction stage): %w", store.ErrNoTransaction)
-	}
-	c := &call[completeReq, struct{}]{req: completeReq{lease: lease, out: out}}
-	applied, err := s.completeStatement(ctx, v.tx, []*call[completeReq, struct{}]{c})
-	if err != nil {
-		return wrap("complete in transaction", err)
-	}
-	if !applied[0] {
-		return leaseLost("complete in transaction", lease)
 	}
 	return nil
 }

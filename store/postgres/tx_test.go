@@ -3,6 +3,9 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,53 +13,52 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
-// The transaction manager must satisfy the pipeline's interface without
-// store/postgres importing pipeline.
+// The separate transaction manager satisfies the pipeline's interface
+// without store/postgres importing pipeline.
 var _ pipeline.TxManager = (*postgres.TxManager)(nil)
 
 // ledgerFixture is a store, a ledger table for the handler's business
-// writes, and the real pipeline around a handler:
-// idempotency → transaction → handler.
+// writes, and the receiver in the one-transaction mode around a handler
+// that books one ledger row per message.
 type ledgerFixture struct {
 	pool   *pgxpool.Pool
 	schema string
 	s      *postgres.Store
 	ledger string
-	// handler runs inside the transaction, after the ledger INSERT.
-	after func(msg *message.Message) error
-	h     message.HandlerFunc
+	// after runs inside the transaction, after the ledger INSERT.
+	after  func(msg *message.Message) error
+	events chan pipeline.Event
+	h      message.HandlerFunc
 }
 
-func newLedgerFixture(t *testing.T, p policy.Policy) *ledgerFixture {
+func newLedgerFixture(t *testing.T, p policy.Policy, configure ...func(*receiver.Builder)) *ledgerFixture {
 	t.Helper()
-	f := &ledgerFixture{pool: newPool(t, nil)}
+	f := &ledgerFixture{pool: newPool(t, func(c *pgxpool.Config) { c.MaxConns = 16 }), events: make(chan pipeline.Event, 1024)}
 	f.schema = newSchema(t, f.pool)
 	f.s = newStore(t, f.pool, postgres.Options{Schema: f.schema})
 	f.ledger = pgx.Identifier{f.schema, "ledger"}.Sanitize()
 	if _, err := f.pool.Exec(t.Context(), "CREATE TABLE "+f.ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL, amount int NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
-		Store:  f.s,
-		Keys:   keygen.UUID(),
-		Scope:  "ledger",
-		Policy: p,
-	})
+	b := receiver.NewTransactional(f.s).
+		WithScope("ledger").
+		WithPolicy(p).
+		WithEventHandler(func(e pipeline.Event) { f.events <- e })
+	for _, c := range configure {
+		c(b)
+	}
+	r, err := b.Build()
 	if err != nil {
 		t.Fatal(err)
 	}
-	txs, err := pipeline.NewTransaction(f.s.TxManager())
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.h = idem.Middleware(txs.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	f.h = r.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := postgres.TxFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("handler: no transaction in the context")
@@ -70,7 +72,7 @@ func newLedgerFixture(t *testing.T, p policy.Policy) *ledgerFixture {
 			}
 		}
 		return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte("booked"))}, nil
-	}))
+	})
 	return f
 }
 
@@ -83,10 +85,20 @@ func (f *ledgerFixture) rows(t *testing.T, uuid string) int {
 	return n
 }
 
-// deliver runs the pipeline once, turning a panic that escapes it into an
-// error (it should not escape: the idempotency stage recovers it).
-func (f *ledgerFixture) deliver(uuid string) (msgs []*message.Message, err error) {
+func (f *ledgerFixture) deliver(uuid string) ([]*message.Message, error) {
 	return f.h(message.NewMessage(uuid, []byte("pay 100")))
+}
+
+// event returns the event of the next delivery.
+func (f *ledgerFixture) event(t *testing.T) pipeline.Event {
+	t.Helper()
+	select {
+	case e := <-f.events:
+		return e
+	case <-time.After(30 * time.Second):
+		t.Fatal("no event")
+		return pipeline.Event{}
+	}
 }
 
 func TestTransactionalSuccessAndReplay(t *testing.T) {
@@ -97,18 +109,24 @@ func TestTransactionalSuccessAndReplay(t *testing.T) {
 	if err != nil || len(out) != 1 || out[0].UUID != "out-m-1" {
 		t.Fatalf("first delivery = %v, %v", out, err)
 	}
+	if e := f.event(t); e.Outcome != pipeline.Executed || e.Attempt != 1 || e.Token == 0 {
+		t.Fatalf("first event = %+v, want executed at attempt 1 with a token", e)
+	}
 	if n := f.rows(t, "m-1"); n != 1 {
 		t.Fatalf("%d ledger rows, want 1", n)
 	}
 	rec, err := f.s.Get(ctx, "ledger", "m-1")
-	if err != nil || rec.Status != store.StatusSucceeded {
-		t.Fatalf("record = %v, %v; want succeeded", rec.Status, err)
+	if err != nil || rec.Status != store.StatusSucceeded || len(rec.Result) == 0 {
+		t.Fatalf("record = %v (%d result bytes), %v; want succeeded with the produced message", rec.Status, len(rec.Result), err)
 	}
 
-	// A duplicate replays the stored output and writes nothing.
+	// A duplicate replays the stored output, with its UUID, and writes nothing.
 	out, err = f.deliver("m-1")
-	if err != nil || len(out) != 1 || out[0].UUID != "out-m-1" {
+	if err != nil || len(out) != 1 || out[0].UUID != "out-m-1" || string(out[0].Payload) != "booked" {
 		t.Fatalf("duplicate = %v, %v; want the replayed output", out, err)
+	}
+	if e := f.event(t); e.Outcome != pipeline.Replayed {
+		t.Fatalf("duplicate's outcome = %v, want replayed", e.Outcome)
 	}
 	if n := f.rows(t, "m-1"); n != 1 {
 		t.Fatalf("%d ledger rows after the duplicate, want 1", n)
@@ -129,10 +147,10 @@ func TestTransactionalHandlerErrorRollsBack(t *testing.T) {
 	}
 	rec, err := f.s.Get(ctx, "ledger", "m-2")
 	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 1 {
-		t.Fatalf("record = %v attempt %d, %v; want retryable (released), not succeeded", rec.Status, rec.Attempt, err)
+		t.Fatalf("record = %v attempt %d, %v; want retryable at attempt 1", rec.Status, rec.Attempt, err)
 	}
 
-	// The redelivery runs again and books once.
+	// The redelivery runs again, as attempt 2, and books once.
 	f.after = nil
 	if _, err := f.deliver("m-2"); err != nil {
 		t.Fatal(err)
@@ -161,111 +179,397 @@ func TestTransactionalPanicRollsBack(t *testing.T) {
 	}
 }
 
-// The lease is taken over while the handler runs (it stalled past its
-// lease): CompleteInTx finds the lease lost, and the business write rolls
-// back with it. The newer holder's lease is untouched.
-func TestTransactionalLeaseLostBeforeCommit(t *testing.T) {
+// Attempts are counted across deliveries; the failure of the last allowed
+// one is cached and acked, and a permanent failure is cached at once.
+func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 	p := policy.Default()
+	p.MaxAttempts = 2
 	f := newLedgerFixture(t, p)
 	ctx := t.Context()
-	var takeover store.BeginResult
-	f.after = func(msg *message.Message) error {
-		// The lease runs out (the clock moves past it)...
-		advance(t, f.pool, table(f.schema, ""), p.Lease+time.Second)
-		// ...and another worker takes the key over.
-		var err error
-		takeover, err = f.s.Begin(context.Background(), store.BeginRequest{Scope: "ledger", Key: msg.UUID, Lease: time.Minute})
-		if err != nil {
-			return err
-		}
-		if takeover.Decision != store.Execute || !takeover.Takeover {
-			t.Errorf("other worker's Begin = %v takeover %v; want a takeover", takeover.Decision, takeover.Takeover)
-		}
-		return nil // the stale handler believes it succeeded
+	f.after = func(*message.Message) error { return errors.New("still down") }
+
+	if _, err := f.deliver("capped"); err == nil {
+		t.Fatal("attempt 1: nil, want a nack")
+	}
+	f.event(t)
+	if _, err := f.deliver("capped"); err != nil {
+		t.Fatalf("attempt 2 (the last) = %v, want an ack", err)
+	}
+	if e := f.event(t); e.Outcome != pipeline.FailureCached || e.Attempt != 2 {
+		t.Fatalf("attempt 2 = %v at attempt %d, want failure_cached at 2", e.Outcome, e.Attempt)
+	}
+	rec, err := f.s.Get(ctx, "ledger", "capped")
+	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != pipeline.KindAttemptsExhausted || rec.Attempt != 2 {
+		t.Fatalf("record = %+v, %v; want failed, attempts_exhausted, attempt 2", rec, err)
+	}
+	if _, err := f.deliver("capped"); err != nil {
+		t.Fatalf("a duplicate of a cached failure = %v, want an ack", err)
+	}
+	if e := f.event(t); e.Outcome != pipeline.FailureReplayed {
+		t.Fatalf("duplicate = %v, want failure_replayed", e.Outcome)
 	}
 
-	_, err := f.deliver("m-4")
-	if !errors.Is(err, store.ErrLeaseLost) {
-		t.Fatalf("delivery = %v, want an error wrapping store.ErrLeaseLost", err)
+	f.after = func(*message.Message) error { return policy.Permanent(errors.New("no such account")) }
+	if _, err := f.deliver("permanent"); err != nil {
+		t.Fatalf("a permanent failure = %v, want an ack", err)
 	}
-	if n := f.rows(t, "m-4"); n != 0 {
-		t.Fatalf("%d ledger rows, want 0: the stale worker's write must roll back", n)
+	if e := f.event(t); e.Outcome != pipeline.FailureCached || e.Attempt != 1 {
+		t.Fatalf("permanent = %v at attempt %d, want failure_cached at 1", e.Outcome, e.Attempt)
 	}
-	rec, err := f.s.Get(ctx, "ledger", "m-4")
-	if err != nil || rec.Status != store.StatusInProgress || rec.Token != takeover.Lease.Token {
-		t.Fatalf("record = %v token %d, %v; want in progress under the new token %d", rec.Status, rec.Token, err, takeover.Lease.Token)
+	if rec, err := f.s.Get(ctx, "ledger", "permanent"); err != nil || rec.ErrorKind != pipeline.KindPermanent || rec.ErrorMessage != "no such account" {
+		t.Fatalf("record = %+v, %v; want the cached permanent failure", rec, err)
+	}
+	if n := f.rows(t, "capped") + f.rows(t, "permanent"); n != 0 {
+		t.Fatalf("%d ledger rows of failed messages, want 0", n)
 	}
 }
 
-func TestTxManagerWithoutTransaction(t *testing.T) {
-	pool := newPool(t, nil)
-	s := newStore(t, pool, postgres.Options{})
-	ctx := t.Context()
-	tm := s.TxManager()
-	lease := store.Lease{Key: "k", Token: 1}
-	out := store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}
+// The same key with another payload is a permanent failure: acked, not run.
+func TestTransactionalMismatch(t *testing.T) {
+	f := newLedgerFixture(t, policy.Default())
+	if _, err := f.h(message.NewMessage("m-5", []byte("pay 100"))); err != nil {
+		t.Fatal(err)
+	}
+	f.event(t)
+	if _, err := f.h(message.NewMessage("m-5", []byte("pay 999"))); err != nil {
+		t.Fatalf("mismatch = %v, want an ack", err)
+	}
+	if e := f.event(t); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, pipeline.ErrMismatch) {
+		t.Fatalf("mismatch = %v (%v), want rejected with ErrMismatch", e.Outcome, e.Err)
+	}
+	if n := f.rows(t, "m-5"); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
+	}
+}
 
+// hold makes the handler of the first delivery wait inside its transaction
+// until released; it reports when it holds.
+type hold struct {
+	holding chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newHold() *hold {
+	return &hold{holding: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *hold) after(fail error) func(*message.Message) error {
+	return func(*message.Message) error {
+		first := false
+		h.once.Do(func() { first = true })
+		if !first {
+			return nil
+		}
+		close(h.holding)
+		<-h.release
+		return fail
+	}
+}
+
+// A duplicate that arrives while the first delivery's transaction is open
+// waits on the claimed row, then replays what the first committed.
+func TestTransactionalConcurrentDuplicateWaitsThenReplays(t *testing.T) {
+	f := newLedgerFixture(t, policy.Default())
+	h := newHold()
+	f.after = h.after(nil)
+
+	first := make(chan error, 1)
+	go func() { _, err := f.deliver("m-6"); first <- err }()
+	<-h.holding
+	second := make(chan []*message.Message, 1)
+	go func() {
+		out, err := f.deliver("m-6")
+		if err != nil {
+			t.Errorf("duplicate: %v", err)
+		}
+		second <- out
+	}()
+	waitForLockWait(t, f.pool, f.schema)
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if out := <-second; len(out) != 1 || out[0].UUID != "out-m-6" {
+		t.Fatalf("the waiting duplicate got %v, want the replayed output", out)
+	}
+	events := []pipeline.Event{f.event(t), f.event(t)}
+	if events[0].Outcome != pipeline.Executed || events[1].Outcome != pipeline.Replayed || !events[1].Contended {
+		t.Fatalf("events %v / %v (contended %v), want executed then a contended replay", events[0].Outcome, events[1].Outcome, events[1].Contended)
+	}
+	if n := f.rows(t, "m-6"); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
+	}
+}
+
+// When the first delivery rolls back, the waiting duplicate takes the key
+// and runs, as attempt 2.
+func TestTransactionalWaiterTakesTheKeyAfterARollback(t *testing.T) {
+	f := newLedgerFixture(t, policy.Default())
+	h := newHold()
+	f.after = h.after(errors.New("transient"))
+
+	first := make(chan error, 1)
+	go func() { _, err := f.deliver("m-7"); first <- err }()
+	<-h.holding
+	second := make(chan error, 1)
+	go func() { _, err := f.deliver("m-7"); second <- err }()
+	waitForLockWait(t, f.pool, f.schema)
+	close(h.release)
+	if err := <-first; err == nil {
+		t.Fatal("the failing first delivery was acked")
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("the waiting duplicate = %v, want it to run and succeed", err)
+	}
+	if n := f.rows(t, "m-7"); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
+	}
+	rec, err := f.s.Get(t.Context(), "ledger", "m-7")
+	if err != nil || rec.Status != store.StatusSucceeded {
+		t.Fatalf("record = %v, %v; want succeeded (the first's retryable record must not overwrite it)", rec.Status, err)
+	}
+}
+
+// A duplicate waits at most the in-progress bound, then nacks.
+func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
+	p := policy.Default()
+	p.InProgressWait = 200 * time.Millisecond
+	p.NackDelay = 0
+	f := newLedgerFixture(t, p)
+	h := newHold()
+	f.after = h.after(nil)
+
+	first := make(chan error, 1)
+	go func() { _, err := f.deliver("m-8"); first <- err }()
+	<-h.holding
+	start := time.Now()
+	_, err := f.deliver("m-8")
+	waited := time.Since(start)
+	if !errors.Is(err, pipeline.ErrInProgress) {
+		t.Fatalf("duplicate past the bound = %v, want ErrInProgress (a nack)", err)
+	}
+	if waited < p.InProgressWait {
+		t.Fatalf("the duplicate gave up after %v, before the bound %v", waited, p.InProgressWait)
+	}
+	close(h.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// Its redelivery replays.
+	if _, err := f.deliver("m-8"); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.rows(t, "m-8"); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
+	}
+}
+
+// 64 deliveries of one key over 8 connections: one business row, 63 replays.
+func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
+	f := newLedgerFixture(t, policy.Default())
+	small := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
+	s, err := postgres.New(small, postgres.Options{Schema: f.schema, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var replays, executed atomic.Int64
+	r, err := receiver.NewTransactional(s).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
+		switch e.Outcome {
+		case pipeline.Replayed:
+			replays.Add(1)
+		case pipeline.Executed:
+			executed.Add(1)
+		}
+	}).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := r.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		tx, _ := postgres.TxFromContext(msg.Context())
+		_, err := tx.Exec(msg.Context(), "INSERT INTO "+f.ledger+" (message_uuid, amount) VALUES ($1, 100)", msg.UUID)
+		time.Sleep(5 * time.Millisecond) // others pile up on the claimed row
+		return nil, err
+	})
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			if _, err := h(message.NewMessage("one-key", []byte("pay 100"))); err != nil {
+				t.Errorf("delivery: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := f.rows(t, "one-key"); n != 1 || executed.Load() != 1 || replays.Load() != 63 {
+		t.Fatalf("%d ledger rows, %d executed, %d replays; want 1, 1, 63", n, executed.Load(), replays.Load())
+	}
+}
+
+// A retry attempt gets a fresh transaction: the failed attempt's writes are
+// gone, and the key is claimed again in the new one.
+func TestTransactionalRetryGetsAFreshTransaction(t *testing.T) {
+	rc := pipeline.DefaultRetryConfig()
+	rc.InitialInterval, rc.MaxInterval = time.Millisecond, time.Millisecond
+	f := newLedgerFixture(t, policy.Default(), func(b *receiver.Builder) { b.WithRetry(rc) })
+	var tries atomic.Int64
+	f.after = func(*message.Message) error {
+		if tries.Add(1) == 1 {
+			return errors.New("transient")
+		}
+		return nil
+	}
+	if _, err := f.deliver("m-9"); err != nil {
+		t.Fatal(err)
+	}
+	if tries.Load() != 2 {
+		t.Fatalf("%d tries, want 2", tries.Load())
+	}
+	if n := f.rows(t, "m-9"); n != 1 {
+		t.Fatalf("%d ledger rows, want 1: the first attempt's INSERT must roll back", n)
+	}
+	if rec, err := f.s.Get(t.Context(), "ledger", "m-9"); err != nil || rec.Status != store.StatusSucceeded || rec.Attempt != 1 {
+		t.Fatalf("record = %v attempt %d, %v; want succeeded at attempt 1 (in-process retries are one delivery)", rec.Status, rec.Attempt, err)
+	}
+}
+
+// A success is replayed for SuccessTTL from its commit, not from the start
+// of its transaction, however long the handler ran.
+func TestTransactionalExpiryCountsFromTheCommit(t *testing.T) {
+	p := policy.Default()
+	p.SuccessTTL = 10 * time.Second
+	f := newLedgerFixture(t, p)
+	const run = 200 * time.Millisecond // above 1% of SuccessTTL: the commit moves the expiry
+	f.after = func(*message.Message) error { time.Sleep(run); return nil }
+	if _, err := f.deliver("slow"); err != nil {
+		t.Fatal(err)
+	}
+	var lifetime time.Duration
+	if err := f.pool.QueryRow(t.Context(), "SELECT extract(epoch FROM expires_at - created_at) * 1e9 FROM "+table(f.schema, "")+" WHERE key = 'slow'").Scan(&lifetime); err != nil {
+		t.Fatal(err)
+	}
+	if lifetime < p.SuccessTTL+run {
+		t.Fatalf("the record expires %v after its transaction began, want at least SuccessTTL %v plus the handler's %v", lifetime, p.SuccessTTL, run)
+	}
+}
+
+// The handler's pgx.Tx: the stage ends it, savepoints work, and it is
+// unusable once the delivery is over.
+func TestTransactionalHandlerTx(t *testing.T) {
+	f := newLedgerFixture(t, policy.Default())
+	var kept pgx.Tx
+	f.after = func(msg *message.Message) error {
+		tx, _ := postgres.TxFromContext(msg.Context())
+		kept = tx
+		if err := tx.Commit(msg.Context()); !errors.Is(err, postgres.ErrTxOwned) {
+			return fmt.Errorf("tx.Commit = %v, want ErrTxOwned", err)
+		}
+		if err := tx.Rollback(msg.Context()); !errors.Is(err, postgres.ErrTxOwned) {
+			return fmt.Errorf("tx.Rollback = %v, want ErrTxOwned", err)
+		}
+		sp, err := tx.Begin(msg.Context())
+		if err != nil {
+			return err
+		}
+		if _, err := sp.Exec(msg.Context(), "INSERT INTO "+f.ledger+" (message_uuid, amount) VALUES ($1, 1)", msg.UUID); err != nil {
+			return err
+		}
+		return sp.Rollback(msg.Context()) // undoes only the savepoint's row
+	}
+	if _, err := f.deliver("m-10"); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.rows(t, "m-10"); n != 1 {
+		t.Fatalf("%d ledger rows, want 1: the savepoint's row rolled back, the handler's committed", n)
+	}
+	if _, err := kept.Exec(context.Background(), "SELECT 1"); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("the handler's tx after the delivery = %v, want pgx.ErrTxClosed", err)
+	}
+}
+
+// A handler that swallows the error of its own statement leaves the
+// transaction aborted: the commit rolls back, and the delivery is nacked,
+// not acked as a success.
+func TestTransactionalAbortedTransactionIsNotASuccess(t *testing.T) {
+	f := newLedgerFixture(t, policy.Default())
+	f.after = func(msg *message.Message) error {
+		tx, _ := postgres.TxFromContext(msg.Context())
+		_, _ = tx.Exec(msg.Context(), "SELECT 1/0") // error ignored
+		return nil
+	}
+	if _, err := f.deliver("m-11"); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("delivery = %v, want a nack wrapping pgx.ErrTxCommitRollback", err)
+	}
+	if n := f.rows(t, "m-11"); n != 0 {
+		t.Fatalf("%d ledger rows, want 0", n)
+	}
+	if rec, err := f.s.Get(t.Context(), "ledger", "m-11"); err != nil || rec.Status != store.StatusRetryable {
+		t.Fatalf("record = %v, %v; want retryable", rec.Status, err)
+	}
+}
+
+func TestTxManager(t *testing.T) {
+	pool := newPool(t, nil)
+	ctx := t.Context()
+	if _, err := postgres.NewTxManager(nil, pgx.TxOptions{}); !errors.Is(err, postgres.ErrInvalidOptions) {
+		t.Fatalf("NewTxManager(nil) = %v", err)
+	}
+	tm, err := postgres.NewTxManager(pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := tm.Commit(ctx); !errors.Is(err, store.ErrNoTransaction) {
 		t.Errorf("Commit without a transaction = %v", err)
 	}
 	if err := tm.Rollback(ctx); !errors.Is(err, store.ErrNoTransaction) {
 		t.Errorf("Rollback without a transaction = %v", err)
 	}
-	if err := s.CompleteInTx(ctx, lease, out); !errors.Is(err, store.ErrNoTransaction) {
-		t.Errorf("CompleteInTx without a transaction = %v", err)
-	}
-	if _, ok := postgres.TxFromContext(ctx); ok {
-		t.Error("TxFromContext found a transaction in a bare context")
-	}
-
-	// A transaction of another store's pool is not this store's.
-	other := newStore(t, newPool(t, nil), postgres.Options{})
-	txCtx, err := other.TxManager().Begin(ctx)
+	txCtx, err := tm.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CompleteInTx(txCtx, lease, out); !errors.Is(err, store.ErrNoTransaction) {
-		t.Errorf("CompleteInTx with another pool's transaction = %v", err)
+	tx, ok := postgres.TxFromContext(txCtx)
+	if !ok {
+		t.Fatal("TxFromContext found no transaction")
 	}
-	if err := other.TxManager().Rollback(txCtx); err != nil {
-		t.Errorf("Rollback: %v", err)
+	schema := newSchema(t, pool)
+	tbl := pgx.Identifier{schema, "t"}.Sanitize()
+	for _, q := range []string{"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(), "CREATE TABLE " + tbl + " (v int)"} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := other.TxManager().Rollback(txCtx); err != nil {
-		t.Errorf("second Rollback: %v, want nil", err)
+	count := func() (n int) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
-
-	// CompleteInTx with a lost lease changes nothing and says so.
-	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
-	if err != nil {
+	if _, err := tx.Exec(txCtx, "INSERT INTO "+tbl+" VALUES (1)"); err != nil {
 		t.Fatal(err)
-	}
-	txCtx, err = tm.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale := res.Lease
-	stale.Token--
-	if err := s.CompleteInTx(txCtx, stale, out); !errors.Is(err, store.ErrLeaseLost) {
-		t.Errorf("CompleteInTx with a stale token = %v, want ErrLeaseLost", err)
 	}
 	if err := tm.Rollback(txCtx); err != nil {
 		t.Fatal(err)
 	}
-	// And with the right one, it counts only on commit.
+	if err := tm.Rollback(txCtx); err != nil {
+		t.Errorf("second Rollback = %v, want nil", err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d rows after Rollback, want 0", n)
+	}
 	txCtx, err = tm.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CompleteInTx(txCtx, res.Lease, out); err != nil {
+	tx, _ = postgres.TxFromContext(txCtx)
+	if _, err := tx.Exec(txCtx, "INSERT INTO "+tbl+" VALUES (1)"); err != nil {
 		t.Fatal(err)
-	}
-	if rec, err := s.Get(ctx, "", "k"); err != nil || rec.Status != store.StatusInProgress {
-		t.Fatalf("before commit the record is %v, %v; want still in progress", rec.Status, err)
 	}
 	if err := tm.Commit(txCtx); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := s.Get(ctx, "", "k"); err != nil || rec.Status != store.StatusSucceeded {
-		t.Fatalf("after commit the record is %v, %v; want succeeded", rec.Status, err)
+	if n := count(); n != 1 {
+		t.Fatalf("%d rows after Commit, want 1", n)
 	}
 }
