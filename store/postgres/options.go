@@ -14,13 +14,13 @@ import (
 
 // Defaults and bounds of Options.
 const (
-	DefaultSchema          = "public"
-	DefaultTable           = "oncemill_records"
-	DefaultMaxKeyLen       = 512
-	DefaultMaxResultBytes  = 1 << 20
-	DefaultCleanupInterval = time.Minute
-	DefaultCleanupBatch    = 1000
-	DefaultCleanupDuty     = 0.5
+	DefaultSchema           = "public"
+	DefaultTable            = "oncemill_records"
+	DefaultMaxKeyLen        = 512
+	DefaultMaxResultBytes   = 1 << 20
+	DefaultCleanupInterval  = time.Minute
+	DefaultCleanupBatch     = 1000
+	DefaultCleanupDuty      = 0.5
 	DefaultStatementTimeout = 5 * time.Second
 
 	// MaxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
