@@ -22,11 +22,11 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	defer s.leave(cancel)
-	tag, err := s.pool.Exec(ctx, s.sql.deleteExpired, limit)
-	if err != nil {
+	var n int
+	var newest time.Time
+	if err := s.pool.QueryRow(ctx, s.sql.cleanupBatch, limit, time.Time{}).Scan(&n, &newest); err != nil {
 		return 0, wrap("delete expired", err)
 	}
-	n := int(tag.RowsAffected())
 	s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
 	return n, nil
 }

@@ -1,5 +1,11 @@
 package postgres
 
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
 // Internals for the tests of package postgres_test.
 
 // Reruns is how many claims ran again after the READ COMMITTED corner.
@@ -7,3 +13,36 @@ func (s *Store) Reruns() int64 { return s.reruns.Load() }
 
 // CleanupLockKey is the advisory lock key of the store's cleaner.
 func (s *Store) CleanupLockKey() int64 { return s.cleanupKey }
+
+// Statements are the store's statements as sent, by name.
+func (s *Store) Statements() map[string]string {
+	q := s.sql
+	return map[string]string{
+		"begin": q.begin, "claimNew": q.claimNew, "claim": q.claim, "commitResult": q.commitResult,
+		"recordRollback": q.recordRollback, "complete": q.complete, "extend": q.extend, "release": q.release,
+		"releaseDelete": q.releaseDelete, "get": q.get, "del": q.del,
+		"cleanupBatch": q.cleanupBatch, "cleanupLag": q.cleanupLag,
+	}
+}
+
+// MigrateTo applies the embedded migrations up to version, and no further.
+func (s *Store) MigrateTo(ctx context.Context, version int) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, s.names.render(`CREATE SCHEMA IF NOT EXISTS {{SCHEMA}};
+CREATE TABLE IF NOT EXISTS {{VERSIONS}} (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`), pgx.QueryExecModeSimpleProtocol); err != nil {
+		return err
+	}
+	for _, m := range mustMigrations()[:version] {
+		if _, err := tx.Exec(ctx, s.names.render(m.sql), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), m.version, m.name); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}

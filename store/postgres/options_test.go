@@ -235,3 +235,40 @@ func TestBeforeMigrateSaysSo(t *testing.T) {
 		t.Fatalf("Begin before Migrate = %v, want a hint to migrate", err)
 	}
 }
+
+// A table made by the first layout is moved to the current one in place:
+// its records keep their outcome and stay readable, and a claim works on it.
+func TestMigrateUpgradesTheFirstLayout(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if err := s.MigrateTo(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO `+table(schema, "")+`
+		(scope, key, status, token, attempt, lease_expires_at, result, created_at, updated_at, expires_at)
+		VALUES ('s', 'old', 2, 1, 1, NULL, '\x01'::bytea, now(), now(), now() + interval '1 hour')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "s", "old")
+	if err != nil || rec.Status != store.StatusSucceeded || string(rec.Result) != "\x01" {
+		t.Fatalf("the old record after the upgrade = %+v, %v", rec, err)
+	}
+	res, err := s.Claim(ctx, store.ClaimRequest{Scope: "s", Key: "old", SuccessTTL: time.Hour, Wait: time.Second})
+	if err != nil || res.Decision != store.Replay {
+		t.Fatalf("claiming the old record = %v, %v; want a replay", res.Decision, err)
+	}
+	var version int
+	if err := pool.QueryRow(ctx, "SELECT max(version) FROM "+table(schema, "oncemill_records_migrations")).Scan(&version); err != nil || version != postgres.SchemaVersion {
+		t.Fatalf("schema version %d, %v; want %d", version, err, postgres.SchemaVersion)
+	}
+}

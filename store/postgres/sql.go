@@ -22,11 +22,14 @@ type names struct {
 	index    string // "table_expires_at_idx", migration 1's index (unqualified: CREATE INDEX names it in the table's schema)
 	purge    string // "table_purge_at_idx"
 	versions string // "schema"."table_migrations"
+	// claimLock is the first half of the advisory lock key of a claim:
+	// the table's, so that claims of different tables never meet.
+	claimLock int32
 }
 
 func newNames(schema, table string) names {
 	seq := pgx.Identifier{schema, table + "_token_seq"}.Sanitize()
-	return names{
+	n := names{
 		schema:   pgx.Identifier{schema}.Sanitize(),
 		table:    pgx.Identifier{schema, table}.Sanitize(),
 		seq:      seq,
@@ -35,6 +38,8 @@ func newNames(schema, table string) names {
 		purge:    pgx.Identifier{table + "_purge_at_idx"}.Sanitize(),
 		versions: pgx.Identifier{schema, table + "_migrations"}.Sanitize(),
 	}
+	n.claimLock = int32(lockKey("claim", n))
+	return n
 }
 
 // render replaces the placeholders of a statement or migration.
@@ -46,6 +51,7 @@ func (n names) render(sql string) string {
 		"{{SEQ_LITERAL}}", n.seqLit,
 		"{{INDEX}}", n.index,
 		"{{PURGE_INDEX}}", n.purge,
+		"{{CLAIM_LOCK}}", fmt.Sprint(n.claimLock),
 		"{{VERSIONS}}", n.versions,
 		// Codes shared with Go, so the SQL cannot drift from them.
 		"{{IN_PROGRESS}}", fmt.Sprint(int(store.StatusInProgress)),
@@ -107,11 +113,13 @@ const (
 // snapshot was taken (the upsert saw the newest version, the SELECT an
 // older one, or none). The caller runs the statement again.
 //
-// Tokens: a taken-over or reused row gets nextval() in DO UPDATE, after the
-// row is locked, so it exceeds every token the row had. A fresh insert
-// evaluates nextval() just before its conflict check; a token can only come
-// out lower than an earlier one of the same key if, within that instant,
-// the key was claimed and then rolled back or deleted by another session.
+// Tokens: a taken-over or reused row gets the greater of nextval() and its
+// token + 1 in DO UPDATE, after the row is locked, so it exceeds every token
+// the row had (each backend caches its own block of sequence values, so
+// nextval alone does not rise across backends). A fresh insert takes
+// nextval(); it can only come out lower than an earlier token of the same
+// key if that key's row was deleted (by cleanup, past its purge time, or by
+// an operator) or its claim rolled back.
 const sqlClaim = `
 WITH {{PRE}}up AS (
 	INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
@@ -121,7 +129,7 @@ WITH {{PRE}}up AS (
 	{{FROM}}
 	ON CONFLICT (scope, key) DO UPDATE SET
 		status = {{NEW_STATUS}},
-		token = nextval({{SEQ_LITERAL}}),
+		token = greatest(nextval({{SEQ_LITERAL}}), o.token + 1),
 		attempt = CASE WHEN ` + freeO + ` THEN 1 ELSE o.attempt + 1 END,
 		taken_over = (o.status = {{IN_PROGRESS}}),
 		fingerprint = CASE WHEN ` + freeO + ` OR excluded.fingerprint <> '' THEN excluded.fingerprint ELSE o.fingerprint END,
@@ -171,10 +179,27 @@ var (
 	// materialized CTE first) and put back to what it was in the same
 	// statement, so the handler's own statements keep the session's value.
 	claimForm = strings.NewReplacer(
-		"{{PRE}}", "lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true)), ",
+		"{{PRE}}", "lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true), pg_advisory_xact_lock({{CLAIM_LOCK}}, $7)), ",
 		"{{FROM}}", "FROM lt", "{{POST}}", ", set_config('lock_timeout', lt.prior, true)", "{{JOIN}}", " CROSS JOIN lt",
 		"{{NEW_STATUS}}", "{{SUCCEEDED}}")
 )
+
+// sqlClaimNew is Claim's fast path, sent with BEGIN: a new key costs one
+// plain insert of the record in its final form. It never waits: it first
+// takes the key's advisory lock ($6, in a space of the table's own) without
+// waiting, which every claim of the key holds until its transaction ends,
+// so that no other claim of the key can be in flight when it inserts. It
+// returns the token, or nothing when the key is held or already has a row;
+// the claim then goes on with sqlClaim's claimForm in the same transaction,
+// which waits for the lock and decides.
+const sqlClaimNew = `
+INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at)
+SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, nextval({{SEQ_LITERAL}}), 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now()
+WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6)
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING token`
 
 // sqlCommitResult, sent with COMMIT in one round trip, stores the produced
 // messages of a one-transaction success and counts its expiry from now
@@ -260,39 +285,31 @@ const sqlDelete = `DELETE FROM {{TABLE}} WHERE scope = $1 AND key = $2`
 // an extended lease) wait for the expiry.
 const purgeable = `purge_at <= now() AND expires_at <= now()`
 
-// sqlDeleteExpired removes up to $1 purgeable rows. The inner SELECT walks
-// the purge_at index from the oldest row and locks what it picks with SKIP
-// LOCKED, so it never waits for a claim that holds a row, and a claim
+// sqlCleanupBatch removes up to $1 purgeable rows whose purge time is at
+// least $2, oldest first, and reports how many it removed and the newest
+// purge time among them. A cleanup pass runs it in a loop, starting each
+// batch where the previous one ended, so that it does not walk over the
+// index entries of the rows it already deleted again and again; rows it
+// skips (locked, or behind the cursor) are found by the next pass, which
+// starts from the beginning. DeleteExpired is one batch from the beginning.
+//
+// The inner SELECT walks the purge_at index and locks what it picks with
+// SKIP LOCKED, so it never waits for a claim that holds a row, and a claim
 // waits at most for one short batch. FOR UPDATE re-checks the condition on
 // the newest version of each row, so a row claimed meanwhile is left alone,
-// and the rows stay locked until the DELETE, which finds them by ctid (a
-// TID scan).
-const sqlDeleteExpired = `
-DELETE FROM {{TABLE}}
-WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM {{TABLE}}
-	WHERE ` + purgeable + `
-	ORDER BY purge_at
-	LIMIT $1
-	FOR UPDATE SKIP LOCKED))`
-
-// sqlCleanupBatch is one batch of a cleanup pass: sqlDeleteExpired that
-// starts its index walk at $2, the oldest purge time the previous batch of
-// the pass removed, so that a pass does not walk over the index entries of
-// the rows it already deleted again and again. It reports how many rows it
-// removed and the newest purge time among them. Rows it skips (locked, or
-// behind the cursor) are found by the next pass, which starts from the
-// beginning.
+// and the rows stay locked until the DELETE, which finds them by primary
+// key.
 const sqlCleanupBatch = `
 WITH gone AS (
-	DELETE FROM {{TABLE}}
-	WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM {{TABLE}}
+	DELETE FROM {{TABLE}} t
+	USING (
+		SELECT scope, key FROM {{TABLE}}
 		WHERE ` + purgeable + ` AND purge_at >= $2
 		ORDER BY purge_at
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED))
-	RETURNING purge_at
+		FOR UPDATE SKIP LOCKED) d
+	WHERE t.scope = d.scope AND t.key = d.key
+	RETURNING t.purge_at
 )
 SELECT count(*), coalesce(max(purge_at), $2) FROM gone`
 
@@ -304,8 +321,8 @@ SELECT coalesce(extract(epoch FROM now() - (
 
 // statements are the store's SQL with its names filled in.
 type statements struct {
-	begin, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
-	get, del, deleteExpired, cleanupBatch, cleanupLag string
+	begin, claimNew, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
+	get, del, cleanupBatch, cleanupLag string
 }
 
 func newStatements(n names, async bool) statements {
@@ -316,6 +333,7 @@ func newStatements(n names, async bool) statements {
 	return statements{
 		// The forms leave placeholders of their own, which render fills in.
 		begin:          n.render(begin.Replace(sqlClaim)),
+		claimNew:       n.render(sqlClaimNew),
 		claim:          n.render(claimForm.Replace(sqlClaim)),
 		commitResult:   n.render(sqlCommitResult),
 		recordRollback: n.render(sqlRecordRollback),
@@ -325,7 +343,6 @@ func newStatements(n names, async bool) statements {
 		releaseDelete:  n.render(sqlReleaseDelete),
 		get:            n.render(sqlGet),
 		del:            n.render(sqlDelete),
-		deleteExpired:  n.render(sqlDeleteExpired),
 		cleanupBatch:   n.render(sqlCleanupBatch),
 		cleanupLag:     n.render(sqlCleanupLag),
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,12 +54,13 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	// take the key finds it committed after its statement's snapshot: the
 	// statement leaves it undecided and runs again (sql.go). So a run after
 	// the first, or a lock timeout, is what contention looks like here.
+	lock := claimLockKey(req.Scope, req.Key)
 	for runs := 1; ; runs++ {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
 			return store.ClaimResult{}, wrap("claim", err)
 		}
-		res, tx, err := s.claimTx(ctx, conn, req.Scope, req.Key, req.Fingerprint, micros(req.SuccessTTL), micros(purge), waitMS)
+		res, tx, err := s.claimTx(ctx, conn, req, purge, waitMS, lock)
 		if err == nil && res.Decision == store.Execute {
 			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: time.Now()}
 			t.handler = &handlerTx{Tx: tx, owner: t, top: true}
@@ -82,22 +84,44 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	}
 }
 
-// claimTx sends BEGIN and the claim in one round trip on conn
-// (pgx.Batch.BeginTx), and returns the decision and the transaction.
-func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, args ...any) (store.BeginResult, pgx.Tx, error) {
+// claimTx begins the transaction and claims the key in it: BEGIN and
+// sqlClaimNew in one round trip (pgx.Batch.BeginTx), which takes a new key
+// without waiting; for a key that has a row, or is held, sqlClaim decides
+// in a second round trip, waiting for the holder up to the claim's bound.
+func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.ClaimRequest, purge time.Duration, waitMS int64, lock int32) (store.BeginResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
-	b.Queue(s.sql.claim, args...)
+	b.Queue(s.sql.claimNew, req.Scope, req.Key, req.Fingerprint, micros(req.SuccessTTL), micros(purge), lock)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return store.BeginResult{}, nil, err
 	}
-	res, err := s.claimStatement(ctx, batchQuerier{br}, s.sql.claim, args...)
-	if cerr := br.Close(); err == nil {
+	var token int64
+	err := br.QueryRow().Scan(&token)
+	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 		err = cerr
 	}
-	return res, br.Tx(), err
+	tx := br.Tx()
+	switch {
+	case err == nil:
+		return store.BeginResult{Decision: store.Execute, Lease: store.Lease{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1}}, tx, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return store.BeginResult{}, tx, err
+	}
+	res, err := s.claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
+		micros(req.SuccessTTL), micros(purge), waitMS, lock)
+	return res, tx, err
+}
+
+// claimLockKey is the second half of a claim's advisory lock key. Two keys
+// that share it only make each other's claims take the slower path.
+func claimLockKey(scope, key string) int32 {
+	h := xxhash.New()
+	h.WriteString(scope)
+	h.Write([]byte{0})
+	h.WriteString(key)
+	return int32(h.Sum64())
 }
 
 // batchQuerier reads the next result of a sent batch as a querier.

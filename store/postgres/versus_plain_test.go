@@ -20,7 +20,7 @@ import (
 // BenchmarkTransactionalVersusPlain compares the one-transaction mode with
 // the plain pgx transaction a hand-written consumer would use, in one run:
 // the handler inserts one business row through its transaction. The two
-// variants take turns in rounds, each from a pool reset and warmed to the
+// variants take turns in rounds, each on a pool of its own warmed to the
 // handler count, starting from a freshly migrated, empty records table,
 // until the records table holds at least 100k rows. It reports, per handler
 // count:
@@ -29,9 +29,9 @@ import (
 //   - ratio-first-q, ratio-last-q: the same over the first and the last
 //     quarter of the rounds (the second must not fall below the first: no
 //     plan or table-growth trap);
-//   - commits/msg: pg_stat_database.xact_commit per oncemill message, read
-//     after each oncemill round once its connections have closed (a
-//     backend reports its counts when it exits);
+//   - commits/msg: pg_stat_database.xact_commit per oncemill message over
+//     one more round after the timed ones, on fresh connections read once
+//     they have closed (a backend reports its counts when it exits);
 //   - msgs/s of each variant.
 //
 // Run it once (about 3 minutes):
@@ -54,7 +54,8 @@ const (
 
 func versusPlain(b *testing.B, handlers int) {
 	ctx := b.Context()
-	pool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) + 2 })
+	pool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
+	plainPool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
 	stats := newPool(b, func(c *pgxpool.Config) { c.MaxConns = 1 })
 	schema := newSchema(b, pool)
 	st := newStore(b, pool, postgres.Options{Schema: schema})
@@ -78,7 +79,7 @@ func versusPlain(b *testing.B, handlers int) {
 		return nil, err
 	})
 	plain := func(ctx context.Context, key string) error {
-		tx, err := pool.Begin(ctx)
+		tx, err := plainPool.Begin(ctx)
 		if err != nil {
 			return err
 		}
@@ -94,18 +95,22 @@ func versusPlain(b *testing.B, handlers int) {
 		return err
 	}
 
+	warm(b, pool, handlers)
+	warm(b, plainPool, handlers)
 	var plainTimes, onceTimes []time.Duration
-	var commits int64
 	rows := 0
 	for rows < versusRows {
-		plainTimes = append(plainTimes, versusRoundRun(b, pool, handlers, plain))
-		before := committed(b, stats, pool)
-		onceTimes = append(onceTimes, versusRoundRun(b, pool, handlers, oncemill))
-		commits += committed(b, stats, pool) - before
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")).Scan(&rows); err != nil {
+		plainTimes = append(plainTimes, versusRoundRun(b, handlers, plain))
+		onceTimes = append(onceTimes, versusRoundRun(b, handlers, oncemill))
+		if err := stats.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")).Scan(&rows); err != nil {
 			b.Fatal(err)
 		}
 	}
+	plainPool.Reset()
+	before := committed(b, stats, pool)
+	warm(b, pool, handlers)
+	versusRoundRun(b, handlers, oncemill)
+	commits := committed(b, stats, pool) - before
 	rate := func(ds []time.Duration) float64 {
 		var sum time.Duration
 		for _, d := range ds {
@@ -117,7 +122,7 @@ func versusPlain(b *testing.B, handlers int) {
 	ratio := rate(onceTimes) / rate(plainTimes)
 	first := rate(onceTimes[:q]) / rate(plainTimes[:q])
 	last := rate(onceTimes[len(onceTimes)-q:]) / rate(plainTimes[len(plainTimes)-q:])
-	perMsg := float64(commits) / float64(len(onceTimes)*versusRound)
+	perMsg := float64(commits) / versusRound
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(first, "ratio-first-q")
 	b.ReportMetric(last, "ratio-last-q")
@@ -128,15 +133,11 @@ func versusPlain(b *testing.B, handlers int) {
 		handlers, len(onceTimes), versusRound, rate(plainTimes), rate(onceTimes), ratio, first, last, perMsg, rows)
 }
 
-// versusRoundRun runs one round of a variant over handlers goroutines, each
-// message with a fresh random key, from a pool reset and warmed with one
-// connection per handler, and returns how long the messages took.
-func versusRoundRun(b *testing.B, pool *pgxpool.Pool, handlers int, handle func(context.Context, string) error) time.Duration {
-	ctx := b.Context()
-	pool.Reset()
+// warm opens one connection per handler.
+func warm(b *testing.B, pool *pgxpool.Pool, handlers int) {
 	conns := make([]*pgxpool.Conn, handlers)
 	for i := range conns {
-		c, err := pool.Acquire(ctx)
+		c, err := pool.Acquire(b.Context())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -145,6 +146,12 @@ func versusRoundRun(b *testing.B, pool *pgxpool.Pool, handlers int, handle func(
 	for _, c := range conns {
 		c.Release()
 	}
+}
+
+// versusRoundRun runs one round of a variant over handlers goroutines, each
+// message with a fresh random key, and returns how long the messages took.
+func versusRoundRun(b *testing.B, handlers int, handle func(context.Context, string) error) time.Duration {
+	ctx := b.Context()
 	keys := make([]string, versusRound)
 	for i := range keys {
 		keys[i] = rand.Text()

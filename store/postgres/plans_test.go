@@ -1,0 +1,95 @@
+package postgres_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+// planArgs are sample arguments of every statement of the store, to EXPLAIN
+// them with.
+var planArgs = map[string]string{
+	"begin":          `('s', 'k', 'fp', 1000000, 2000000)`,
+	"claimNew":       `('s', 'k', 'fp', 1000000, 2000000, 42)`,
+	"claim":          `('s', 'k', 'fp', 1000000, 2000000, 5000, 42)`,
+	"commitResult":   `('s', 'k', '\x01'::bytea, 1000000)`,
+	"recordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000)`,
+	"complete":       `('s', 'k', 7, 2, '\x01'::bytea, '', '', 1000000)`,
+	"extend":         `('s', 'k', 7, 1000000)`,
+	"release":        `('s', 'k', 7, 1000000)`,
+	"releaseDelete":  `('s', 'k', 7)`,
+	"get":            `('s', 'k')`,
+	"del":            `('s', 'k')`,
+	"cleanupBatch":   `(100, '-infinity')`,
+	"cleanupLag":     ``,
+}
+
+// No statement of the store may come to scan the records table as it
+// grows: every one names its row by the primary key or walks the purge_at
+// index, under the generic plan that a prepared statement settles on and
+// under a custom plan, on a freshly migrated empty table (whose statistics
+// invite a sequential scan) and at 100k rows.
+func TestPlansUseIndexes(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema})
+	ctx := t.Context()
+	qualified := table(schema, "")
+	statements := s.Statements()
+	if len(statements) != len(planArgs) {
+		t.Fatalf("%d statements, %d with sample arguments: give every statement its arguments here", len(statements), len(planArgs))
+	}
+	check := func(when string) {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		for name, sql := range statements {
+			if _, err := conn.Exec(ctx, "PREPARE oncemill_plan AS "+sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatalf("%s: PREPARE: %v", name, err)
+			}
+			for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+				if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode, pgx.QueryExecModeSimpleProtocol); err != nil {
+					t.Fatal(err)
+				}
+				rows, err := conn.Query(ctx, "EXPLAIN EXECUTE oncemill_plan"+planArgs[name], pgx.QueryExecModeSimpleProtocol)
+				if err != nil {
+					t.Fatalf("%s: EXPLAIN: %v", name, err)
+				}
+				lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil {
+					t.Fatalf("%s: EXPLAIN: %v", name, err)
+				}
+				plan := strings.Join(lines, "\n")
+				if strings.Contains(plan, "Seq Scan on "+postgres.DefaultTable) || strings.Contains(plan, "Seq Scan on oncemill_records") {
+					t.Errorf("%s, %s, %s: the plan scans the records table:\n%s", when, mode, name, plan)
+				}
+				if !strings.Contains(plan, "Index") {
+					t.Errorf("%s, %s, %s: the plan uses no index:\n%s", when, mode, name, plan)
+				}
+			}
+			if _, err := conn.Exec(ctx, "DEALLOCATE oncemill_plan; RESET plan_cache_mode", pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	check("empty")
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s
+		(scope, key, fingerprint, status, token, attempt, created_at, updated_at, expires_at, purge_at)
+		SELECT 'scope-' || (i %% 10), md5(i::text), 'fp', 1 + i %% 4, i, 1, now(), now(),
+			now() + (i %% 100 - 50) * interval '1 minute', now() + (i %% 100 - 40) * interval '1 minute'
+		FROM generate_series(1, 100000) i`, qualified))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE "+qualified); err != nil {
+		t.Fatal(err)
+	}
+	check("at 100k rows")
+}

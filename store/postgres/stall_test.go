@@ -1,0 +1,126 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+// proxied starts a toxiproxy proxy in process in front of the test
+// database and returns it with a DSN that goes through it.
+func proxied(t *testing.T) (*toxiproxy.Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := u.Host
+	if !strings.Contains(upstream, ":") {
+		upstream = net.JoinHostPort(upstream, "5432")
+	}
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, "postgres", "127.0.0.1:0", upstream)
+	if err := p.Start(); err != nil {
+		t.Fatalf("starting the proxy: %v", err)
+	}
+	t.Cleanup(p.Stop)
+	u.Host = p.Listen
+	return p, u.String()
+}
+
+// stall makes the proxy hold back everything the server sends, without
+// closing any connection: a server or network that stops answering.
+func stall(t *testing.T, p *toxiproxy.Proxy) {
+	t.Helper()
+	if _, err := p.Toxics.AddToxicJson(strings.NewReader(`{"name":"stall","type":"timeout","stream":"downstream","toxicity":1,"attributes":{"timeout":0}}`)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A connection that stalls makes every store operation fail within
+// Options.StatementTimeout, and Close return: nothing waits for the stall
+// to end.
+func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
+	direct := newPool(t, nil)
+	schema := newSchema(t, direct)
+	newStore(t, direct, postgres.Options{Schema: schema}) // migrated
+
+	p, through := proxied(t)
+	cfg, err := pgxpool.ParseConfig(through)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const bound = 500 * time.Millisecond
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, StatementTimeout: bound, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background() // no deadline of the test's own: the bound must come from the store
+
+	// Before the stall: a lease, and a one-transaction claim in flight.
+	begun, err := s.Begin(ctx, store.BeginRequest{Key: "leased", Lease: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := s.Claim(ctx, store.ClaimRequest{Key: "claimed", SuccessTTL: time.Hour, Wait: time.Second})
+	if err != nil || claimed.Decision != store.Execute {
+		t.Fatalf("Claim = %v, %v", claimed.Decision, err)
+	}
+
+	stall(t, p)
+	ops := []struct {
+		name string
+		run  func() error
+	}{
+		{"Commit", func() error { return claimed.Tx.Commit(ctx, nil) }},
+		{"Begin", func() error {
+			_, err := s.Begin(ctx, store.BeginRequest{Key: "new", Lease: time.Minute})
+			return err
+		}},
+		{"Claim", func() error {
+			_, err := s.Claim(ctx, store.ClaimRequest{Key: "new2", SuccessTTL: time.Hour, Wait: 100 * time.Millisecond})
+			return err
+		}},
+		{"Complete", func() error {
+			return s.Complete(ctx, begun.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour})
+		}},
+		{"Extend", func() error { _, err := s.Extend(ctx, begun.Lease, time.Minute); return err }},
+		{"Release", func() error { return s.Release(ctx, begun.Lease, time.Minute) }},
+		{"RecordRollback", func() error {
+			return s.RecordRollback(ctx, claimed.Lease, "", store.Outcome{Status: store.StatusRetryable, TTL: time.Hour})
+		}},
+		{"Get", func() error { _, err := s.Get(ctx, "", "leased"); return err }},
+		{"Delete", func() error { return s.Delete(ctx, "", "other") }},
+		{"DeleteExpired", func() error { _, err := s.DeleteExpired(ctx, 10); return err }},
+		{"CleanupLag", func() error { _, err := s.CleanupLag(ctx); return err }},
+	}
+	for _, op := range ops {
+		if err := op.run(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s against a stalled server = %v, want an error wrapping context.DeadlineExceeded", op.name, err)
+		}
+	}
+	closed := make(chan struct{})
+	go func() {
+		s.Close()
+		close(closed)
+	}()
+	<-closed // the test binary's -timeout is the guard
+}
