@@ -1,7 +1,7 @@
 // Package integration runs oncemill end to end against real brokers and
 // stores: Kafka (franz-go's kfake, in process), RabbitMQ through
 // watermill-amqp v2 and v3, SQS (the fauxqs emulator, started from the
-// lockfile in fauxqs/), PostgreSQL in transactional mode, and Redis. The
+// lockfile in fauxqs/), PostgreSQL in the one-transaction mode, and Redis. The
 // consumers are real processes of cmd/example-worker, so a crash is a
 // SIGKILL, not a polite close.
 //

@@ -30,8 +30,8 @@ var storeKinds = []storeKind{
 	{
 		name: "postgres",
 		workerArgs: func(ns string) []string {
-			// With --store=postgres the worker runs oncemill in
-			// transactional mode: the ledger row and the record commit in
+			// With --store=postgres the worker runs oncemill in the
+			// one-transaction mode: the ledger row and the record commit in
 			// one transaction.
 			return []string{"--store=postgres", "--postgres-dsn=" + env.postgresDSN, "--postgres-schema=" + ns}
 		},

@@ -44,7 +44,7 @@ type Transaction struct {
 // NewTransaction returns the transaction stage over tm.
 func NewTransaction(tm TxManager) (*Transaction, error) {
 	if tm == nil {
-		return nil, fmt.Errorf("%w: TxManager is nil; pass a transaction manager such as postgres.Store.TxManager()", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: TxManager is nil; pass a transaction manager such as postgres.NewTxManager(pool, pgx.TxOptions{})", ErrInvalidConfig)
 	}
 	return &Transaction{tm: tm}, nil
 }

@@ -17,8 +17,8 @@ const ledgerTable = "oncemill_ledger"
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // postgresLedger books charges in a table of the store's database. With
-// oncemill in transactional mode the handler runs inside a transaction that
-// also writes the "processed" record; the charge is written through
+// oncemill in the one-transaction mode the handler runs inside the transaction that
+// claimed the "processed" record; the charge is written through
 // postgres.TxFromContext into that same transaction, so the charge and the
 // record commit together or not at all. Without a transaction (the
 // --no-idempotency baseline) it writes through the pool.

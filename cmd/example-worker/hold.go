@@ -20,7 +20,7 @@ const holdLimit = 10 * time.Minute
 
 // holdBeforeAck is the outermost middleware. When the handler chain has
 // succeeded for a command of paymentID, oncemill has recorded the outcome
-// (in transactional mode: committed it with the effect), and the router has
+// (in the one-transaction mode: committed it with the effect), and the router has
 // neither published the produced messages nor acked the delivery. There it
 // prints
 //

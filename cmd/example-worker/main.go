@@ -326,7 +326,7 @@ func (c config) validate() error {
 // deliveries in flight: gochannel hands every published message to a
 // handler at once, and thousands of handlers queueing for the store's
 // connections would stall heartbeats past the lease (and, in PostgreSQL's
-// transactional mode, each handler holds a pooled connection). The deployable
+// one-transaction mode, each handler holds a pooled connection). The deployable
 // worker (consume mode) logs at info in JSON and serves its HTTP endpoints
 // on :8080.
 func (c *config) applyModeDefaults(set map[string]bool) {

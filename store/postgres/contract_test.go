@@ -48,3 +48,19 @@ func TestContractAsyncBegin(t *testing.T) {
 		}
 	})
 }
+
+// TestTransactionalContract runs the one-transaction mode's contract suite
+// against the real database.
+func TestTransactionalContract(t *testing.T) {
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema})
+	qualified := table(schema, "")
+	storetest.RunTransactional(t, func(t *testing.T) storetest.TxHarness {
+		return storetest.TxHarness{
+			Store:   s,
+			Get:     s.Get,
+			Advance: func(d time.Duration) { advance(t, pool, qualified, d) },
+		}
+	})
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/receiver"
@@ -32,7 +33,12 @@ import (
 //   - commits/msg: pg_stat_database.xact_commit per oncemill message over
 //     one more round after the timed ones, on fresh connections read once
 //     they have closed (a backend reports its counts when it exits);
-//   - msgs/s of each variant.
+//   - msgs/s of each variant;
+//   - inbox-ratio: the hand-written inbox table a blog post teaches (BEGIN
+//     sent with INSERT .. ON CONFLICT DO NOTHING into a table shaped like
+//     the records table, the business row, COMMIT), over plain, run every
+//     fourth round: what this design costs when written by hand, on the
+//     same machine in the same run.
 //
 // Run it once (about 3 minutes):
 //
@@ -66,6 +72,45 @@ func versusPlain(b *testing.B, handlers int) {
 			b.Fatal(err)
 		}
 	}
+	inboxTable := pgx.Identifier{schema, "inbox"}.Sanitize()
+	inboxLedger := pgx.Identifier{schema, "inbox_ledger"}.Sanitize()
+	for _, q := range []string{
+		"CREATE TABLE " + inboxTable + " (LIKE " + table(schema, "") + " INCLUDING ALL)",
+		"CREATE TABLE " + inboxLedger + " (key text PRIMARY KEY, amount int NOT NULL)",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	inboxClaim := "INSERT INTO " + inboxTable + ` (scope, key, fingerprint, status, token, attempt, created_at, updated_at, expires_at, purge_at)
+		VALUES ('bench', $1, '', 2, 1, 1, now(), now(), now() + interval '1 day', now() + interval '1 day') ON CONFLICT DO NOTHING`
+	inboxInsert := "INSERT INTO " + inboxLedger + " (key, amount) VALUES ($1, 100)"
+	inbox := func(ctx context.Context, key string) error {
+		batch := &pgx.Batch{}
+		batch.BeginTx(pgx.TxOptions{})
+		batch.Queue(inboxClaim, key)
+		br := plainPool.SendBatch(ctx, batch)
+		_, err := br.Exec()
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		tx := br.Tx()
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("inbox: key %s seen twice", key)
+		}
+		if _, err := tx.Exec(ctx, inboxInsert, key); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
 	plainInsert := "INSERT INTO " + plainTable + " (key, amount) VALUES ($1, 100)"
 	onceInsert := "INSERT INTO " + onceTable + " (key, amount) VALUES ($1, 100)"
 
@@ -97,11 +142,15 @@ func versusPlain(b *testing.B, handlers int) {
 
 	warm(b, pool, handlers)
 	warm(b, plainPool, handlers)
-	var plainTimes, onceTimes []time.Duration
+	var plainTimes, onceTimes, inboxTimes, inboxPlainTimes []time.Duration
 	rows := 0
-	for rows < versusRows {
+	for round := 0; rows < versusRows; round++ {
 		plainTimes = append(plainTimes, versusRoundRun(b, handlers, plain))
 		onceTimes = append(onceTimes, versusRoundRun(b, handlers, oncemill))
+		if round%4 == 0 {
+			inboxTimes = append(inboxTimes, versusRoundRun(b, handlers, inbox))
+			inboxPlainTimes = append(inboxPlainTimes, plainTimes[len(plainTimes)-1])
+		}
 		if err := stats.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")).Scan(&rows); err != nil {
 			b.Fatal(err)
 		}
@@ -129,8 +178,10 @@ func versusPlain(b *testing.B, handlers int) {
 	b.ReportMetric(perMsg, "commits/msg")
 	b.ReportMetric(rate(plainTimes), "plain-msgs/s")
 	b.ReportMetric(rate(onceTimes), "oncemill-msgs/s")
-	b.Logf("handlers=%d: %d rounds of %d; plain %.0f msgs/s, oncemill %.0f msgs/s, ratio %.3f (first quarter %.3f, last %.3f), %.3f commits/msg, %d records",
-		handlers, len(onceTimes), versusRound, rate(plainTimes), rate(onceTimes), ratio, first, last, perMsg, rows)
+	inboxRatio := rate(inboxTimes) / rate(inboxPlainTimes)
+	b.ReportMetric(inboxRatio, "inbox-ratio")
+	b.Logf("handlers=%d: %d rounds of %d; plain %.0f msgs/s, oncemill %.0f msgs/s, ratio %.3f (first quarter %.3f, last %.3f), %.3f commits/msg, %d records; hand-written inbox %.0f msgs/s, %.3f of plain",
+		handlers, len(onceTimes), versusRound, rate(plainTimes), rate(onceTimes), ratio, first, last, perMsg, rows, rate(inboxTimes), inboxRatio)
 }
 
 // warm opens one connection per handler.

@@ -1,0 +1,288 @@
+package storetest
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+// TxHarness is what a transactional store's test gives RunTransactional.
+type TxHarness struct {
+	Store store.Transactional
+	// Get reads the unexpired record of (scope, key), as store.Store.Get does.
+	Get func(ctx context.Context, scope, key string) (store.Record, error)
+	// Advance moves the store's clock forward by d, as Harness.Advance does.
+	Advance func(d time.Duration)
+}
+
+// RunTransactional runs the contract of the one-transaction mode
+// (store.Transactional) against the stores newHarness builds, calling it
+// once per subtest.
+func RunTransactional(t *testing.T, newHarness func(t *testing.T) TxHarness) {
+	t.Helper()
+	tests := []struct {
+		name string
+		run  func(t *testing.T, e *txEnv)
+	}{
+		{"CommitThenReplay", testTxCommitThenReplay},
+		{"RollbackLeavesTheKeyFree", testTxRollbackLeavesTheKeyFree},
+		{"RetryableRecordCarriesTheAttempt", testTxRetryableRecordCarriesTheAttempt},
+		{"CachedFailureReplays", testTxCachedFailureReplays},
+		{"RecordNeverOverwritesANewerClaim", testTxRecordNeverOverwritesANewerClaim},
+		{"ConcurrentClaimWaitsThenReplays", testTxConcurrentClaimWaitsThenReplays},
+		{"ConcurrentClaimTakesTheKeyAfterARollback", testTxConcurrentClaimTakesTheKeyAfterARollback},
+		{"WaitIsBounded", testTxWaitIsBounded},
+		{"Mismatch", testTxMismatch},
+		{"ExpiredSuccessFreesTheKey", testTxExpiredSuccessFreesTheKey},
+		{"TokensRise", testTxTokensRise},
+		{"InvalidRequests", testTxInvalidRequests},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			if h.Store == nil || h.Get == nil || h.Advance == nil {
+				t.Fatal("storetest: TxHarness needs Store, Get and Advance")
+			}
+			tt.run(t, &txEnv{t: t, ctx: t.Context(), h: h, scope: "storetest/" + t.Name() + "/" + rand.Text()[:10]})
+		})
+	}
+}
+
+type txEnv struct {
+	t     *testing.T
+	ctx   context.Context
+	h     TxHarness
+	scope string
+}
+
+func (e *txEnv) req(key, fp string) store.ClaimRequest {
+	return store.ClaimRequest{Scope: e.scope, Key: key, Fingerprint: fp, SuccessTTL: ttl, Wait: 10 * time.Second}
+}
+
+// claim claims key and checks the decision.
+func (e *txEnv) claim(want store.Decision, key, fp string) store.ClaimResult {
+	e.t.Helper()
+	res, err := e.h.Store.Claim(e.ctx, e.req(key, fp))
+	if err != nil {
+		e.t.Fatalf("Claim(%q): %v", key, err)
+	}
+	if res.Decision != want {
+		e.t.Fatalf("Claim(%q) = %v, want %v (record %+v)", key, res.Decision, want, res.Record)
+	}
+	if (res.Tx != nil) != (want == store.Execute) {
+		e.t.Fatalf("Claim(%q) = %v with transaction %v: only Execute holds one", key, res.Decision, res.Tx)
+	}
+	return res
+}
+
+func (e *txEnv) commit(res store.ClaimResult, result []byte) {
+	e.t.Helper()
+	if err := res.Tx.Commit(e.ctx, result); err != nil {
+		e.t.Fatalf("Commit: %v", err)
+	}
+}
+
+func (e *txEnv) rollback(res store.ClaimResult) {
+	e.t.Helper()
+	if err := res.Tx.Rollback(e.ctx); err != nil {
+		e.t.Fatalf("Rollback: %v", err)
+	}
+}
+
+func (e *txEnv) record(l store.Lease, out store.Outcome) error {
+	return e.h.Store.RecordRollback(e.ctx, l, "fp", out)
+}
+
+var retryable = store.Outcome{Status: store.StatusRetryable, TTL: ttl}
+
+func testTxCommitThenReplay(t *testing.T, e *txEnv) {
+	first := e.claim(store.Execute, "k", "fp")
+	if first.Lease.Attempt != 1 || first.Lease.Token == 0 || first.Takeover {
+		t.Fatalf("first claim's lease = %+v, takeover %v; want attempt 1 with a token", first.Lease, first.Takeover)
+	}
+	// Until the commit, nobody sees the record.
+	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get before the commit = %v, want ErrNotFound", err)
+	}
+	e.commit(first, []byte("result"))
+	dup := e.claim(store.Replay, "k", "fp")
+	if rec := dup.Record; rec.Status != store.StatusSucceeded || string(rec.Result) != "result" || rec.Token != first.Lease.Token {
+		t.Fatalf("replayed record = %+v, want the committed success", rec)
+	}
+	// A commit without a result stores none.
+	e.commit(e.claim(store.Execute, "empty", "fp"), nil)
+	if rec := e.claim(store.Replay, "empty", "fp").Record; rec.Status != store.StatusSucceeded || len(rec.Result) != 0 {
+		t.Fatalf("replayed record = %+v, want a success without a result", rec)
+	}
+}
+
+func testTxRollbackLeavesTheKeyFree(t *testing.T, e *txEnv) {
+	e.rollback(e.claim(store.Execute, "k", "fp"))
+	if again := e.claim(store.Execute, "k", "fp"); again.Lease.Attempt != 1 {
+		t.Fatalf("after a rollback with nothing recorded: attempt %d, want 1", again.Lease.Attempt)
+	} else {
+		e.rollback(again)
+	}
+	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get after rollbacks = %v, want ErrNotFound", err)
+	}
+}
+
+func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
+	first := e.claim(store.Execute, "k", "fp")
+	e.rollback(first)
+	if err := e.record(first.Lease, retryable); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := e.h.Get(e.ctx, e.scope, "k")
+	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 1 {
+		t.Fatalf("record = %+v, %v; want retryable at attempt 1", rec, err)
+	}
+	second := e.claim(store.Execute, "k", "fp")
+	if second.Lease.Attempt != 2 || second.Takeover {
+		t.Fatalf("the next claim = attempt %d takeover %v, want attempt 2 without takeover", second.Lease.Attempt, second.Takeover)
+	}
+	e.commit(second, nil)
+	if rec, err := e.h.Get(e.ctx, e.scope, "k"); err != nil || rec.Status != store.StatusSucceeded || rec.Attempt != 2 {
+		t.Fatalf("record = %+v, %v; want succeeded at attempt 2", rec, err)
+	}
+}
+
+func testTxCachedFailureReplays(t *testing.T, e *txEnv) {
+	first := e.claim(store.Execute, "k", "fp")
+	e.rollback(first)
+	if err := e.record(first.Lease, store.Outcome{Status: store.StatusFailed, ErrorKind: "permanent", ErrorMessage: "no such account", TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.claim(store.Replay, "k", "fp").Record
+	if rec.Status != store.StatusFailed || rec.ErrorKind != "permanent" || rec.ErrorMessage != "no such account" {
+		t.Fatalf("replayed record = %+v, want the cached failure", rec)
+	}
+}
+
+func testTxRecordNeverOverwritesANewerClaim(t *testing.T, e *txEnv) {
+	stale := e.claim(store.Execute, "k", "fp")
+	e.rollback(stale)
+	newer := e.claim(store.Execute, "k", "fp")
+	e.commit(newer, []byte("newer"))
+	for _, out := range []store.Outcome{retryable, {Status: store.StatusFailed, ErrorKind: "permanent", TTL: ttl}} {
+		if err := e.record(stale.Lease, out); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("recording %v for a claim that a newer one succeeded = %v, want ErrLeaseLost", out.Status, err)
+		}
+	}
+	if rec := e.claim(store.Replay, "k", "fp").Record; string(rec.Result) != "newer" {
+		t.Fatalf("record = %+v, want the newer success", rec)
+	}
+}
+
+// runClaim claims key in the background.
+func (e *txEnv) runClaim(key string, wait time.Duration) <-chan store.ClaimResult {
+	out := make(chan store.ClaimResult, 1)
+	req := e.req(key, "fp")
+	req.Wait = wait
+	go func() {
+		res, err := e.h.Store.Claim(e.ctx, req)
+		if err != nil {
+			e.t.Errorf("concurrent Claim: %v", err)
+		}
+		out <- res
+	}()
+	return out
+}
+
+func testTxConcurrentClaimWaitsThenReplays(t *testing.T, e *txEnv) {
+	first := e.claim(store.Execute, "k", "fp")
+	second := e.runClaim("k", time.Minute)
+	time.Sleep(50 * time.Millisecond) // let it meet the claim (it replays either way)
+	e.commit(first, []byte("first"))
+	res := <-second
+	if res.Decision != store.Replay || string(res.Record.Result) != "first" {
+		t.Fatalf("the concurrent claim = %v (record %+v), want a replay of the first", res.Decision, res.Record)
+	}
+}
+
+func testTxConcurrentClaimTakesTheKeyAfterARollback(t *testing.T, e *txEnv) {
+	first := e.claim(store.Execute, "k", "fp")
+	second := e.runClaim("k", time.Minute)
+	time.Sleep(50 * time.Millisecond) // let it meet the claim (it executes either way)
+	e.rollback(first)
+	res := <-second
+	if res.Decision != store.Execute {
+		t.Fatalf("the concurrent claim = %v, want Execute after the first rolled back", res.Decision)
+	}
+	e.commit(res, nil)
+}
+
+func testTxWaitIsBounded(t *testing.T, e *txEnv) {
+	first := e.claim(store.Execute, "k", "fp")
+	res := <-e.runClaim("k", 100*time.Millisecond)
+	if res.Decision != store.InProgress || !res.Contended || res.Tx != nil {
+		t.Fatalf("a claim past its wait = %v contended %v, want InProgress, contended, no transaction", res.Decision, res.Contended)
+	}
+	e.commit(first, nil)
+	e.claim(store.Replay, "k", "fp")
+}
+
+func testTxMismatch(t *testing.T, e *txEnv) {
+	e.commit(e.claim(store.Execute, "k", "fp-a"), nil)
+	if rec := e.claim(store.Mismatch, "k", "fp-b").Record; rec.Fingerprint != "fp-a" {
+		t.Fatalf("mismatch record = %+v, want the stored fingerprint", rec)
+	}
+	e.claim(store.Replay, "k", "") // an empty fingerprint never mismatches
+}
+
+func testTxExpiredSuccessFreesTheKey(t *testing.T, e *txEnv) {
+	e.commit(e.claim(store.Execute, "k", "fp"), nil)
+	e.h.Advance(ttl + time.Minute)
+	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get of an expired success = %v, want ErrNotFound", err)
+	}
+	if res := e.claim(store.Execute, "k", "fp"); res.Lease.Attempt != 1 {
+		t.Fatalf("claim of an expired success = attempt %d, want a fresh attempt 1", res.Lease.Attempt)
+	} else {
+		e.rollback(res)
+	}
+}
+
+func testTxTokensRise(t *testing.T, e *txEnv) {
+	var last int64
+	for i := range 3 {
+		res := e.claim(store.Execute, "k", "fp")
+		if res.Lease.Token <= last {
+			t.Fatalf("claim %d: token %d, not above the previous %d", i+1, res.Lease.Token, last)
+		}
+		last = res.Lease.Token
+		e.rollback(res)
+		if err := e.record(res.Lease, retryable); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func testTxInvalidRequests(t *testing.T, e *txEnv) {
+	for name, req := range map[string]store.ClaimRequest{
+		"empty key":       {Scope: e.scope, SuccessTTL: ttl, Wait: time.Second},
+		"no success TTL":  {Scope: e.scope, Key: "k", Wait: time.Second},
+		"no wait":         {Scope: e.scope, Key: "k", SuccessTTL: ttl},
+		"negative retain": {Scope: e.scope, Key: "k", SuccessTTL: ttl, Wait: time.Second, Retain: -time.Second},
+	} {
+		if _, err := e.h.Store.Claim(e.ctx, req); !errors.Is(err, store.ErrInvalidRequest) {
+			t.Errorf("Claim with %s = %v, want ErrInvalidRequest", name, err)
+		}
+	}
+	l := store.Lease{Scope: e.scope, Key: "k", Token: 1, Attempt: 1}
+	for name, out := range map[string]store.Outcome{
+		"a success":   {Status: store.StatusSucceeded, TTL: ttl},
+		"no TTL":      {Status: store.StatusRetryable},
+		"no status":   {TTL: ttl},
+		"in progress": {Status: store.StatusInProgress, TTL: ttl},
+	} {
+		if err := e.record(l, out); !errors.Is(err, store.ErrInvalidRequest) {
+			t.Errorf("RecordRollback of %s = %v, want ErrInvalidRequest", name, err)
+		}
+	}
+}
