@@ -573,3 +573,59 @@ func TestTxManager(t *testing.T) {
 		t.Fatalf("%d rows after Commit, want 1", n)
 	}
 }
+
+// hotUpdates returns how many updates of the records table there were and
+// how many of them were HOT, once the backend of conn has reported them.
+func hotUpdates(t *testing.T, conn *pgxpool.Conn, schema string) (updates, hot int64) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil { // a transaction ends: the flush happens
+		t.Fatal(err)
+	}
+	err := conn.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
+		schema, postgres.DefaultTable).Scan(&updates, &hot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return updates, hot
+}
+
+// The writes after a claim change no indexed column, so they are HOT
+// updates: the lease mode's Complete, and the one-transaction commit that
+// stores produced messages.
+func TestCompletionsAreHOTUpdates(t *testing.T) {
+	pool := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 }) // one backend: its own counts
+	schema := newSchema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema})
+	ctx := t.Context()
+	const n = 200
+	for i := range n {
+		res, err := s.Begin(ctx, store.BeginRequest{Scope: "lease", Key: fmt.Sprint(i), Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte("produced"), TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		claim, err := s.Claim(ctx, store.ClaimRequest{Scope: "tx", Key: fmt.Sprint(i), SuccessTTL: time.Hour, Wait: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := claim.Tx.Commit(ctx, []byte("produced")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	updates, hot := hotUpdates(t, conn, schema)
+	if updates != 2*n || hot < updates*9/10 {
+		t.Fatalf("%d updates, %d of them HOT; want %d, nearly all HOT", updates, hot, 2*n)
+	}
+	t.Logf("%d of %d updates were HOT", hot, updates)
+}
