@@ -18,11 +18,10 @@ import (
 
 // BenchmarkBeginComplete measures unique messages per second through the
 // lease mode's Begin and Complete (two statements per message), at 1, 4, 16
-// and 64 concurrent handlers on a pool of at most 16 connections. Compare with pgbench running
-// testdata/pgbench-insert.sql (one statement per message) at the same
-// client counts.
+// and 64 concurrent handlers on a pool of at most 16 connections
+// (docs/benchmarks.md).
 //
-//	go test -run='^$' -bench=BeginComplete -benchtime=10s ./store/postgres
+//	go test -run='^$' -bench='BeginComplete/durable/handlers=(1|4|16)$' -benchtime=5s ./store/postgres
 func BenchmarkBeginComplete(b *testing.B) {
 	for _, mode := range []struct {
 		name string
