@@ -79,7 +79,9 @@ type Event struct {
 	Takeover bool
 	// Contended is true when a Begin of this delivery found the key held by
 	// another running delivery (store.InProgress), whatever came of it: a
-	// wait that ended in a replay or an execution, or a nack.
+	// wait that ended in a replay or an execution, or a nack. In the
+	// one-transaction mode it comes from store.ClaimResult.Contended: a wait
+	// that ended in an execution (the holder rolled back) is not seen.
 	Contended bool
 	// Err is the handler's error, or why the delivery was rejected.
 	Err error

@@ -24,12 +24,10 @@ type execution struct {
 	lease  store.Lease
 	stage  *Idempotency
 
-	// The one-transaction mode: claim is the request that took the key,
-	// tx the attempt's open transaction (nil once an attempt ended it), and
-	// committed is set by the commit of a successful attempt.
-	claim     *store.ClaimRequest
-	tx        store.Tx
-	committed bool
+	// The one-transaction mode: claim is the request that took the key, and
+	// tx the attempt's open transaction (nil once an attempt ended it).
+	claim *store.ClaimRequest
+	tx    store.Tx
 
 	// inner is the cancelable context, made only when the handler asks for
 	// Done or Err, or when the lease is lost: most fast handlers never pay

@@ -193,22 +193,32 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 			return s.storeFailed(d, err)
 		}
 		d.event.Decision = res.Decision
-		switch res.Decision {
-		case store.Execute:
+		if res.Decision == store.Execute {
 			return s.execute(d, h, &res)
-		case store.Replay:
-			return s.replay(d, res.Record)
-		case store.InProgress:
-			d.event.Contended = true
-			if again, err := s.inProgress(d, &w); !again {
-				return nil, err
-			}
-		case store.Mismatch:
-			return s.mismatch(d)
-		default:
-			return s.storeFailed(d, fmt.Errorf("unknown decision %d", res.Decision))
+		}
+		if msgs, done, err := s.answer(d, &w, &res); done {
+			return msgs, err
 		}
 	}
+}
+
+// answer acts on every decision but Execute: it replays, rejects, or waits
+// for a key held by another delivery (done false: ask the store again).
+func (s *Idempotency) answer(d *delivery, w *waiter, res *store.BeginResult) (msgs []*message.Message, done bool, err error) {
+	switch res.Decision {
+	case store.Replay:
+		msgs, err = s.replay(d, res.Record)
+		return msgs, true, err
+	case store.InProgress:
+		d.event.Contended = true
+		again, err := s.inProgress(d, w)
+		return nil, !again, err
+	case store.Mismatch:
+		msgs, err = s.mismatch(d)
+		return msgs, true, err
+	}
+	msgs, err = s.storeFailed(d, fmt.Errorf("unknown decision %d", res.Decision))
+	return msgs, true, err
 }
 
 func (s *Idempotency) mismatch(d *delivery) ([]*message.Message, error) {

@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -52,20 +51,11 @@ func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.M
 		}
 		d.event.Decision = res.Decision
 		d.event.Contended = d.event.Contended || res.Contended
-		switch res.Decision {
-		case store.Execute:
+		if res.Decision == store.Execute {
 			return s.executeTx(d, h, &req, &res)
-		case store.Replay:
-			return s.replay(d, res.Record)
-		case store.InProgress:
-			d.event.Contended = true
-			if again, err := s.inProgress(d, &w); !again {
-				return nil, err
-			}
-		case store.Mismatch:
-			return s.mismatch(d)
-		default:
-			return s.storeFailed(d, fmt.Errorf("unknown decision %d", res.Decision))
+		}
+		if msgs, done, err := s.answer(d, &w, &res.BeginResult); done {
+			return msgs, err
 		}
 	}
 }
@@ -91,14 +81,11 @@ func (s *Idempotency) executeTx(d *delivery, h message.HandlerFunc, req *store.C
 	}
 	e.finish()
 
-	if herr == nil && e.committed {
-		d.event.Outcome = Executed
-		return msgs, nil
+	if herr != nil { // the last attempt rolled back
+		return s.fail(&e.detached, d, e, herr)
 	}
-	if herr == nil { // cannot happen: a nil error always comes with a commit
-		herr = errors.New("oncemill: the handler's transaction ended without a commit")
-	}
-	return s.fail(&e.detached, d, e, herr)
+	d.event.Outcome = Executed // and committed: a nil error comes only with a commit
+	return msgs, nil
 }
 
 // attempt is the innermost link of the chain in the one-transaction mode:
@@ -146,7 +133,6 @@ func (s *Idempotency) commit(ctx context.Context, e *execution, msgs []*message.
 	if err != nil {
 		return fmt.Errorf("%w: commit: %w", ErrTransaction, err)
 	}
-	e.committed = true
 	return nil
 }
 

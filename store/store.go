@@ -206,7 +206,8 @@ type BeginRequest struct {
 	Lease time.Duration
 	// Retain is how long the record is kept at least, whatever its outcome
 	// (the longest of the outcome TTLs): stores that remove records in the
-	// background schedule the removal from it. Zero means Lease.
+	// background schedule the removal from it (store/postgres); stores whose
+	// records expire by themselves may ignore it. Zero means Lease.
 	Retain time.Duration
 }
 

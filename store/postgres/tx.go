@@ -50,11 +50,12 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	defer s.leave(cancel)
 	purge := max(req.SuccessTTL, req.Retain)
 	waitMS := max(req.Wait.Milliseconds(), 1) // lock_timeout 0 would mean no bound
-	// A claim that waited for another transaction's row and then did not
-	// take the key finds it committed after its statement's snapshot: the
-	// statement leaves it undecided and runs again (sql.go). So a run after
-	// the first, or a lock timeout, is what contention looks like here.
 	lock := claimLockKey(req.Scope, req.Key)
+	// A claim that waited for another delivery's transaction and then did
+	// not take the key finds its row committed after the statement's
+	// snapshot: the statement leaves it undecided, and it runs again in a
+	// new transaction (sql.go). So a second run, or a lock timeout, is what
+	// contention looks like here.
 	for runs := 1; ; runs++ {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
@@ -117,17 +118,13 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.Claim
 // claimLockKey is the second half of a claim's advisory lock key. Two keys
 // that share it only make each other's claims take the slower path.
 func claimLockKey(scope, key string) int32 {
-	h := xxhash.New()
+	var h xxhash.Digest
+	h.Reset()
 	h.WriteString(scope)
 	h.Write([]byte{0})
 	h.WriteString(key)
 	return int32(h.Sum64())
 }
-
-// batchQuerier reads the next result of a sent batch as a querier.
-type batchQuerier struct{ br pgx.BatchResults }
-
-func (q batchQuerier) Query(context.Context, string, ...any) (pgx.Rows, error) { return q.br.Query() }
 
 // rollback ends whatever transaction conn is in and releases it. A
 // connection that cannot roll back is closed, so the pool never hands out
@@ -176,7 +173,10 @@ type claimTx struct {
 	ttl        time.Duration
 	started    time.Time
 	handler    *handlerTx
-	ended      bool
+	// ended is set before the last round trip, so that the handler's
+	// pgx.Tx, and what it made, refuse to touch the connection, which goes
+	// back to the pool.
+	ended bool
 }
 
 var _ store.Tx = (*claimTx)(nil)
@@ -200,13 +200,13 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	if t.ended {
 		return fmt.Errorf("postgres: commit: %w", pgx.ErrTxClosed)
 	}
-	t.end()
-	if len(result) > t.s.opts.MaxResultBytes {
-		rollback(context.WithoutCancel(ctx), t.conn)
-		return invalid("commit", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(result), t.s.opts.MaxResultBytes)
-	}
+	t.ended = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
 	defer cancel()
+	if len(result) > t.s.opts.MaxResultBytes {
+		rollback(ctx, t.conn)
+		return invalid("commit", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(result), t.s.opts.MaxResultBytes)
+	}
 	if t.conn.Conn().PgConn().TxStatus() == 'E' {
 		rollback(ctx, t.conn)
 		return wrap("commit", errAborted)
@@ -242,17 +242,12 @@ func (t *claimTx) Rollback(ctx context.Context) error {
 	if t.ended {
 		return nil
 	}
-	t.end()
+	t.ended = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
 	defer cancel()
 	rollback(ctx, t.conn)
 	return nil
 }
-
-// end marks the transaction ended before its last round trip, so that the
-// handler's pgx.Tx, and what it made, refuse to touch the connection,
-// which goes back to the pool.
-func (t *claimTx) end() { t.ended = true }
 
 // TxFromContext returns the transaction the handler runs in: the
 // one-transaction mode's (receiver.NewTransactional), or one a TxManager
