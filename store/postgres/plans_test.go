@@ -17,7 +17,7 @@ var planArgs = map[string]string{
 	"claimNew":       `('s', 'k', 'fp', 1000000, 2000000, 42)`,
 	"claim":          `('s', 'k', 'fp', 1000000, 2000000, 5000, 42)`,
 	"commitResult":   `('s', 'k', '\x01'::bytea, 1000000)`,
-	"recordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000)`,
+	"recordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 42)`,
 	"complete":       `('s', 'k', 7, 2, '\x01'::bytea, '', '', 1000000)`,
 	"extend":         `('s', 'k', 7, 1000000)`,
 	"release":        `('s', 'k', 7, 1000000)`,

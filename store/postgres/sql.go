@@ -213,18 +213,20 @@ UPDATE {{TABLE}} SET
 WHERE scope = $1 AND key = $2`
 
 // sqlRecordRollback records what a rolled-back claim leaves behind ($4:
-// failed or retryable, kept for $7 microseconds), unless the row is owned
+// failed or retryable, kept for $7 microseconds), unless the key is owned
 // or finished by another delivery now: it writes only where a claim could
 // take the key, so a newer claim's success or live lease is never
-// overwritten. The attempt count never goes down.
+// overwritten, and not at all while another claim holds the key's advisory
+// lock ($11), so it never waits for one. The attempt count never goes down.
 const sqlRecordRollback = `
 INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
 	error_kind, error_message, expires_at, purge_at, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, false, nullif($8, ''), nullif($9, ''),
-	now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond', now(), now())
+SELECT $1::text, $2::text, $3::text, $4::int2, $5::int8, $6::int4, false, nullif($8::text, ''), nullif($9::text, ''),
+	now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond', now(), now()
+WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $11)
 ON CONFLICT (scope, key) DO UPDATE SET
 	status = excluded.status,
-	token = excluded.token,
+	token = greatest(o.token, excluded.token),
 	attempt = greatest(o.attempt, excluded.attempt),
 	taken_over = false,
 	fingerprint = CASE WHEN ` + freeO + ` OR excluded.fingerprint <> '' THEN excluded.fingerprint ELSE o.fingerprint END,

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -628,4 +630,39 @@ func TestCompletionsAreHOTUpdates(t *testing.T) {
 		t.Fatalf("%d updates, %d of them HOT; want %d, nearly all HOT", updates, hot, 2*n)
 	}
 	t.Logf("%d of %d updates were HOT", hot, updates)
+}
+
+// A cached failure is forwarded to the dead-letter topic once, before it is
+// recorded, in the one-transaction mode too; its writes roll back.
+func TestTransactionalDeadLetter(t *testing.T) {
+	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubSub.Close() })
+	dead, err := pubSub.Subscribe(t.Context(), "payments.dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newLedgerFixture(t, policy.Default(), func(b *receiver.Builder) { b.WithDeadLetter(pubSub, "payments.dead") })
+	f.after = func(*message.Message) error { return policy.Permanent(errors.New("card declined")) }
+	for range 2 { // the broker delivers it twice
+		if _, err := f.deliver("m-12"); err != nil {
+			t.Fatalf("a permanent failure = %v, want an ack", err)
+		}
+	}
+	select {
+	case m := <-dead:
+		m.Ack()
+		if m.UUID != "m-12" || m.Metadata.Get(pipeline.ReasonKindKey) != pipeline.ReasonCachedFailure {
+			t.Fatalf("dead letter %s %v", m.UUID, m.Metadata)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no dead letter")
+	}
+	select {
+	case m := <-dead:
+		t.Fatalf("a second dead letter %s: the duplicate of a cached failure must not be forwarded again", m.UUID)
+	default:
+	}
+	if n := f.rows(t, "m-12"); n != 0 {
+		t.Fatalf("%d ledger rows, want 0", n)
+	}
 }

@@ -168,6 +168,11 @@ func testTxRecordNeverOverwritesANewerClaim(t *testing.T, e *txEnv) {
 	stale := e.claim(store.Execute, "k", "fp")
 	e.rollback(stale)
 	newer := e.claim(store.Execute, "k", "fp")
+	// While the newer claim is open, recording the stale one neither waits
+	// for it nor writes.
+	if err := e.record(stale.Lease, retryable); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("recording a claim while a newer one is open = %v, want ErrLeaseLost at once", err)
+	}
 	e.commit(newer, []byte("newer"))
 	for _, out := range []store.Outcome{retryable, {Status: store.StatusFailed, ErrorKind: "permanent", TTL: ttl}} {
 		if err := e.record(stale.Lease, out); !errors.Is(err, store.ErrLeaseLost) {
