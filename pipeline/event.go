@@ -28,6 +28,10 @@ const (
 	StoreFailed
 	// Invalid: the validation stage refused the message. Acked.
 	Invalid
+	// KeyFailed: the key generator failed with an error the policy retries
+	// (a lookup service down), not for want of a key. Nacked after
+	// policy.NackDelay, so the message comes back.
+	KeyFailed
 )
 
 func (o Outcome) String() string {
@@ -52,6 +56,8 @@ func (o Outcome) String() string {
 		return "store_failed"
 	case Invalid:
 		return "invalid"
+	case KeyFailed:
+		return "key_failed"
 	}
 	return "unknown"
 }
@@ -59,7 +65,7 @@ func (o Outcome) String() string {
 // Acked reports whether the delivery is acknowledged with this outcome.
 func (o Outcome) Acked() bool {
 	switch o {
-	case Released, InProgressNacked, StoreFailed:
+	case Released, InProgressNacked, StoreFailed, KeyFailed:
 		return false
 	}
 	return true

@@ -173,7 +173,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 		err = keygen.ErrEmptyKey
 	}
 	if err != nil {
-		return s.noKey(d, h, err)
+		return s.keyFailed(d, h, err)
 	}
 	d.event.Key = keygen.Limit(key, s.maxKeyLen)
 	if s.txStore != nil {
@@ -227,6 +227,27 @@ func (s *Idempotency) mismatch(d *delivery) ([]*message.Message, error) {
 
 func (s *Idempotency) tooLarge(d *delivery) ([]*message.Message, error) {
 	return s.reject(d, ReasonRejected, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes))
+}
+
+// keyFailed decides what a key generator's error means. A message that has
+// no key (keygen.ErrNoKey and the errors wrapping it) is handled as
+// policy.MissingKey says. Any other error is the generator's own failure,
+// classified by the policy like a handler's: a cached one rejects the
+// message; a retryable one (a lookup service down) nacks it after
+// NackDelay, so it comes back, and never runs it unguarded.
+func (s *Idempotency) keyFailed(d *delivery, h message.HandlerFunc, err error) ([]*message.Message, error) {
+	if errors.Is(err, keygen.ErrNoKey) {
+		return s.noKey(d, h, err)
+	}
+	if s.policy.Classify(err) == policy.Cached {
+		return s.reject(d, ReasonRejected, fmt.Errorf("cannot compute the idempotency key: %w", err))
+	}
+	err = fmt.Errorf("oncemill: computing the idempotency key failed; the message is nacked to come back: %w", err)
+	d.event.Outcome, d.event.Err = KeyFailed, err
+	if serr := sleep(d.msg.Context(), s.policy.NackDelay); serr != nil {
+		return nil, errors.Join(err, serr)
+	}
+	return nil, err
 }
 
 func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*message.Message, error) {

@@ -674,3 +674,38 @@ func TestHandlerContextFollowsTheMessageContext(t *testing.T) {
 }
 
 type ctxKey struct{}
+
+// Only a message without a key is a missing key. Any other error of the key
+// generator is classified by the policy: a transient one nacks and the
+// message comes back; it is never run unguarded.
+func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
+	down := errors.New("lookup service down")
+	for _, tt := range []struct {
+		name    string
+		err     error
+		missing policy.MissingKeyMode
+		nack    bool
+		outcome pipeline.Outcome
+	}{
+		{"transient", policy.Transient(down), policy.FailMissingKey, true, pipeline.KeyFailed},
+		{"transient, even with ExecuteUnguarded", policy.Transient(down), policy.ExecuteUnguarded, true, pipeline.KeyFailed},
+		{"unclassified (retryable by default)", down, policy.ExecuteUnguarded, true, pipeline.KeyFailed},
+		{"permanent", policy.Permanent(down), policy.ExecuteUnguarded, false, pipeline.Rejected},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+				c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", tt.err })
+				c.Policy.MissingKey = tt.missing
+			})
+			var calls atomic.Int32
+			_, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
+			if nacked := err != nil; nacked != tt.nack || (tt.nack && !errors.Is(err, down)) {
+				t.Fatalf("delivery = %v, want nacked %v wrapping the generator's error", err, tt.nack)
+			}
+			e := h.last()
+			if e.Outcome != tt.outcome || e.Outcome.Acked() == tt.nack || !errors.Is(e.Err, down) || calls.Load() != 0 {
+				t.Fatalf("event %v (%v), handler calls %d; want %v and no call", e.Outcome, e.Err, calls.Load(), tt.outcome)
+			}
+		})
+	}
+}

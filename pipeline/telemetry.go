@@ -146,7 +146,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	for _, d := range decisionNames {
 		t.decisionAttrs[d] = []metric.AddOption{set("decision", d)}
 	}
-	for o := Executed; o <= Invalid; o++ {
+	for o := Executed; o <= KeyFailed; o++ {
 		t.outcomeAttrs[o] = []metric.AddOption{set("outcome", o.String())}
 	}
 	for op, name := range storeOpNames {
