@@ -79,8 +79,11 @@ type hashState struct {
 	parser
 	writer
 	sum [sha256.Size]byte
-	key [hashedKeyLen]byte
+	key [contentKeyLen]byte
 }
+
+// contentKeyLen is the length of a content key: "sha256:" and 64 hex digits.
+const contentKeyLen = len("sha256:") + 2*sha256.Size
 
 var hashStates = sync.Pool{
 	New: func() any { return &hashState{writer: writer{h: sha256.New()}} },

@@ -129,6 +129,6 @@ func ExampleLimit() {
 	fmt.Println(len(keygen.Limit(long, 255)))
 	// Output:
 	// order-42
-	// sha256:cec60f364bdea07fd1210bc18381a3a104d78d9b6040934356b8cbb9a745233f
-	// 71
+	// hashed:sha256:cec60f364bdea07fd1210bc18381a3a104d78d9b6040934356b8cbb9a745233f
+	// 78
 }

@@ -37,7 +37,7 @@ func FuzzContentHash(f *testing.F) {
 		key := func(g Generator, b []byte) (string, error) { return g.Key(message.NewMessage("u", b)) }
 
 		k, err := key(plain, data)
-		if err != nil || len(k) != hashedKeyLen || !strings.HasPrefix(k, "sha256:") {
+		if err != nil || len(k) != contentKeyLen || !strings.HasPrefix(k, "sha256:") {
 			t.Fatalf("without RejectNonJSON: Key = %q, %v", k, err)
 		}
 		kr, errReject := key(reject, data)

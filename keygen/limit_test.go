@@ -13,7 +13,7 @@ func TestLimit(t *testing.T) {
 	long := strings.Repeat("k", 10<<10)
 	hashed := func(s string) string {
 		sum := sha256.Sum256([]byte(s))
-		return "sha256:" + hex.EncodeToString(sum[:])
+		return keygen.HashedKeyPrefix + hex.EncodeToString(sum[:])
 	}
 	tests := []struct {
 		name string
@@ -27,7 +27,9 @@ func TestLimit(t *testing.T) {
 		{"10 KB", long, 255, hashed(long)},
 		{"no limit", long, 0, long},
 		{"negative is no limit", long, -1, long},
-		{"max below 71 still hashes", strings.Repeat("a", 20), 10, hashed(strings.Repeat("a", 20))},
+		{"max below 78 still hashes", strings.Repeat("a", 20), 10, hashed(strings.Repeat("a", 20))},
+		{"a short key in the hashed form is hashed", keygen.HashedKeyPrefix + "abc", 255, hashed(keygen.HashedKeyPrefix + "abc")},
+		{"a content hash key is kept", "sha256:" + strings.Repeat("0", 64), 255, "sha256:" + strings.Repeat("0", 64)},
 		{"empty", "", 10, ""},
 	}
 	for _, tt := range tests {
@@ -36,8 +38,8 @@ func TestLimit(t *testing.T) {
 			if got != tt.want {
 				t.Fatalf("Limit = %.80q, want %.80q", got, tt.want)
 			}
-			if got != tt.key && len(got) != 71 {
-				t.Errorf("hashed key is %d bytes, want 71", len(got))
+			if got != tt.key && len(got) != 78 {
+				t.Errorf("hashed key is %d bytes, want 78", len(got))
 			}
 		})
 	}
@@ -53,10 +55,23 @@ func TestLimitNeverTruncates(t *testing.T) {
 	if ka != keygen.Limit(a, 255) {
 		t.Error("not deterministic")
 	}
-	if strings.ContainsRune(ka[len("sha256:"):], 'x') {
+	if strings.ContainsRune(ka[len(keygen.HashedKeyPrefix):], 'x') {
 		t.Errorf("%q holds a piece of the key", ka)
 	}
-	if !strings.HasPrefix(ka, "sha256:") {
-		t.Errorf("%q lacks the sha256: prefix", ka)
+	if !strings.HasPrefix(ka, keygen.HashedKeyPrefix) {
+		t.Errorf("%q lacks the prefix %s", ka, keygen.HashedKeyPrefix)
+	}
+}
+
+// A message whose key is literally the hashed form of another message's
+// long key is not its duplicate.
+func TestHashedKeysNeverEqualLiteralOnes(t *testing.T) {
+	long := strings.Repeat("line-item;", 60)
+	hashed := keygen.Limit(long, 512)
+	if hashed == long {
+		t.Fatal("a 600-byte key was not hashed at max 512")
+	}
+	if literal := keygen.Limit(hashed, 512); literal == hashed {
+		t.Fatalf("the literal key %q fits unchanged and equals the long key's hash", hashed)
 	}
 }
