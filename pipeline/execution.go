@@ -122,7 +122,12 @@ func (e *execution) beat() {
 	if e.stopped {
 		return
 	}
-	ctx, cancel := context.WithTimeout(&e.detached, e.stage.policy.Heartbeat)
+	// An Extend may take as long as a lease: a slow store that still
+	// answers within the lease keeps it, and one that answers later finds
+	// the lease expired and says so. (Cutting it off at the heartbeat
+	// interval lost leases to stores slower than that, and pgx closes the
+	// connection of a cancelled query.)
+	ctx, cancel := context.WithTimeout(&e.detached, e.stage.policy.Lease)
 	err := e.extend(ctx)
 	cancel()
 	if errors.Is(err, store.ErrLeaseLost) {

@@ -709,3 +709,63 @@ func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
 		})
 	}
 }
+
+// slowExtend is a store whose Extend answers after delay.
+type slowExtend struct {
+	store.Store
+	delay time.Duration
+}
+
+func (s slowExtend) Extend(ctx context.Context, l store.Lease, d time.Duration) (store.Lease, error) {
+	select {
+	case <-time.After(s.delay):
+		return s.Store.Extend(ctx, l, d)
+	case <-ctx.Done():
+		return store.Lease{}, ctx.Err()
+	}
+}
+
+// A heartbeat keeps the lease for as long as the store answers within the
+// lease, even when it answers slower than the heartbeat interval: no
+// duplicate takes the key over while the handler runs.
+func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
+	st, err := memory.New(memory.Options{}) // the real clock
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	p := policy.Default()
+	p.Lease, p.Heartbeat = time.Second, 200*time.Millisecond
+	p.InProgress, p.NackDelay = policy.Nack, 0
+	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
+		Store: slowExtend{Store: st, delay: 400 * time.Millisecond}, // slower than a beat, within the lease
+		Keys:  keygen.UUID(), Scope: "s", Policy: p,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var calls atomic.Int32
+	h := stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		if calls.Add(1) == 1 {
+			<-release
+		}
+		return nil, nil
+	})
+	first := make(chan error, 1)
+	go func() { _, err := h(msg("m1", "x")); first <- err }()
+	for range 12 { // three lease lengths
+		time.Sleep(250 * time.Millisecond)
+		if _, err := h(msg("m1", "x")); !errors.Is(err, pipeline.ErrInProgress) {
+			close(release)
+			t.Fatalf("a duplicate while the first runs = %v, want ErrInProgress (the lease was lost; %d runs)", err, calls.Load())
+		}
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("the handler ran %d times", calls.Load())
+	}
+}
