@@ -4,7 +4,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"unicode/utf8"
 )
+
+// Storable reports whether every store can hold s as it is, as a key or a
+// scope: valid UTF-8 without a NUL byte.
+func Storable(s string) bool {
+	return strings.IndexByte(s, 0) < 0 && utf8.ValidString(s)
+}
 
 // HashedKeyPrefix starts every key Limit hashed. A key that arrives with it
 // already is hashed too, so that a hashed key can never equal a literal one:
@@ -15,16 +22,19 @@ const HashedKeyPrefix = "hashed:sha256:"
 // hashedKeyLen is the length of HashedKeyPrefix followed by 64 hex digits.
 const hashedKeyLen = len(HashedKeyPrefix) + 2*sha256.Size
 
-// Limit fits a key into a store column of max bytes. A key of at most max
-// bytes, or any key when max <= 0, is returned unchanged; a longer key, or
-// one that starts with HashedKeyPrefix, is replaced by HashedKeyPrefix and
-// the lowercase hex SHA-256 of the whole key (78 bytes). It never truncates:
-// two long keys sharing a prefix stay distinct.
+// Limit fits a key into what every store holds: a text column of max
+// bytes (no limit when max <= 0). A key of at most max bytes is returned
+// unchanged; a longer key, one with a NUL byte or bytes that are not UTF-8
+// (PostgreSQL text holds neither), or one that starts with
+// HashedKeyPrefix, is replaced by HashedKeyPrefix and the lowercase hex
+// SHA-256 of the whole key (78 bytes). So the same key is stored the same
+// way on every store, and no key is refused for its bytes. It never
+// truncates: two long keys sharing a prefix stay distinct.
 //
 // The result is always 78 bytes for a hashed key, so a max below 78 still
 // returns 78 bytes; give stores at least 78.
 func Limit(key string, max int) string {
-	if max <= 0 || len(key) <= max && !strings.HasPrefix(key, HashedKeyPrefix) {
+	if (max <= 0 || len(key) <= max) && Storable(key) && !strings.HasPrefix(key, HashedKeyPrefix) {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))

@@ -30,6 +30,9 @@ func TestLimit(t *testing.T) {
 		{"max below 78 still hashes", strings.Repeat("a", 20), 10, hashed(strings.Repeat("a", 20))},
 		{"a short key in the hashed form is hashed", keygen.HashedKeyPrefix + "abc", 255, hashed(keygen.HashedKeyPrefix + "abc")},
 		{"a content hash key is kept", "sha256:" + strings.Repeat("0", 64), 255, "sha256:" + strings.Repeat("0", 64)},
+		{"a NUL byte is hashed", "order\x0042", 255, hashed("order\x0042")},
+		{"invalid UTF-8 is hashed", "order-\xff", 255, hashed("order-\xff")},
+		{"unstorable bytes are hashed without a limit too", "order\x0042", 0, hashed("order\x0042")},
 		{"empty", "", 10, ""},
 	}
 	for _, tt := range tests {

@@ -104,6 +104,9 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen {
+		return nil, fmt.Errorf("%w: Scope %.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", ErrInvalidConfig, cfg.Scope, store.MaxScopeLen)
+	}
 	s := &Idempotency{
 		store:       cfg.Store,
 		txStore:     cfg.TxStore,
@@ -163,7 +166,8 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 	msg := d.msg
 	d.event.Scope = s.scope
 	if d.event.Scope == "" {
-		d.event.Scope = message.HandlerNameFromCtx(msg.Context())
+		// A handler name no store can hold is hashed, as a key would be.
+		d.event.Scope = keygen.Limit(message.HandlerNameFromCtx(msg.Context()), store.MaxScopeLen)
 	}
 	if len(msg.Payload) > s.policy.MaxPayloadBytes {
 		return s.tooLarge(d)
@@ -258,7 +262,13 @@ func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 	return s.reject(d, ReasonRejected, fmt.Errorf("cannot compute the idempotency key: %w", err))
 }
 
+// storeFailed nacks a delivery the store could not decide, so it comes
+// back; but a request the store refuses as such (store.ErrInvalidRequest)
+// would be refused again on every delivery, so that one is rejected.
 func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, error) {
+	if errors.Is(err, store.ErrInvalidRequest) {
+		return s.reject(d, ReasonRejected, fmt.Errorf("the store refuses the message's key: %w", err))
+	}
 	d.event.Outcome, d.event.Err = StoreFailed, err
 	return nil, fmt.Errorf("oncemill: store begin: %w", err)
 }

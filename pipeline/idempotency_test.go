@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -767,5 +768,46 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 	}
 	if calls.Load() != 1 {
 		t.Fatalf("the handler ran %d times", calls.Load())
+	}
+}
+
+// refusingStore refuses every Begin as an invalid request.
+type refusingStore struct{ store.Store }
+
+func (refusingStore) Begin(context.Context, store.BeginRequest) (store.BeginResult, error) {
+	return store.BeginResult{}, fmt.Errorf("refused: %w", store.ErrInvalidRequest)
+}
+
+// A request the store refuses as such would be refused on every delivery:
+// it is rejected (acked), not nacked forever.
+func TestStoreRefusingTheRequestRejects(t *testing.T) {
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = refusingStore{c.Store} })
+	var calls atomic.Int32
+	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "x")); err != nil {
+		t.Fatalf("delivery = %v, want an ack", err)
+	}
+	if e := h.last(); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, store.ErrInvalidRequest) || calls.Load() != 0 {
+		t.Fatalf("event %v (%v), calls %d; want rejected, not run", e.Outcome, e.Err, calls.Load())
+	}
+}
+
+// A handler name that some store cannot hold is hashed into the scope.
+func TestUnstorableHandlerNameIsHashed(t *testing.T) {
+	var scopes []string
+	var mu sync.Mutex
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Scope = ""
+		c.OnEvent = func(e pipeline.Event) { mu.Lock(); scopes = append(scopes, e.Scope); mu.Unlock() }
+	})
+	rr := newRouterRun(t)
+	handler := rr.router.AddConsumerHandler("handler\x00name", "in", rr.pubSub, func(*message.Message) error { return nil })
+	handler.AddMiddleware(h.stage.Middleware)
+	rr.start()
+	rr.publish("in", msg("m1", "x"))
+	rr.waitAcks(1)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(scopes) != 1 || scopes[0] != keygen.Limit("handler\x00name", store.MaxScopeLen) {
+		t.Fatalf("scopes %q, want the hashed handler name", scopes)
 	}
 }

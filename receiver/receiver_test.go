@@ -175,3 +175,20 @@ func TestBuildFullChainWithDefaults(t *testing.T) {
 		t.Fatalf("calls %d outcomes %v, want 1 and %v", calls, outcomes, want)
 	}
 }
+
+// A scope that some store cannot hold is refused at Build, not discovered
+// by every message after it.
+func TestBuildRefusesAScopeNoStoreHolds(t *testing.T) {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	for name, scope := range map[string]string{
+		"a NUL byte":    "s\x00x",
+		"invalid UTF-8": "s\xff",
+		"2,000 bytes":   strings.Repeat("s", 2000),
+	} {
+		r, err := receiver.New(st).WithScope(scope).Build()
+		if r != nil || !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "store.MaxScopeLen") {
+			t.Errorf("%s: Build = %v, %v; want ErrInvalidConfig saying what a scope may be", name, r, err)
+		}
+	}
+}

@@ -143,6 +143,11 @@ var (
 	ErrNoTransaction = errors.New("store: no transaction in context")
 )
 
+// MaxScopeLen is the longest scope in bytes that every store holds. The
+// idempotency stage refuses a longer configured scope, and hashes a longer
+// handler name (keygen.Limit) before it uses it as the scope.
+const MaxScopeLen = 1024
+
 // Decision is what Begin tells the caller to do.
 type Decision int
 

@@ -26,8 +26,6 @@ const (
 	// MaxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
 	// fit in one B-tree entry of the primary key (about 2,700 bytes).
 	MaxKeyLenLimit = 1024
-	// MaxScopeLen is the longest scope in bytes that Begin accepts.
-	MaxScopeLen = 1024
 	// MaxResultBytesLimit bounds Options.MaxResultBytes. Every replay reads
 	// the whole result; larger outputs belong in a table of their own.
 	MaxResultBytesLimit = 64 << 20

@@ -158,10 +158,10 @@ func invalid(op, format string, args ...any) error {
 // bad one cannot fail the statement of others.
 func checkText(op, field, v string) error {
 	if strings.IndexByte(v, 0) >= 0 {
-		return invalid(op, "%s contains a NUL byte, which PostgreSQL text cannot store; hash such keys (keygen.Limit) or remove the byte", field)
+		return invalid(op, "%s contains a NUL byte, which PostgreSQL text cannot store (the idempotency stage hashes such keys with keygen.Limit before they reach a store)", field)
 	}
 	if !utf8.ValidString(v) {
-		return invalid(op, "%s is not valid UTF-8, which PostgreSQL text requires; hash such keys (keygen.Limit) or encode them", field)
+		return invalid(op, "%s is not valid UTF-8, which PostgreSQL text requires (the idempotency stage hashes such keys with keygen.Limit before they reach a store)", field)
 	}
 	return nil
 }
@@ -188,8 +188,8 @@ func (s *Store) checkNewID(op, scope, key, fingerprint string) error {
 	if len(key) > s.opts.MaxKeyLen {
 		return invalid(op, "key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit", len(key), s.opts.MaxKeyLen)
 	}
-	if len(scope) > MaxScopeLen {
-		return invalid(op, "scope is %d bytes, longer than %d", len(scope), MaxScopeLen)
+	if len(scope) > store.MaxScopeLen {
+		return invalid(op, "scope is %d bytes, longer than store.MaxScopeLen %d", len(scope), store.MaxScopeLen)
 	}
 	return s.checkID(op, scope, key)
 }

@@ -7,6 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -85,7 +90,7 @@ func TestUnstorableTextRefused(t *testing.T) {
 		{"NUL in fingerprint", store.BeginRequest{Key: "k", Fingerprint: "f\x00", Lease: time.Minute}, "fingerprint contains a NUL byte"},
 		{"invalid UTF-8 key", store.BeginRequest{Key: "k\xff\xfe", Lease: time.Minute}, "key is not valid UTF-8"},
 		{"key over MaxKeyLen", store.BeginRequest{Key: strings.Repeat("k", postgres.DefaultMaxKeyLen+1), Lease: time.Minute}, "longer than MaxKeyLen 512"},
-		{"scope over its limit", store.BeginRequest{Scope: strings.Repeat("s", postgres.MaxScopeLen+1), Key: "k", Lease: time.Minute}, "scope is 1025 bytes"},
+		{"scope over its limit", store.BeginRequest{Scope: strings.Repeat("s", store.MaxScopeLen+1), Key: "k", Lease: time.Minute}, "scope is 1025 bytes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -199,5 +204,41 @@ func TestLimitsApplyToNewRecords(t *testing.T) {
 	}
 	if err := narrow.Delete(ctx, "", key); err != nil {
 		t.Fatalf("Delete: %v", err)
+	}
+}
+
+// A key PostgreSQL text cannot hold (a NUL byte, invalid UTF-8) is hashed
+// before it reaches the store, in both modes: the message runs once and its
+// duplicate replays, as on every other store; nothing is nacked forever.
+func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
+	pool := newPool(t, nil)
+	s := newStore(t, pool, postgres.Options{})
+	for _, mode := range []struct {
+		name  string
+		build *receiver.Builder
+	}{
+		{"lease", receiver.New(s)},
+		{"one-transaction", receiver.NewTransactional(s)},
+	} {
+		for _, key := range []string{"order\x0042", "order-\xff\xfe"} {
+			var outcomes []pipeline.Outcome
+			r, err := mode.build.WithScope(mode.name).WithEventHandler(func(e pipeline.Event) { outcomes = append(outcomes, e.Outcome) }).Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var runs int
+			h := r.Middleware(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
+			for range 2 {
+				if _, err := h(message.NewMessage(key, []byte("x"))); err != nil {
+					t.Fatalf("%s, key %q: delivery = %v, want an ack", mode.name, key, err)
+				}
+			}
+			if runs != 1 || len(outcomes) != 2 || outcomes[0] != pipeline.Executed || outcomes[1] != pipeline.Replayed {
+				t.Fatalf("%s, key %q: %d runs, outcomes %v; want one run, executed then replayed", mode.name, key, runs, outcomes)
+			}
+			if _, err := s.Get(t.Context(), mode.name, keygen.Limit(key, s.MaxKeyLen())); err != nil {
+				t.Fatalf("%s, key %q: the record is not under the hashed key: %v", mode.name, key, err)
+			}
+		}
 	}
 }
