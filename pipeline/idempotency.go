@@ -130,12 +130,18 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	if s.logger == nil {
 		s.logger = watermill.NopLogger{}
 	}
-	var keyStore any = cfg.Store
+	var limits any = cfg.Store
 	if cfg.TxStore != nil {
-		keyStore = cfg.TxStore
+		limits = cfg.TxStore
 	}
-	if l, ok := keyStore.(store.KeyLimiter); ok {
+	if l, ok := limits.(store.KeyLimiter); ok {
 		s.maxKeyLen = l.MaxKeyLen()
+	}
+	if l, ok := limits.(store.ResultLimiter); ok && cfg.Policy.MaxResultBytes > l.MaxResultBytes() {
+		// A success whose produced messages fit the policy but not the
+		// store could not be recorded at all.
+		return nil, fmt.Errorf("%w: policy.MaxResultBytes is %d, above the store's limit of %d; lower it (WithMaxResultBytes) or raise the store's (its Options.MaxResultBytes)",
+			ErrInvalidConfig, cfg.Policy.MaxResultBytes, l.MaxResultBytes())
 	}
 	return s, nil
 }

@@ -43,6 +43,15 @@ type KeyLimiter interface {
 	MaxKeyLen() int
 }
 
+// ResultLimiter is implemented by stores that bound Outcome.Result. The
+// idempotency stage refuses a policy.MaxResultBytes above the bound, so that
+// produced messages too large for the store are stored as omitted (the
+// success is remembered, the messages are not replayed) rather than not at
+// all.
+type ResultLimiter interface {
+	MaxResultBytes() int
+}
+
 // Transactional is implemented by stores that keep the record in the same
 // database as the handler's business data and write it inside the
 // handler's own transaction: the one-transaction mode.

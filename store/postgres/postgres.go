@@ -48,6 +48,7 @@ type Store struct {
 var (
 	_ store.Store         = (*Store)(nil)
 	_ store.KeyLimiter    = (*Store)(nil)
+	_ store.ResultLimiter = (*Store)(nil)
 	_ store.Transactional = (*Store)(nil)
 )
 
@@ -89,6 +90,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 
 // MaxKeyLen implements store.KeyLimiter.
 func (s *Store) MaxKeyLen() int { return s.opts.MaxKeyLen }
+
+// MaxResultBytes implements store.ResultLimiter.
+func (s *Store) MaxResultBytes() int { return s.opts.MaxResultBytes }
 
 // Close refuses new operations, waits for those already under way (each is
 // bounded by Options.StatementTimeout), stops the background cleaner, and

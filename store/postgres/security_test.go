@@ -242,3 +242,42 @@ func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
 		}
 	}
 }
+
+// A policy result limit above the store's is refused at Build; under it, a
+// success whose produced messages exceed the policy is stored without them,
+// in both modes: the handler runs once and its duplicate is acked.
+func TestResultLimitsAgreeWithTheStore(t *testing.T) {
+	pool := newPool(t, nil)
+	s := newStore(t, pool, postgres.Options{})
+	for _, b := range []*receiver.Builder{receiver.New(s), receiver.NewTransactional(s)} {
+		if _, err := b.WithMaxResultBytes(8 << 20).Build(); !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "above the store's limit") {
+			t.Fatalf("Build with a result limit above the store's = %v, want ErrInvalidConfig", err)
+		}
+	}
+	big := bytes.Repeat([]byte("x"), 2<<20)
+	for _, mode := range []struct {
+		name  string
+		build *receiver.Builder
+	}{
+		{"lease", receiver.New(s)},
+		{"one-transaction", receiver.NewTransactional(s)},
+	} {
+		r, err := mode.build.WithScope("big-" + mode.name).Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := 0
+		h := r.Middleware(func(*message.Message) ([]*message.Message, error) {
+			runs++
+			return []*message.Message{message.NewMessage("out", big)}, nil
+		})
+		out, err := h(message.NewMessage("m1", []byte("x")))
+		if err != nil || len(out) != 1 {
+			t.Fatalf("%s: first delivery = %d messages, %v; want the produced message, acked", mode.name, len(out), err)
+		}
+		out, err = h(message.NewMessage("m1", []byte("x")))
+		if err != nil || len(out) != 0 || runs != 1 {
+			t.Fatalf("%s: duplicate = %d messages, %v, %d runs; want an ack without the omitted messages and one run", mode.name, len(out), err, runs)
+		}
+	}
+}

@@ -124,8 +124,9 @@ type Store struct {
 }
 
 var (
-	_ store.Store      = (*Store)(nil)
-	_ store.KeyLimiter = (*Store)(nil)
+	_ store.Store         = (*Store)(nil)
+	_ store.KeyLimiter    = (*Store)(nil)
+	_ store.ResultLimiter = (*Store)(nil)
 )
 
 // New returns a store over client configured by opts. It does not contact
@@ -159,6 +160,9 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 
 // MaxKeyLen implements store.KeyLimiter.
 func (s *Store) MaxKeyLen() int { return s.maxKeyLen }
+
+// MaxResultBytes implements store.ResultLimiter.
+func (s *Store) MaxResultBytes() int { return s.maxResultBytes }
 
 // Prefix returns the key prefix in use.
 func (s *Store) Prefix() string { return s.prefix }
