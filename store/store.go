@@ -31,9 +31,11 @@ type Store interface {
 	Delete(ctx context.Context, scope, key string) error
 	// DeleteExpired removes up to limit expired records and returns how many
 	// it removed. Expired records are already invisible; this frees space.
-	// Expired leases are removed too, after which the next Begin of their
-	// key starts again at attempt 1. ErrInvalidRequest if limit is not
-	// positive.
+	// A record is kept at least for the Retain of the Begin that claimed it,
+	// beyond its lease, so that an expired lease carries its attempt count
+	// to the next Begin; after that, expired leases are removed too, and the
+	// next Begin of their key starts again at attempt 1. ErrInvalidRequest
+	// if limit is not positive.
 	DeleteExpired(ctx context.Context, limit int) (int, error)
 }
 

@@ -111,6 +111,10 @@ type record struct {
 	attempt      int
 	leaseExpires int64
 	expires      int64
+	// purge is when the sweeper may remove the record once it has also
+	// expired: set when it is claimed, from BeginRequest.Retain, so that an
+	// expired lease keeps its attempt count that long.
+	purge        int64
 	created      int64
 	updated      int64
 	result       []byte
@@ -307,6 +311,7 @@ func (s *Store) execute(sh *shard, rec *record, req store.BeginRequest, now int6
 	}
 	rec.leaseExpires = now + int64(req.Lease)
 	rec.expires = rec.leaseExpires
+	rec.purge = rec.leaseExpires + int64(req.Retain)
 	rec.updated = now
 	return store.BeginResult{
 		Decision: store.Execute,
@@ -475,7 +480,8 @@ func (s *Store) Delete(_ context.Context, scope, key string) error {
 	return nil
 }
 
-// DeleteExpired implements store.Store. It removes expired leases too: the
+// DeleteExpired implements store.Store. It removes records that have expired
+// and whose BeginRequest.Retain has passed, expired leases included: the
 // next Begin of such a key then starts again at attempt 1.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
@@ -502,7 +508,7 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 		for h, head := range sh.records {
 			for rec := head; rec != nil && !full(); {
 				next := rec.next
-				if now >= rec.expires {
+				if now >= rec.expires && now >= rec.purge {
 					sh.remove(h, rec)
 					removed++
 				}

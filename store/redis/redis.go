@@ -44,10 +44,12 @@ type Options struct {
 	// results are refused with store.ErrInvalidRequest.
 	MaxResultBytes int
 	// LeaseGrace is how long Redis keeps the record of an expired lease
-	// after the lease ran out (default 1h; negative: not at all). Until then
-	// the next Begin of the key takes it over with attempt n+1, so attempts
-	// are counted across a worker crash; afterwards the key starts again at
-	// attempt 1. The record is invisible to Get either way.
+	// after the lease ran out (default 1h; negative: not at all), or the
+	// Begin's Retain when that is longer. Until then the next Begin of the
+	// key takes it over with attempt n+1, so attempts are counted across a
+	// worker crash; afterwards the key starts again at attempt 1. The record
+	// is invisible to Get either way. (An Extend sets the grace back to
+	// LeaseGrace.)
 	LeaseGrace time.Duration
 	// AutoPipeline sends the scripts of concurrent calls through go-redis's
 	// AutoPipeliner (client.AutoPipeline(), experimental in go-redis v9.23),
@@ -216,7 +218,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 	}
 	k := keysFor(s.prefix, req.Scope, req.Key)
 	reply, err := beginScript.Run(ctx, s.scripts, []string{k.record, k.token},
-		s.offset(), req.Fingerprint, micros(req.Lease), millis(req.Lease)+s.graceMS).Slice()
+		s.offset(), req.Fingerprint, micros(req.Lease), millis(req.Lease)+max(s.graceMS, req.Retain.Milliseconds()), micros(req.Retain)).Slice()
 	if err != nil {
 		return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
 	}

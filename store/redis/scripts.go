@@ -56,7 +56,9 @@ const (
 const recordFields = `'status', 'token', 'attempt', 'fp', 'exp', 'created', 'updated', 'result', 'ekind', 'emsg'`
 
 // beginSrc: KEYS[1] the record, KEYS[2] the slot's token counter.
-// ARGV[2] fingerprint, ARGV[3] lease in µs, ARGV[4] native TTL in ms.
+// ARGV[2] fingerprint, ARGV[3] lease in µs, ARGV[4] native TTL in ms,
+// ARGV[5] the claim's Retain in µs (kept in 'purge': DeleteExpired leaves an
+// expired lease alone until then).
 //
 // Reply: {1, token, attempt, lease expiry, takeover (0/1)} for Execute, or
 // {code, record fields...} for Replay, InProgress and Mismatch.
@@ -108,7 +110,7 @@ end
 
 local lexp = now + tonumber(ARGV[3])
 local attempt = 1
-local f = {'status', 'in_progress', 'token', tok, 'exp', lexp, 'updated', now}
+local f = {'status', 'in_progress', 'token', tok, 'exp', lexp, 'purge', lexp + tonumber(ARGV[5]), 'updated', now}
 if carry then
   attempt = tonumber(r[3]) + 1
 else
@@ -197,11 +199,14 @@ return r
 
 var getScript = goredis.NewScript(getSrc)
 
-// deleteExpiredSrc: KEYS[1] a record. Removes it if it has expired.
-// Reply: 1 when removed, else 0.
+// deleteExpiredSrc: KEYS[1] a record. Removes it if it has expired, and,
+// for an expired lease, once its claim's Retain ('purge') has passed too,
+// so that the lease's attempt count carries on until then. Reply: 1 when
+// removed, else 0.
 const deleteExpiredSrc = prelude + `
-local exp = tonumber(redis.call('HGET', KEYS[1], 'exp'))
-if exp and now_us() >= exp then
+local r = redis.call('HMGET', KEYS[1], 'exp', 'status', 'purge')
+local exp, now = tonumber(r[1]), now_us()
+if exp and now >= exp and (r[2] ~= 'in_progress' or now >= (tonumber(r[3]) or exp)) then
   redis.call('DEL', KEYS[1])
   return 1
 end

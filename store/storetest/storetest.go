@@ -47,6 +47,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ReleaseStaleLease", testReleaseStaleLease},
 		{"Delete", testDelete},
 		{"DeleteExpired", testDeleteExpired},
+		{"AttemptsSurviveCleanupForRetain", testAttemptsSurviveCleanupForRetain},
 		{"InvalidRequests", testInvalidRequests},
 		{"ScopesIsolate", testScopesIsolate},
 		{"ConcurrentStress", testConcurrentStress},
@@ -687,6 +688,32 @@ func testDeleteExpired(t *testing.T, e *env) {
 		if res.Takeover || res.Lease.Attempt != 1 {
 			t.Errorf("%s: Begin after DeleteExpired = takeover %v attempt %d; want a fresh attempt 1", key, res.Takeover, res.Lease.Attempt)
 		}
+	}
+}
+
+// A worker that crashes holding a lease leaves the attempt count behind for
+// the claim's Retain: cleanup does not reset it, so a message that crashes
+// every worker still reaches the attempt cap.
+func testAttemptsSurviveCleanupForRetain(t *testing.T, e *env) {
+	req := e.req("crashed", "fp", lease)
+	req.Retain = 30 * time.Minute
+	res, err := e.s.Begin(e.ctx, req)
+	if err != nil || res.Decision != store.Execute {
+		t.Fatalf("Begin = %v, %v", res.Decision, err)
+	}
+	e.advance(2 * time.Minute) // the lease ran out; the worker is gone
+	for {
+		n, err := e.s.DeleteExpired(e.ctx, 1000)
+		if err != nil {
+			t.Fatalf("DeleteExpired: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	again, err := e.s.Begin(e.ctx, req)
+	if err != nil || again.Decision != store.Execute || again.Lease.Attempt != 2 || !again.Takeover {
+		t.Fatalf("Begin after cleanup = %v attempt %d takeover %v, %v; want a takeover at attempt 2", again.Decision, again.Lease.Attempt, again.Takeover, err)
 	}
 }
 
