@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -88,6 +90,9 @@ type Idempotency struct {
 	deadLetter  *DeadLetter
 	tel         *Telemetry
 	maxKeyLen   int
+	// storeFailures counts Begins (claims) that failed in a row, across
+	// deliveries: the pause before their nack grows with it.
+	storeFailures atomic.Int32
 }
 
 // NewIdempotency validates cfg and returns the stage.
@@ -271,12 +276,42 @@ func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 // storeFailed nacks a delivery the store could not decide, so it comes
 // back; but a request the store refuses as such (store.ErrInvalidRequest)
 // would be refused again on every delivery, so that one is rejected.
+//
+// Before the nack it pauses, so that a broker that redelivers at once
+// (AMQP) does not turn a store outage into a storm of nacks: NackDelay,
+// doubling with every Begin that failed in a row, across deliveries, up to
+// maxStorePauseDoublings doublings, with ±20% jitter so that the deliveries
+// of one outage do not all come back at the same moment. A Begin that
+// succeeds starts the count again.
 func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, error) {
 	if errors.Is(err, store.ErrInvalidRequest) {
 		return s.reject(d, ReasonRejected, fmt.Errorf("the store refuses the message's key: %w", err))
 	}
 	d.event.Outcome, d.event.Err = StoreFailed, err
-	return nil, fmt.Errorf("oncemill: store begin: %w", err)
+	err = fmt.Errorf("oncemill: store begin: %w", err)
+	if serr := sleep(d.msg.Context(), s.storePause()); serr != nil {
+		return nil, errors.Join(err, serr)
+	}
+	return nil, err
+}
+
+// maxStorePauseDoublings bounds the pause before a store-failure nack at
+// 32 × NackDelay.
+const maxStorePauseDoublings = 5
+
+// storePause counts one more store failure in a row and returns the pause
+// before its nack.
+func (s *Idempotency) storePause() time.Duration {
+	n := s.storeFailures.Add(1)
+	pause := s.policy.NackDelay << min(n-1, maxStorePauseDoublings)
+	return time.Duration(float64(pause) * (0.8 + 0.4*rand.Float64()))
+}
+
+// storeAnswered ends a run of store failures.
+func (s *Idempotency) storeAnswered() {
+	if s.storeFailures.Load() != 0 {
+		s.storeFailures.Store(0)
+	}
 }
 
 // waiter paces the polling of a key held by another delivery.
@@ -345,6 +380,9 @@ func (s *Idempotency) begin(ctx context.Context, req store.BeginRequest) (store.
 	ctx, m := s.tel.startStore(ctx, opBegin)
 	res, err := s.store.Begin(ctx, req)
 	m.end(ctx, err)
+	if err == nil {
+		s.storeAnswered()
+	}
 	return res, err
 }
 

@@ -811,3 +811,53 @@ func TestUnstorableHandlerNameIsHashed(t *testing.T) {
 		t.Fatalf("scopes %q, want the hashed handler name", scopes)
 	}
 }
+
+// failingBegin fails every Begin while down is set.
+type failingBegin struct {
+	store.Store
+	down *atomic.Bool
+}
+
+func (f failingBegin) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	if f.down.Load() {
+		return store.BeginResult{}, errors.New("connection refused")
+	}
+	return f.Store.Begin(ctx, req)
+}
+
+// While the store keeps failing, the pause before each nack grows, so a
+// broker that redelivers at once does not spin; an answer from the store
+// starts it again.
+func TestStoreFailurePauseGrows(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	const nackDelay = 20 * time.Millisecond
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Store = failingBegin{Store: c.Store, down: &down}
+		c.Policy.NackDelay = nackDelay
+	})
+	handler := h.stage.Middleware(produce(new(atomic.Int32)))
+	deliver := func() time.Duration {
+		start := time.Now()
+		if _, err := handler(msg("m1", "x")); err == nil {
+			t.Fatal("a delivery the store could not decide was acked")
+		}
+		if e := h.last(); e.Outcome != pipeline.StoreFailed {
+			t.Fatalf("outcome %v, want store_failed", e.Outcome)
+		}
+		return time.Since(start)
+	}
+	for i := range 4 {
+		// At least NackDelay × 2^i, less 20% jitter.
+		if least := time.Duration(0.8 * float64(nackDelay<<i)); deliver() < least {
+			t.Fatalf("failure %d in a row paused less than %v", i+1, least)
+		}
+	}
+	down.Store(false)
+	if _, err := handler(msg("m2", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if n := pipeline.StoreFailuresInARow(h.stage); n != 0 {
+		t.Fatalf("%d failures in a row after the store answered, want 0", n)
+	}
+}

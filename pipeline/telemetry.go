@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -53,6 +54,7 @@ type Telemetry struct {
 	system attribute.KeyValue
 
 	decisions, outcomes, retries, invalids, deadLetters metric.Int64Counter
+	storeErrors                                         metric.Int64Counter
 	storeDuration, handlerDuration                      metric.Float64Histogram
 	liveLeases                                          metric.Int64UpDownCounter
 	breaker                                             metric.Int64Gauge
@@ -62,6 +64,7 @@ type Telemetry struct {
 	decisionAttrs map[string][]metric.AddOption
 	outcomeAttrs  map[Outcome][]metric.AddOption
 	storeAttrs    [storeOps][]metric.RecordOption
+	storeErrAttrs [storeOps][]metric.AddOption
 	reasonAttrs   map[string][]metric.AddOption
 }
 
@@ -116,7 +119,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		outcomeAttrs:  map[Outcome][]metric.AddOption{},
 		reasonAttrs:   map[string][]metric.AddOption{},
 	}
-	var errs [9]error
+	var errs [10]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries by the idempotency decision: execute, takeover, replay, cached_failure, in_progress, mismatch."))
 	t.outcomes, errs[1] = m.Int64Counter("oncemill.outcomes", metric.WithUnit("{delivery}"),
@@ -133,6 +136,8 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		metric.WithDescription("Duration of the wrapped handler (retries, breaker and transaction included) per execution."), secondBuckets)
 	t.liveLeases, errs[7] = m.Int64UpDownCounter("oncemill.leases.live", metric.WithUnit("{lease}"),
 		metric.WithDescription("Leases held by handlers running now in this process."))
+	t.storeErrors, errs[9] = m.Int64Counter("oncemill.store.errors", metric.WithUnit("{call}"),
+		metric.WithDescription("Store calls that failed (a lost lease is an answer, not counted), by operation."))
 	t.breaker, errs[8] = m.Int64Gauge("oncemill.breaker.state", metric.WithUnit("{state}"),
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
 	for _, err := range errs {
@@ -151,6 +156,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	}
 	for op, name := range storeOpNames {
 		t.storeAttrs[op] = []metric.RecordOption{set("operation", name)}
+		t.storeErrAttrs[op] = []metric.AddOption{set("operation", name)}
 	}
 	for _, r := range []string{ReasonInvalid, ReasonCachedFailure, ReasonMismatch, ReasonRejected} {
 		t.reasonAttrs[r] = []metric.AddOption{set("reason", r)}
@@ -265,6 +271,9 @@ func (t *Telemetry) startStore(ctx context.Context, op storeOp) (context.Context
 func (m measure) end(ctx context.Context, err error) {
 	if !m.start.IsZero() {
 		m.t.storeDuration.Record(ctx, time.Since(m.start).Seconds(), m.t.storeAttrs[m.op]...)
+	}
+	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		m.t.storeErrors.Add(ctx, 1, m.t.storeErrAttrs[m.op]...)
 	}
 	if m.span != nil {
 		if err != nil {

@@ -538,6 +538,13 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 			if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{tc.outcome: 1}) {
 				t.Errorf("outcomes %v", got)
 			}
+			wantErrors := map[string]int64{op: 1}
+			if op == "complete" {
+				wantErrors[op] = 3 // tried three times
+			}
+			if got := telSums(t, ms, "oncemill.store.errors", "operation"); !telEqualMaps(got, wantErrors) {
+				t.Errorf("store errors %v, want %v", got, wantErrors)
+			}
 			wantDecisions := map[string]int64{"execute": 1}
 			if tc.fail.begin {
 				wantDecisions = map[string]int64{} // the store never decided

@@ -152,6 +152,9 @@ func (s *Idempotency) claim(ctx context.Context, req store.ClaimRequest) (store.
 	ctx, m := s.tel.startStore(ctx, opClaim)
 	res, err := s.txStore.Claim(ctx, req)
 	m.end(ctx, err)
+	if err == nil {
+		s.storeAnswered()
+	}
 	return res, err
 }
 
