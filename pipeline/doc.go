@@ -1,8 +1,8 @@
 // Package pipeline holds oncemill's stages, each an ordinary Watermill
 // message.HandlerMiddleware that can be used alone.
 //
-// The idempotency stage does what DESIGN.md's table "What a duplicate gets"
-// says:
+// The idempotency stage does what docs/concepts.md's table "What a
+// duplicate gets" says:
 //
 //   - Execute: the handler runs under a lease that a heartbeat keeps alive.
 //     On success the produced messages (UUID, metadata, payload) are stored

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Defaults, as fixed in DESIGN.md.
+// Defaults (docs/concepts.md explains each).
 const (
 	DefaultSuccessTTL      = 24 * time.Hour
 	DefaultFailureTTL      = time.Hour
@@ -102,7 +102,7 @@ type Policy struct {
 	Classifier func(err error) (c Class, ok bool)
 }
 
-// Default returns the policy DESIGN.md fixes: success remembered 24h, cached
+// Default returns the default policy: success remembered 24h, cached
 // failures 1h, a 30s lease extended every 10s, 5 attempts, in-progress
 // duplicates wait 5s and then nack after 1s.
 func Default() Policy {

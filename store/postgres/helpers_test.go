@@ -15,7 +15,7 @@ import (
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
-// defaultDSN is the development and CI database (DESIGN.md).
+// defaultDSN is the development and CI database.
 const defaultDSN = "postgres://postgres@127.0.0.1:5432/test"
 
 // dsn is ONCEMILL_POSTGRES_DSN or the default.
