@@ -78,10 +78,16 @@ type tracker struct {
 	changed   chan struct{}
 	inFlight  []int // per partition: published and not yet acked
 	published int
-	acked     int
-	produced  int                 // messages returned by acked handlers, for the settlements topic
-	settled   int                 // messages received on the settlements topic
-	settleIDs map[string]struct{} // their distinct UUIDs
+	// acked counts the publications acked: an ack of a message already
+	// acked as often as it was published is the broker's own redelivery
+	// (SQS after a visibility timeout, a crash), counted in extraAcks.
+	acked      int
+	extraAcks  int
+	pubs, acks map[string]int      // per message UUID
+	running    int                 // handlers running now
+	produced   int                 // messages returned by acked handlers, for the settlements topic
+	settled    int                 // messages received on the settlements topic
+	settleIDs  map[string]struct{} // their distinct UUIDs
 }
 
 func newTracker(partitions int) *tracker {
@@ -89,6 +95,8 @@ func newTracker(partitions int) *tracker {
 		changed:   make(chan struct{}),
 		inFlight:  make([]int, partitions),
 		settleIDs: map[string]struct{}{},
+		pubs:      map[string]int{},
+		acks:      map[string]int{},
 	}
 }
 
@@ -98,12 +106,14 @@ func (t *tracker) notifyLocked() {
 	t.changed = make(chan struct{})
 }
 
-// publishing counts a delivery about to be published to partition.
-func (t *tracker) publishing(partition int) {
+// publishing counts a delivery of message uuid about to be published to
+// partition.
+func (t *tracker) publishing(partition int, uuid string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.inFlight[partition]++
 	t.published++
+	t.pubs[uuid]++
 	t.notifyLocked()
 }
 
@@ -113,15 +123,24 @@ func (t *tracker) publishing(partition int) {
 func (t *tracker) middleware(partition int) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			t.mu.Lock()
+			t.running++
+			t.mu.Unlock()
 			msgs, err := h(msg)
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.running--
 			if err == nil {
-				t.mu.Lock()
-				t.inFlight[partition]--
-				t.acked++
+				if t.acks[msg.UUID] < t.pubs[msg.UUID] {
+					t.acks[msg.UUID]++
+					t.inFlight[partition]--
+					t.acked++
+				} else {
+					t.extraAcks++
+				}
 				t.produced += len(msgs)
-				t.notifyLocked()
-				t.mu.Unlock()
 			}
+			t.notifyLocked()
 			return msgs, err
 		}
 	}
@@ -163,9 +182,18 @@ func (t *tracker) waitFor(ctx context.Context, limit time.Duration, ok func(t *t
 	}
 }
 
+// done reports whether every planned delivery is published and acked, every
+// produced settlement received, and no handler still runs: a handler that
+// outlives the broker's redelivery of its message (an SQS visibility
+// timeout) must finish before the run does.
+func (t *tracker) done(deliveries int) bool {
+	return t.published == deliveries && t.acked >= deliveries && t.settled >= t.produced && t.running == 0
+}
+
 // flowState is a snapshot of the tracker.
 type flowState struct {
 	published, acked, inFlight int
+	extraAcks                  int
 	produced, settled          int
 	distinctSettlements        int
 }
@@ -176,6 +204,7 @@ func (t *tracker) state() flowState {
 	return flowState{
 		published:           t.published,
 		acked:               t.acked,
+		extraAcks:           t.extraAcks,
 		inFlight:            t.published - t.acked,
 		produced:            t.produced,
 		settled:             t.settled,

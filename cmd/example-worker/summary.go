@@ -31,7 +31,7 @@ type summary struct {
 	Planned        int      // deliveries planned
 	Completed      bool
 	Elapsed        time.Duration
-	AckedByRouter  int   // deliveries the handlers acknowledged, as the router saw it
+	AckedByRouter  int   // deliveries the handlers acknowledged, as the router saw it, the broker's own redeliveries included
 	AckedByEvents  int64 // deliveries the events say were acknowledged
 	Outcomes       map[pipeline.Outcome]int64
 	Takeovers      int64

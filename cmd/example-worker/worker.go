@@ -140,9 +140,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (summary, er
 func waitComplete(ctx context.Context, flow *tracker, deliveries int, interval time.Duration, progress func()) bool {
 	done := make(chan bool, 1)
 	go func() {
-		done <- flow.waitFor(ctx, 0, func(t *tracker) bool {
-			return t.published == deliveries && t.acked >= deliveries && t.settled >= t.produced
-		})
+		done <- flow.waitFor(ctx, 0, func(t *tracker) bool { return t.done(deliveries) })
 	}()
 	var tick <-chan time.Time
 	if interval > 0 {
@@ -189,7 +187,7 @@ func summarize(p *plan, prod *producer, counts map[string]int, outcomes *tally, 
 		Planned:        p.deliveries,
 		Completed:      completed,
 		Elapsed:        elapsed,
-		AckedByRouter:  fs.acked,
+		AckedByRouter:  fs.acked + fs.extraAcks,
 		AckedByEvents:  outcomes.acked.Load(),
 		Outcomes:       map[pipeline.Outcome]int64{},
 		Takeovers:      outcomes.takeovers.Load(),

@@ -319,7 +319,7 @@ func (pr *producer) waitForRoom(ctx context.Context, n int) error {
 }
 
 func (pr *producer) publish(partition int, msg *message.Message) error {
-	pr.flow.publishing(partition)
+	pr.flow.publishing(partition, msg.UUID)
 	if err := pr.pub.Publish(pr.topics.payments(partition), msg); err != nil {
 		return fmt.Errorf("publish to %s: %w", pr.topics.payments(partition), err)
 	}
