@@ -63,6 +63,13 @@ func kafkaConsumerConfig(cfg config) *sarama.Config {
 	// the partitions over (and redelivers what was not committed).
 	c.Consumer.Group.Session.Timeout = cfg.KafkaSessionTimeout
 	c.Consumer.Group.Heartbeat.Interval = cfg.KafkaSessionTimeout / 4
+	// A rebalance waits at most this long for the members to rejoin. Sarama's
+	// default (60 s) outlasts its own 30 s network read timeout: with workers
+	// crashing every few seconds the JoinGroup call timed out, the member
+	// rejoined, the coordinator waited again, and the group made no progress
+	// for minutes (TestKafkaGroupProgressesWhileWorkersCrash). A live member
+	// rejoins within a heartbeat, so the session timeout is ample.
+	c.Consumer.Group.Rebalance.Timeout = cfg.KafkaSessionTimeout
 	c.Consumer.Group.Rebalance.Retry.Backoff = 250 * time.Millisecond
 	// Ack marks the offset; the commit follows within this interval. A
 	// crash inside it redelivers the marked messages: oncemill replays them.

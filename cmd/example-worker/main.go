@@ -288,6 +288,8 @@ func (c config) validate() error {
 		return fmt.Errorf("--kafka-partitions=%d: create at least one partition", c.KafkaPartitions)
 	case c.KafkaSessionTimeout <= 0:
 		return fmt.Errorf("--kafka-session-timeout=%v: must be above zero", c.KafkaSessionTimeout)
+	case c.KafkaSessionTimeout >= 30*time.Second:
+		return fmt.Errorf("--kafka-session-timeout=%v: must be below sarama's 30s network read timeout, which also bounds the rebalance (set to the session timeout)", c.KafkaSessionTimeout)
 	case c.SQSVisibilityTimeout < time.Second || c.SQSVisibilityTimeout%time.Second != 0:
 		return fmt.Errorf("--sqs-visibility-timeout=%v: SQS takes whole seconds, at least 1s", c.SQSVisibilityTimeout)
 	case c.SQSWorkers < 1:
