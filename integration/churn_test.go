@@ -43,7 +43,9 @@ func TestKafkaGroupProgressesWhileWorkersCrash(t *testing.T) {
 	}
 	publish(payments / 10)
 	eventually(t, limit, func() bool { return len(h.ledger()) == len(want) },
-		func() string { return fmt.Sprintf("%d of %d payments charged after %d kills", len(h.ledger()), len(want), next-workers) })
+		func() string {
+			return fmt.Sprintf("%d of %d payments charged after %d kills", len(h.ledger()), len(want), next-workers)
+		})
 	assertLedger(t, h, want)
 	t.Logf("%d kills, %d payments; every payment charged once", next-workers, len(want))
 }
