@@ -1,10 +1,6 @@
 package postgres
 
-import (
-	"context"
-
-	"github.com/jackc/pgx/v5"
-)
+import "context"
 
 // Internals for the tests of package postgres_test.
 
@@ -26,23 +22,4 @@ func (s *Store) Statements() map[string]string {
 }
 
 // MigrateTo applies the embedded migrations up to version, and no further.
-func (s *Store) MigrateTo(ctx context.Context, version int) error {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, s.names.render(`CREATE SCHEMA IF NOT EXISTS {{SCHEMA}};
-CREATE TABLE IF NOT EXISTS {{VERSIONS}} (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`), pgx.QueryExecModeSimpleProtocol); err != nil {
-		return err
-	}
-	for _, m := range mustMigrations()[:version] {
-		if _, err := tx.Exec(ctx, s.names.render(m.sql), pgx.QueryExecModeSimpleProtocol); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), m.version, m.name); err != nil {
-			return err
-		}
-	}
-	return tx.Commit(ctx)
-}
+func (s *Store) MigrateTo(ctx context.Context, version int) error { return s.migrateTo(ctx, version) }
