@@ -48,7 +48,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		return store.ClaimResult{}, err
 	}
 	defer s.leave(cancel)
-	purge := max(req.SuccessTTL, req.Retain)
+	purge := max(claimTTL(req.SuccessTTL), req.Retain)
 	waitMS := max(req.Wait.Milliseconds(), 1) // lock_timeout 0 would mean no bound
 	lock := claimLockKey(req.Scope, req.Key)
 	// A claim that waited for another delivery's transaction and then did
@@ -57,13 +57,16 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 	// new transaction (sql.go). So a second run, or a lock timeout, is what
 	// contention looks like here.
 	for runs := 1; ; runs++ {
+		// Before the transaction begins, so that time since started bounds
+		// the transaction's age at its commit (claimTTL).
+		started := time.Now()
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
 			return store.ClaimResult{}, wrap("claim", err)
 		}
 		res, tx, err := s.claimTx(ctx, conn, req, purge, waitMS, lock)
 		if err == nil && res.Decision == store.Execute {
-			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: time.Now()}
+			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
 			t.handler = &handlerTx{Tx: tx, owner: t, top: true}
 			return store.ClaimResult{BeginResult: res, Tx: t}, nil
 		}
@@ -92,7 +95,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.ClaimRequest, purge time.Duration, waitMS int64, lock int32) (store.BeginResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
-	b.Queue(s.sql.claimNew, req.Scope, req.Key, req.Fingerprint, micros(req.SuccessTTL), micros(purge), lock)
+	b.Queue(s.sql.claimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -111,7 +114,7 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.Claim
 		return store.BeginResult{}, tx, err
 	}
 	res, err := s.claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
-		micros(req.SuccessTTL), micros(purge), waitMS, lock)
+		micros(claimTTL(req.SuccessTTL)), micros(purge), waitMS, lock)
 	return res, tx, err
 }
 
@@ -189,14 +192,23 @@ func (t *claimTx) Context(ctx context.Context) context.Context {
 	return context.WithValue(ctx, txKey{}, pgx.Tx(t.handler))
 }
 
-// longRun is the share of the success TTL a handler may run before its
-// commit moves the expiry: a shorter run leaves the claim's expiry, counted
-// from the start of the transaction, and writes nothing at the commit.
-const longRun = 100 // 1%
+// expirySlackDivisor sets how long a claim's record outlives SuccessTTL:
+// by SuccessTTL/expirySlackDivisor, 1%. The claim's expiry counts from the start of
+// its transaction, before the handler runs; a transaction that commits
+// within the slack writes nothing more, and its record still lives at least
+// SuccessTTL after the commit. A longer one moves the expiry to SuccessTTL
+// after the commit, in the commit's round trip.
+const expirySlackDivisor = 100
+
+func expirySlack(ttl time.Duration) time.Duration { return ttl / expirySlackDivisor }
+
+// claimTTL is the lifetime a claim gives its record: SuccessTTL plus the
+// slack.
+func claimTTL(ttl time.Duration) time.Duration { return ttl + expirySlack(ttl) }
 
 // Commit implements store.Tx. It writes the produced messages, and the
-// expiry when the handler ran longer than 1% of the success TTL, in the
-// commit's round trip; otherwise it sends COMMIT alone.
+// expiry when the transaction outran the expiry's slack, in the commit's
+// round trip; otherwise it sends COMMIT alone.
 func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	if t.ended {
 		return fmt.Errorf("postgres: commit: %w", pgx.ErrTxClosed)
@@ -214,7 +226,7 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	}
 	var tag pgconn.CommandTag
 	var err error
-	if result != nil || time.Since(t.started) > t.ttl/longRun {
+	if result != nil || time.Since(t.started) > expirySlack(t.ttl) {
 		b := &pgx.Batch{}
 		b.Queue(t.s.sql.commitResult, t.scope, t.key, result, micros(t.ttl))
 		b.Queue("commit")
