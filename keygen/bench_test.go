@@ -73,18 +73,18 @@ func BenchmarkPayloadFingerprint(b *testing.B) {
 	}
 }
 
-func BenchmarkLimit(b *testing.B) {
+func BenchmarkStorableKey(b *testing.B) {
 	long := strings.Repeat("k", 10<<10)
 	b.Run("short", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = keygen.Limit("order-42", 255)
+			_ = keygen.StorableKey("order-42", 255)
 		}
 	})
 	b.Run("10KB", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = keygen.Limit(long, 255)
+			_ = keygen.StorableKey(long, 255)
 		}
 	})
 }

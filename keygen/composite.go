@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oncemill/oncemill"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
@@ -19,14 +21,14 @@ import (
 // keys can make two different tuples produce the same composite key.
 //
 // A part's error is returned wrapped with its index; a part returning ""
-// is ErrEmptyKey. Zero parts or a nil part is ErrInvalidOptions.
+// is ErrEmptyKey. Zero parts or a nil part is oncemill.ErrInvalidConfig.
 func Composite(parts ...Generator) (Generator, error) {
 	if len(parts) == 0 {
-		return nil, fmt.Errorf("%w: Composite: no parts", ErrInvalidOptions)
+		return nil, oncemill.InvalidConfig("keygen.Composite", "no parts; pass at least one generator")
 	}
 	for i, p := range parts {
 		if p == nil {
-			return nil, fmt.Errorf("%w: Composite: part %d is nil", ErrInvalidOptions, i)
+			return nil, oncemill.InvalidConfig("keygen.Composite", "part %d is nil; pass a generator", i)
 		}
 	}
 	// Copy, so the caller reusing its slice cannot change the generator.
@@ -47,7 +49,7 @@ func (c *composite) Key(msg *message.Message) (string, error) {
 			err = ErrEmptyKey
 		}
 		if err != nil {
-			return "", fmt.Errorf("keygen: composite part %d: %w", i, err)
+			return "", fmt.Errorf("composite part %d: %w", i, err)
 		}
 		keys = append(keys, k)
 		size += len(k) + 22 // a length of up to 20 digits, ':' and '|'

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 )
 
@@ -86,7 +87,7 @@ func TestCompositeErrors(t *testing.T) {
 	})
 	t.Run("custom error", func(t *testing.T) {
 		_, err := mustComposite(t, failing).Key(msgWith(""))
-		if err == nil || err.Error() != "keygen: composite part 0: boom" {
+		if err == nil || err.Error() != "composite part 0: boom" {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -97,13 +98,13 @@ func TestCompositeErrors(t *testing.T) {
 		}
 	})
 	t.Run("no parts", func(t *testing.T) {
-		if g, err := keygen.Composite(); !errors.Is(err, keygen.ErrInvalidOptions) || g != nil {
+		if g, err := keygen.Composite(); !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil {
 			t.Fatalf("Composite() = %v, %v", g, err)
 		}
 	})
 	t.Run("nil part", func(t *testing.T) {
 		g, err := keygen.Composite(keygen.UUID(), nil)
-		if !errors.Is(err, keygen.ErrInvalidOptions) || g != nil || !strings.Contains(err.Error(), "part 1 is nil") {
+		if !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil || !strings.Contains(err.Error(), "part 1 is nil") {
 			t.Fatalf("Composite(UUID, nil) = %v, %v", g, err)
 		}
 	})

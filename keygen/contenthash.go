@@ -3,9 +3,10 @@ package keygen
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -54,7 +55,7 @@ func ContentHash(opts ContentHashOptions) (Generator, error) {
 	}
 	for _, name := range opts.IncludeMetadata {
 		if name == "" {
-			return nil, fmt.Errorf("%w: ContentHash: empty IncludeMetadata name", ErrInvalidOptions)
+			return nil, oncemill.InvalidConfig("ContentHashOptions.IncludeMetadata", "an empty name; name each metadata field to include")
 		}
 	}
 	meta := slices.Compact(slices.Sorted(slices.Values(opts.IncludeMetadata)))

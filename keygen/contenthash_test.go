@@ -14,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 )
 
@@ -381,7 +382,7 @@ func TestContentHashRejectNonJSON(t *testing.T) {
 			if k != "" {
 				t.Errorf("key %q with an error", k)
 			}
-			if !strings.HasPrefix(err.Error(), "keygen: no key: payload is not valid JSON ") || !strings.Contains(err.Error(), tt.wantMsg) {
+			if !strings.HasPrefix(err.Error(), "oncemill: no key: payload is not valid JSON ") || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("error %q, want it to contain %q", err, tt.wantMsg)
 			}
 		})
@@ -511,17 +512,17 @@ func TestContentHashInvalidOptions(t *testing.T) {
 		opts keygen.ContentHashOptions
 		want string
 	}{
-		{"empty exclude", keygen.ContentHashOptions{Exclude: []string{"a", ""}}, "empty Exclude entry"},
+		{"empty exclude", keygen.ContentHashOptions{Exclude: []string{"a", ""}}, "ContentHashOptions.Exclude: an empty entry"},
 		{"empty middle segment", keygen.ContentHashOptions{Exclude: []string{"a..b"}}, `"a..b" has an empty segment`},
 		{"leading dot", keygen.ContentHashOptions{Exclude: []string{".a"}}, `".a" has an empty segment`},
 		{"trailing dot", keygen.ContentHashOptions{Exclude: []string{"a."}}, `"a." has an empty segment`},
 		{"only a dot", keygen.ContentHashOptions{Exclude: []string{"."}}, `"." has an empty segment`},
-		{"empty metadata name", keygen.ContentHashOptions{IncludeMetadata: []string{""}}, "empty IncludeMetadata name"},
+		{"empty metadata name", keygen.ContentHashOptions{IncludeMetadata: []string{""}}, "ContentHashOptions.IncludeMetadata: an empty name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g, err := keygen.ContentHash(tt.opts)
-			if !errors.Is(err, keygen.ErrInvalidOptions) || g != nil {
+			if !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil {
 				t.Fatalf("ContentHash = %v, %v; want ErrInvalidOptions", g, err)
 			}
 			if !strings.Contains(err.Error(), tt.want) {

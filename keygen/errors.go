@@ -1,7 +1,6 @@
 package keygen
 
 import (
-	"errors"
 	"fmt"
 )
 
@@ -28,11 +27,6 @@ var (
 	errNilMessage = fmt.Errorf("%w: message is nil", ErrNoKey)
 )
 
-// ErrInvalidOptions is wrapped by every error a constructor returns for a
-// configuration that can never work. It is a programming error, not a
-// property of a message, so it does not wrap ErrNoKey.
-var ErrInvalidOptions = errors.New("keygen: invalid options")
-
 // MissingMetadataError is returned by a Metadata generator when the message
 // lacks the field. It matches ErrMissingMetadata and ErrNoKey with errors.Is.
 type MissingMetadataError struct {
@@ -40,7 +34,7 @@ type MissingMetadataError struct {
 }
 
 func (e *MissingMetadataError) Error() string {
-	return fmt.Sprintf("keygen: no key: metadata field %q is missing or empty", e.Field)
+	return fmt.Sprintf("oncemill: no key: metadata field %q is missing or empty", e.Field)
 }
 
 // Unwrap returns ErrMissingMetadata, which itself wraps ErrNoKey.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 )
 
@@ -14,7 +15,7 @@ func TestSentinelsWrapErrNoKey(t *testing.T) {
 		}
 	}
 	// Bad options are a programming error, not a message without a key.
-	if errors.Is(keygen.ErrInvalidOptions, keygen.ErrNoKey) {
+	if errors.Is(oncemill.ErrInvalidConfig, keygen.ErrNoKey) {
 		t.Error("ErrInvalidOptions must not wrap ErrNoKey")
 	}
 }

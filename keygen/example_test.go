@@ -42,7 +42,7 @@ func ExampleMetadata() {
 	// Output:
 	// pay-7
 	// true Idempotency-Key
-	// keygen: no key: metadata field "Idempotency-Key" is missing or empty
+	// oncemill: no key: metadata field "Idempotency-Key" is missing or empty
 }
 
 func ExampleContentHash() {
@@ -120,13 +120,13 @@ func ExampleFunc() {
 	// true
 }
 
-func ExampleLimit() {
+func ExampleStorableKey() {
 	short := "order-42"
 	long := "tenant-acme|" + strings.Repeat("line-item;", 50)
 
-	fmt.Println(keygen.Limit(short, 255))
-	fmt.Println(keygen.Limit(long, 255))
-	fmt.Println(len(keygen.Limit(long, 255)))
+	fmt.Println(keygen.StorableKey(short, 255))
+	fmt.Println(keygen.StorableKey(long, 255))
+	fmt.Println(len(keygen.StorableKey(long, 255)))
 	// Output:
 	// order-42
 	// hashed:sha256:cec60f364bdea07fd1210bc18381a3a104d78d9b6040934356b8cbb9a745233f

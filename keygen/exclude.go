@@ -1,8 +1,9 @@
 package keygen
 
 import (
-	"fmt"
 	"strings"
+
+	"github.com/oncemill/oncemill"
 )
 
 // exclusions decides which object members ContentHash leaves out.
@@ -29,7 +30,7 @@ func newExclusions(exclude []string) (exclusions, error) {
 	var ex exclusions
 	for _, e := range exclude {
 		if e == "" {
-			return exclusions{}, fmt.Errorf("%w: ContentHash: empty Exclude entry", ErrInvalidOptions)
+			return exclusions{}, oncemill.InvalidConfig("ContentHashOptions.Exclude", "an empty entry; name each field to exclude")
 		}
 		if !strings.Contains(e, ".") {
 			if ex.names == nil {
@@ -41,7 +42,7 @@ func newExclusions(exclude []string) (exclusions, error) {
 		segments := strings.Split(e, ".")
 		for _, s := range segments {
 			if s == "" {
-				return exclusions{}, fmt.Errorf("%w: ContentHash: Exclude path %q has an empty segment", ErrInvalidOptions, e)
+				return exclusions{}, oncemill.InvalidConfig("ContentHashOptions.Exclude", "path %q has an empty segment; write a dotted path such as meta.sentAt", e)
 			}
 		}
 		if ex.root == nil {

@@ -36,3 +36,7 @@ func FingerprintOf(g Generator, msg *message.Message) string {
 	}
 	return PayloadFingerprint(msg)
 }
+
+// NoFingerprint turns mismatch detection off (receiver.WithFingerprint): a
+// key seen again with another payload is a duplicate, not a mismatch.
+func NoFingerprint(*message.Message) string { return "" }

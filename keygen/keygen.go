@@ -27,4 +27,4 @@ func (f Func) Key(msg *message.Message) (string, error) { return f(msg) }
 
 // ErrNoKey is wrapped by every error a generator returns because the message
 // does not carry a usable key. The pipeline treats it as a permanent failure.
-var ErrNoKey = errors.New("keygen: no key")
+var ErrNoKey = errors.New("oncemill: no key")

@@ -1,17 +1,17 @@
 package keygen
 
 import (
-	"fmt"
+	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
 // Metadata keys a message by one metadata field, such as an idempotency key
 // header the producer sets and keeps across re-sends. A missing or empty
-// field is a *MissingMetadataError. An empty field name is ErrInvalidOptions.
+// field is a *MissingMetadataError. An empty field name is oncemill.ErrInvalidConfig.
 func Metadata(field string) (Generator, error) {
 	if field == "" {
-		return nil, fmt.Errorf("%w: Metadata: field name is empty", ErrInvalidOptions)
+		return nil, oncemill.InvalidConfig("keygen.Metadata", "the field name is empty; name the metadata field that holds the key")
 	}
 	return metadataGenerator{field: field}, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 )
 
@@ -64,7 +65,7 @@ func TestMetadata(t *testing.T) {
 
 func TestMetadataEmptyFieldName(t *testing.T) {
 	g, err := keygen.Metadata("")
-	if !errors.Is(err, keygen.ErrInvalidOptions) || g != nil {
+	if !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil {
 		t.Fatalf("Metadata(\"\") = %v, %v; want nil, ErrInvalidOptions", g, err)
 	}
 }

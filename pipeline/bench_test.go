@@ -108,12 +108,12 @@ func takeTurns(b *testing.B, routers []*benchedRouter) {
 type keepNothing struct{}
 
 func (keepNothing) Begin(_ context.Context, req store.BeginRequest) (store.BeginResult, error) {
-	return store.BeginResult{Decision: store.Execute, Lease: store.Lease{
+	return store.BeginResult{Decision: store.DecisionExecute, Lease: store.Lease{
 		Scope: req.Scope, Key: req.Key, Token: 1, Attempt: 1, ExpiresAt: time.Now().Add(req.Lease),
 	}}, nil
 }
-func (keepNothing) Complete(context.Context, store.Lease, store.Outcome) error { return nil }
-func (keepNothing) Release(context.Context, store.Lease, time.Duration) error  { return nil }
+func (keepNothing) Complete(context.Context, store.Lease, store.Completion) error { return nil }
+func (keepNothing) Release(context.Context, store.Lease, time.Duration) error     { return nil }
 func (keepNothing) Extend(_ context.Context, l store.Lease, _ time.Duration) (store.Lease, error) {
 	return l, nil
 }

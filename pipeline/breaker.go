@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/policy"
 )
 
@@ -17,37 +18,34 @@ import (
 // have recovered.
 var ErrCircuitOpen = errors.New("oncemill: circuit open")
 
-// BreakerConfig configures the circuit breaker (sony/gobreaker/v2).
+// BreakerConfig configures the circuit breaker (sony/gobreaker/v2). Every
+// zero field means its default, as in gobreaker's Settings: BreakerConfig{}
+// opens after 5 consecutive retryable failures and probes with one request
+// after 30s.
 type BreakerConfig struct {
-	// Name identifies the breaker in callbacks and metrics.
+	// Name identifies the breaker in callbacks and metrics. Empty means
+	// "oncemill".
 	Name string
-	// MaxRequests may pass while half-open (default 1).
+	// MaxRequests may pass while half-open. Zero means 1.
 	MaxRequests uint32
-	// Interval clears the counts while closed; 0 never clears them.
+	// Interval clears the counts while closed. Zero never clears them.
 	Interval time.Duration
-	// Timeout is how long the circuit stays open before probing (default 30s).
+	// Timeout is how long the circuit stays open before probing. Zero
+	// means 30s.
 	Timeout time.Duration
-	// ReadyToTrip decides when to open; default: 5 consecutive failures.
+	// ReadyToTrip decides when to open. Nil means after 5 consecutive
+	// failures.
 	ReadyToTrip func(gobreaker.Counts) bool
-	// OnStateChange is called on every transition.
+	// OnStateChange, when set, is called on every transition.
 	OnStateChange func(name string, from, to gobreaker.State)
-	// Policy classifies errors: only retryable failures (a dependency that is
+	// Classify sorts errors: only retryable failures (a dependency that is
 	// down) count against the circuit; a cached failure (a business rule
-	// said no) proves the dependency answered, and counts as a success.
-	Policy    policy.Policy
+	// said no) proves the dependency answered, and counts as a success. Nil
+	// uses policy.Policy{}.Classify. The receiver sets it from its policy.
+	Classify func(error) policy.Class
+	// Telemetry records the state. Nil uses the global OpenTelemetry
+	// providers. The receiver sets it.
 	Telemetry *Telemetry
-}
-
-// DefaultBreakerConfig opens after 5 consecutive retryable failures and
-// probes with one request after 30 s.
-func DefaultBreakerConfig() BreakerConfig {
-	return BreakerConfig{
-		Name:        "oncemill",
-		MaxRequests: 1,
-		Timeout:     30 * time.Second,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 5 },
-		Policy:      policy.Default(),
-	}
 }
 
 // Breaker stops calling a failing dependency. Inside the chain it sits after
@@ -60,25 +58,30 @@ type Breaker struct {
 // NewBreaker validates cfg and returns the breaker stage.
 func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 	switch {
-	case cfg.Name == "":
-		return nil, fmt.Errorf("%w: breaker: Name is empty; name it after the dependency it guards", ErrInvalidConfig)
-	case cfg.Timeout <= 0:
-		return nil, fmt.Errorf("%w: breaker: Timeout is %v; set how long the circuit stays open (default 30s)", ErrInvalidConfig, cfg.Timeout)
+	case cfg.Timeout < 0:
+		return nil, oncemill.InvalidConfig("BreakerConfig.Timeout", "%v is negative; set how long the circuit stays open, or leave it 0 for 30s", cfg.Timeout)
 	case cfg.Interval < 0:
-		return nil, fmt.Errorf("%w: breaker: Interval is %v; use 0 (never clear counts) or a positive period", ErrInvalidConfig, cfg.Interval)
-	case cfg.ReadyToTrip == nil:
-		return nil, fmt.Errorf("%w: breaker: ReadyToTrip is nil; start from DefaultBreakerConfig", ErrInvalidConfig)
+		return nil, oncemill.InvalidConfig("BreakerConfig.Interval", "%v is negative; leave it 0 to never clear the counts, or set a positive period", cfg.Interval)
 	}
-	if err := cfg.Policy.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: breaker: %w", ErrInvalidConfig, err)
+	if cfg.Name == "" {
+		cfg.Name = "oncemill"
 	}
 	if cfg.MaxRequests == 0 {
 		cfg.MaxRequests = 1
 	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.ReadyToTrip == nil {
+		cfg.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 5 }
+	}
+	if cfg.Classify == nil {
+		cfg.Classify = policy.Policy{}.Classify
+	}
 	if cfg.Telemetry == nil {
 		cfg.Telemetry = defaultTelemetry()
 	}
-	tel, p, onChange := cfg.Telemetry, cfg.Policy, cfg.OnStateChange
+	tel, classify, onChange := cfg.Telemetry, cfg.Classify, cfg.OnStateChange
 	tel.breakerState(cfg.Name, gobreaker.StateClosed)
 	cb := gobreaker.NewCircuitBreaker[[]*message.Message](gobreaker.Settings{
 		Name:        cfg.Name,
@@ -87,7 +90,7 @@ func NewBreaker(cfg BreakerConfig) (*Breaker, error) {
 		Timeout:     cfg.Timeout,
 		ReadyToTrip: cfg.ReadyToTrip,
 		IsSuccessful: func(err error) bool {
-			return err == nil || p.Classify(err) == policy.Cached
+			return err == nil || classify(err) == policy.ClassCached
 		},
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			tel.breakerState(name, to)

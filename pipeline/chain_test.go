@@ -122,7 +122,7 @@ func TestChainStoredResultBypassesRetryBreakerAndTransaction(t *testing.T) {
 		if err != nil || len(out) != 1 || out[0].UUID != "settled-m1" {
 			t.Fatalf("duplicate %d: %v %v", i, out, err)
 		}
-		if e := h.event(t); e.Outcome != pipeline.Replayed {
+		if e := h.event(t); e.Outcome != pipeline.OutcomeReplayed {
 			t.Fatalf("duplicate %d: %v", i, e.Outcome)
 		}
 	}
@@ -163,14 +163,14 @@ func TestChainOpenBreakerStillReplaysStoredResults(t *testing.T) {
 	if err != nil || len(out) != 1 || out[0].UUID != "settled-m1" {
 		t.Fatalf("duplicate with the circuit open: %v %v, want the stored message", out, err)
 	}
-	if e := h.event(t); e.Outcome != pipeline.Replayed {
+	if e := h.event(t); e.Outcome != pipeline.OutcomeReplayed {
 		t.Fatalf("duplicate: %v", e.Outcome)
 	}
 	_, err = handler(msg("m2", "x"))
 	if !errors.Is(err, pipeline.ErrCircuitOpen) || policy.Default().IsPermanent(err) {
 		t.Fatalf("new message with the circuit open: %v, want retryable ErrCircuitOpen", err)
 	}
-	if e := h.event(t); e.Outcome != pipeline.Released {
+	if e := h.event(t); e.Outcome != pipeline.OutcomeReleased {
 		t.Fatalf("new message: %v, want released for redelivery", e.Outcome)
 	}
 	if calls.Load() != before {
@@ -194,7 +194,7 @@ func TestChainInvalidMessageNeverReachesTheStore(t *testing.T) {
 		t.Fatalf("invalid message: %v %v, want an ack", out, err)
 	}
 	e := h.event(t)
-	if e.Outcome != pipeline.Invalid || !errors.Is(e.Err, errNoAmount) || !errors.Is(e.Err, pipeline.ErrInvalidMessage) {
+	if e.Outcome != pipeline.OutcomeInvalid || !errors.Is(e.Err, errNoAmount) || !errors.Is(e.Err, pipeline.ErrInvalidMessage) {
 		t.Fatalf("event %+v", e)
 	}
 	if _, err := h.st.Get(context.Background(), "s", "m1"); !errors.Is(err, store.ErrNotFound) {
@@ -222,7 +222,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		if !errors.Is(err, flaky) || !strings.Contains(err.Error(), "gave up after 3 tries") {
 			t.Fatalf("got %v", err)
 		}
-		if e := h.event(t); e.Outcome != pipeline.Released || calls.Load() != 3 || h.tm.begins.Load() != 3 {
+		if e := h.event(t); e.Outcome != pipeline.OutcomeReleased || calls.Load() != 3 || h.tm.begins.Load() != 3 {
 			t.Fatalf("outcome %v, %d calls, %d transactions; want released after 3 tries, each in its own transaction", e.Outcome, calls.Load(), h.tm.begins.Load())
 		}
 	})
@@ -232,7 +232,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		if err != nil {
 			t.Fatalf("got %v, want an ack", err)
 		}
-		if e := h.event(t); e.Outcome != pipeline.FailureCached {
+		if e := h.event(t); e.Outcome != pipeline.OutcomeFailureCached {
 			t.Fatalf("outcome %v", e.Outcome)
 		}
 		rec, _ := h.st.Get(context.Background(), "s", "m1")
@@ -250,7 +250,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		if err != nil || calls.Load() != 1 {
 			t.Fatalf("got %v after %d calls, want an ack after 1", err, calls.Load())
 		}
-		if e := h.event(t); e.Outcome != pipeline.FailureCached {
+		if e := h.event(t); e.Outcome != pipeline.OutcomeFailureCached {
 			t.Fatalf("outcome %v", e.Outcome)
 		}
 		dead := <-h.dlq
@@ -279,7 +279,7 @@ func TestChainRollbackLeavesNoSucceededRecord(t *testing.T) {
 			if _, err := h.chain.Middleware(tc.handler)(msg("m1", "x")); err == nil {
 				t.Fatal("want a nack")
 			}
-			if e := h.event(t); e.Outcome != pipeline.Released {
+			if e := h.event(t); e.Outcome != pipeline.OutcomeReleased {
 				t.Fatalf("outcome %v, want released", e.Outcome)
 			}
 			rec, err := h.st.Get(context.Background(), "s", "m1")

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -32,10 +33,10 @@ type DeadLetter struct {
 // NewDeadLetter returns a dead-letter destination.
 func NewDeadLetter(pub message.Publisher, topic string) (*DeadLetter, error) {
 	if pub == nil {
-		return nil, fmt.Errorf("%w: dead-letter publisher is nil; pass the publisher of the dead-letter topic", ErrInvalidConfig)
+		return nil, oncemill.InvalidConfig("dead letter publisher", "nil; pass the publisher of the dead-letter topic")
 	}
 	if topic == "" {
-		return nil, fmt.Errorf("%w: dead-letter topic is empty; name the topic to forward to", ErrInvalidConfig)
+		return nil, oncemill.InvalidConfig("dead letter topic", "empty; name the topic to forward to")
 	}
 	return &DeadLetter{pub: pub, topic: topic}, nil
 }

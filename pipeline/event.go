@@ -7,56 +7,56 @@ type Outcome int
 
 const (
 	// Executed: the handler ran and succeeded; the result is stored. Acked.
-	Executed Outcome = iota + 1
+	OutcomeExecuted Outcome = iota + 1
 	// Replayed: a duplicate of a success; the stored messages were returned. Acked.
-	Replayed
+	OutcomeReplayed
 	// FailureCached: the handler failed permanently (or ran out of attempts)
 	// and the failure is stored. Acked.
-	FailureCached
+	OutcomeFailureCached
 	// FailureReplayed: a duplicate of a cached failure; not run. Acked.
-	FailureReplayed
+	OutcomeFailureReplayed
 	// Released: the handler failed retryably; the key was released. Nacked.
-	Released
+	OutcomeReleased
 	// InProgressNacked: another delivery held the key past the wait. Nacked.
-	InProgressNacked
+	OutcomeHeldKeyNacked
 	// Rejected: a permanent failure before the handler could run (no key,
 	// mismatch, payload too large, an in-progress duplicate under policy.Reject). Acked.
-	Rejected
+	OutcomeRejected
 	// Unguarded: no key could be computed and the policy said to run anyway.
-	Unguarded
+	OutcomeUnguarded
 	// StoreFailed: the store could not decide. Nacked, so nothing is lost.
-	StoreFailed
+	OutcomeStoreFailed
 	// Invalid: the validation stage refused the message. Acked.
-	Invalid
+	OutcomeInvalid
 	// KeyFailed: the key generator failed with an error the policy retries
 	// (a lookup service down), not for want of a key. Nacked after
 	// policy.NackDelay, so the message comes back.
-	KeyFailed
+	OutcomeKeyFailed
 )
 
 func (o Outcome) String() string {
 	switch o {
-	case Executed:
+	case OutcomeExecuted:
 		return "executed"
-	case Replayed:
+	case OutcomeReplayed:
 		return "replayed"
-	case FailureCached:
+	case OutcomeFailureCached:
 		return "failure_cached"
-	case FailureReplayed:
+	case OutcomeFailureReplayed:
 		return "failure_replayed"
-	case Released:
+	case OutcomeReleased:
 		return "released"
-	case InProgressNacked:
+	case OutcomeHeldKeyNacked:
 		return "in_progress_nacked"
-	case Rejected:
+	case OutcomeRejected:
 		return "rejected"
-	case Unguarded:
+	case OutcomeUnguarded:
 		return "unguarded"
-	case StoreFailed:
+	case OutcomeStoreFailed:
 		return "store_failed"
-	case Invalid:
+	case OutcomeInvalid:
 		return "invalid"
-	case KeyFailed:
+	case OutcomeKeyFailed:
 		return "key_failed"
 	}
 	return "unknown"
@@ -65,7 +65,7 @@ func (o Outcome) String() string {
 // Acked reports whether the delivery is acknowledged with this outcome.
 func (o Outcome) Acked() bool {
 	switch o {
-	case Released, InProgressNacked, StoreFailed, KeyFailed:
+	case OutcomeReleased, OutcomeHeldKeyNacked, OutcomeStoreFailed, OutcomeKeyFailed:
 		return false
 	}
 	return true

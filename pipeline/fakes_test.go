@@ -67,7 +67,7 @@ func newTxStore() *txStore {
 	return &txStore{Store: st}
 }
 
-func (s *txStore) Complete(ctx context.Context, l store.Lease, o store.Outcome) error {
+func (s *txStore) Complete(ctx context.Context, l store.Lease, o store.Completion) error {
 	s.completes.Add(1)
 	return s.Store.Complete(ctx, l, o)
 }
@@ -91,7 +91,7 @@ type contendedSignal struct {
 
 func (c *contendedSignal) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
 	res, err := c.Store.Begin(ctx, req)
-	if err == nil && res.Decision == store.InProgress {
+	if err == nil && res.Decision == store.DecisionHeld {
 		select {
 		case c.inProgress <- struct{}{}:
 		default:
@@ -120,7 +120,7 @@ func newFakeTxStore() *fakeTxStore {
 func (s *fakeTxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	s.claims.Add(1)
 	res, err := s.Begin(ctx, store.BeginRequest{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Lease: time.Hour})
-	if err != nil || res.Decision != store.Execute {
+	if err != nil || res.Decision != store.DecisionExecute {
 		return store.ClaimResult{BeginResult: res}, err
 	}
 	return store.ClaimResult{BeginResult: res, Tx: &fakeClaimTx{s: s, lease: res.Lease, ttl: req.SuccessTTL}}, nil
@@ -128,13 +128,13 @@ func (s *fakeTxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.
 
 // RecordRollback writes the outcome under a fresh claim, unless the key is
 // taken.
-func (s *fakeTxStore) RecordRollback(ctx context.Context, l store.Lease, fp string, out store.Outcome) error {
+func (s *fakeTxStore) RecordRollback(ctx context.Context, l store.Lease, fp string, out store.Completion) error {
 	s.records.Add(1)
 	res, err := s.Begin(ctx, store.BeginRequest{Scope: l.Scope, Key: l.Key, Fingerprint: fp, Lease: time.Hour})
 	if err != nil {
 		return err
 	}
-	if res.Decision != store.Execute {
+	if res.Decision != store.DecisionExecute {
 		return store.ErrLeaseLost
 	}
 	if out.Status == store.StatusRetryable {
@@ -155,7 +155,7 @@ func (t *fakeClaimTx) Context(ctx context.Context) context.Context {
 
 func (t *fakeClaimTx) Commit(ctx context.Context, result []byte) error {
 	t.s.commits.Add(1)
-	return t.s.Complete(ctx, t.lease, store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: t.ttl})
+	return t.s.Complete(ctx, t.lease, store.Completion{Status: store.StatusSucceeded, Result: result, TTL: t.ttl})
 }
 
 func (t *fakeClaimTx) Rollback(ctx context.Context) error {

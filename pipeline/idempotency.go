@@ -14,24 +14,24 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
 
 // Errors the idempotency stage reports. Permanent ones are acked and carried
-// in Event.Err; ErrInProgress goes back to the router, which nacks.
+// in Event.Err; ErrKeyHeld goes back to the router, which nacks.
 var (
-	// ErrInProgress: another delivery holds the key past the wait bound.
-	ErrInProgress = errors.New("oncemill: key is being processed by another delivery")
+	// ErrKeyHeld: another delivery holds the key past the wait bound.
+	ErrKeyHeld = errors.New("oncemill: key is held by another delivery")
 	// ErrMismatch: the key is known with a different payload.
 	ErrMismatch = errors.New("oncemill: key reused with a different payload")
 	// ErrPayloadTooLarge: the payload is over policy.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("oncemill: payload too large")
-	// ErrRejected: an in-progress duplicate under policy.Reject.
-	ErrRejected = errors.New("oncemill: duplicate rejected while the key is in progress")
-	// ErrInvalidConfig is wrapped by every error a stage constructor returns.
-	ErrInvalidConfig = errors.New("oncemill: invalid configuration")
+	// ErrDuplicateRejected: a duplicate whose key is held, under
+	// policy.HeldKeyReject.
+	ErrDuplicateRejected = errors.New("oncemill: duplicate rejected while its key is held by another delivery")
 	// ErrInvalidMessage wraps the validation stage's reason for refusing a message.
 	ErrInvalidMessage = errors.New("oncemill: invalid message")
 )
@@ -60,7 +60,8 @@ type IdempotencyConfig struct {
 	// Scope names the key space. Empty uses the Watermill handler name from
 	// the message context, so two handlers of one topic each run a message once.
 	Scope string
-	// Policy decides TTLs, leases and classification; validated here.
+	// Policy decides TTLs, leases and classification; validated here. Its
+	// zero fields mean their defaults.
 	Policy policy.Policy
 	// Logger defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -99,18 +100,29 @@ type Idempotency struct {
 func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	switch {
 	case cfg.Store == nil && cfg.TxStore == nil:
-		return nil, fmt.Errorf("%w: Store is nil; pass a store such as memory.New(memory.Options{}), or a TxStore for the one-transaction mode", ErrInvalidConfig)
+		return nil, oncemill.InvalidConfig("IdempotencyConfig.Store", "nil; pass a store such as memory.New(memory.Options{}), or a TxStore for the one-transaction mode")
 	case cfg.Store != nil && cfg.TxStore != nil:
-		return nil, fmt.Errorf("%w: both Store and TxStore are set; set Store for the lease mode or TxStore for the one-transaction mode", ErrInvalidConfig)
-	}
-	if cfg.Keys == nil {
-		return nil, fmt.Errorf("%w: Keys is nil; pass a key generator such as keygen.UUID()", ErrInvalidConfig)
+		return nil, oncemill.InvalidConfig("IdempotencyConfig.TxStore", "set together with Store; set Store for the lease mode or TxStore for the one-transaction mode")
+	case cfg.Keys == nil:
+		return nil, oncemill.InvalidConfig("IdempotencyConfig.Keys", "nil; pass a key generator such as keygen.UUID()")
+	case !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen:
+		return nil, oncemill.InvalidConfig("scope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)
 	}
 	if err := cfg.Policy.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, err
 	}
-	if !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen {
-		return nil, fmt.Errorf("%w: Scope %.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", ErrInvalidConfig, cfg.Scope, store.MaxScopeLen)
+	cfg.Policy = cfg.Policy.WithDefaults()
+	var limits store.Limits
+	if cfg.TxStore != nil {
+		limits = cfg.TxStore.Limits()
+	} else {
+		limits = cfg.Store.Limits()
+	}
+	if limits.MaxResultBytes > 0 && cfg.Policy.MaxResultBytes > limits.MaxResultBytes {
+		// A success whose produced messages fit the policy but not the
+		// store could not be recorded at all.
+		return nil, oncemill.InvalidConfig("policy.MaxResultBytes", "%d is above the store's limit of %d; lower it, or raise the store's (its Options.MaxResultBytes)",
+			cfg.Policy.MaxResultBytes, limits.MaxResultBytes)
 	}
 	s := &Idempotency{
 		store:       cfg.Store,
@@ -124,6 +136,7 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		onEvent:     cfg.OnEvent,
 		deadLetter:  cfg.DeadLetter,
 		tel:         cfg.Telemetry,
+		maxKeyLen:   limits.MaxKeyLen,
 	}
 	if s.tel == nil {
 		s.tel = defaultTelemetry()
@@ -134,19 +147,6 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	}
 	if s.logger == nil {
 		s.logger = watermill.NopLogger{}
-	}
-	var limits any = cfg.Store
-	if cfg.TxStore != nil {
-		limits = cfg.TxStore
-	}
-	if l, ok := limits.(store.KeyLimiter); ok {
-		s.maxKeyLen = l.MaxKeyLen()
-	}
-	if l, ok := limits.(store.ResultLimiter); ok && cfg.Policy.MaxResultBytes > l.MaxResultBytes() {
-		// A success whose produced messages fit the policy but not the
-		// store could not be recorded at all.
-		return nil, fmt.Errorf("%w: policy.MaxResultBytes is %d, above the store's limit of %d; lower it (WithMaxResultBytes) or raise the store's (its Options.MaxResultBytes)",
-			ErrInvalidConfig, cfg.Policy.MaxResultBytes, l.MaxResultBytes())
 	}
 	return s, nil
 }
@@ -178,7 +178,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 	d.event.Scope = s.scope
 	if d.event.Scope == "" {
 		// A handler name no store can hold is hashed, as a key would be.
-		d.event.Scope = keygen.Limit(message.HandlerNameFromCtx(msg.Context()), store.MaxScopeLen)
+		d.event.Scope = keygen.StorableKey(message.HandlerNameFromCtx(msg.Context()), store.MaxScopeLen)
 	}
 	if len(msg.Payload) > s.policy.MaxPayloadBytes {
 		return s.tooLarge(d)
@@ -190,7 +190,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 	if err != nil {
 		return s.keyFailed(d, h, err)
 	}
-	d.event.Key = keygen.Limit(key, s.maxKeyLen)
+	d.event.Key = keygen.StorableKey(key, s.maxKeyLen)
 	if s.txStore != nil {
 		return s.handleTx(d, h)
 	}
@@ -208,7 +208,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 			return s.storeFailed(d, err)
 		}
 		d.event.Decision = res.Decision
-		if res.Decision == store.Execute {
+		if res.Decision == store.DecisionExecute {
 			return s.execute(d, h, &res)
 		}
 		if msgs, done, err := s.answer(d, &w, &res); done {
@@ -221,14 +221,14 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 // for a key held by another delivery (done false: ask the store again).
 func (s *Idempotency) answer(d *delivery, w *waiter, res *store.BeginResult) (msgs []*message.Message, done bool, err error) {
 	switch res.Decision {
-	case store.Replay:
+	case store.DecisionReplay:
 		msgs, err = s.replay(d, res.Record)
 		return msgs, true, err
-	case store.InProgress:
+	case store.DecisionHeld:
 		d.event.Contended = true
 		again, err := s.inProgress(d, w)
 		return nil, !again, err
-	case store.Mismatch:
+	case store.DecisionMismatch:
 		msgs, err = s.mismatch(d)
 		return msgs, true, err
 	}
@@ -254,11 +254,11 @@ func (s *Idempotency) keyFailed(d *delivery, h message.HandlerFunc, err error) (
 	if errors.Is(err, keygen.ErrNoKey) {
 		return s.noKey(d, h, err)
 	}
-	if s.policy.Classify(err) == policy.Cached {
+	if s.policy.Classify(err) == policy.ClassCached {
 		return s.reject(d, ReasonRejected, fmt.Errorf("cannot compute the idempotency key: %w", err))
 	}
 	err = fmt.Errorf("oncemill: computing the idempotency key failed; the message is nacked to come back: %w", err)
-	d.event.Outcome, d.event.Err = KeyFailed, err
+	d.event.Outcome, d.event.Err = OutcomeKeyFailed, err
 	if serr := sleep(d.msg.Context(), s.policy.NackDelay); serr != nil {
 		return nil, errors.Join(err, serr)
 	}
@@ -266,8 +266,8 @@ func (s *Idempotency) keyFailed(d *delivery, h message.HandlerFunc, err error) (
 }
 
 func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*message.Message, error) {
-	if s.policy.MissingKey == policy.ExecuteUnguarded {
-		d.event.Outcome, d.event.Err = Unguarded, err
+	if s.policy.MissingKey == policy.MissingKeyRunUnguarded {
+		d.event.Outcome, d.event.Err = OutcomeUnguarded, err
 		return runHandler(h, d.msg)
 	}
 	return s.reject(d, ReasonRejected, fmt.Errorf("cannot compute the idempotency key: %w", err))
@@ -287,7 +287,7 @@ func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, e
 	if errors.Is(err, store.ErrInvalidRequest) {
 		return s.reject(d, ReasonRejected, fmt.Errorf("the store refuses the message's key: %w", err))
 	}
-	d.event.Outcome, d.event.Err = StoreFailed, err
+	d.event.Outcome, d.event.Err = OutcomeStoreFailed, err
 	err = fmt.Errorf("oncemill: store begin: %w", err)
 	if serr := sleep(d.msg.Context(), s.storePause()); serr != nil {
 		return nil, errors.Join(err, serr)
@@ -324,27 +324,27 @@ type waiter struct {
 // key: ask the store again (true), or give up with the error to return.
 func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error) {
 	ctx := d.msg.Context()
-	switch s.policy.InProgress {
-	case policy.Reject:
-		_, err := s.reject(d, ReasonRejected, ErrRejected)
+	switch s.policy.HeldKey {
+	case policy.HeldKeyReject:
+		_, err := s.reject(d, ReasonRejected, ErrDuplicateRejected)
 		return false, err
-	case policy.Wait:
+	case policy.HeldKeyWait:
 		if w.pause == nil {
 			w.pause = &backoff.ExponentialBackOff{InitialInterval: 5 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: 250 * time.Millisecond}
 			if w.until.IsZero() { // the one-transaction mode set it before its first claim
-				w.until = time.Now().Add(s.policy.InProgressWait)
+				w.until = time.Now().Add(s.policy.HeldKeyTimeout)
 			}
 		}
 		if pause := min(w.pause.NextBackOff(), time.Until(w.until)); pause > 0 {
 			if err := sleep(ctx, pause); err != nil {
-				d.event.Outcome, d.event.Err = InProgressNacked, err
+				d.event.Outcome, d.event.Err = OutcomeHeldKeyNacked, err
 				return false, err
 			}
 			return true, nil
 		}
 	}
-	err = fmt.Errorf("%w: scope %q key %q", ErrInProgress, d.event.Scope, d.event.Key)
-	d.event.Outcome, d.event.Err = InProgressNacked, err
+	err = fmt.Errorf("%w: scope %q key %q", ErrKeyHeld, d.event.Scope, d.event.Key)
+	d.event.Outcome, d.event.Err = OutcomeHeldKeyNacked, err
 	if serr := sleep(ctx, s.policy.NackDelay); serr != nil {
 		return false, errors.Join(err, serr)
 	}
@@ -355,9 +355,9 @@ func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 // dead-letter topic if one is set. If forwarding fails it nacks instead, so
 // the message is not lost.
 func (s *Idempotency) reject(d *delivery, reason string, err error) ([]*message.Message, error) {
-	d.event.Outcome, d.event.Err = Rejected, policy.Permanent(err)
+	d.event.Outcome, d.event.Err = OutcomeRejected, policy.Permanent(err)
 	if ferr := s.toDeadLetter(d, reason, err); ferr != nil {
-		d.event.Outcome = StoreFailed
+		d.event.Outcome = OutcomeStoreFailed
 		return nil, ferr
 	}
 	s.logger.Error("Message rejected as a permanent failure; it is acked and not run", err, s.fields(d))
@@ -395,11 +395,11 @@ func (s *Idempotency) release(ctx context.Context, lease store.Lease) error {
 
 func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message, error) {
 	if rec.Status == store.StatusFailed {
-		d.event.Outcome = FailureReplayed
+		d.event.Outcome = OutcomeFailureReplayed
 		d.event.Err = policy.Permanent(fmt.Errorf("cached failure (%s): %s", rec.ErrorKind, rec.ErrorMessage))
 		return nil, nil
 	}
-	d.event.Outcome = Replayed
+	d.event.Outcome = OutcomeReplayed
 	msgs, omitted, err := decodeResult(rec.Result)
 	switch {
 	case err != nil:
@@ -433,7 +433,7 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 }
 
 func (s *Idempotency) succeed(ctx context.Context, d *delivery, e *execution, msgs []*message.Message) ([]*message.Message, error) {
-	d.event.Outcome = Executed
+	d.event.Outcome = OutcomeExecuted
 	if err := s.finish(ctx, e.lease, s.successOutcome(msgs)); err != nil {
 		// The effect happened: nacking now would run it again after the lease
 		// expires. Ack, and let the router publish what the handler produced.
@@ -445,12 +445,12 @@ func (s *Idempotency) succeed(ctx context.Context, d *delivery, e *execution, ms
 
 // successOutcome is what a success stores: the produced messages, or a
 // marker that they were too large to keep.
-func (s *Idempotency) successOutcome(msgs []*message.Message) store.Outcome {
+func (s *Idempotency) successOutcome(msgs []*message.Message) store.Completion {
 	result, err := encodeResult(msgs, s.policy.MaxResultBytes)
 	if err != nil {
 		s.logger.Error("Produced messages are not stored; a duplicate will not re-publish them", err, nil)
 	}
-	return store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL}
+	return store.Completion{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL}
 }
 
 // fail decides what a failed execution leaves behind: a retryable failure
@@ -460,13 +460,13 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 	d.event.Err = herr
 	kind := ""
 	switch {
-	case s.policy.Classify(herr) == policy.Cached:
+	case s.policy.Classify(herr) == policy.ClassCached:
 		kind = KindPermanent
 	case e.lease.Attempt >= s.policy.MaxAttempts:
 		kind = KindAttemptsExhausted
 	}
 	if kind == "" {
-		d.event.Outcome = Released
+		d.event.Outcome = OutcomeReleased
 		if err := s.giveBack(ctx, e); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 			// The lease will expire on its own; the redelivery then takes over.
 			s.logger.Error("Could not release the key after a retryable failure", err, s.fields(d))
@@ -476,12 +476,12 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 	// Forwarded before it is recorded: a failed forward releases the key and
 	// nacks, so the failure is decided again and forwarded on redelivery.
 	if ferr := s.toDeadLetter(d, ReasonCachedFailure, herr); ferr != nil {
-		d.event.Outcome = StoreFailed
+		d.event.Outcome = OutcomeStoreFailed
 		_ = s.giveBack(ctx, e)
 		return nil, ferr
 	}
-	d.event.Outcome = FailureCached
-	out := store.Outcome{Status: store.StatusFailed, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL}
+	d.event.Outcome = OutcomeFailureCached
+	out := store.Completion{Status: store.StatusFailed, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL}
 	var err error
 	if e.claim != nil {
 		err = s.recordRollback(ctx, e, out)
@@ -491,7 +491,7 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		// Not recorded: nack, so the failure is decided again on redelivery
 		// rather than forgotten.
-		d.event.Outcome = StoreFailed
+		d.event.Outcome = OutcomeStoreFailed
 		return nil, fmt.Errorf("oncemill: recording failure %q: %w", herr.Error(), err)
 	}
 	s.logger.Error("Handler failed permanently; the failure is cached and the message acked", herr, s.fields(d))
@@ -502,7 +502,7 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 // count for the failure TTL.
 func (s *Idempotency) giveBack(ctx context.Context, e *execution) error {
 	if e.claim != nil {
-		return s.recordRollback(ctx, e, store.Outcome{Status: store.StatusRetryable, TTL: s.policy.FailureTTL})
+		return s.recordRollback(ctx, e, store.Completion{Status: store.StatusRetryable, TTL: s.policy.FailureTTL})
 	}
 	return s.release(ctx, e.lease)
 }
@@ -510,7 +510,7 @@ func (s *Idempotency) giveBack(ctx context.Context, e *execution) error {
 // finish completes the lease, retrying transient store errors briefly. A lost
 // lease is final: another delivery has taken over. The first try is made
 // directly so the common path pays nothing for the retry machinery.
-func (s *Idempotency) finish(ctx context.Context, lease store.Lease, out store.Outcome) error {
+func (s *Idempotency) finish(ctx context.Context, lease store.Lease, out store.Completion) error {
 	err := s.complete(ctx, lease, out)
 	if err == nil || isFinal(err) {
 		return err
@@ -527,7 +527,7 @@ func (s *Idempotency) finish(ctx context.Context, lease store.Lease, out store.O
 	return err
 }
 
-func (s *Idempotency) complete(ctx context.Context, lease store.Lease, out store.Outcome) error {
+func (s *Idempotency) complete(ctx context.Context, lease store.Lease, out store.Completion) error {
 	ctx, m := s.tel.startStore(ctx, opComplete)
 	err := s.store.Complete(ctx, lease, out)
 	m.end(ctx, err)

@@ -109,7 +109,7 @@ func TestExecuteStoresProducedMessagesAndReplayReturnsThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Executed || e.Decision != store.Execute || e.Attempt != 1 || e.Token <= 0 {
+	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted || e.Decision != store.DecisionExecute || e.Attempt != 1 || e.Token <= 0 {
 		t.Fatalf("first delivery: %+v", e)
 	}
 
@@ -120,7 +120,7 @@ func TestExecuteStoresProducedMessagesAndReplayReturnsThem(t *testing.T) {
 	if calls.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1", calls.Load())
 	}
-	if e := h.last(); e.Outcome != pipeline.Replayed || e.Decision != store.Replay {
+	if e := h.last(); e.Outcome != pipeline.OutcomeReplayed || e.Decision != store.DecisionReplay {
 		t.Fatalf("duplicate: %+v", e)
 	}
 	if len(first) != 1 || len(again) != 1 {
@@ -147,7 +147,7 @@ func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 1", calls.Load())
 	}
 	got := h.outcomes()
-	want := []pipeline.Outcome{pipeline.FailureCached, pipeline.FailureReplayed, pipeline.FailureReplayed}
+	want := []pipeline.Outcome{pipeline.OutcomeFailureCached, pipeline.OutcomeFailureReplayed, pipeline.OutcomeFailureReplayed}
 	if !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
@@ -168,7 +168,7 @@ func TestCachedErrorsByErrorsIs(t *testing.T) {
 	if _, err := handler(msg("m1", "x")); err != nil {
 		t.Fatalf("a cached failure must be acked, got %v", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.FailureCached || !errors.Is(e.Err, errDeclined) {
+	if e := h.last(); e.Outcome != pipeline.OutcomeFailureCached || !errors.Is(e.Err, errDeclined) {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -192,7 +192,7 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 	if _, err := handler(msg("m1", "x")); !errors.Is(err, transient) {
 		t.Fatalf("retryable failure must nack with the handler's error, got %v", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Released {
+	if e := h.last(); e.Outcome != pipeline.OutcomeReleased {
 		t.Fatalf("event %+v", e)
 	}
 	rec, err := h.store.Get(context.Background(), "test", "m1")
@@ -205,7 +205,7 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 	if calls.Load() != 2 || !slices.Equal(attempts, []int{1, 2}) {
 		t.Fatalf("calls %d attempts %v, want 2 calls with attempts [1 2]", calls.Load(), attempts)
 	}
-	if e := h.last(); e.Outcome != pipeline.Executed || e.Attempt != 2 {
+	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted || e.Attempt != 2 {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -231,7 +231,7 @@ func TestAttemptCapCachesTheFailure(t *testing.T) {
 	if calls.Load() != 3 {
 		t.Fatalf("handler ran %d times, want 3", calls.Load())
 	}
-	want := []pipeline.Outcome{pipeline.Released, pipeline.Released, pipeline.FailureCached, pipeline.FailureReplayed}
+	want := []pipeline.Outcome{pipeline.OutcomeReleased, pipeline.OutcomeReleased, pipeline.OutcomeFailureCached, pipeline.OutcomeFailureReplayed}
 	if got := h.outcomes(); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
@@ -244,7 +244,7 @@ func TestAttemptCapCachesTheFailure(t *testing.T) {
 func TestInProgressWaitsThenReplays(t *testing.T) {
 	signal := &contendedSignal{inProgress: make(chan struct{}, 1)}
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Policy.InProgressWait = time.Minute
+		c.Policy.HeldKeyTimeout = time.Minute
 		signal.Store = c.Store
 		c.Store = signal
 	})
@@ -286,20 +286,20 @@ func TestInProgressWaitsThenReplays(t *testing.T) {
 	if len(events) != 2 {
 		t.Fatalf("%d events, want 2", len(events))
 	}
-	if first := events[0]; first.Outcome != pipeline.Executed || first.Contended {
+	if first := events[0]; first.Outcome != pipeline.OutcomeExecuted || first.Contended {
 		t.Errorf("first delivery's event %+v, want executed and not contended", first)
 	}
-	if dup := events[1]; dup.Outcome != pipeline.Replayed || dup.Decision != store.Replay || !dup.Contended {
+	if dup := events[1]; dup.Outcome != pipeline.OutcomeReplayed || dup.Decision != store.DecisionReplay || !dup.Contended {
 		t.Errorf("duplicate's event %+v, want replayed after finding the key in progress (Contended)", dup)
 	}
 }
 
 func TestInProgressPastTheBoundNacks(t *testing.T) {
-	for _, mode := range []policy.InProgressMode{policy.Wait, policy.Nack} {
+	for _, mode := range []policy.HeldKeyMode{policy.HeldKeyWait, policy.HeldKeyNack} {
 		t.Run(mode.String(), func(t *testing.T) {
 			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-				c.Policy.InProgress = mode
-				c.Policy.InProgressWait = 30 * time.Millisecond
+				c.Policy.HeldKey = mode
+				c.Policy.HeldKeyTimeout = 30 * time.Millisecond
 				c.Policy.NackDelay = 10 * time.Millisecond
 			})
 			if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Hour}); err != nil {
@@ -307,10 +307,10 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 			}
 			var calls atomic.Int32
 			_, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
-			if !errors.Is(err, pipeline.ErrInProgress) {
+			if !errors.Is(err, pipeline.ErrKeyHeld) {
 				t.Fatalf("got %v, want ErrInProgress (a nack)", err)
 			}
-			if e := h.last(); e.Outcome != pipeline.InProgressNacked || e.Decision != store.InProgress || !e.Contended || calls.Load() != 0 {
+			if e := h.last(); e.Outcome != pipeline.OutcomeHeldKeyNacked || e.Decision != store.DecisionHeld || !e.Contended || calls.Load() != 0 {
 				t.Fatalf("event %+v, calls %d", e, calls.Load())
 			}
 		})
@@ -318,7 +318,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 }
 
 func TestInProgressRejectAcksAsPermanent(t *testing.T) {
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.InProgress = policy.Reject })
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.HeldKey = policy.HeldKeyReject })
 	if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestInProgressRejectAcksAsPermanent(t *testing.T) {
 	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "x")); err != nil {
 		t.Fatalf("reject must ack, got %v", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, pipeline.ErrRejected) || calls.Load() != 0 {
+	if e := h.last(); e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, pipeline.ErrDuplicateRejected) || calls.Load() != 0 {
 		t.Fatalf("event %+v calls %d", e, calls.Load())
 	}
 }
@@ -343,7 +343,7 @@ func TestMismatchIsPermanentAndNeverRuns(t *testing.T) {
 		t.Fatalf("mismatch must be acked with nothing produced, got (%v, %v)", out, err)
 	}
 	e := h.last()
-	if e.Outcome != pipeline.Rejected || e.Decision != store.Mismatch || !errors.Is(e.Err, pipeline.ErrMismatch) || !policy.Default().IsPermanent(e.Err) {
+	if e.Outcome != pipeline.OutcomeRejected || e.Decision != store.DecisionMismatch || !errors.Is(e.Err, pipeline.ErrMismatch) || !policy.Default().IsPermanent(e.Err) {
 		t.Fatalf("event %+v", e)
 	}
 	if calls.Load() != 1 {
@@ -357,7 +357,7 @@ func TestWithoutFingerprintTreatsAChangedPayloadAsDuplicate(t *testing.T) {
 	handler := h.stage.Middleware(produce(&calls))
 	_, _ = handler(msg("m1", `{"amount":1}`))
 	_, _ = handler(msg("m1", `{"amount":2}`))
-	if e := h.last(); e.Outcome != pipeline.Replayed || calls.Load() != 1 {
+	if e := h.last(); e.Outcome != pipeline.OutcomeReplayed || calls.Load() != 1 {
 		t.Fatalf("event %+v calls %d", e, calls.Load())
 	}
 }
@@ -370,7 +370,7 @@ func TestMissingKey(t *testing.T) {
 			t.Fatalf("missing key must be acked, got %v", err)
 		}
 		e := h.last()
-		if e.Outcome != pipeline.Rejected || !errors.Is(e.Err, keygen.ErrEmptyUUID) || !errors.Is(e.Err, keygen.ErrNoKey) || calls.Load() != 0 {
+		if e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, keygen.ErrEmptyUUID) || !errors.Is(e.Err, keygen.ErrNoKey) || calls.Load() != 0 {
 			t.Fatalf("event %+v calls %d", e, calls.Load())
 		}
 	})
@@ -380,18 +380,18 @@ func TestMissingKey(t *testing.T) {
 		})
 		var calls atomic.Int32
 		_, _ = h.stage.Middleware(produce(&calls))(msg("m1", "x"))
-		if e := h.last(); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, keygen.ErrEmptyKey) || calls.Load() != 0 {
+		if e := h.last(); e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, keygen.ErrEmptyKey) || calls.Load() != 0 {
 			t.Fatalf("event %+v calls %d", e, calls.Load())
 		}
 	})
 	t.Run("execute unguarded", func(t *testing.T) {
-		h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MissingKey = policy.ExecuteUnguarded })
+		h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MissingKey = policy.MissingKeyRunUnguarded })
 		var calls atomic.Int32
 		out, err := h.stage.Middleware(produce(&calls))(msg("", "x"))
 		if err != nil || len(out) != 1 || calls.Load() != 1 {
 			t.Fatalf("unguarded run: (%v, %v), calls %d", out, err, calls.Load())
 		}
-		if e := h.last(); e.Outcome != pipeline.Unguarded || !errors.Is(e.Err, keygen.ErrEmptyUUID) {
+		if e := h.last(); e.Outcome != pipeline.OutcomeUnguarded || !errors.Is(e.Err, keygen.ErrEmptyUUID) {
 			t.Fatalf("event %+v", e)
 		}
 	})
@@ -411,13 +411,13 @@ func TestPanicReleasesTheKeyLikeRecoverer(t *testing.T) {
 	if !errors.As(err, &rp) || rp.V != "boom" || !strings.Contains(rp.Stacktrace, "TestPanicReleasesTheKeyLikeRecoverer") {
 		t.Fatalf("got %v, want a RecoveredPanicError with the stack", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Released {
+	if e := h.last(); e.Outcome != pipeline.OutcomeReleased {
 		t.Fatalf("event %+v", e)
 	}
 	if _, err := handler(msg("m1", "x")); err != nil {
 		t.Fatal(err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Executed || e.Attempt != 2 {
+	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted || e.Attempt != 2 {
 		t.Fatalf("redelivery after a panic: %+v", e)
 	}
 }
@@ -429,7 +429,7 @@ func TestPayloadTooLargeIsRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := h.last()
-	if e.Outcome != pipeline.Rejected || !errors.Is(e.Err, pipeline.ErrPayloadTooLarge) || !strings.Contains(e.Err.Error(), "12 bytes, limit 10") || calls.Load() != 0 {
+	if e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, pipeline.ErrPayloadTooLarge) || !strings.Contains(e.Err.Error(), "12 bytes, limit 10") || calls.Load() != 0 {
 		t.Fatalf("event %+v calls %d", e, calls.Load())
 	}
 }
@@ -446,7 +446,7 @@ func TestResultTooLargeIsRememberedWithoutMessages(t *testing.T) {
 	if err != nil || len(again) != 0 || calls.Load() != 1 {
 		t.Fatalf("duplicate: (%v, %v) calls %d; want an ack with nothing to replay", again, err, calls.Load())
 	}
-	if e := h.last(); e.Outcome != pipeline.Replayed {
+	if e := h.last(); e.Outcome != pipeline.OutcomeReplayed {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -469,7 +469,7 @@ func TestLeaseLostCancelsTheHandler(t *testing.T) {
 	<-started
 	h.clock.Advance(2 * time.Minute)
 	res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Fingerprint: keygen.PayloadFingerprint(msg("m1", "x")), Lease: time.Minute})
-	if err != nil || res.Decision != store.Execute || !res.Takeover {
+	if err != nil || res.Decision != store.DecisionExecute || !res.Takeover {
 		t.Fatalf("takeover: %+v %v", res, err)
 	}
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -504,14 +504,14 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 		})
 	}
 	res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Minute})
-	if err != nil || res.Decision != store.InProgress {
+	if err != nil || res.Decision != store.DecisionHeld {
 		t.Fatalf("after 200s of store time the heartbeat must still hold the lease: %+v %v", res, err)
 	}
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatalf("handler saw %v", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Executed {
+	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -543,7 +543,7 @@ func (f *failingStore) Begin(ctx context.Context, req store.BeginRequest) (store
 	return f.Store.Begin(ctx, req)
 }
 
-func (f *failingStore) Complete(ctx context.Context, l store.Lease, o store.Outcome) error {
+func (f *failingStore) Complete(ctx context.Context, l store.Lease, o store.Completion) error {
 	if f.failComplete {
 		return errStoreDown
 	}
@@ -557,7 +557,7 @@ func TestStoreDownOnBeginNacks(t *testing.T) {
 	if !errors.Is(err, errStoreDown) || calls.Load() != 0 {
 		t.Fatalf("got %v calls %d, want a nack wrapping the store error and no run", err, calls.Load())
 	}
-	if e := h.last(); e.Outcome != pipeline.StoreFailed || e.Outcome.Acked() {
+	if e := h.last(); e.Outcome != pipeline.OutcomeStoreFailed || e.Outcome.Acked() {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -569,7 +569,7 @@ func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
 	if err != nil || len(out) != 1 {
 		t.Fatalf("got (%v, %v), want the produced message and an ack", out, err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Executed || !errors.Is(e.Err, errStoreDown) {
+	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted || !errors.Is(e.Err, errStoreDown) {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -582,7 +582,7 @@ func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
 	if !errors.Is(err, errStoreDown) {
 		t.Fatalf("an unrecorded permanent failure must be nacked, got %v", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.StoreFailed {
+	if e := h.last(); e.Outcome != pipeline.OutcomeStoreFailed {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -595,7 +595,7 @@ func TestLongKeysAreHashedToTheStoreLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := h.last()
-	if e.Outcome != pipeline.Executed || e.Key != keygen.Limit(long, h.store.MaxKeyLen()) || len(e.Key) > h.store.MaxKeyLen() {
+	if e.Outcome != pipeline.OutcomeExecuted || e.Key != keygen.StorableKey(long, h.store.MaxKeyLen()) || len(e.Key) > h.store.MaxKeyLen() {
 		t.Fatalf("event key %q (len %d)", e.Key, len(e.Key))
 	}
 }
@@ -688,10 +688,10 @@ func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
 		nack    bool
 		outcome pipeline.Outcome
 	}{
-		{"transient", policy.Transient(down), policy.FailMissingKey, true, pipeline.KeyFailed},
-		{"transient, even with ExecuteUnguarded", policy.Transient(down), policy.ExecuteUnguarded, true, pipeline.KeyFailed},
-		{"unclassified (retryable by default)", down, policy.ExecuteUnguarded, true, pipeline.KeyFailed},
-		{"permanent", policy.Permanent(down), policy.ExecuteUnguarded, false, pipeline.Rejected},
+		{"transient", policy.Transient(down), policy.MissingKeyReject, true, pipeline.OutcomeKeyFailed},
+		{"transient, even with ExecuteUnguarded", policy.Transient(down), policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
+		{"unclassified (retryable by default)", down, policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
+		{"permanent", policy.Permanent(down), policy.MissingKeyRunUnguarded, false, pipeline.OutcomeRejected},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
@@ -737,7 +737,7 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 	t.Cleanup(func() { _ = st.Close() })
 	p := policy.Default()
 	p.Lease, p.Heartbeat = time.Second, 200*time.Millisecond
-	p.InProgress, p.NackDelay = policy.Nack, 0
+	p.HeldKey, p.NackDelay = policy.HeldKeyNack, 0
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
 		Store: slowExtend{Store: st, delay: 400 * time.Millisecond}, // slower than a beat, within the lease
 		Keys:  keygen.UUID(), Scope: "s", Policy: p,
@@ -757,7 +757,7 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 	go func() { _, err := h(msg("m1", "x")); first <- err }()
 	for range 12 { // three lease lengths
 		time.Sleep(250 * time.Millisecond)
-		if _, err := h(msg("m1", "x")); !errors.Is(err, pipeline.ErrInProgress) {
+		if _, err := h(msg("m1", "x")); !errors.Is(err, pipeline.ErrKeyHeld) {
 			close(release)
 			t.Fatalf("a duplicate while the first runs = %v, want ErrInProgress (the lease was lost; %d runs)", err, calls.Load())
 		}
@@ -786,7 +786,7 @@ func TestStoreRefusingTheRequestRejects(t *testing.T) {
 	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "x")); err != nil {
 		t.Fatalf("delivery = %v, want an ack", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, store.ErrInvalidRequest) || calls.Load() != 0 {
+	if e := h.last(); e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, store.ErrInvalidRequest) || calls.Load() != 0 {
 		t.Fatalf("event %v (%v), calls %d; want rejected, not run", e.Outcome, e.Err, calls.Load())
 	}
 }
@@ -807,7 +807,7 @@ func TestUnstorableHandlerNameIsHashed(t *testing.T) {
 	rr.waitAcks(1)
 	mu.Lock()
 	defer mu.Unlock()
-	if len(scopes) != 1 || scopes[0] != keygen.Limit("handler\x00name", store.MaxScopeLen) {
+	if len(scopes) != 1 || scopes[0] != keygen.StorableKey("handler\x00name", store.MaxScopeLen) {
 		t.Fatalf("scopes %q, want the hashed handler name", scopes)
 	}
 }
@@ -842,7 +842,7 @@ func TestStoreFailurePauseGrows(t *testing.T) {
 		if _, err := handler(msg("m1", "x")); err == nil {
 			t.Fatal("a delivery the store could not decide was acked")
 		}
-		if e := h.last(); e.Outcome != pipeline.StoreFailed {
+		if e := h.last(); e.Outcome != pipeline.OutcomeStoreFailed {
 			t.Fatalf("outcome %v, want store_failed", e.Outcome)
 		}
 		return time.Since(start)

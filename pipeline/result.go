@@ -21,10 +21,10 @@ const (
 )
 
 // ErrCorruptResult: a stored result cannot be decoded.
-var ErrCorruptResult = errors.New("pipeline: stored result is corrupt")
+var ErrCorruptResult = errors.New("oncemill: stored result is corrupt")
 
 // errResultTooLarge is internal: encodeResult returns it with the omitted marker.
-var errResultTooLarge = errors.New("pipeline: produced messages exceed the maximum result size")
+var errResultTooLarge = errors.New("oncemill: produced messages exceed the maximum result size")
 
 var omittedResult = []byte{resultVersion, flagOmitted}
 

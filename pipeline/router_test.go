@@ -180,7 +180,7 @@ func TestScopeDefaultsToTheHandlerName(t *testing.T) {
 	scopes := map[string]int{}
 	stage := newStage(t, func(c *pipeline.IdempotencyConfig) {
 		c.OnEvent = func(e pipeline.Event) {
-			if e.Outcome == pipeline.Executed {
+			if e.Outcome == pipeline.OutcomeExecuted {
 				mu.Lock()
 				scopes[e.Scope]++
 				mu.Unlock()

@@ -151,7 +151,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	for _, d := range decisionNames {
 		t.decisionAttrs[d] = []metric.AddOption{set("decision", d)}
 	}
-	for o := Executed; o <= KeyFailed; o++ {
+	for o := OutcomeExecuted; o <= OutcomeKeyFailed; o++ {
 		t.outcomeAttrs[o] = []metric.AddOption{set("outcome", o.String())}
 	}
 	for op, name := range storeOpNames {
@@ -214,7 +214,7 @@ func (t *Telemetry) decided(ctx context.Context, e *Event) {
 		return
 	}
 	span.SetAttributes(
-		AttrKey.String(keygen.Limit(e.Key, maxAttrKeyLen)),
+		AttrKey.String(keygen.StorableKey(e.Key, maxAttrKeyLen)),
 		AttrScope.String(e.Scope),
 		AttrOutcome.String(e.Outcome.String()),
 	)
@@ -230,19 +230,19 @@ func (t *Telemetry) decided(ctx context.Context, e *Event) {
 // was never asked (no key, payload too large).
 func decisionName(e *Event) string {
 	switch e.Decision {
-	case store.Execute:
+	case store.DecisionExecute:
 		if e.Takeover {
 			return "takeover"
 		}
 		return "execute"
-	case store.Replay:
-		if e.Outcome == FailureReplayed {
+	case store.DecisionReplay:
+		if e.Outcome == OutcomeFailureReplayed {
 			return "cached_failure"
 		}
 		return "replay"
-	case store.InProgress:
+	case store.DecisionHeld:
 		return "in_progress"
-	case store.Mismatch:
+	case store.DecisionMismatch:
 		return "mismatch"
 	}
 	return ""
@@ -303,7 +303,7 @@ func (t *Telemetry) leaseDone(ctx context.Context, start time.Time) {
 func (t *Telemetry) retried(ctx context.Context) { t.retries.Add(ctx, 1) }
 func (t *Telemetry) invalid(ctx context.Context) {
 	t.invalids.Add(ctx, 1)
-	t.outcomes.Add(ctx, 1, t.outcomeAttrs[Invalid]...)
+	t.outcomes.Add(ctx, 1, t.outcomeAttrs[OutcomeInvalid]...)
 }
 
 func (t *Telemetry) deadLettered(ctx context.Context, reason string) {

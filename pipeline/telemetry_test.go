@@ -223,9 +223,9 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 	}
 
 	spans := k.named("process payments.in")
-	hashed := keygen.Limit(long, 128)
+	hashed := keygen.StorableKey(long, 128)
 	if !strings.HasPrefix(hashed, keygen.HashedKeyPrefix) || len(hashed) != 78 {
-		t.Fatalf("keygen.Limit(500 bytes, 128) = %q", hashed)
+		t.Fatalf("keygen.StorableKey(500 bytes, 128) = %q", hashed)
 	}
 	want := []struct {
 		uuid, key, decision, outcome string
@@ -454,7 +454,7 @@ func (f telFailStore) Begin(ctx context.Context, req store.BeginRequest) (store.
 	return f.Store.Begin(ctx, req)
 }
 
-func (f telFailStore) Complete(ctx context.Context, l store.Lease, o store.Outcome) error {
+func (f telFailStore) Complete(ctx context.Context, l store.Lease, o store.Completion) error {
 	if f.complete {
 		return errTelStoreDown
 	}
@@ -567,7 +567,7 @@ func TestTelemetryUnguarded(t *testing.T) {
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
 		c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", nil })
-		c.Policy.MissingKey = policy.ExecuteUnguarded
+		c.Policy.MissingKey = policy.MissingKeyRunUnguarded
 	})
 	if err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(telNoop), msg("m1", "x")); err != nil {
 		t.Fatal(err)
@@ -624,7 +624,7 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
-		c.Policy.InProgress = policy.Nack
+		c.Policy.HeldKey = policy.HeldKeyNack
 		c.Policy.MaxPayloadBytes = 64
 	})
 	run := func(handler message.HandlerFunc, m *message.Message) error {
@@ -671,7 +671,7 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 	if got := telSums(t, k.collect(t), "oncemill.leases.live", ""); !telEqualMaps(got, map[string]int64{"": 1}) {
 		t.Errorf("leases.live while one handler runs: %v, want 1", got)
 	}
-	if err := run(telNoop, msg("m4", "a")); !errors.Is(err, pipeline.ErrInProgress) {
+	if err := run(telNoop, msg("m4", "a")); !errors.Is(err, pipeline.ErrKeyHeld) {
 		t.Fatalf("duplicate while in progress: %v", err)
 	}
 	close(proceed)
@@ -717,7 +717,7 @@ func TestTelemetryInProgressRejected(t *testing.T) {
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
-		c.Policy.InProgress = policy.Reject
+		c.Policy.HeldKey = policy.HeldKeyReject
 	})
 	started, proceed, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -44,7 +45,7 @@ type Transaction struct {
 // NewTransaction returns the transaction stage over tm.
 func NewTransaction(tm TxManager) (*Transaction, error) {
 	if tm == nil {
-		return nil, fmt.Errorf("%w: TxManager is nil; pass a transaction manager such as postgres.NewTxManager(pool, pgx.TxOptions{})", ErrInvalidConfig)
+		return nil, oncemill.InvalidConfig("TxManager", "nil; pass a transaction manager such as postgres.NewTxManager(pool, pgx.TxOptions{})")
 	}
 	return &Transaction{tm: tm}, nil
 }

@@ -39,10 +39,10 @@ func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.M
 	// The claim itself waits for a transaction that holds the key, up to
 	// the in-progress bound; the waiter polls only records that another
 	// worker committed in progress (the lease mode's, on a shared table).
-	w := waiter{until: time.Now().Add(s.policy.InProgressWait)}
+	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
 	for {
 		req.Wait = time.Millisecond // policy.Nack and policy.Reject do not wait
-		if s.policy.InProgress == policy.Wait {
+		if s.policy.HeldKey == policy.HeldKeyWait {
 			req.Wait = max(time.Until(w.until), time.Millisecond)
 		}
 		res, err := s.claim(d.msg.Context(), req)
@@ -51,7 +51,7 @@ func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.M
 		}
 		d.event.Decision = res.Decision
 		d.event.Contended = d.event.Contended || res.Contended
-		if res.Decision == store.Execute {
+		if res.Decision == store.DecisionExecute {
 			return s.executeTx(d, h, &req, &res)
 		}
 		if msgs, done, err := s.answer(d, &w, &res.BeginResult); done {
@@ -84,7 +84,7 @@ func (s *Idempotency) executeTx(d *delivery, h message.HandlerFunc, req *store.C
 	if herr != nil { // the last attempt rolled back
 		return s.fail(&e.detached, d, e, herr)
 	}
-	d.event.Outcome = Executed // and committed: a nil error comes only with a commit
+	d.event.Outcome = OutcomeExecuted // and committed: a nil error comes only with a commit
 	return msgs, nil
 }
 
@@ -104,7 +104,7 @@ func (s *Idempotency) attempt(h message.HandlerFunc) message.HandlerFunc {
 			if err != nil {
 				return nil, err
 			}
-			if res.Decision != store.Execute {
+			if res.Decision != store.DecisionExecute {
 				return nil, errClaimTaken
 			}
 			e.lease, e.tx = res.Lease, res.Tx
@@ -158,7 +158,7 @@ func (s *Idempotency) claim(ctx context.Context, req store.ClaimRequest) (store.
 	return res, err
 }
 
-func (s *Idempotency) recordRollback(ctx context.Context, e *execution, out store.Outcome) error {
+func (s *Idempotency) recordRollback(ctx context.Context, e *execution, out store.Completion) error {
 	ctx, m := s.tel.startStore(ctx, opRecordRollback)
 	err := s.txStore.RecordRollback(ctx, e.lease, e.claim.Fingerprint, out)
 	m.end(ctx, err)

@@ -76,7 +76,7 @@ func TestTxModeOrder(t *testing.T) {
 	if _, err := h(msg("broken", "x")); err == nil {
 		t.Fatal("want a nack")
 	}
-	if e := <-events; e.Outcome != pipeline.Released {
+	if e := <-events; e.Outcome != pipeline.OutcomeReleased {
 		t.Fatalf("outcome %v, want released", e.Outcome)
 	}
 	if c.Breaker.State() != gobreaker.StateOpen {
@@ -88,7 +88,7 @@ func TestTxModeOrder(t *testing.T) {
 	if err != nil || len(out) != 1 || out[0].UUID != "out-flaky" {
 		t.Fatalf("duplicate under an open circuit = %v, %v; want the replay", out, err)
 	}
-	if e := <-events; e.Outcome != pipeline.Replayed || calls.Load() != before || c.Breaker.Counts().Requests != requests {
+	if e := <-events; e.Outcome != pipeline.OutcomeReplayed || calls.Load() != before || c.Breaker.Counts().Requests != requests {
 		t.Fatalf("outcome %v, calls %d→%d; want a replay that reaches neither the breaker nor the handler", e.Outcome, before, calls.Load())
 	}
 
@@ -98,7 +98,7 @@ func TestTxModeOrder(t *testing.T) {
 	if _, err := h(msg("refused", "x")); !errors.Is(err, pipeline.ErrCircuitOpen) {
 		t.Fatalf("new key under an open circuit = %v, want ErrCircuitOpen", err)
 	}
-	if e := <-events; e.Outcome != pipeline.Released {
+	if e := <-events; e.Outcome != pipeline.OutcomeReleased {
 		t.Fatalf("outcome %v, want released", e.Outcome)
 	}
 	if st.rollbacks.Load() != rollbacks+1 || st.records.Load() != records+1 {

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -28,7 +29,7 @@ type Validation struct {
 // NewValidation returns the validation stage.
 func NewValidation(cfg ValidationConfig) (*Validation, error) {
 	if cfg.Validate == nil {
-		return nil, fmt.Errorf("%w: Validate is nil; pass a func(*message.Message) error", ErrInvalidConfig)
+		return nil, oncemill.InvalidConfig("ValidationConfig.Validate", "nil; pass a func(*message.Message) error")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
@@ -57,7 +58,7 @@ func (v *Validation) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		v.cfg.Telemetry.invalid(msg.Context())
 		v.cfg.Logger.Info("Invalid message acked without processing", watermill.LogFields{"message_uuid": msg.UUID, "reason": err.Error()})
 		if v.cfg.OnEvent != nil {
-			v.cfg.OnEvent(Event{MessageUUID: msg.UUID, Outcome: Invalid, Err: invalid})
+			v.cfg.OnEvent(Event{MessageUUID: msg.UUID, Outcome: OutcomeInvalid, Err: invalid})
 		}
 		return nil, nil
 	}

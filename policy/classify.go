@@ -9,16 +9,16 @@ import (
 type Class int
 
 const (
-	// Retryable failures release the key and nack, so the redelivery runs
-	// again (until MaxAttempts). Unknown errors are retryable.
-	Retryable Class = iota
-	// Cached failures are stored for FailureTTL and acked; duplicates get the
-	// stored failure and the handler is not run again.
-	Cached
+	// ClassRetryable failures release the key and nack, so the redelivery
+	// runs again (until MaxAttempts). Unknown errors are retryable.
+	ClassRetryable Class = iota
+	// ClassCached failures are stored for FailureTTL and acked; duplicates
+	// get the stored failure and the handler is not run again.
+	ClassCached
 )
 
 func (c Class) String() string {
-	if c == Cached {
+	if c == ClassCached {
 		return "cached"
 	}
 	return "retryable"
@@ -40,7 +40,7 @@ func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &classified{err: err, class: Cached}
+	return &classified{err: err, class: ClassCached}
 }
 
 // Transient marks err as retryable even when it would otherwise be cached.
@@ -49,7 +49,7 @@ func Transient(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &classified{err: err, class: Retryable}
+	return &classified{err: err, class: ClassRetryable}
 }
 
 // Permanentf is fmt.Errorf followed by Permanent.
@@ -58,7 +58,7 @@ func Permanentf(format string, args ...any) error {
 }
 
 // IsPermanent reports whether the policy would cache err.
-func (p Policy) IsPermanent(err error) bool { return p.Classify(err) == Cached }
+func (p Policy) IsPermanent(err error) bool { return p.Classify(err) == ClassCached }
 
 // Classify sorts err. The order, first match wins:
 //  1. the Classifier predicate, when it returns ok;
@@ -67,7 +67,7 @@ func (p Policy) IsPermanent(err error) bool { return p.Classify(err) == Cached }
 //  4. anything else, context cancellation and deadlines included, is retryable.
 func (p Policy) Classify(err error) Class {
 	if err == nil {
-		return Retryable
+		return ClassRetryable
 	}
 	if p.Classifier != nil {
 		if c, ok := p.Classifier(err); ok {
@@ -80,13 +80,13 @@ func (p Policy) Classify(err error) Class {
 	}
 	for _, target := range p.RetryableErrors {
 		if errors.Is(err, target) {
-			return Retryable
+			return ClassRetryable
 		}
 	}
 	for _, target := range p.CachedErrors {
 		if errors.Is(err, target) {
-			return Cached
+			return ClassCached
 		}
 	}
-	return Retryable
+	return ClassRetryable
 }

@@ -11,9 +11,10 @@ import (
 func ExamplePolicy_Classify() {
 	errInsufficientFunds := errors.New("insufficient funds")
 
-	p := policy.Default()
-	p.SuccessTTL = 7 * 24 * time.Hour
-	p.CachedErrors = []error{errInsufficientFunds}
+	p := policy.Policy{
+		SuccessTTL:   7 * 24 * time.Hour,
+		CachedErrors: []error{errInsufficientFunds},
+	}
 
 	fmt.Println(p.Classify(fmt.Errorf("charge: %w", errInsufficientFunds)))
 	fmt.Println(p.Classify(errors.New("connection reset")))

@@ -1,95 +1,127 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/oncemill/oncemill"
 )
 
-// Defaults (docs/concepts.md explains each).
+// Defaults: what a zero field of Policy means (docs/concepts.md explains
+// each).
 const (
 	DefaultSuccessTTL      = 24 * time.Hour
 	DefaultFailureTTL      = time.Hour
 	DefaultLease           = 30 * time.Second
-	DefaultHeartbeat       = DefaultLease / 3
 	DefaultMaxAttempts     = 5
-	DefaultInProgressWait  = 5 * time.Second
+	DefaultHeldKeyTimeout  = 5 * time.Second
 	DefaultNackDelay       = time.Second
 	DefaultMaxResultBytes  = 1 << 20
 	DefaultMaxPayloadBytes = 4 << 20
 )
 
-// InProgressMode says what a duplicate does when another live lease holds its key.
-type InProgressMode int
+// HeldKeyMode says what a duplicate does when another delivery holds its
+// key: a live lease, or an open transaction in the one-transaction mode.
+type HeldKeyMode int
 
 const (
-	// Wait polls the record for up to InProgressWait. When the holder finishes,
-	// the duplicate replays its outcome; past the bound it nacks after NackDelay.
-	Wait InProgressMode = iota
-	// Nack nacks at once (after NackDelay) so the broker redelivers later.
-	Nack
-	// Reject treats the duplicate as a permanent failure: it is acked and not run.
-	// Use it only when the broker redelivers a message that is still being
-	// processed for no reason other than a duplicate publish.
-	Reject
+	// HeldKeyWait waits for the holder up to HeldKeyTimeout. When the
+	// holder finishes, the duplicate replays its outcome; past the bound it
+	// nacks after NackDelay. The zero value.
+	HeldKeyWait HeldKeyMode = iota
+	// HeldKeyNack nacks at once (after NackDelay) so the broker redelivers
+	// later.
+	HeldKeyNack
+	// HeldKeyReject treats the duplicate as a permanent failure: it is acked
+	// and not run. Use it only when the broker redelivers a message that is
+	// still being processed for no reason other than a duplicate publish.
+	HeldKeyReject
 )
 
-func (m InProgressMode) String() string {
+func (m HeldKeyMode) String() string {
 	switch m {
-	case Wait:
+	case HeldKeyWait:
 		return "wait"
-	case Nack:
+	case HeldKeyNack:
 		return "nack"
-	case Reject:
+	case HeldKeyReject:
 		return "reject"
 	}
-	return fmt.Sprintf("InProgressMode(%d)", int(m))
+	return fmt.Sprintf("HeldKeyMode(%d)", int(m))
 }
 
-// MissingKeyMode says what happens when the key generator cannot compute a key.
+// MissingKeyMode says what happens when the key generator finds no key
+// (keygen.ErrNoKey).
 type MissingKeyMode int
 
 const (
-	// FailMissingKey acks the message as a permanent failure with a clear error.
-	FailMissingKey MissingKeyMode = iota
-	// ExecuteUnguarded runs the handler without idempotency protection.
-	ExecuteUnguarded
+	// MissingKeyReject acks the message as a permanent failure with a clear
+	// error (and dead-letters it, if a dead letter is set). The zero value.
+	MissingKeyReject MissingKeyMode = iota
+	// MissingKeyRunUnguarded runs the handler without idempotency
+	// protection.
+	MissingKeyRunUnguarded
 )
 
+func (m MissingKeyMode) String() string {
+	switch m {
+	case MissingKeyReject:
+		return "reject"
+	case MissingKeyRunUnguarded:
+		return "run_unguarded"
+	}
+	return fmt.Sprintf("MissingKeyMode(%d)", int(m))
+}
+
 // Policy is the full set of decisions oncemill makes about a delivery.
-// The zero value is not valid; start from Default.
+// Every field's zero value means its default, so Policy{} is the default
+// policy and a literal sets only what it changes:
+//
+//	policy.Policy{SuccessTTL: 7 * 24 * time.Hour}
 type Policy struct {
 	// SuccessTTL is how long a succeeded outcome (and its produced messages)
-	// is replayed to duplicates. Set it longer than the broker's redelivery horizon.
+	// is replayed to duplicates. Set it longer than the broker's redelivery
+	// horizon. Zero means DefaultSuccessTTL (24h).
 	SuccessTTL time.Duration
 	// FailureTTL is how long a cached failure is remembered, and how long the
-	// attempt count of a released (retryable) key survives between deliveries.
+	// attempt count of a released (retryable) key survives between
+	// deliveries. Zero means DefaultFailureTTL (1h).
 	FailureTTL time.Duration
-	// Lease is how long an execution owns its key without a heartbeat. A worker
-	// that dies holding a lease is taken over once the lease expires.
+	// Lease is how long an execution owns its key without a heartbeat. A
+	// worker that dies holding a lease is taken over once the lease expires.
+	// Zero means DefaultLease (30s). The one-transaction mode has no lease.
 	Lease time.Duration
 	// Heartbeat is how often a running handler extends its lease. It must be
-	// shorter than Lease; a third of it leaves room for two missed beats.
+	// shorter than Lease. Zero means a third of Lease, which leaves room for
+	// two missed beats.
 	Heartbeat time.Duration
 	// MaxAttempts caps executions of one key across redeliveries. When the
 	// attempt that reaches the cap fails retryably, the failure is cached.
+	// Zero means DefaultMaxAttempts (5).
 	MaxAttempts int
 
-	// InProgress is what a duplicate does while another lease holds its key.
-	InProgress InProgressMode
-	// InProgressWait bounds how long a duplicate waits in Wait mode.
-	InProgressWait time.Duration
-	// NackDelay is slept before nacking an in-progress duplicate, so that a
-	// broker that redelivers at once (AMQP, Kafka's in-process resend) does not spin.
+	// HeldKey is what a duplicate does while another delivery holds its
+	// key. Zero is HeldKeyWait.
+	HeldKey HeldKeyMode
+	// HeldKeyTimeout bounds how long a duplicate waits under HeldKeyWait.
+	// Zero means DefaultHeldKeyTimeout (5s).
+	HeldKeyTimeout time.Duration
+	// NackDelay is slept before nacking a duplicate whose key is held, or a
+	// message whose key or store failed, so that a broker that redelivers at
+	// once (AMQP, Kafka's in-process resend) does not spin. Zero means
+	// DefaultNackDelay (1s); a negative value means no pause.
 	NackDelay time.Duration
 
-	// MissingKey is what happens when no key can be computed.
+	// MissingKey is what happens when no key can be computed. Zero is
+	// MissingKeyReject.
 	MissingKey MissingKeyMode
 
-	// MaxResultBytes bounds the encoded produced messages stored with a success.
+	// MaxResultBytes bounds the encoded produced messages stored with a
+	// success. Zero means DefaultMaxResultBytes (1 MiB).
 	MaxResultBytes int
 	// MaxPayloadBytes bounds the payload of an incoming message. A larger
-	// message is a permanent failure, never hashed or stored.
+	// message is a permanent failure, never hashed or stored. Zero means
+	// DefaultMaxPayloadBytes (4 MiB).
 	MaxPayloadBytes int
 
 	// CachedErrors are matched with errors.Is: a match is a cached failure.
@@ -102,58 +134,69 @@ type Policy struct {
 	Classifier func(err error) (c Class, ok bool)
 }
 
-// Default returns the default policy: success remembered 24h, cached
-// failures 1h, a 30s lease extended every 10s, 5 attempts, in-progress
-// duplicates wait 5s and then nack after 1s.
-func Default() Policy {
-	return Policy{
-		SuccessTTL:      DefaultSuccessTTL,
-		FailureTTL:      DefaultFailureTTL,
-		Lease:           DefaultLease,
-		Heartbeat:       DefaultHeartbeat,
-		MaxAttempts:     DefaultMaxAttempts,
-		InProgress:      Wait,
-		InProgressWait:  DefaultInProgressWait,
-		NackDelay:       DefaultNackDelay,
-		MissingKey:      FailMissingKey,
-		MaxResultBytes:  DefaultMaxResultBytes,
-		MaxPayloadBytes: DefaultMaxPayloadBytes,
+// WithDefaults returns p with every zero field set to its default: the
+// values the pipeline works with.
+func (p Policy) WithDefaults() Policy {
+	set := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
 	}
+	set(&p.SuccessTTL, DefaultSuccessTTL)
+	set(&p.FailureTTL, DefaultFailureTTL)
+	set(&p.Lease, DefaultLease)
+	set(&p.Heartbeat, p.Lease/3)
+	set(&p.HeldKeyTimeout, DefaultHeldKeyTimeout)
+	set(&p.NackDelay, DefaultNackDelay)
+	if p.NackDelay < 0 {
+		p.NackDelay = 0
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	if p.MaxResultBytes == 0 {
+		p.MaxResultBytes = DefaultMaxResultBytes
+	}
+	if p.MaxPayloadBytes == 0 {
+		p.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	return p
 }
 
-// ErrInvalid is wrapped by every error Validate returns.
-var ErrInvalid = errors.New("invalid policy")
-
-// Validate reports the first setting that cannot work, saying what to change.
+// Validate reports the first setting that cannot work, saying what to
+// change, as a *oncemill.ConfigError. Zero fields are valid: they mean their
+// defaults.
 func (p Policy) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+	bad := func(field, format string, args ...any) error {
+		return oncemill.InvalidConfig("policy."+field, format, args...)
 	}
+	raw := p
+	p = p.WithDefaults()
 	switch {
-	case p.SuccessTTL <= 0:
-		return bad("SuccessTTL is %v; set it above zero and longer than the broker's redelivery horizon (default %v)", p.SuccessTTL, DefaultSuccessTTL)
-	case p.FailureTTL <= 0:
-		return bad("FailureTTL is %v; set it above zero (default %v)", p.FailureTTL, DefaultFailureTTL)
-	case p.Lease <= 0:
-		return bad("Lease is %v; set it above zero (default %v)", p.Lease, DefaultLease)
-	case p.Heartbeat <= 0:
-		return bad("Heartbeat is %v; set it above zero and below Lease (%v), e.g. Lease/3", p.Heartbeat, p.Lease)
+	case p.SuccessTTL < 0:
+		return bad("SuccessTTL", "%v is negative; set it longer than the broker's redelivery horizon, or leave it 0 for %v", p.SuccessTTL, DefaultSuccessTTL)
+	case p.FailureTTL < 0:
+		return bad("FailureTTL", "%v is negative; leave it 0 for %v", p.FailureTTL, DefaultFailureTTL)
+	case p.Lease < 0:
+		return bad("Lease", "%v is negative; leave it 0 for %v", p.Lease, DefaultLease)
+	case p.Heartbeat < 0:
+		return bad("Heartbeat", "%v is negative; leave it 0 for a third of Lease", p.Heartbeat)
+	case p.Heartbeat == 0:
+		return bad("Lease", "%v is too short to beat within; use a lease of a millisecond or more", p.Lease)
 	case p.Heartbeat >= p.Lease:
-		return bad("Heartbeat %v is not shorter than Lease %v; the lease would expire between beats: use at most Lease/2, e.g. %v", p.Heartbeat, p.Lease, p.Lease/3)
-	case p.MaxAttempts < 1:
-		return bad("MaxAttempts is %d; set it to 1 or more (default %d)", p.MaxAttempts, DefaultMaxAttempts)
-	case p.InProgress < Wait || p.InProgress > Reject:
-		return bad("InProgress is %v; use policy.Wait, policy.Nack or policy.Reject", p.InProgress)
-	case p.InProgress == Wait && p.InProgressWait <= 0:
-		return bad("InProgressWait is %v with InProgress=wait; set a bound above zero (default %v) or use policy.Nack", p.InProgressWait, DefaultInProgressWait)
-	case p.NackDelay < 0:
-		return bad("NackDelay is %v; set it to zero or more", p.NackDelay)
-	case p.MissingKey != FailMissingKey && p.MissingKey != ExecuteUnguarded:
-		return bad("MissingKey is %d; use policy.FailMissingKey or policy.ExecuteUnguarded", p.MissingKey)
-	case p.MaxResultBytes <= 0:
-		return bad("MaxResultBytes is %d; set it above zero (default %d)", p.MaxResultBytes, DefaultMaxResultBytes)
-	case p.MaxPayloadBytes <= 0:
-		return bad("MaxPayloadBytes is %d; set it above zero (default %d)", p.MaxPayloadBytes, DefaultMaxPayloadBytes)
+		return bad("Heartbeat", "%v is not shorter than Lease %v, so the lease would expire between beats; use at most Lease/2, or leave it 0 for %v", raw.Heartbeat, p.Lease, p.Lease/3)
+	case p.MaxAttempts < 0:
+		return bad("MaxAttempts", "%d is negative; set 1 or more, or leave it 0 for %d", p.MaxAttempts, DefaultMaxAttempts)
+	case p.HeldKey < HeldKeyWait || p.HeldKey > HeldKeyReject:
+		return bad("HeldKey", "%v is not a mode; use policy.HeldKeyWait, HeldKeyNack or HeldKeyReject", p.HeldKey)
+	case p.HeldKeyTimeout < 0:
+		return bad("HeldKeyTimeout", "%v is negative; leave it 0 for %v", p.HeldKeyTimeout, DefaultHeldKeyTimeout)
+	case p.MissingKey != MissingKeyReject && p.MissingKey != MissingKeyRunUnguarded:
+		return bad("MissingKey", "%v is not a mode; use policy.MissingKeyReject or MissingKeyRunUnguarded", p.MissingKey)
+	case p.MaxResultBytes < 0:
+		return bad("MaxResultBytes", "%d is negative; leave it 0 for %d", p.MaxResultBytes, DefaultMaxResultBytes)
+	case p.MaxPayloadBytes < 0:
+		return bad("MaxPayloadBytes", "%d is negative; leave it 0 for %d", p.MaxPayloadBytes, DefaultMaxPayloadBytes)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/policy"
 )
 
@@ -20,63 +21,67 @@ type validationError struct{ field string }
 
 func (e *validationError) Error() string { return "invalid " + e.field }
 
-func TestDefaultIsValidAndMatchesTheDesign(t *testing.T) {
-	p := policy.Default()
-	if err := p.Validate(); err != nil {
+func TestZeroPolicyIsTheDefaults(t *testing.T) {
+	var zero policy.Policy
+	if err := zero.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if p.SuccessTTL != 24*time.Hour || p.FailureTTL != time.Hour || p.Lease != 30*time.Second || p.Heartbeat >= p.Lease {
+	p := zero.WithDefaults()
+	if p.SuccessTTL != 24*time.Hour || p.FailureTTL != time.Hour || p.Lease != 30*time.Second || p.Heartbeat != 10*time.Second {
 		t.Fatalf("defaults %+v", p)
 	}
-	if p.InProgress != policy.Wait || p.MissingKey != policy.FailMissingKey || p.MaxAttempts < 1 {
+	if p.HeldKey != policy.HeldKeyWait || p.HeldKeyTimeout != 5*time.Second || p.NackDelay != time.Second ||
+		p.MissingKey != policy.MissingKeyReject || p.MaxAttempts != 5 || p.MaxResultBytes != 1<<20 || p.MaxPayloadBytes != 4<<20 {
 		t.Fatalf("defaults %+v", p)
+	}
+	// A set field is kept, and the heartbeat follows the lease.
+	p = policy.Policy{Lease: 3 * time.Second, NackDelay: -1}.WithDefaults()
+	if p.Heartbeat != time.Second || p.NackDelay != 0 || p.SuccessTTL != policy.DefaultSuccessTTL {
+		t.Fatalf("Lease 3s, NackDelay -1: %+v", p)
 	}
 }
 
 func TestValidateSaysWhatToChange(t *testing.T) {
 	cases := map[string]struct {
-		mutate func(*policy.Policy)
-		says   string
+		p       policy.Policy
+		setting string
+		says    string
 	}{
-		"success ttl":      {func(p *policy.Policy) { p.SuccessTTL = 0 }, "SuccessTTL"},
-		"failure ttl":      {func(p *policy.Policy) { p.FailureTTL = -1 }, "FailureTTL"},
-		"lease":            {func(p *policy.Policy) { p.Lease = 0 }, "Lease is 0s"},
-		"heartbeat zero":   {func(p *policy.Policy) { p.Heartbeat = 0 }, "Heartbeat is 0s"},
-		"heartbeat long":   {func(p *policy.Policy) { p.Heartbeat = p.Lease }, "not shorter than Lease"},
-		"attempts":         {func(p *policy.Policy) { p.MaxAttempts = 0 }, "MaxAttempts"},
-		"in-progress mode": {func(p *policy.Policy) { p.InProgress = 5 }, "policy.Wait"},
-		"wait bound":       {func(p *policy.Policy) { p.InProgressWait = 0 }, "InProgressWait"},
-		"nack delay":       {func(p *policy.Policy) { p.NackDelay = -time.Second }, "NackDelay"},
-		"missing key":      {func(p *policy.Policy) { p.MissingKey = 3 }, "policy.FailMissingKey"},
-		"result size":      {func(p *policy.Policy) { p.MaxResultBytes = 0 }, "MaxResultBytes"},
-		"payload size":     {func(p *policy.Policy) { p.MaxPayloadBytes = -1 }, "MaxPayloadBytes"},
+		"success ttl":     {policy.Policy{SuccessTTL: -1}, "policy.SuccessTTL", "negative"},
+		"failure ttl":     {policy.Policy{FailureTTL: -1}, "policy.FailureTTL", "negative"},
+		"lease":           {policy.Policy{Lease: -time.Second}, "policy.Lease", "negative"},
+		"lease too short": {policy.Policy{Lease: 2}, "policy.Lease", "too short"},
+		"heartbeat":       {policy.Policy{Heartbeat: -1}, "policy.Heartbeat", "negative"},
+		"heartbeat long":  {policy.Policy{Heartbeat: policy.DefaultLease}, "policy.Heartbeat", "not shorter than Lease"},
+		"attempts":        {policy.Policy{MaxAttempts: -1}, "policy.MaxAttempts", "negative"},
+		"held key mode":   {policy.Policy{HeldKey: 5}, "policy.HeldKey", "policy.HeldKeyWait"},
+		"held key wait":   {policy.Policy{HeldKeyTimeout: -1}, "policy.HeldKeyTimeout", "negative"},
+		"missing key":     {policy.Policy{MissingKey: 3}, "policy.MissingKey", "policy.MissingKeyReject"},
+		"result size":     {policy.Policy{MaxResultBytes: -1}, "policy.MaxResultBytes", "negative"},
+		"payload size":    {policy.Policy{MaxPayloadBytes: -1}, "policy.MaxPayloadBytes", "negative"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			p := policy.Default()
-			tc.mutate(&p)
-			err := p.Validate()
-			if !errors.Is(err, policy.ErrInvalid) || !strings.Contains(err.Error(), tc.says) {
-				t.Fatalf("got %v, want ErrInvalid saying %q", err, tc.says)
+			err := tc.p.Validate()
+			var ce *oncemill.ConfigError
+			if !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Setting != tc.setting || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("got %v, want a ConfigError for %s saying %q", err, tc.setting, tc.says)
+			}
+			if !strings.HasPrefix(err.Error(), "oncemill: invalid configuration: "+tc.setting+": ") {
+				t.Fatalf("message %q does not start with the one prefix and the setting", err)
 			}
 		})
-	}
-	// Nack mode needs no wait bound.
-	p := policy.Default()
-	p.InProgress, p.InProgressWait = policy.Nack, 0
-	if err := p.Validate(); err != nil {
-		t.Fatalf("nack mode without a wait bound: %v", err)
 	}
 }
 
 func TestClassify(t *testing.T) {
-	p := policy.Default()
+	p := policy.Policy{}
 	p.CachedErrors = []error{errNotFound}
 	p.RetryableErrors = []error{errTimeout}
 	p.Classifier = func(err error) (policy.Class, bool) {
 		var v *validationError
 		if errors.As(err, &v) {
-			return policy.Cached, true
+			return policy.ClassCached, true
 		}
 		return 0, false
 	}
@@ -85,19 +90,19 @@ func TestClassify(t *testing.T) {
 		err  error
 		want policy.Class
 	}{
-		{"unknown error is retryable", errors.New("boom"), policy.Retryable},
-		{"context canceled is retryable", context.Canceled, policy.Retryable},
-		{"deadline is retryable", fmt.Errorf("call: %w", context.DeadlineExceeded), policy.Retryable},
-		{"permanent marker", policy.Permanent(errors.New("bad")), policy.Cached},
-		{"permanent marker wrapped", fmt.Errorf("handler: %w", policy.Permanent(errors.New("bad"))), policy.Cached},
-		{"permanentf", policy.Permanentf("amount %d", -1), policy.Cached},
-		{"transient marker beats CachedErrors", policy.Transient(errNotFound), policy.Retryable},
-		{"outermost marker wins", policy.Permanent(policy.Transient(errors.New("x"))), policy.Cached},
-		{"outermost marker wins, other way", policy.Transient(policy.Permanent(errors.New("x"))), policy.Retryable},
-		{"CachedErrors by errors.Is", fmt.Errorf("lookup: %w", errNotFound), policy.Cached},
-		{"RetryableErrors beat CachedErrors", errors.Join(errNotFound, errTimeout), policy.Retryable},
-		{"classifier by errors.As", fmt.Errorf("x: %w", &validationError{"amount"}), policy.Cached},
-		{"classifier beats markers", policy.Transient(&validationError{"amount"}), policy.Cached},
+		{"unknown error is retryable", errors.New("boom"), policy.ClassRetryable},
+		{"context canceled is retryable", context.Canceled, policy.ClassRetryable},
+		{"deadline is retryable", fmt.Errorf("call: %w", context.DeadlineExceeded), policy.ClassRetryable},
+		{"permanent marker", policy.Permanent(errors.New("bad")), policy.ClassCached},
+		{"permanent marker wrapped", fmt.Errorf("handler: %w", policy.Permanent(errors.New("bad"))), policy.ClassCached},
+		{"permanentf", policy.Permanentf("amount %d", -1), policy.ClassCached},
+		{"transient marker beats CachedErrors", policy.Transient(errNotFound), policy.ClassRetryable},
+		{"outermost marker wins", policy.Permanent(policy.Transient(errors.New("x"))), policy.ClassCached},
+		{"outermost marker wins, other way", policy.Transient(policy.Permanent(errors.New("x"))), policy.ClassRetryable},
+		{"CachedErrors by errors.Is", fmt.Errorf("lookup: %w", errNotFound), policy.ClassCached},
+		{"RetryableErrors beat CachedErrors", errors.Join(errNotFound, errTimeout), policy.ClassRetryable},
+		{"classifier by errors.As", fmt.Errorf("x: %w", &validationError{"amount"}), policy.ClassCached},
+		{"classifier beats markers", policy.Transient(&validationError{"amount"}), policy.ClassCached},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -116,7 +121,8 @@ func TestMarkersKeepTheErrorChain(t *testing.T) {
 	if policy.Permanent(nil) != nil || policy.Transient(nil) != nil {
 		t.Fatal("marking nil must stay nil")
 	}
-	if !policy.Default().IsPermanent(err) || policy.Default().IsPermanent(errNotFound) {
+	var zero policy.Policy
+	if !zero.IsPermanent(err) || zero.IsPermanent(errNotFound) {
 		t.Fatal("IsPermanent disagrees with Classify")
 	}
 }

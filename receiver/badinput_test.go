@@ -64,7 +64,7 @@ func TestBadInputIsRejectedClearlyAndPermanently(t *testing.T) {
 				t.Fatalf("handler ran %d times, %d events; want 0 and 1", calls, len(events))
 			}
 			e := events[0]
-			if e.Outcome != pipeline.Rejected || !e.Outcome.Acked() {
+			if e.Outcome != pipeline.OutcomeRejected || !e.Outcome.Acked() {
 				t.Fatalf("outcome %v, want rejected", e.Outcome)
 			}
 			if !errors.Is(e.Err, tc.is) || !policy.Default().IsPermanent(e.Err) {

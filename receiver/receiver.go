@@ -2,29 +2,24 @@ package receiver
 
 import (
 	"errors"
-	"fmt"
-	"log/slog"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
 
-// ErrInvalidConfig is wrapped by every error Build returns.
-var ErrInvalidConfig = errors.New("oncemill: invalid receiver configuration")
 
 // Builder collects the receiver's configuration. Each With method returns the
 // builder; Build validates everything at once.
 type Builder struct {
 	cfg          pipeline.IdempotencyConfig
-	heartbeatSet bool
 	errs         []error
 
 	validate   func(*message.Message) error
@@ -39,7 +34,7 @@ type Builder struct {
 
 // New starts a builder in the lease mode over st, with the defaults: the
 // message UUID as the key, the handler name as the scope, and
-// policy.Default. The lease mode claims a key with a statement of its own,
+// the zero policy.Policy (its defaults). The lease mode claims a key with a statement of its own,
 // keeps the lease alive with a heartbeat while the handler runs, and
 // records the outcome after it: for records kept apart from the business
 // data (memory, Redis, another database).
@@ -47,7 +42,6 @@ func New(st store.Store) *Builder {
 	return &Builder{cfg: pipeline.IdempotencyConfig{
 		Store:  st,
 		Keys:   keygen.UUID(),
-		Policy: policy.Default(),
 	}}
 }
 
@@ -62,19 +56,18 @@ func NewTransactional(ts store.Transactional) *Builder {
 	return &Builder{cfg: pipeline.IdempotencyConfig{
 		TxStore: ts,
 		Keys:    keygen.UUID(),
-		Policy:  policy.Default(),
 	}}
 }
 
-func (b *Builder) invalid(format string, args ...any) *Builder {
-	b.errs = append(b.errs, fmt.Errorf(format, args...))
+func (b *Builder) invalid(setting, format string, args ...any) *Builder {
+	b.errs = append(b.errs, oncemill.InvalidConfig(setting, format, args...))
 	return b
 }
 
 // WithKeyGenerator sets who a message is (default keygen.UUID()).
 func (b *Builder) WithKeyGenerator(g keygen.Generator) *Builder {
 	if g == nil {
-		return b.invalid("WithKeyGenerator(nil): pass a generator such as keygen.UUID()")
+		return b.invalid("WithKeyGenerator", "nil; pass a generator such as keygen.UUID()")
 	}
 	b.cfg.Keys = g
 	return b
@@ -84,16 +77,9 @@ func (b *Builder) WithKeyGenerator(g keygen.Generator) *Builder {
 // detection (default: the generator's own, else SHA-256 of the payload).
 func (b *Builder) WithFingerprint(f func(*message.Message) string) *Builder {
 	if f == nil {
-		return b.invalid("WithFingerprint(nil): use WithoutFingerprint to turn mismatch detection off")
+		return b.invalid("WithFingerprint", "nil; pass keygen.NoFingerprint to turn mismatch detection off")
 	}
 	b.cfg.Fingerprint = f
-	return b
-}
-
-// WithoutFingerprint turns mismatch detection off: a key seen again with a
-// different payload is treated as a duplicate.
-func (b *Builder) WithoutFingerprint() *Builder {
-	b.cfg.Fingerprint = func(*message.Message) string { return "" }
 	return b
 }
 
@@ -101,121 +87,26 @@ func (b *Builder) WithoutFingerprint() *Builder {
 // Use it to share records across handlers, or to separate tenants.
 func (b *Builder) WithScope(scope string) *Builder {
 	if scope == "" {
-		return b.invalid("WithScope(\"\"): leave it unset to scope by handler name, or pass a name")
+		return b.invalid("WithScope", "empty; leave it unset to scope by handler name, or pass a name")
 	}
 	b.cfg.Scope = scope
 	return b
 }
 
-// WithPolicy replaces the whole policy (default policy.Default()); the
-// With methods below change one field of it. Build validates it.
+// WithPolicy sets the policy: TTLs, the lease, attempts, what a duplicate
+// does while its key is held, and how errors are classified. Its zero fields
+// mean their defaults (policy.Policy), so a literal names only what it
+// changes: WithPolicy(receiver.Policy{SuccessTTL: 7 * 24 * time.Hour}).
+// Build validates it.
 func (b *Builder) WithPolicy(p policy.Policy) *Builder {
 	b.cfg.Policy = p
-	b.heartbeatSet = true
 	return b
 }
 
-// WithSuccessTTL sets how long a success is replayed (default 24h).
-func (b *Builder) WithSuccessTTL(d time.Duration) *Builder {
-	b.cfg.Policy.SuccessTTL = d
-	return b
-}
-
-// WithFailureTTL sets how long a cached failure, and the attempt count of a
-// released key, are remembered (default 1h).
-func (b *Builder) WithFailureTTL(d time.Duration) *Builder {
-	b.cfg.Policy.FailureTTL = d
-	return b
-}
-
-// WithLease sets the lease length (default 30s). Unless WithHeartbeat is
-// called, the heartbeat is a third of the lease.
-func (b *Builder) WithLease(d time.Duration) *Builder {
-	b.cfg.Policy.Lease = d
-	return b
-}
-
-// WithHeartbeat sets how often a running handler extends its lease; it must
-// be shorter than the lease.
-func (b *Builder) WithHeartbeat(d time.Duration) *Builder {
-	b.cfg.Policy.Heartbeat = d
-	b.heartbeatSet = true
-	return b
-}
-
-// WithMaxAttempts caps executions of one key across redeliveries (default 5);
-// the failure of the last one is cached.
-func (b *Builder) WithMaxAttempts(n int) *Builder {
-	b.cfg.Policy.MaxAttempts = n
-	return b
-}
-
-// WithInProgress sets what a duplicate does while another delivery holds its
-// key: policy.Wait up to wait, policy.Nack, or policy.Reject.
-func (b *Builder) WithInProgress(mode policy.InProgressMode, wait time.Duration) *Builder {
-	b.cfg.Policy.InProgress = mode
-	b.cfg.Policy.InProgressWait = wait
-	return b
-}
-
-// WithNackDelay sets the pause before an in-progress duplicate is nacked.
-func (b *Builder) WithNackDelay(d time.Duration) *Builder {
-	b.cfg.Policy.NackDelay = d
-	return b
-}
-
-// WithMissingKey sets what happens when no key can be computed.
-func (b *Builder) WithMissingKey(mode policy.MissingKeyMode) *Builder {
-	b.cfg.Policy.MissingKey = mode
-	return b
-}
-
-// WithMaxResultBytes bounds the stored produced messages of one success.
-func (b *Builder) WithMaxResultBytes(n int) *Builder {
-	b.cfg.Policy.MaxResultBytes = n
-	return b
-}
-
-// WithMaxPayloadBytes bounds the incoming payload; larger messages are
-// rejected as permanent failures.
-func (b *Builder) WithMaxPayloadBytes(n int) *Builder {
-	b.cfg.Policy.MaxPayloadBytes = n
-	return b
-}
-
-// WithCachedErrors adds errors (matched with errors.Is) whose failures are
-// cached and not retried.
-func (b *Builder) WithCachedErrors(errs ...error) *Builder {
-	b.cfg.Policy.CachedErrors = append(b.cfg.Policy.CachedErrors, errs...)
-	return b
-}
-
-// WithRetryableErrors adds errors (matched with errors.Is) that are always retried.
-func (b *Builder) WithRetryableErrors(errs ...error) *Builder {
-	b.cfg.Policy.RetryableErrors = append(b.cfg.Policy.RetryableErrors, errs...)
-	return b
-}
-
-// WithClassifier sets a predicate asked before every other rule; returning
-// ok=false falls through to them.
-func (b *Builder) WithClassifier(f func(error) (policy.Class, bool)) *Builder {
-	b.cfg.Policy.Classifier = f
-	return b
-}
-
-// WithLogger sets the Watermill logger (default: none).
+// WithLogger sets the Watermill logger (default: none). For log/slog, pass
+// watermill.NewSlogLogger(logger).
 func (b *Builder) WithLogger(l watermill.LoggerAdapter) *Builder {
 	b.cfg.Logger = l
-	return b
-}
-
-// WithSlog sends oncemill's logs to an slog logger (through Watermill's
-// slog adapter).
-func (b *Builder) WithSlog(l *slog.Logger) *Builder {
-	if l == nil {
-		return b.invalid("WithSlog(nil): pass a logger such as slog.Default()")
-	}
-	b.cfg.Logger = watermill.NewSlogLogger(l)
 	return b
 }
 
@@ -224,23 +115,25 @@ func (b *Builder) WithSlog(l *slog.Logger) *Builder {
 // and dead-lettered if WithDeadLetter is set.
 func (b *Builder) WithValidation(validate func(*message.Message) error) *Builder {
 	if validate == nil {
-		return b.invalid("WithValidation(nil): pass a func(*message.Message) error")
+		return b.invalid("WithValidation", "nil; pass a func(*message.Message) error")
 	}
 	b.validate = validate
 	return b
 }
 
-// WithRetry adds in-process retries of retryable failures. Start from
-// pipeline.DefaultRetryConfig(); the receiver's error classification is used
-// whatever cfg.Policy says.
+// WithRetry adds in-process retries of retryable failures. Zero fields of
+// cfg mean their defaults: pipeline.RetryConfig{} is 3 tries. The stage
+// classifies errors by the receiver's policy and records to its telemetry,
+// so cfg.Classify and cfg.Telemetry must be left nil.
 func (b *Builder) WithRetry(cfg pipeline.RetryConfig) *Builder {
 	b.retry = &cfg
 	return b
 }
 
-// WithCircuitBreaker adds a circuit breaker around the handler. Start from
-// pipeline.DefaultBreakerConfig(); the receiver's error classification is
-// used whatever cfg.Policy says.
+// WithCircuitBreaker adds a circuit breaker around the handler. Zero fields
+// of cfg mean their defaults: pipeline.BreakerConfig{} opens after 5
+// consecutive retryable failures. As for WithRetry, cfg.Classify and
+// cfg.Telemetry must be left nil.
 func (b *Builder) WithCircuitBreaker(cfg pipeline.BreakerConfig) *Builder {
 	b.breaker = &cfg
 	return b
@@ -254,7 +147,7 @@ func (b *Builder) WithCircuitBreaker(cfg pipeline.BreakerConfig) *Builder {
 // database, NewTransactional commits them together.
 func (b *Builder) WithSeparateTransaction(tm pipeline.TxManager) *Builder {
 	if tm == nil {
-		return b.invalid("WithSeparateTransaction(nil): pass a transaction manager such as postgres.NewTxManager(pool, pgx.TxOptions{})")
+		return b.invalid("WithSeparateTransaction", "nil; pass a transaction manager such as postgres.NewTxManager(pool, pgx.TxOptions{})")
 	}
 	b.tx = tm
 	return b
@@ -298,11 +191,11 @@ func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
 // Build validates the configuration and returns the receiver.
 func (b *Builder) Build() (*Receiver, error) {
 	if len(b.errs) > 0 {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(b.errs...))
+		return nil, errors.Join(b.errs...)
 	}
 	chain, err := b.chain()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, err
 	}
 	return &Receiver{chain: chain.Middleware}, nil
 }
@@ -317,9 +210,6 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 	c.Telemetry = tel
 	cfg := b.cfg
 	cfg.Telemetry = tel
-	if !b.heartbeatSet {
-		cfg.Policy.Heartbeat = cfg.Policy.Lease / 3
-	}
 	if b.deadLetter {
 		if cfg.DeadLetter, err = pipeline.NewDeadLetter(b.deadPub, b.deadTopic); err != nil {
 			return c, err
@@ -338,21 +228,27 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 	}
 	if b.retry != nil {
 		rc := *b.retry
-		rc.Policy, rc.Telemetry = cfg.Policy, tel
+		if rc.Classify != nil || rc.Telemetry != nil {
+			return c, oncemill.InvalidConfig("WithRetry", "RetryConfig.Classify and Telemetry are the receiver's (WithPolicy, WithTracerProvider); leave them nil")
+		}
+		rc.Classify, rc.Telemetry = cfg.Policy.Classify, tel
 		if c.Retry, err = pipeline.NewRetry(rc); err != nil {
-			return c, fmt.Errorf("%w (start from pipeline.DefaultRetryConfig())", err)
+			return c, err
 		}
 	}
 	if b.breaker != nil {
 		bc := *b.breaker
-		bc.Policy, bc.Telemetry = cfg.Policy, tel
+		if bc.Classify != nil || bc.Telemetry != nil {
+			return c, oncemill.InvalidConfig("WithCircuitBreaker", "BreakerConfig.Classify and Telemetry are the receiver's (WithPolicy, WithTracerProvider); leave them nil")
+		}
+		bc.Classify, bc.Telemetry = cfg.Policy.Classify, tel
 		if c.Breaker, err = pipeline.NewBreaker(bc); err != nil {
-			return c, fmt.Errorf("%w (start from pipeline.DefaultBreakerConfig())", err)
+			return c, err
 		}
 	}
 	if b.tx != nil {
 		if cfg.TxStore != nil {
-			return c, errors.New("WithSeparateTransaction with NewTransactional: the one-transaction mode already runs the handler in the store's transaction; drop WithSeparateTransaction")
+			return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
 		}
 		if c.Transaction, err = pipeline.NewTransaction(b.tx); err != nil {
 			return c, err
@@ -369,10 +265,5 @@ type Receiver struct {
 // Middleware is the receiver as a Watermill middleware: add it to a router
 // (router.AddMiddleware) or to one handler (handler.AddMiddleware).
 func (r *Receiver) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return r.chain(h)
-}
-
-// Wrap returns h guarded by the receiver, for use without router middleware.
-func (r *Receiver) Wrap(h message.HandlerFunc) message.HandlerFunc {
 	return r.chain(h)
 }

@@ -43,9 +43,9 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		{"zero heartbeat", func() *receiver.Builder { return receiver.New(st).WithHeartbeat(0) }, "Heartbeat is 0s"},
 		{"zero attempts", func() *receiver.Builder { return receiver.New(st).WithMaxAttempts(0) }, "MaxAttempts"},
 		{"unknown in-progress mode", func() *receiver.Builder {
-			return receiver.New(st).WithInProgress(policy.InProgressMode(9), time.Second)
+			return receiver.New(st).WithInProgress(policy.HeldKeyMode(9), time.Second)
 		}, "policy.Wait"},
-		{"wait without bound", func() *receiver.Builder { return receiver.New(st).WithInProgress(policy.Wait, 0) }, "InProgressWait"},
+		{"wait without bound", func() *receiver.Builder { return receiver.New(st).WithInProgress(policy.HeldKeyWait, 0) }, "InProgressWait"},
 		{"negative nack delay", func() *receiver.Builder { return receiver.New(st).WithNackDelay(-1) }, "NackDelay"},
 		{"unknown missing-key mode", func() *receiver.Builder {
 			return receiver.New(st).WithMissingKey(policy.MissingKeyMode(7))
@@ -105,7 +105,7 @@ func TestWrapRunsOncePerKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if calls != 1 || len(outcomes) != 3 || outcomes[0] != pipeline.Executed || outcomes[2] != pipeline.Replayed {
+	if calls != 1 || len(outcomes) != 3 || outcomes[0] != pipeline.OutcomeExecuted || outcomes[2] != pipeline.OutcomeReplayed {
 		t.Fatalf("calls %d outcomes %v", calls, outcomes)
 	}
 }
@@ -170,7 +170,7 @@ func TestBuildFullChainWithDefaults(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := []pipeline.Outcome{pipeline.Executed, pipeline.Replayed, pipeline.Invalid}
+	want := []pipeline.Outcome{pipeline.OutcomeExecuted, pipeline.OutcomeReplayed, pipeline.OutcomeInvalid}
 	if calls != 1 || len(outcomes) != 3 || outcomes[0] != want[0] || outcomes[1] != want[1] || outcomes[2] != want[2] {
 		t.Fatalf("calls %d outcomes %v, want 1 and %v", calls, outcomes, want)
 	}

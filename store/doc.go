@@ -2,9 +2,10 @@
 // the place where it remembers what happened to each key.
 //
 // One record exists per (scope, key). Begin is one atomic step that either
-// hands the caller a lease (Execute), returns a finished outcome (Replay),
-// reports a live lease held by someone else (InProgress), or reports that the
-// same key arrived with a different payload (Mismatch):
+// hands the caller a lease (DecisionExecute), returns a finished outcome
+// (DecisionReplay), reports a live lease held by someone else (DecisionHeld),
+// or reports that the same key arrived with a different payload
+// (DecisionMismatch):
 //
 //	absent ──Begin──> IN_PROGRESS(token, lease expiry, attempt n)
 //	IN_PROGRESS ──Complete(success)──> SUCCEEDED(result, expires = now+TTL)

@@ -28,7 +28,7 @@ func Example() {
 	second, _ := st.Begin(ctx, req)
 	fmt.Println(second.Decision)
 
-	_ = st.Complete(ctx, first.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
+	_ = st.Complete(ctx, first.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
 	third, _ := st.Begin(ctx, req)
 	fmt.Println(third.Decision, third.Record.Status, string(third.Record.Result))
 

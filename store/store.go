@@ -2,18 +2,26 @@ package store
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
-// Store remembers the outcome of each (scope, key). Implementations are safe
-// for concurrent use by many goroutines and, for shared stores, many processes.
+// Store is what the idempotency stage needs in the lease mode: it
+// remembers the outcome of each (scope, key). Implementations are safe for
+// concurrent use by many goroutines and, for shared stores, many processes.
 type Store interface {
-	// Begin atomically decides what this delivery does. With Execute the
-	// returned Lease is held until Complete, Release or its expiry.
+	// Limits reports what the store can hold; the stage hashes longer keys
+	// and refuses a policy that would store larger results.
+	Limits() Limits
+	// Begin atomically decides what this delivery does. With
+	// DecisionExecute the returned Lease is held until Complete, Release or
+	// its expiry.
 	Begin(ctx context.Context, req BeginRequest) (BeginResult, error)
 	// Complete stores a final outcome. ErrLeaseLost if the lease is not current.
-	Complete(ctx context.Context, lease Lease, out Outcome) error
+	Complete(ctx context.Context, lease Lease, c Completion) error
 	// Release gives the key back after a retryable failure. The record keeps
 	// its attempt count for keep, so attempts are counted across deliveries.
 	// With keep <= 0 the record is removed (the key is absent again).
@@ -23,9 +31,17 @@ type Store interface {
 	// ErrLeaseLost if the lease is not current or has already expired.
 	// ErrInvalidRequest if d is not positive.
 	Extend(ctx context.Context, lease Lease, d time.Duration) (Lease, error)
+}
+
+// Admin is what operators and maintenance need of a store, apart from the
+// delivery path: every store of oncemill implements it.
+type Admin interface {
 	// Get returns the unexpired record of (scope, key), or ErrNotFound.
 	// An in-progress record whose lease has expired counts as expired.
 	Get(ctx context.Context, scope, key string) (Record, error)
+	// List returns the records the store holds that match req, expired or
+	// not (Record.ExpiresAt says), in (scope, key) order, a page at a time.
+	List(ctx context.Context, req ListRequest) (ListPage, error)
 	// Delete removes the record of (scope, key), whatever its state. It is
 	// for operators; deleting a live lease lets a duplicate run again.
 	Delete(ctx context.Context, scope, key string) error
@@ -39,19 +55,43 @@ type Store interface {
 	DeleteExpired(ctx context.Context, limit int) (int, error)
 }
 
-// KeyLimiter is implemented by stores that bound the length of a key.
-// Longer keys are hashed by the caller, never truncated.
-type KeyLimiter interface {
-	MaxKeyLen() int
+// ListRequest selects records for Admin.List. Zero fields select
+// everything.
+type ListRequest struct {
+	// Scope, when set, selects that scope only.
+	Scope string
+	// Status, when set, selects that status only.
+	Status Status
+	// UpdatedBefore, when set, selects records last written before it (by
+	// the store's clock): an in-progress record older than its handler
+	// should run is stuck.
+	UpdatedBefore time.Time
+	// After is the Next of the previous page; empty for the first.
+	After string
+	// Limit bounds the page; zero means DefaultListLimit.
+	Limit int
 }
 
-// ResultLimiter is implemented by stores that bound Outcome.Result. The
-// idempotency stage refuses a policy.MaxResultBytes above the bound, so that
-// produced messages too large for the store are stored as omitted (the
-// success is remembered, the messages are not replayed) rather than not at
-// all.
-type ResultLimiter interface {
-	MaxResultBytes() int
+// DefaultListLimit is the page size of a ListRequest without a Limit.
+const DefaultListLimit = 100
+
+// ListPage is one page of Admin.List.
+type ListPage struct {
+	Records []Record
+	// Next is the After of the next page; empty when this is the last.
+	Next string
+}
+
+// Limits is what a store can hold. Zero means no bound.
+type Limits struct {
+	// MaxKeyLen is the longest key in bytes; the stage hashes longer keys
+	// (keygen.StorableKey), never truncates them.
+	MaxKeyLen int
+	// MaxResultBytes bounds Completion.Result. The stage refuses a
+	// policy.MaxResultBytes above it, so that produced messages too large
+	// for the store are stored as omitted (the success is remembered, the
+	// messages are not replayed) rather than not at all.
+	MaxResultBytes int
 }
 
 // Transactional is implemented by stores that keep the record in the same
@@ -74,8 +114,9 @@ type ResultLimiter interface {
 // so that attempts are counted across deliveries. fingerprint is the
 // claim's, kept for mismatch detection.
 type Transactional interface {
+	Limits() Limits
 	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
-	RecordRollback(ctx context.Context, lease Lease, fingerprint string, out Outcome) error
+	RecordRollback(ctx context.Context, lease Lease, fingerprint string, out Completion) error
 }
 
 // ClaimRequest asks for the key inside a new transaction.
@@ -90,7 +131,7 @@ type ClaimRequest struct {
 	// (the longest of the outcome TTLs). Zero means SuccessTTL.
 	Retain time.Duration
 	// Wait bounds how long the claim waits for another delivery that holds
-	// the key in its transaction; past it the answer is InProgress. Must be
+	// the key in its transaction; past it the answer is DecisionHeld. Must be
 	// positive.
 	Wait time.Duration
 }
@@ -99,18 +140,18 @@ type ClaimRequest struct {
 func (r ClaimRequest) Validate() error {
 	switch {
 	case r.Key == "":
-		return errors.Join(ErrInvalidRequest, errors.New("empty key"))
+		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
 	case r.SuccessTTL <= 0:
-		return errors.Join(ErrInvalidRequest, errors.New("success TTL must be positive"))
+		return fmt.Errorf("%w: success TTL must be positive", ErrInvalidRequest)
 	case r.Retain < 0:
-		return errors.Join(ErrInvalidRequest, errors.New("retain must not be negative"))
+		return fmt.Errorf("%w: retain must not be negative", ErrInvalidRequest)
 	case r.Wait <= 0:
-		return errors.Join(ErrInvalidRequest, errors.New("wait must be positive"))
+		return fmt.Errorf("%w: wait must be positive", ErrInvalidRequest)
 	}
 	return nil
 }
 
-// ClaimResult is Claim's answer. With Decision Execute, Tx is the open
+// ClaimResult is Claim's answer. With DecisionExecute, Tx is the open
 // transaction that holds the claim; for every other decision the
 // transaction has already ended and Tx is nil.
 type ClaimResult struct {
@@ -118,8 +159,8 @@ type ClaimResult struct {
 	Tx Tx
 	// Contended is true when the claim met the key held by another
 	// delivery's open transaction and waited for it: it then replays what
-	// that one committed, or answers InProgress past the wait. (A wait that
-	// ends in Execute, the holder having rolled back, leaves no trace.)
+	// that one committed, or answers DecisionHeld past the wait. (A wait that
+	// ends in DecisionExecute, the holder having rolled back, leaves no trace.)
 	Contended bool
 }
 
@@ -139,49 +180,54 @@ type Tx interface {
 	Rollback(ctx context.Context) error
 }
 
-// Sentinel errors. Implementations wrap them with %w and context.
+// Sentinel errors. Implementations always wrap them with %w and context
+// that starts with "oncemill: ", so their own text has no prefix.
 var (
 	// ErrLeaseLost: the caller's fencing token is no longer current (the lease
 	// expired and was taken over, or the record finished or was deleted).
-	ErrLeaseLost = errors.New("store: lease lost")
+	ErrLeaseLost = errors.New("lease lost")
 	// ErrNotFound: no unexpired record for the key.
-	ErrNotFound = errors.New("store: record not found")
+	ErrNotFound = errors.New("record not found")
 	// ErrInvalidRequest: the request cannot be served as given.
-	ErrInvalidRequest = errors.New("store: invalid request")
+	ErrInvalidRequest = errors.New("invalid store request")
 	// ErrClosed: the store was closed.
-	ErrClosed = errors.New("store: closed")
+	ErrClosed = errors.New("store closed")
 	// ErrNoTransaction: no transaction of the store in the context.
-	ErrNoTransaction = errors.New("store: no transaction in context")
+	ErrNoTransaction = errors.New("no transaction in the context")
 )
 
 // MaxScopeLen is the longest scope in bytes that every store holds. The
 // idempotency stage refuses a longer configured scope, and hashes a longer
-// handler name (keygen.Limit) before it uses it as the scope.
+// handler name (keygen.StorableKey) before it uses it as the scope.
 const MaxScopeLen = 1024
 
 // Decision is what Begin tells the caller to do.
 type Decision int
 
 const (
-	// Execute: this delivery owns the key; run the handler under the lease.
-	Execute Decision = iota + 1
-	// Replay: the key finished (Succeeded or Failed) and has not expired.
-	Replay
-	// InProgress: another live lease holds the key.
-	InProgress
-	// Mismatch: the key is known with a different payload fingerprint.
-	Mismatch
+	// DecisionExecute: this delivery owns the key; run the handler under
+	// the lease.
+	DecisionExecute Decision = iota + 1
+	// DecisionReplay: the key finished (succeeded or failed) and has not
+	// expired.
+	DecisionReplay
+	// DecisionHeld: another delivery holds the key (a live lease, or an
+	// open transaction in the one-transaction mode).
+	DecisionHeld
+	// DecisionMismatch: the key is known with a different payload
+	// fingerprint.
+	DecisionMismatch
 )
 
 func (d Decision) String() string {
 	switch d {
-	case Execute:
+	case DecisionExecute:
 		return "execute"
-	case Replay:
+	case DecisionReplay:
 		return "replay"
-	case InProgress:
-		return "in_progress"
-	case Mismatch:
+	case DecisionHeld:
+		return "held"
+	case DecisionMismatch:
 		return "mismatch"
 	}
 	return "unknown"
@@ -216,7 +262,7 @@ type BeginRequest struct {
 	Scope string
 	Key   string
 	// Fingerprint identifies the payload. When both it and the stored one are
-	// non-empty and differ, Begin returns Mismatch.
+	// non-empty and differ, Begin returns DecisionMismatch.
 	Fingerprint string
 	// Lease is how long the lease lasts without Extend. Must be positive.
 	Lease time.Duration
@@ -230,10 +276,10 @@ type BeginRequest struct {
 // Validate reports a request no store can serve.
 func (r BeginRequest) Validate() error {
 	if r.Key == "" {
-		return errors.Join(ErrInvalidRequest, errors.New("empty key"))
+		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
 	}
 	if r.Lease <= 0 {
-		return errors.Join(ErrInvalidRequest, errors.New("lease must be positive"))
+		return fmt.Errorf("%w: lease must be positive", ErrInvalidRequest)
 	}
 	return nil
 }
@@ -241,13 +287,13 @@ func (r BeginRequest) Validate() error {
 // BeginResult is Begin's answer.
 type BeginResult struct {
 	Decision Decision
-	// Lease is set for Execute.
+	// Lease is set for DecisionExecute.
 	Lease Lease
-	// Takeover is true for Execute when an expired lease of another worker
+	// Takeover is true for DecisionExecute when an expired lease of another worker
 	// was taken over.
 	Takeover bool
-	// Record is the existing record for Replay, InProgress and Mismatch, and
-	// nil for Execute.
+	// Record is the existing record for DecisionReplay, DecisionHeld and
+	// DecisionMismatch, and nil for DecisionExecute.
 	Record *Record
 }
 
@@ -265,8 +311,8 @@ type Lease struct {
 	ExpiresAt time.Time
 }
 
-// Outcome is what Complete stores.
-type Outcome struct {
+// Completion is the outcome Complete stores.
+type Completion struct {
 	// Status is StatusSucceeded or StatusFailed.
 	Status Status
 	// Result is the encoded result of a success.
@@ -279,12 +325,12 @@ type Outcome struct {
 }
 
 // Validate reports an outcome no store can serve.
-func (o Outcome) Validate() error {
+func (o Completion) Validate() error {
 	if o.Status != StatusSucceeded && o.Status != StatusFailed {
-		return errors.Join(ErrInvalidRequest, errors.New("outcome status must be succeeded or failed, not "+o.Status.String()))
+		return fmt.Errorf("%w: completion status must be succeeded or failed, not %v", ErrInvalidRequest, o.Status)
 	}
 	if o.TTL <= 0 {
-		return errors.Join(ErrInvalidRequest, errors.New("outcome TTL must be positive"))
+		return fmt.Errorf("%w: outcome TTL must be positive", ErrInvalidRequest)
 	}
 	return nil
 }
@@ -307,4 +353,39 @@ type Record struct {
 	// ExpiresAt is when the record stops being visible. For an in-progress
 	// record it equals LeaseExpiresAt.
 	ExpiresAt time.Time
+}
+
+// ListCursor is the After of a page that continues past (scope, key): an
+// opaque, printable string. Stores that list in (scope, key) order use it.
+func ListCursor(scope, key string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(scope + "\x00" + key))
+}
+
+// ParseListCursor reads a ListCursor back. An empty cursor is the start,
+// before every (scope, key).
+func ParseListCursor(after string) (scope, key string, err error) {
+	b, err := base64.RawURLEncoding.DecodeString(after)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, after)
+	}
+	scope, key, ok := strings.Cut(string(b), "\x00")
+	if !ok && after != "" {
+		return "", "", fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, after)
+	}
+	return scope, key, nil
+}
+
+// Validate reports a request no store can serve.
+func (r ListRequest) Validate() error {
+	if r.Limit < 0 {
+		return fmt.Errorf("%w: list limit %d is negative; use 0 for %d", ErrInvalidRequest, r.Limit, DefaultListLimit)
+	}
+	return nil
+}
+
+// Matches reports whether rec is selected by r's filters (not its page).
+func (r ListRequest) Matches(rec Record) bool {
+	return (r.Scope == "" || rec.Scope == r.Scope) &&
+		(r.Status == 0 || rec.Status == r.Status) &&
+		(r.UpdatedBefore.IsZero() || rec.UpdatedAt.Before(r.UpdatedBefore))
 }

@@ -128,9 +128,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, b *broker, ss *sto
 	closeErr := router.Close()
 	<-routerDone
 	fmt.Fprintf(stdout, "consumed: executed=%d replayed=%d failure_cached=%d failure_replayed=%d released=%d in_progress_nacked=%d rejected=%d store_failed=%d\n",
-		outcomes.count(pipeline.Executed), outcomes.count(pipeline.Replayed), outcomes.count(pipeline.FailureCached),
-		outcomes.count(pipeline.FailureReplayed), outcomes.count(pipeline.Released), outcomes.count(pipeline.InProgressNacked),
-		outcomes.count(pipeline.Rejected), outcomes.count(pipeline.StoreFailed))
+		outcomes.count(pipeline.OutcomeExecuted), outcomes.count(pipeline.OutcomeReplayed), outcomes.count(pipeline.OutcomeFailureCached),
+		outcomes.count(pipeline.OutcomeFailureReplayed), outcomes.count(pipeline.OutcomeReleased), outcomes.count(pipeline.OutcomeHeldKeyNacked),
+		outcomes.count(pipeline.OutcomeRejected), outcomes.count(pipeline.OutcomeStoreFailed))
 	if closeErr != nil {
 		return fmt.Errorf("drain: %w", closeErr)
 	}

@@ -182,15 +182,15 @@ func withoutIdempotency(logger watermill.LoggerAdapter, onEvent func(pipeline.Ev
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			msgs, err := h(msg)
-			ev := pipeline.Event{MessageUUID: msg.UUID, Outcome: pipeline.Executed, Err: err}
+			ev := pipeline.Event{MessageUUID: msg.UUID, Outcome: pipeline.OutcomeExecuted, Err: err}
 			switch {
 			case err == nil:
 			case classify.IsPermanent(err):
-				ev.Outcome = pipeline.FailureCached
+				ev.Outcome = pipeline.OutcomeFailureCached
 				logger.Error("Handler failed permanently; the message is acked", err, watermill.LogFields{"message_uuid": msg.UUID})
 				msgs, err = nil, nil
 			default:
-				ev.Outcome = pipeline.Released
+				ev.Outcome = pipeline.OutcomeReleased
 			}
 			onEvent(ev)
 			return msgs, err

@@ -18,7 +18,7 @@ import (
 // tally counts the outcome of every delivery, from the events oncemill
 // reports (or the baseline reports with --no-idempotency).
 type tally struct {
-	outcomes  [pipeline.StoreFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
+	outcomes  [pipeline.OutcomeStoreFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
 	acked     atomic.Int64
 	takeovers atomic.Int64
 
@@ -61,12 +61,12 @@ func (t *tally) count(o pipeline.Outcome) int64 { return t.outcomes[o].Load() }
 
 // replays counts deliveries answered from a stored success (the handler was
 // not called; the stored settlement was returned again).
-func (t *tally) replays() int64 { return t.count(pipeline.Replayed) }
+func (t *tally) replays() int64 { return t.count(pipeline.OutcomeReplayed) }
 
 // cachedFailures counts deliveries acked as a cached failure: the first time
 // (FailureCached) or replayed to a duplicate (FailureReplayed).
 func (t *tally) cachedFailures() int64 {
-	return t.count(pipeline.FailureCached) + t.count(pipeline.FailureReplayed)
+	return t.count(pipeline.OutcomeFailureCached) + t.count(pipeline.OutcomeFailureReplayed)
 }
 
 // tracker follows deliveries through the broker: how many are published and

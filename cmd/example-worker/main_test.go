@@ -71,13 +71,13 @@ func TestWorkloadIsExactlyOnceWithOncemill(t *testing.T) {
 	if sum.Replays == 0 {
 		t.Error("replays=0: no duplicate was answered from a stored success")
 	}
-	if sum.CachedFailures == 0 || sum.Outcomes[pipeline.FailureReplayed] == 0 {
-		t.Errorf("cached_failures=%d failure_replayed=%d: want both above 0", sum.CachedFailures, sum.Outcomes[pipeline.FailureReplayed])
+	if sum.CachedFailures == 0 || sum.Outcomes[pipeline.OutcomeFailureReplayed] == 0 {
+		t.Errorf("cached_failures=%d failure_replayed=%d: want both above 0", sum.CachedFailures, sum.Outcomes[pipeline.OutcomeFailureReplayed])
 	}
-	if got := sum.Outcomes[pipeline.FailureCached]; got != int64(sum.Invalid) {
+	if got := sum.Outcomes[pipeline.OutcomeFailureCached]; got != int64(sum.Invalid) {
 		t.Errorf("failure_cached=%d, want one per invalid command (%d)", got, sum.Invalid)
 	}
-	if sum.Outcomes[pipeline.Released] == 0 {
+	if sum.Outcomes[pipeline.OutcomeReleased] == 0 {
 		t.Error("released=0: no transient failure was retried")
 	}
 	if sum.InProgressKeys == 0 {
@@ -86,8 +86,8 @@ func TestWorkloadIsExactlyOnceWithOncemill(t *testing.T) {
 	// Takeovers are not asserted: on a starved machine a pause of the whole
 	// process can outlast a lease; the lease check before the charge keeps
 	// that from becoming a double effect, which is what is asserted.
-	if sum.Outcomes[pipeline.Rejected] != 0 {
-		t.Errorf("rejected=%d, want 0: no command may be refused", sum.Outcomes[pipeline.Rejected])
+	if sum.Outcomes[pipeline.OutcomeRejected] != 0 {
+		t.Errorf("rejected=%d, want 0: no command may be refused", sum.Outcomes[pipeline.OutcomeRejected])
 	}
 	if sum.SettledUUIDs != sum.Effects || sum.Settled != sum.Effects+int(sum.Replays) {
 		t.Errorf("settlements received=%d distinct=%d, want %d distinct (one per effect) and %d in all (replays re-publish them)",

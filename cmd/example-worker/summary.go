@@ -79,8 +79,8 @@ func (s summary) write(w io.Writer) {
 	fmt.Fprintf(w, "faults: invalid=%d transient=%d stall=%d redeliver=%d resend=%d concurrent=%d\n",
 		s.Faults.invalid, s.Faults.transient, s.Faults.stall, s.Faults.redeliver, s.Faults.resend, s.Faults.concurrent)
 	fmt.Fprintf(w, "outcomes: executed=%d replayed=%d failure_cached=%d failure_replayed=%d released=%d in_progress_nacked=%d rejected=%d store_failed=%d takeovers=%d in_progress_keys=%d\n",
-		o[pipeline.Executed], o[pipeline.Replayed], o[pipeline.FailureCached], o[pipeline.FailureReplayed], o[pipeline.Released],
-		o[pipeline.InProgressNacked], o[pipeline.Rejected], o[pipeline.StoreFailed], s.Takeovers, s.InProgressKeys)
+		o[pipeline.OutcomeExecuted], o[pipeline.OutcomeReplayed], o[pipeline.OutcomeFailureCached], o[pipeline.OutcomeFailureReplayed], o[pipeline.OutcomeReleased],
+		o[pipeline.OutcomeHeldKeyNacked], o[pipeline.OutcomeRejected], o[pipeline.OutcomeStoreFailed], s.Takeovers, s.InProgressKeys)
 	fmt.Fprintf(w, "settlements: produced=%d received=%d distinct=%d; log_errors=%d\n", s.Produced, s.Settled, s.SettledUUIDs, s.LogErrors)
 	fmt.Fprintln(w, s.line())
 }

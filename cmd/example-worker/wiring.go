@@ -67,7 +67,7 @@ func newGuard(cfg config, d guardDeps) (message.HandlerMiddleware, error) {
 		WithHeartbeat(cfg.Lease/3).
 		// A duplicate of a running command waits for it and then replays;
 		// the wait outlasts a stall (1.5x lease) with room to spare.
-		WithInProgress(policy.Wait, 3*cfg.Lease).
+		WithInProgress(policy.HeldKeyWait, 3*cfg.Lease).
 		// gochannel and AMQP redeliver a nack at once; pause so a waiter
 		// does not spin.
 		WithNackDelay(cfg.Lease / 10).

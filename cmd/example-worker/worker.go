@@ -199,7 +199,7 @@ func summarize(p *plan, prod *producer, counts map[string]int, outcomes *tally, 
 		Faults:         p.counts,
 		Idempotent:     idempotent,
 	}
-	for o := pipeline.Executed; o <= pipeline.StoreFailed; o++ {
+	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeStoreFailed; o++ {
 		s.Outcomes[o] = outcomes.count(o)
 	}
 	if secs := elapsed.Seconds(); secs > 0 {

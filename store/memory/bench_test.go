@@ -31,7 +31,7 @@ func benchKeys(n int) []string {
 
 var benchResult = make([]byte, 256)
 
-var benchOutcome = store.Outcome{Status: store.StatusSucceeded, Result: benchResult, TTL: time.Hour}
+var benchOutcome = store.Completion{Status: store.StatusSucceeded, Result: benchResult, TTL: time.Hour}
 
 // BenchmarkBeginComplete is the path of a first delivery: Begin a new key,
 // then Complete it with a 256-byte result.
@@ -43,7 +43,7 @@ func BenchmarkBeginComplete(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: keys[i], Lease: time.Minute})
-		if err != nil || res.Decision != store.Execute {
+		if err != nil || res.Decision != store.DecisionExecute {
 			b.Fatalf("Begin = %v, %v", res.Decision, err)
 		}
 		if err := s.Complete(ctx, res.Lease, benchOutcome); err != nil {
@@ -63,7 +63,7 @@ func BenchmarkBeginCompleteParallel(b *testing.B) {
 		for pb.Next() {
 			key := keys[next.Add(1)-1]
 			res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Lease: time.Minute})
-			if err != nil || res.Decision != store.Execute {
+			if err != nil || res.Decision != store.DecisionExecute {
 				b.Fatalf("Begin = %v, %v", res.Decision, err)
 			}
 			if err := s.Complete(ctx, res.Lease, benchOutcome); err != nil {
@@ -89,7 +89,7 @@ func BenchmarkReplay(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		res, err := s.Begin(ctx, req)
-		if err != nil || res.Decision != store.Replay {
+		if err != nil || res.Decision != store.DecisionReplay {
 			b.Fatalf("Begin = %v, %v", res.Decision, err)
 		}
 	}
@@ -119,7 +119,7 @@ func BenchmarkReplayParallel(b *testing.B) {
 			i++
 			key := keys[i%len(keys)]
 			res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Lease: time.Minute})
-			if err != nil || res.Decision != store.Replay {
+			if err != nil || res.Decision != store.DecisionReplay {
 				b.Fatalf("Begin = %v, %v", res.Decision, err)
 			}
 		}
@@ -138,7 +138,7 @@ func BenchmarkBeginInProgress(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		res, err := s.Begin(ctx, req)
-		if err != nil || res.Decision != store.InProgress {
+		if err != nil || res.Decision != store.DecisionHeld {
 			b.Fatalf("Begin = %v, %v", res.Decision, err)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oncemill/oncemill"
+
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -33,7 +35,7 @@ type Options struct {
 	CleanupInterval time.Duration
 	// MaxKeyLen is the longest key in bytes that Begin accepts (default
 	// 1024). Longer keys are refused with store.ErrInvalidRequest: callers
-	// hash them with keygen.Limit instead of truncating them.
+	// hash them with keygen.StorableKey instead of truncating them.
 	MaxKeyLen int
 }
 
@@ -42,9 +44,9 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Shards == 0:
 		o.Shards = defaultShards
 	case o.Shards < 0 || o.Shards&(o.Shards-1) != 0:
-		return o, fmt.Errorf("memory: Options.Shards is %d; use a power of two such as %d, or 0 for the default", o.Shards, defaultShards)
+		return o, oncemill.InvalidConfig("memory.Options", "Shards is %d; use a power of two such as %d, or 0 for the default", o.Shards, defaultShards)
 	case o.Shards > maxShards:
-		return o, fmt.Errorf("memory: Options.Shards is %d; use at most %d", o.Shards, maxShards)
+		return o, oncemill.InvalidConfig("memory.Options", "Shards is %d; use at most %d", o.Shards, maxShards)
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -56,7 +58,7 @@ func (o Options) withDefaults() (Options, error) {
 	case o.MaxKeyLen == 0:
 		o.MaxKeyLen = defaultMaxKeyLen
 	case o.MaxKeyLen < 0:
-		return o, fmt.Errorf("memory: Options.MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
+		return o, oncemill.InvalidConfig("memory.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
 	}
 	return o, nil
 }
@@ -78,8 +80,8 @@ type Store struct {
 }
 
 var (
-	_ store.Store      = (*Store)(nil)
-	_ store.KeyLimiter = (*Store)(nil)
+	_ store.Store = (*Store)(nil)
+	_ store.Admin = (*Store)(nil)
 )
 
 // shard is one lock and the records it guards. A key always hashes to the
@@ -148,8 +150,9 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
-// MaxKeyLen implements store.KeyLimiter.
-func (s *Store) MaxKeyLen() int { return s.maxKeyLen }
+// Limits implements store.Store: keys of at most Options.MaxKeyLen bytes,
+// results of any size (they stay in this process).
+func (s *Store) Limits() store.Limits { return store.Limits{MaxKeyLen: s.maxKeyLen} }
 
 // Close stops the sweeper and waits for it to exit. Afterwards every
 // operation returns store.ErrClosed. Close is idempotent.
@@ -227,14 +230,14 @@ func (sh *shard) remove(h uint64, rec *record) {
 
 func (s *Store) checkOpen(op string) error {
 	if s.closed.Load() {
-		return fmt.Errorf("memory: %s: %w", op, store.ErrClosed)
+		return fmt.Errorf("oncemill: memory: %s: %w", op, store.ErrClosed)
 	}
 	return nil
 }
 
 func checkKey(op, key string) error {
 	if key == "" {
-		return fmt.Errorf("memory: %s: empty key: %w", op, store.ErrInvalidRequest)
+		return fmt.Errorf("oncemill: memory: %s: empty key: %w", op, store.ErrInvalidRequest)
 	}
 	return nil
 }
@@ -264,18 +267,18 @@ func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginRes
 	// The record is live, or an expired lease whose attempt count the new
 	// delivery carries on: either way it must be the same payload.
 	if req.Fingerprint != "" && rec.fingerprint != "" && req.Fingerprint != rec.fingerprint {
-		return s.found(store.Mismatch, rec), nil
+		return s.found(store.DecisionMismatch, rec), nil
 	}
 	switch rec.status {
 	case store.StatusInProgress:
 		if live {
-			return s.found(store.InProgress, rec), nil
+			return s.found(store.DecisionHeld, rec), nil
 		}
 		return s.execute(sh, rec, req, now, rec.attempt+1, true), nil
 	case store.StatusRetryable:
 		return s.execute(sh, rec, req, now, rec.attempt+1, false), nil
 	default: // succeeded or failed
-		return s.found(store.Replay, rec), nil
+		return s.found(store.DecisionReplay, rec), nil
 	}
 }
 
@@ -283,10 +286,10 @@ func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginRes
 // path's stack frame stays small.
 func (s *Store) checkBegin(req store.BeginRequest) error {
 	if err := req.Validate(); err != nil {
-		return fmt.Errorf("memory: begin: %w", err)
+		return fmt.Errorf("oncemill: memory: begin: %w", err)
 	}
 	if len(req.Key) > s.maxKeyLen {
-		return fmt.Errorf("memory: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit: %w",
+		return fmt.Errorf("oncemill: memory: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",
 			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
 	}
 	return s.checkOpen("begin")
@@ -314,7 +317,7 @@ func (s *Store) execute(sh *shard, rec *record, req store.BeginRequest, now int6
 	rec.purge = rec.leaseExpires + int64(req.Retain)
 	rec.updated = now
 	return store.BeginResult{
-		Decision: store.Execute,
+		Decision: store.DecisionExecute,
 		Takeover: takeover,
 		Lease: store.Lease{
 			Scope:     rec.scope,
@@ -335,15 +338,15 @@ func (s *Store) execute(sh *shard, rec *record, req store.BeginRequest, now int6
 func (sh *shard) holder(op string, h uint64, lease store.Lease) (*record, error) {
 	rec := sh.find(h, lease.Scope, lease.Key)
 	if rec == nil || rec.status != store.StatusInProgress || rec.token != lease.Token {
-		return nil, fmt.Errorf("memory: %s %q/%q with token %d: %w", op, lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
+		return nil, fmt.Errorf("oncemill: memory: %s %q/%q with token %d: %w", op, lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
 	return rec, nil
 }
 
 // Complete implements store.Store.
-func (s *Store) Complete(_ context.Context, lease store.Lease, out store.Outcome) error {
+func (s *Store) Complete(_ context.Context, lease store.Lease, out store.Completion) error {
 	if err := out.Validate(); err != nil {
-		return fmt.Errorf("memory: complete: %w", err)
+		return fmt.Errorf("oncemill: memory: complete: %w", err)
 	}
 	if err := checkKey("complete", lease.Key); err != nil {
 		return err
@@ -405,7 +408,7 @@ func (s *Store) Release(_ context.Context, lease store.Lease, keep time.Duration
 // Extend implements store.Store.
 func (s *Store) Extend(_ context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
 	if d <= 0 {
-		return store.Lease{}, fmt.Errorf("memory: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
+		return store.Lease{}, fmt.Errorf("oncemill: memory: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
 	}
 	if err := checkKey("extend", lease.Key); err != nil {
 		return store.Lease{}, err
@@ -426,7 +429,7 @@ func (s *Store) Extend(_ context.Context, lease store.Lease, d time.Duration) (s
 	// Unlike Complete, Extend refuses an expired lease: the holder has been
 	// running unprotected and must not pretend otherwise.
 	if now >= rec.leaseExpires {
-		return store.Lease{}, fmt.Errorf("memory: extend %q/%q with token %d: lease expired: %w", lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
+		return store.Lease{}, fmt.Errorf("oncemill: memory: extend %q/%q with token %d: lease expired: %w", lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
 	rec.leaseExpires = now + int64(d)
 	rec.expires = rec.leaseExpires
@@ -457,7 +460,7 @@ func (s *Store) Get(_ context.Context, scope, key string) (store.Record, error) 
 
 	rec := sh.find(h, scope, key)
 	if rec == nil || now >= rec.expires {
-		return store.Record{}, fmt.Errorf("memory: get %q/%q: %w", scope, key, store.ErrNotFound)
+		return store.Record{}, fmt.Errorf("oncemill: memory: get %q/%q: %w", scope, key, store.ErrNotFound)
 	}
 	return s.snapshot(rec), nil
 }
@@ -485,7 +488,7 @@ func (s *Store) Delete(_ context.Context, scope, key string) error {
 // next Begin of such a key then starts again at attempt 1.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
-		return 0, fmt.Errorf("memory: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
+		return 0, fmt.Errorf("oncemill: memory: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
 	}
 	if err := s.checkOpen("delete expired"); err != nil {
 		return 0, err
@@ -500,7 +503,7 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 	full := func() bool { return limit > 0 && removed == limit }
 	for i := range s.shards {
 		if err := ctx.Err(); err != nil {
-			return removed, fmt.Errorf("memory: delete expired: %w", err)
+			return removed, fmt.Errorf("oncemill: memory: delete expired: %w", err)
 		}
 		sh := &s.shards[i]
 		now := s.clock()

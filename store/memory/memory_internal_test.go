@@ -39,13 +39,13 @@ func TestSweeperRemovesExpired(t *testing.T) {
 	begin := func(key string, lease time.Duration) store.Lease {
 		t.Helper()
 		res, err := s.Begin(ctx, store.BeginRequest{Key: key, Lease: lease})
-		if err != nil || res.Decision != store.Execute {
+		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin(%q) = %v, %v; want execute", key, res.Decision, err)
 		}
 		return res.Lease
 	}
 	for _, key := range []string{"a", "b", "c"} {
-		if err := s.Complete(ctx, begin(key, time.Minute), store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+		if err := s.Complete(ctx, begin(key, time.Minute), store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,7 +53,7 @@ func TestSweeperRemovesExpired(t *testing.T) {
 	if err := s.Release(ctx, begin("released", time.Minute), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, begin("live", time.Minute), store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+	if err := s.Complete(ctx, begin("live", time.Minute), store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -128,7 +128,7 @@ func TestClose(t *testing.T) {
 
 	ops := map[string]error{}
 	_, ops["Begin"] = s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
-	ops["Complete"] = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute})
+	ops["Complete"] = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
 	ops["Release"] = s.Release(ctx, res.Lease, time.Minute)
 	_, ops["Extend"] = s.Extend(ctx, res.Lease, time.Minute)
 	_, ops["Get"] = s.Get(ctx, "", "k")

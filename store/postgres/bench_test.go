@@ -39,10 +39,10 @@ func BenchmarkBeginComplete(b *testing.B) {
 					if err != nil {
 						return err
 					}
-					if res.Decision != store.Execute {
+					if res.Decision != store.DecisionExecute {
 						return fmt.Errorf("decision %v for a unique key", res.Decision)
 					}
-					return s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
+					return s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
 				})
 			})
 		}
@@ -198,7 +198,7 @@ func beginLatencies(b *testing.B, s *postgres.Store, n int, d time.Duration, sto
 					b.Error(err)
 					return
 				}
-				if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+				if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
 					b.Error(err)
 					return
 				}

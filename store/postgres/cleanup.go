@@ -42,7 +42,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 // own short transaction, so no lock is held from one batch to the next.
 func (s *Store) CleanupPass(ctx context.Context) (removed int, ran bool, err error) {
 	if s.isClosed() {
-		return 0, false, fmt.Errorf("postgres: cleanup: %w", store.ErrClosed)
+		return 0, false, fmt.Errorf("oncemill: postgres: cleanup: %w", store.ErrClosed)
 	}
 	return s.cleanupPass(ctx)
 }
@@ -81,7 +81,7 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 	cursor := time.Time{} // older than any row
 	for {
 		if err := ctx.Err(); err != nil {
-			return removed, true, fmt.Errorf("postgres: cleanup: %w", err)
+			return removed, true, fmt.Errorf("oncemill: postgres: cleanup: %w", err)
 		}
 		start := time.Now()
 		var n int

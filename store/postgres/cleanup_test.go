@@ -21,7 +21,7 @@ func fill(t *testing.T, s *postgres.Store, scope string, n int, ttl time.Duratio
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(t.Context(), res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: ttl}); err != nil {
+		if err := s.Complete(t.Context(), res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: ttl}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -20,7 +20,7 @@ func TestClose(t *testing.T) {
 	}
 	// A claim taken before Close can still end after it.
 	claim, err := s.Claim(ctx, store.ClaimRequest{Key: "claimed", SuccessTTL: time.Minute, Wait: time.Second})
-	if err != nil || claim.Decision != store.Execute {
+	if err != nil || claim.Decision != store.DecisionExecute {
 		t.Fatalf("Claim = %v, %v", claim.Decision, err)
 	}
 
@@ -32,7 +32,7 @@ func TestClose(t *testing.T) {
 	}
 	ops := map[string]error{}
 	_, ops["Begin"] = s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
-	ops["Complete"] = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute})
+	ops["Complete"] = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
 	ops["Release"] = s.Release(ctx, res.Lease, time.Minute)
 	_, ops["Extend"] = s.Extend(ctx, res.Lease, time.Minute)
 	_, ops["Get"] = s.Get(ctx, "", "k")
@@ -40,7 +40,7 @@ func TestClose(t *testing.T) {
 	_, ops["DeleteExpired"] = s.DeleteExpired(ctx, 10)
 	_, _, ops["CleanupPass"] = s.CleanupPass(ctx)
 	_, ops["Claim"] = s.Claim(ctx, store.ClaimRequest{Key: "k2", SuccessTTL: time.Minute, Wait: time.Second})
-	ops["RecordRollback"] = s.RecordRollback(ctx, res.Lease, "", store.Outcome{Status: store.StatusRetryable, TTL: time.Minute})
+	ops["RecordRollback"] = s.RecordRollback(ctx, res.Lease, "", store.Completion{Status: store.StatusRetryable, TTL: time.Minute})
 	for op, err := range ops {
 		if !errors.Is(err, store.ErrClosed) {
 			t.Errorf("%s after Close: err = %v, want ErrClosed", op, err)

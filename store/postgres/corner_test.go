@@ -66,7 +66,7 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 		(scope, key, status, token, attempt, purge_at, expires_at, created_at, updated_at)
 		VALUES ('c', $1, 1, nextval('`+seq+`'), 1, now() + interval '1 hour', now() + interval '1 hour', now(), now())
 		RETURNING token`)
-	if res.Decision != store.InProgress || res.Record.Token != token {
+	if res.Decision != store.DecisionHeld || res.Record.Token != token {
 		t.Fatalf("Begin after a concurrent insert = %v (record %+v), want in_progress with token %d", res.Decision, res.Record, token)
 	}
 
@@ -80,7 +80,7 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 	res, token = race("expired", `UPDATE `+qualified+` SET token = nextval('`+seq+`'), attempt = attempt + 1,
 		expires_at = now() + interval '1 hour'
 		WHERE scope = 'c' AND key = $1 RETURNING token`)
-	if res.Decision != store.InProgress || res.Record.Token != token || token <= first.Lease.Token {
+	if res.Decision != store.DecisionHeld || res.Record.Token != token || token <= first.Lease.Token {
 		t.Fatalf("Begin after a concurrent takeover = %v (record %+v), want in_progress with the new token %d", res.Decision, res.Record, token)
 	}
 }

@@ -220,7 +220,7 @@ func TestCrashChild(t *testing.T) {
 	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
 
 	p := policy.Default()
-	p.InProgress = policy.Nack // the broker redelivers later
+	p.HeldKey = policy.HeldKeyNack // the broker redelivers later
 	p.NackDelay = 10 * time.Millisecond
 	p.MaxAttempts = 1 << 20 // crashes are not failures to cap
 	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: s, Keys: keygen.UUID(), Scope: "crash", Policy: p})

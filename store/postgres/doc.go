@@ -71,7 +71,7 @@
 // Values always travel as parameters; the schema and table names are
 // validated as plain identifiers and quoted. Keys longer than
 // Options.MaxKeyLen are refused (the idempotency stage hashes them first,
-// through store.KeyLimiter), results larger than Options.MaxResultBytes are
+// through store.Limits), results larger than Options.MaxResultBytes are
 // refused with store.ErrInvalidRequest, and so are scopes, keys and
 // fingerprints that PostgreSQL text cannot hold (a NUL byte, invalid UTF-8).
 package postgres

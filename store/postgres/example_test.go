@@ -55,7 +55,7 @@ func Example() {
 	}
 	fmt.Println(first.Decision, "attempt", first.Lease.Attempt)
 
-	err = st.Complete(ctx, first.Lease, store.Outcome{
+	err = st.Complete(ctx, first.Lease, store.Completion{
 		Status: store.StatusSucceeded,
 		Result: []byte(`{"charged":true}`),
 		TTL:    time.Hour,

@@ -48,7 +48,7 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 		num, name, ok := strings.Cut(base, "_")
 		v, err := strconv.Atoi(num)
 		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("postgres: migration file %s is not named NNNN_name.sql", f)
+			return nil, fmt.Errorf("oncemill: postgres: migration file %s is not named NNNN_name.sql", f)
 		}
 		b, err := fs.ReadFile(fsys, f)
 		if err != nil {
@@ -59,11 +59,11 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
 	for i, m := range ms {
 		if m.version != i+1 {
-			return nil, fmt.Errorf("postgres: migrations are not numbered 1, 2, 3...: found %d at position %d", m.version, i+1)
+			return nil, fmt.Errorf("oncemill: postgres: migrations are not numbered 1, 2, 3...: found %d at position %d", m.version, i+1)
 		}
 	}
 	if len(ms) == 0 {
-		return nil, fmt.Errorf("postgres: no embedded migrations")
+		return nil, fmt.Errorf("oncemill: postgres: no embedded migrations")
 	}
 	return ms, nil
 }
@@ -80,12 +80,12 @@ func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, Sch
 func (s *Store) migrateTo(ctx context.Context, version int) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("postgres: migrate: %w", err)
+		return fmt.Errorf("oncemill: postgres: migrate: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
-		return fmt.Errorf("postgres: migrate: taking the migration lock: %w", err)
+		return fmt.Errorf("oncemill: postgres: migrate: taking the migration lock: %w", err)
 	}
 	setup := s.names.render(`
 CREATE SCHEMA IF NOT EXISTS {{SCHEMA}};
@@ -95,28 +95,28 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 	applied_at timestamptz NOT NULL DEFAULT now()
 );`)
 	if _, err := tx.Exec(ctx, setup, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return fmt.Errorf("postgres: migrate: creating schema %s and version table: %w", s.names.schema, err)
+		return fmt.Errorf("oncemill: postgres: migrate: creating schema %s and version table: %w", s.names.schema, err)
 	}
 	var current int
 	if err := tx.QueryRow(ctx, s.names.render(`SELECT coalesce(max(version), 0) FROM {{VERSIONS}}`)).Scan(&current); err != nil {
-		return fmt.Errorf("postgres: migrate: reading the schema version: %w", err)
+		return fmt.Errorf("oncemill: postgres: migrate: reading the schema version: %w", err)
 	}
 	if current > SchemaVersion {
-		return fmt.Errorf("postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, SchemaVersion)
+		return fmt.Errorf("oncemill: postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, SchemaVersion)
 	}
 	for _, m := range mustMigrations() {
 		if m.version <= current || m.version > version {
 			continue
 		}
 		if _, err := tx.Exec(ctx, s.names.render(m.sql), pgx.QueryExecModeSimpleProtocol); err != nil {
-			return fmt.Errorf("postgres: migrate: applying version %d (%s): %w", m.version, m.name, err)
+			return fmt.Errorf("oncemill: postgres: migrate: applying version %d (%s): %w", m.version, m.name, err)
 		}
 		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), m.version, m.name); err != nil {
-			return fmt.Errorf("postgres: migrate: recording version %d: %w", m.version, err)
+			return fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", m.version, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("postgres: migrate: %w", err)
+		return fmt.Errorf("oncemill: postgres: migrate: %w", err)
 	}
 	return nil
 }

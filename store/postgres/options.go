@@ -2,11 +2,12 @@ package postgres
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/oncemill/oncemill"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
@@ -41,9 +42,6 @@ const (
 // that needs no quoting. The names are quoted anyway.
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
-// ErrInvalidOptions is wrapped by every error New returns for bad Options.
-var ErrInvalidOptions = errors.New("postgres: invalid options")
-
 // Options configure a Store. The zero value is ready to use.
 type Options struct {
 	// Schema holds the table (default "public"). Migrate creates it when
@@ -58,7 +56,7 @@ type Options struct {
 	// MaxKeyLen is the longest key in bytes that Begin accepts (default
 	// 512, at most 1024). Longer keys are refused with
 	// store.ErrInvalidRequest; the idempotency stage hashes them first
-	// (store.KeyLimiter, keygen.Limit).
+	// (keygen.StorableKey).
 	MaxKeyLen int
 	// MaxResultBytes bounds Outcome.Result (default 1 MiB, at most 64 MiB).
 	// Keep it at least policy.MaxResultBytes, or a success whose produced
@@ -113,7 +111,7 @@ type Options struct {
 func (o Options) withDefaults() (Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf(format, args...))
+		errs = append(errs, oncemill.InvalidConfig("postgres.Options", strings.TrimPrefix(format, "Options."), args...))
 	}
 
 	if o.Schema == "" {
@@ -173,17 +171,17 @@ func (o Options) withDefaults() (Options, error) {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	if len(errs) > 0 {
-		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, errors.Join(errs...))
+		return o, errors.Join(errs...)
 	}
 	return o, nil
 }
 
 func checkIdent(field, name string, maxLen int) error {
 	if !identRE.MatchString(name) {
-		return fmt.Errorf("Options.%s %q is not a plain identifier; use lower-case letters, digits and underscores, starting with a letter or underscore (for example %q)", field, name, "oncemill_records")
+		return oncemill.InvalidConfig("postgres.Options", "%s %q is not a plain identifier; use lower-case letters, digits and underscores, starting with a letter or underscore (for example %q)", field, name, "oncemill_records")
 	}
 	if len(name) > maxLen {
-		return fmt.Errorf("Options.%s %q is %d characters; use at most %d", field, name, len(name), maxLen)
+		return oncemill.InvalidConfig("postgres.Options", "%s %q is %d characters; use at most %d", field, name, len(name), maxLen)
 	}
 	return nil
 }

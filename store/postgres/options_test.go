@@ -131,10 +131,10 @@ func TestReservedWordTable(t *testing.T) {
 	s := newStore(t, pool, postgres.Options{Table: "select"})
 	ctx := t.Context()
 	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
-	if err != nil || res.Decision != store.Execute {
+	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin on table \"select\" = %v, %v", res.Decision, err)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -203,7 +203,7 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 
 	// The table works.
 	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
-	if err != nil || res.Decision != store.Execute {
+	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin after Migrate = %v, %v", res.Decision, err)
 	}
 }
@@ -264,7 +264,7 @@ func TestMigrateUpgradesTheFirstLayout(t *testing.T) {
 		t.Fatalf("the old record after the upgrade = %+v, %v", rec, err)
 	}
 	res, err := s.Claim(ctx, store.ClaimRequest{Scope: "s", Key: "old", SuccessTTL: time.Hour, Wait: time.Second})
-	if err != nil || res.Decision != store.Replay {
+	if err != nil || res.Decision != store.DecisionReplay {
 		t.Fatalf("claiming the old record = %v, %v; want a replay", res.Decision, err)
 	}
 	var version int

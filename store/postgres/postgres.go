@@ -11,6 +11,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/oncemill/oncemill"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,8 +49,7 @@ type Store struct {
 
 var (
 	_ store.Store         = (*Store)(nil)
-	_ store.KeyLimiter    = (*Store)(nil)
-	_ store.ResultLimiter = (*Store)(nil)
+	_ store.Admin         = (*Store)(nil)
 	_ store.Transactional = (*Store)(nil)
 )
 
@@ -61,7 +62,7 @@ var (
 // mode each takes one for a statement at a time. Add one for the cleaner.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil; pass a *pgxpool.Pool from pgxpool.New", ErrInvalidOptions)
+		return nil, oncemill.InvalidConfig("pool", "nil; pass a *pgxpool.Pool from pgxpool.New")
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -88,11 +89,11 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// MaxKeyLen implements store.KeyLimiter.
-func (s *Store) MaxKeyLen() int { return s.opts.MaxKeyLen }
-
-// MaxResultBytes implements store.ResultLimiter.
-func (s *Store) MaxResultBytes() int { return s.opts.MaxResultBytes }
+// Limits implements store.Store and store.Transactional: Options.MaxKeyLen
+// and Options.MaxResultBytes.
+func (s *Store) Limits() store.Limits {
+	return store.Limits{MaxKeyLen: s.opts.MaxKeyLen, MaxResultBytes: s.opts.MaxResultBytes}
+}
 
 // Close refuses new operations, waits for those already under way (each is
 // bounded by Options.StatementTimeout), stops the background cleaner, and
@@ -127,7 +128,7 @@ func (s *Store) enter(ctx context.Context, op string, extra time.Duration) (cont
 	s.mu.RLock()
 	if s.closed {
 		s.mu.RUnlock()
-		return ctx, nil, fmt.Errorf("postgres: %s: %w", op, store.ErrClosed)
+		return ctx, nil, fmt.Errorf("oncemill: postgres: %s: %w", op, store.ErrClosed)
 	}
 	s.inflight.Add(1)
 	s.mu.RUnlock()
@@ -145,16 +146,16 @@ func (s *Store) leave(cancel context.CancelFunc) {
 func wrap(op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("postgres: %s: %w (run Store.Migrate first)", op, err)
+		return fmt.Errorf("oncemill: postgres: %s: %w (run Store.Migrate first)", op, err)
 	}
-	return fmt.Errorf("postgres: %s: %w", op, err)
+	return fmt.Errorf("oncemill: postgres: %s: %w", op, err)
 }
 
 // maxErrorKindLen bounds a stored error kind, which names a kind, in bytes.
 const maxErrorKindLen = 256
 
 func invalid(op, format string, args ...any) error {
-	return fmt.Errorf("postgres: %s: %s: %w", op, fmt.Sprintf(format, args...), store.ErrInvalidRequest)
+	return fmt.Errorf("oncemill: postgres: %s: %s: %w", op, fmt.Sprintf(format, args...), store.ErrInvalidRequest)
 }
 
 // checkText refuses what a PostgreSQL text column cannot hold: a NUL byte,
@@ -162,10 +163,10 @@ func invalid(op, format string, args ...any) error {
 // bad one cannot fail the statement of others.
 func checkText(op, field, v string) error {
 	if strings.IndexByte(v, 0) >= 0 {
-		return invalid(op, "%s contains a NUL byte, which PostgreSQL text cannot store (the idempotency stage hashes such keys with keygen.Limit before they reach a store)", field)
+		return invalid(op, "%s contains a NUL byte, which PostgreSQL text cannot store (the idempotency stage hashes such keys with keygen.StorableKey before they reach a store)", field)
 	}
 	if !utf8.ValidString(v) {
-		return invalid(op, "%s is not valid UTF-8, which PostgreSQL text requires (the idempotency stage hashes such keys with keygen.Limit before they reach a store)", field)
+		return invalid(op, "%s is not valid UTF-8, which PostgreSQL text requires (the idempotency stage hashes such keys with keygen.StorableKey before they reach a store)", field)
 	}
 	return nil
 }
@@ -190,7 +191,7 @@ func (s *Store) checkNewID(op, scope, key, fingerprint string) error {
 		return err
 	}
 	if len(key) > s.opts.MaxKeyLen {
-		return invalid(op, "key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit", len(key), s.opts.MaxKeyLen)
+		return invalid(op, "key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey", len(key), s.opts.MaxKeyLen)
 	}
 	if len(scope) > store.MaxScopeLen {
 		return invalid(op, "scope is %d bytes, longer than store.MaxScopeLen %d", len(scope), store.MaxScopeLen)
@@ -207,7 +208,7 @@ func micros(d time.Duration) int64 {
 // Begin implements store.Store: one statement, in a transaction of its own.
 func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
 	if err := req.Validate(); err != nil {
-		return store.BeginResult{}, fmt.Errorf("postgres: begin: %w", err)
+		return store.BeginResult{}, fmt.Errorf("oncemill: postgres: begin: %w", err)
 	}
 	if err := s.checkNewID("begin", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.BeginResult{}, err
@@ -238,7 +239,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 func (s *Store) rerun(op, scope, key string, runs int) error {
 	s.reruns.Add(1)
 	if runs > s.claimRetries {
-		return fmt.Errorf("postgres: %s %q/%q: the record kept changing under %d statements in a row; try again", op, scope, key, runs)
+		return fmt.Errorf("oncemill: postgres: %s %q/%q: the record kept changing under %d statements in a row; try again", op, scope, key, runs)
 	}
 	return nil
 }
@@ -284,9 +285,9 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 	switch store.Decision(decision) {
 	case 0:
 		return store.BeginResult{}, nil
-	case store.Execute:
+	case store.DecisionExecute:
 		return store.BeginResult{
-			Decision: store.Execute,
+			Decision: store.DecisionExecute,
 			Takeover: takenOver,
 			Lease:    store.Lease{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt},
 		}, nil
@@ -298,7 +299,7 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 }
 
 // Complete implements store.Store.
-func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Outcome) error {
+func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Completion) error {
 	out, err := s.checkComplete("complete", lease, out)
 	if err != nil {
 		return err
@@ -321,9 +322,9 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Outco
 
 // checkComplete validates a Complete and returns the outcome as stored: the
 // result copied, the error text made storable.
-func (s *Store) checkComplete(op string, lease store.Lease, out store.Outcome) (store.Outcome, error) {
+func (s *Store) checkComplete(op string, lease store.Lease, out store.Completion) (store.Completion, error) {
 	if err := out.Validate(); err != nil {
-		return out, fmt.Errorf("postgres: %s: %w", op, err)
+		return out, fmt.Errorf("oncemill: postgres: %s: %w", op, err)
 	}
 	if err := s.checkID(op, lease.Scope, lease.Key); err != nil {
 		return out, err
@@ -359,7 +360,7 @@ func storableText(v string, max int) string {
 }
 
 func leaseLost(op string, l store.Lease) error {
-	return fmt.Errorf("postgres: %s %q/%q with token %d: %w", op, l.Scope, l.Key, l.Token, store.ErrLeaseLost)
+	return fmt.Errorf("oncemill: postgres: %s %q/%q with token %d: %w", op, l.Scope, l.Key, l.Token, store.ErrLeaseLost)
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.
@@ -405,7 +406,7 @@ func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) 
 	var expires time.Time
 	err = s.pool.QueryRow(ctx, s.sql.extend, lease.Scope, lease.Key, lease.Token, micros(d)).Scan(&attempt, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return store.Lease{}, fmt.Errorf("postgres: extend %q/%q with token %d: the lease was taken over, finished, or expired: %w",
+		return store.Lease{}, fmt.Errorf("oncemill: postgres: extend %q/%q with token %d: the lease was taken over, finished, or expired: %w",
 			lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
 	if err != nil {
@@ -436,7 +437,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	err = s.pool.QueryRow(ctx, s.sql.get, scope, key).Scan(&rec.Fingerprint, &status, &rec.Token, &attempt,
 		&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return store.Record{}, fmt.Errorf("postgres: get %q/%q: %w", scope, key, store.ErrNotFound)
+		return store.Record{}, fmt.Errorf("oncemill: postgres: get %q/%q: %w", scope, key, store.ErrNotFound)
 	}
 	if err != nil {
 		return store.Record{}, wrap("get", err)

@@ -32,16 +32,16 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 	for i, v := range hostile {
 		scope, key, fp := "scope"+v, "key"+v, "fp"+v
 		res, err := s.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
-		if err != nil || res.Decision != store.Execute {
+		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin(%q) = %v, %v", v, res.Decision, err)
 		}
 		if res.Lease.Scope != scope || res.Lease.Key != key {
 			t.Fatalf("lease for (%q, %q), want (%q, %q)", res.Lease.Scope, res.Lease.Key, scope, key)
 		}
 		result := append([]byte(v), 0, '\'', 0xff)
-		out := store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}
+		out := store.Completion{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}
 		if i%2 == 1 {
-			out = store.Outcome{Status: store.StatusFailed, ErrorKind: "kind" + v, ErrorMessage: "msg" + v, TTL: time.Hour}
+			out = store.Completion{Status: store.StatusFailed, ErrorKind: "kind" + v, ErrorMessage: "msg" + v, TTL: time.Hour}
 		}
 		if err := s.Complete(ctx, res.Lease, out); err != nil {
 			t.Fatalf("Complete(%q): %v", v, err)
@@ -55,7 +55,7 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 			t.Fatalf("record of %q = %+v, want scope %q key %q fp %q outcome %+v", v, rec, scope, key, fp, out)
 		}
 		again, err := s.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
-		if err != nil || again.Decision != store.Replay {
+		if err != nil || again.Decision != store.DecisionReplay {
 			t.Fatalf("second Begin(%q) = %v, %v; want replay", v, again.Decision, err)
 		}
 		if err := s.Delete(ctx, scope, key); err != nil {
@@ -103,14 +103,14 @@ func TestUnstorableTextRefused(t *testing.T) {
 
 	// A bad request in the same moment as good ones fails alone.
 	res, err := s.Begin(ctx, store.BeginRequest{Key: "good", Lease: time.Minute})
-	if err != nil || res.Decision != store.Execute {
+	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin(good) = %v, %v", res.Decision, err)
 	}
 
 	// Get, Delete and the lease operations check keys the same way.
 	bad := store.Lease{Key: "x\x00", Token: 1}
 	for op, err := range map[string]error{
-		"Complete": s.Complete(ctx, bad, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}),
+		"Complete": s.Complete(ctx, bad, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}),
 		"Release":  s.Release(ctx, bad, time.Minute),
 		"Delete":   s.Delete(ctx, "", "x\x00"),
 	} {
@@ -138,7 +138,7 @@ func TestErrorTextMadeStorable(t *testing.T) {
 		t.Fatal(err)
 	}
 	long := strings.Repeat("é", postgres.MaxErrorMessageLen) // 2 bytes each
-	if err := s.Complete(ctx, res.Lease, store.Outcome{
+	if err := s.Complete(ctx, res.Lease, store.Completion{
 		Status: store.StatusFailed, ErrorKind: "bad\x00kind", ErrorMessage: "a\x00b\xffc" + long, TTL: time.Hour,
 	}); err != nil {
 		t.Fatalf("Complete with NUL in the error: %v", err)
@@ -166,12 +166,12 @@ func TestResultSizeBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
+	err = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
 	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "result is 1001 bytes, more than MaxResultBytes 1000") {
 		t.Fatalf("Complete with 1001 bytes = %v, want ErrInvalidRequest naming the limit", err)
 	}
 	// Refused without touching the lease: the exact limit still fits.
-	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 1000), TTL: time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1000), TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete with 1000 bytes: %v", err)
 	}
 }
@@ -196,7 +196,7 @@ func TestLimitsApplyToNewRecords(t *testing.T) {
 	if _, err := narrow.Extend(ctx, res.Lease, time.Minute); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	if err := narrow.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+	if err := narrow.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	if _, err := narrow.Get(ctx, "", key); err != nil {
@@ -233,10 +233,10 @@ func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
 					t.Fatalf("%s, key %q: delivery = %v, want an ack", mode.name, key, err)
 				}
 			}
-			if runs != 1 || len(outcomes) != 2 || outcomes[0] != pipeline.Executed || outcomes[1] != pipeline.Replayed {
+			if runs != 1 || len(outcomes) != 2 || outcomes[0] != pipeline.OutcomeExecuted || outcomes[1] != pipeline.OutcomeReplayed {
 				t.Fatalf("%s, key %q: %d runs, outcomes %v; want one run, executed then replayed", mode.name, key, runs, outcomes)
 			}
-			if _, err := s.Get(t.Context(), mode.name, keygen.Limit(key, s.MaxKeyLen())); err != nil {
+			if _, err := s.Get(t.Context(), mode.name, keygen.StorableKey(key, s.MaxKeyLen())); err != nil {
 				t.Fatalf("%s, key %q: the record is not under the hashed key: %v", mode.name, key, err)
 			}
 		}

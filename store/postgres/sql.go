@@ -58,10 +58,10 @@ func (n names) render(sql string) string {
 		"{{SUCCEEDED}}", fmt.Sprint(int(store.StatusSucceeded)),
 		"{{FAILED}}", fmt.Sprint(int(store.StatusFailed)),
 		"{{RETRYABLE}}", fmt.Sprint(int(store.StatusRetryable)),
-		"{{EXECUTE}}", fmt.Sprint(int(store.Execute)),
-		"{{REPLAY}}", fmt.Sprint(int(store.Replay)),
-		"{{IN_PROGRESS_DECISION}}", fmt.Sprint(int(store.InProgress)),
-		"{{MISMATCH}}", fmt.Sprint(int(store.Mismatch)),
+		"{{EXECUTE}}", fmt.Sprint(int(store.DecisionExecute)),
+		"{{REPLAY}}", fmt.Sprint(int(store.DecisionReplay)),
+		"{{IN_PROGRESS_DECISION}}", fmt.Sprint(int(store.DecisionHeld)),
+		"{{MISMATCH}}", fmt.Sprint(int(store.DecisionMismatch)),
 	).Replace(sql)
 }
 
@@ -280,6 +280,21 @@ SELECT fingerprint, status, token, attempt, result,
 FROM {{TABLE}}
 WHERE scope = $1 AND key = $2 AND expires_at > now()`
 
+// sqlList is one page of Admin.List: rows after ($4, $5) in primary key
+// order, filtered by scope ($1, '' for all), status ($2, 0 for all) and
+// last update ($3, NULL for all). It walks the primary key: an operator's
+// statement, not the delivery path's.
+const sqlList = `
+SELECT scope, key, fingerprint, status, token, attempt, result,
+	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at
+FROM {{TABLE}}
+WHERE (scope, key) > ($4::text, $5::text)
+	AND ($1::text = '' OR scope = $1::text)
+	AND ($2::int2 = 0 OR status = $2::int2)
+	AND ($3::timestamptz IS NULL OR updated_at < $3::timestamptz)
+ORDER BY scope, key
+LIMIT $6`
+
 const sqlDelete = `DELETE FROM {{TABLE}} WHERE scope = $1 AND key = $2`
 
 // purgeable is a row cleanup may remove: its purge time has come and it has
@@ -324,7 +339,7 @@ SELECT coalesce(extract(epoch FROM now() - (
 // statements are the store's SQL with its names filled in.
 type statements struct {
 	begin, claimNew, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
-	get, del, cleanupBatch, cleanupLag string
+	get, list, del, cleanupBatch, cleanupLag string
 }
 
 func newStatements(n names, async bool) statements {
@@ -344,6 +359,7 @@ func newStatements(n names, async bool) statements {
 		release:        n.render(sqlRelease),
 		releaseDelete:  n.render(sqlReleaseDelete),
 		get:            n.render(sqlGet),
+		list:           n.render(sqlList),
 		del:            n.render(sqlDelete),
 		cleanupBatch:   n.render(sqlCleanupBatch),
 		cleanupLag:     n.render(sqlCleanupLag),

@@ -81,7 +81,7 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	claimed, err := s.Claim(ctx, store.ClaimRequest{Key: "claimed", SuccessTTL: time.Hour, Wait: time.Second})
-	if err != nil || claimed.Decision != store.Execute {
+	if err != nil || claimed.Decision != store.DecisionExecute {
 		t.Fatalf("Claim = %v, %v", claimed.Decision, err)
 	}
 
@@ -100,12 +100,12 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 			return err
 		}},
 		{"Complete", func() error {
-			return s.Complete(ctx, begun.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour})
+			return s.Complete(ctx, begun.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 		}},
 		{"Extend", func() error { _, err := s.Extend(ctx, begun.Lease, time.Minute); return err }},
 		{"Release", func() error { return s.Release(ctx, begun.Lease, time.Minute) }},
 		{"RecordRollback", func() error {
-			return s.RecordRollback(ctx, claimed.Lease, "", store.Outcome{Status: store.StatusRetryable, TTL: time.Hour})
+			return s.RecordRollback(ctx, claimed.Lease, "", store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
 		}},
 		{"Get", func() error { _, err := s.Get(ctx, "", "leased"); return err }},
 		{"Delete", func() error { return s.Delete(ctx, "", "other") }},

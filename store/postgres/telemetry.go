@@ -45,13 +45,13 @@ func newTelemetry(s *Store) (*telemetry, error) {
 	if t.deleted, err = m.Int64Counter(MetricCleanupDeleted,
 		metric.WithUnit("{record}"),
 		metric.WithDescription("Expired records removed by cleanup.")); err != nil {
-		return nil, fmt.Errorf("postgres: metrics: %w", err)
+		return nil, fmt.Errorf("oncemill: postgres: metrics: %w", err)
 	}
 	lag, err := m.Float64ObservableGauge(MetricCleanupLag,
 		metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest expired record not yet removed, by the database clock; 0 when none."))
 	if err != nil {
-		return nil, fmt.Errorf("postgres: metrics: %w", err)
+		return nil, fmt.Errorf("oncemill: postgres: metrics: %w", err)
 	}
 	t.reg, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		if s.isClosed() {
@@ -66,7 +66,7 @@ func newTelemetry(s *Store) (*telemetry, error) {
 		return nil
 	}, lag)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: metrics: %w", err)
+		return nil, fmt.Errorf("oncemill: postgres: metrics: %w", err)
 	}
 	return t, nil
 }

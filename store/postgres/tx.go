@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/oncemill/oncemill"
+
 	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -23,7 +25,7 @@ import (
 // ErrTxOwned is returned by Commit and Rollback of the transaction a
 // handler finds with TxFromContext: the stage ends it, committing when the
 // handler returns nil and rolling back when it returns an error.
-var ErrTxOwned = errors.New("postgres: the handler's transaction is committed or rolled back by oncemill: return nil to commit, an error to roll back")
+var ErrTxOwned = errors.New("oncemill: postgres: the handler's transaction is committed or rolled back by oncemill: return nil to commit, an error to roll back")
 
 // errAborted: a statement of the handler failed, and the handler went on to
 // return nil; the transaction can only roll back.
@@ -38,7 +40,7 @@ const lockNotAvailable = "55P03"
 // Rollback.
 func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
-		return store.ClaimResult{}, fmt.Errorf("postgres: claim: %w", err)
+		return store.ClaimResult{}, fmt.Errorf("oncemill: postgres: claim: %w", err)
 	}
 	if err := s.checkNewID("claim", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.ClaimResult{}, err
@@ -65,7 +67,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 			return store.ClaimResult{}, wrap("claim", err)
 		}
 		res, tx, err := s.claimTx(ctx, conn, req, purge, waitMS, lock)
-		if err == nil && res.Decision == store.Execute {
+		if err == nil && res.Decision == store.DecisionExecute {
 			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
 			t.handler = &handlerTx{Tx: tx, owner: t, top: true}
 			return store.ClaimResult{BeginResult: res, Tx: t}, nil
@@ -75,7 +77,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
-			return store.ClaimResult{BeginResult: store.BeginResult{Decision: store.InProgress}, Contended: true}, nil
+			return store.ClaimResult{BeginResult: store.BeginResult{Decision: store.DecisionHeld}, Contended: true}, nil
 		case err != nil:
 			return store.ClaimResult{}, wrap("claim", err)
 		case res.Decision != 0:
@@ -109,7 +111,7 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.Claim
 	tx := br.Tx()
 	switch {
 	case err == nil:
-		return store.BeginResult{Decision: store.Execute, Lease: store.Lease{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1}}, tx, nil
+		return store.BeginResult{Decision: store.DecisionExecute, Lease: store.Lease{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1}}, tx, nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return store.BeginResult{}, tx, err
 	}
@@ -142,7 +144,7 @@ func rollback(ctx context.Context, conn *pgxpool.Conn) {
 }
 
 // RecordRollback implements store.Transactional.
-func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerprint string, out store.Outcome) error {
+func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerprint string, out store.Completion) error {
 	if out.Status != store.StatusFailed && out.Status != store.StatusRetryable {
 		return invalid("record rollback", "outcome status must be failed or retryable, not %v", out.Status)
 	}
@@ -164,7 +166,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerpri
 		return wrap("record rollback", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("postgres: record rollback %q/%q: another delivery claimed or finished the key: %w", lease.Scope, lease.Key, store.ErrLeaseLost)
+		return fmt.Errorf("oncemill: postgres: record rollback %q/%q: another delivery claimed or finished the key: %w", lease.Scope, lease.Key, store.ErrLeaseLost)
 	}
 	return nil
 }
@@ -211,7 +213,7 @@ func claimTTL(ttl time.Duration) time.Duration { return ttl + expirySlack(ttl) }
 // round trip; otherwise it sends COMMIT alone.
 func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	if t.ended {
-		return fmt.Errorf("postgres: commit: %w", pgx.ErrTxClosed)
+		return fmt.Errorf("oncemill: postgres: commit: %w", pgx.ErrTxClosed)
 	}
 	t.ended = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
@@ -394,7 +396,7 @@ type TxManager struct {
 // NewTxManager returns a transaction manager over pool.
 func NewTxManager(pool *pgxpool.Pool, opts pgx.TxOptions) (*TxManager, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil; pass a *pgxpool.Pool from pgxpool.New", ErrInvalidOptions)
+		return nil, oncemill.InvalidConfig("pool", "nil; pass a *pgxpool.Pool from pgxpool.New")
 	}
 	return &TxManager{pool: pool, opts: opts}, nil
 }
@@ -413,7 +415,7 @@ func (m *TxManager) Begin(ctx context.Context) (context.Context, error) {
 func (m *TxManager) Commit(ctx context.Context) error {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("postgres: commit: %w", store.ErrNoTransaction)
+		return fmt.Errorf("oncemill: postgres: commit: %w", store.ErrNoTransaction)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return wrap("commit", err)
@@ -426,7 +428,7 @@ func (m *TxManager) Commit(ctx context.Context) error {
 func (m *TxManager) Rollback(ctx context.Context) error {
 	tx, ok := TxFromContext(ctx)
 	if !ok {
-		return fmt.Errorf("postgres: rollback: %w", store.ErrNoTransaction)
+		return fmt.Errorf("oncemill: postgres: rollback: %w", store.ErrNoTransaction)
 	}
 	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 		return wrap("rollback", err)

@@ -117,7 +117,7 @@ func TestTransactionalSuccessAndReplay(t *testing.T) {
 	if err != nil || len(out) != 1 || out[0].UUID != "out-m-1" {
 		t.Fatalf("first delivery = %v, %v", out, err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.Executed || e.Attempt != 1 || e.Token == 0 {
+	if e := f.event(t); e.Outcome != pipeline.OutcomeExecuted || e.Attempt != 1 || e.Token == 0 {
 		t.Fatalf("first event = %+v, want executed at attempt 1 with a token", e)
 	}
 	if n := f.rows(t, "m-1"); n != 1 {
@@ -133,7 +133,7 @@ func TestTransactionalSuccessAndReplay(t *testing.T) {
 	if err != nil || len(out) != 1 || out[0].UUID != "out-m-1" || string(out[0].Payload) != "booked" {
 		t.Fatalf("duplicate = %v, %v; want the replayed output", out, err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.Replayed {
+	if e := f.event(t); e.Outcome != pipeline.OutcomeReplayed {
 		t.Fatalf("duplicate's outcome = %v, want replayed", e.Outcome)
 	}
 	if n := f.rows(t, "m-1"); n != 1 {
@@ -203,7 +203,7 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 	if _, err := f.deliver("capped"); err != nil {
 		t.Fatalf("attempt 2 (the last) = %v, want an ack", err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.FailureCached || e.Attempt != 2 {
+	if e := f.event(t); e.Outcome != pipeline.OutcomeFailureCached || e.Attempt != 2 {
 		t.Fatalf("attempt 2 = %v at attempt %d, want failure_cached at 2", e.Outcome, e.Attempt)
 	}
 	rec, err := f.s.Get(ctx, "ledger", "capped")
@@ -213,7 +213,7 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 	if _, err := f.deliver("capped"); err != nil {
 		t.Fatalf("a duplicate of a cached failure = %v, want an ack", err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.FailureReplayed {
+	if e := f.event(t); e.Outcome != pipeline.OutcomeFailureReplayed {
 		t.Fatalf("duplicate = %v, want failure_replayed", e.Outcome)
 	}
 
@@ -221,7 +221,7 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 	if _, err := f.deliver("permanent"); err != nil {
 		t.Fatalf("a permanent failure = %v, want an ack", err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.FailureCached || e.Attempt != 1 {
+	if e := f.event(t); e.Outcome != pipeline.OutcomeFailureCached || e.Attempt != 1 {
 		t.Fatalf("permanent = %v at attempt %d, want failure_cached at 1", e.Outcome, e.Attempt)
 	}
 	if rec, err := f.s.Get(ctx, "ledger", "permanent"); err != nil || rec.ErrorKind != pipeline.KindPermanent || rec.ErrorMessage != "no such account" {
@@ -242,7 +242,7 @@ func TestTransactionalMismatch(t *testing.T) {
 	if _, err := f.h(message.NewMessage("m-5", []byte("pay 999"))); err != nil {
 		t.Fatalf("mismatch = %v, want an ack", err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.Rejected || !errors.Is(e.Err, pipeline.ErrMismatch) {
+	if e := f.event(t); e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, pipeline.ErrMismatch) {
 		t.Fatalf("mismatch = %v (%v), want rejected with ErrMismatch", e.Outcome, e.Err)
 	}
 	if n := f.rows(t, "m-5"); n != 1 {
@@ -302,7 +302,7 @@ func TestTransactionalConcurrentDuplicateWaitsThenReplays(t *testing.T) {
 		t.Fatalf("the waiting duplicate got %v, want the replayed output", out)
 	}
 	events := []pipeline.Event{f.event(t), f.event(t)}
-	if events[0].Outcome != pipeline.Executed || events[1].Outcome != pipeline.Replayed || !events[1].Contended {
+	if events[0].Outcome != pipeline.OutcomeExecuted || events[1].Outcome != pipeline.OutcomeReplayed || !events[1].Contended {
 		t.Fatalf("events %v / %v (contended %v), want executed then a contended replay", events[0].Outcome, events[1].Outcome, events[1].Contended)
 	}
 	if n := f.rows(t, "m-6"); n != 1 {
@@ -342,7 +342,7 @@ func TestTransactionalWaiterTakesTheKeyAfterARollback(t *testing.T) {
 // A duplicate waits at most the in-progress bound, then nacks.
 func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 	p := policy.Default()
-	p.InProgressWait = 200 * time.Millisecond
+	p.HeldKeyTimeout = 200 * time.Millisecond
 	p.NackDelay = 0
 	f := newLedgerFixture(t, p)
 	h := newHold()
@@ -354,11 +354,11 @@ func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 	start := time.Now()
 	_, err := f.deliver("m-8")
 	waited := time.Since(start)
-	if !errors.Is(err, pipeline.ErrInProgress) {
+	if !errors.Is(err, pipeline.ErrKeyHeld) {
 		t.Fatalf("duplicate past the bound = %v, want ErrInProgress (a nack)", err)
 	}
-	if waited < p.InProgressWait {
-		t.Fatalf("the duplicate gave up after %v, before the bound %v", waited, p.InProgressWait)
+	if waited < p.HeldKeyTimeout {
+		t.Fatalf("the duplicate gave up after %v, before the bound %v", waited, p.HeldKeyTimeout)
 	}
 	close(h.release)
 	if err := <-first; err != nil {
@@ -385,9 +385,9 @@ func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
 	var replays, executed atomic.Int64
 	r, err := receiver.NewTransactional(s).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
 		switch e.Outcome {
-		case pipeline.Replayed:
+		case pipeline.OutcomeReplayed:
 			replays.Add(1)
-		case pipeline.Executed:
+		case pipeline.OutcomeExecuted:
 			executed.Add(1)
 		}
 	}).Build()
@@ -625,7 +625,7 @@ func TestCompletionsAreHOTUpdates(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte("produced"), TTL: time.Hour}); err != nil {
+		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte("produced"), TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		claim, err := s.Claim(ctx, store.ClaimRequest{Scope: "tx", Key: fmt.Sprint(i), SuccessTTL: time.Hour, Wait: time.Second})

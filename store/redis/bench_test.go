@@ -23,7 +23,7 @@ import (
 //
 // msgs/s counts messages: one Begin and one Complete each, two scripts.
 
-var benchOutcome = store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
+var benchOutcome = store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
 
 func benchStore(b *testing.B, poolSize int, autoPipeline bool) *oredis.Store {
 	b.Helper()
@@ -68,7 +68,7 @@ func beginComplete(ctx context.Context, s *oredis.Store, key string) error {
 	if err != nil {
 		return err
 	}
-	if res.Decision != store.Execute {
+	if res.Decision != store.DecisionExecute {
 		return fmt.Errorf("Begin(%s) = %v, want execute", key, res.Decision)
 	}
 	return s.Complete(ctx, res.Lease, benchOutcome)
@@ -117,7 +117,7 @@ func BenchmarkReplay(b *testing.B) {
 				if err != nil {
 					return err
 				}
-				if res.Decision != store.Replay {
+				if res.Decision != store.DecisionReplay {
 					return fmt.Errorf("Begin(%s) = %v, want replay", key, res.Decision)
 				}
 				return nil

@@ -294,10 +294,10 @@ func TestClusterKeysAreData(t *testing.T) {
 	ctx := t.Context()
 	for _, id := range tricky {
 		res, err := s.Begin(ctx, store.BeginRequest{Scope: id[0], Key: id[1], Lease: time.Minute})
-		if err != nil || res.Decision != store.Execute {
+		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin(%q, %q) = %v, %v; want execute", id[0], id[1], res.Decision, err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: []byte(id[1]), TTL: time.Minute}); err != nil {
+		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte(id[1]), TTL: time.Minute}); err != nil {
 			t.Fatalf("Complete(%q, %q): %v", id[0], id[1], err)
 		}
 	}

@@ -47,7 +47,7 @@ func Example() {
 	}
 	fmt.Println(first.Decision, "attempt", first.Lease.Attempt)
 
-	err = s.Complete(ctx, first.Lease, store.Outcome{
+	err = s.Complete(ctx, first.Lease, store.Completion{
 		Status: store.StatusSucceeded,
 		Result: []byte(`{"charged":true}`),
 		TTL:    24 * time.Hour,

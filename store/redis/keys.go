@@ -107,3 +107,20 @@ func keysFor(prefix, scope, key string) keys {
 // (and no counter key). The prefix holds no glob characters (see
 // validPrefix).
 func recordPattern(prefix string) string { return prefix + ":{*}:r:*" }
+
+// parseRecordKey returns the scope and key of a record key under prefix.
+func parseRecordKey(prefix, k string) (scope, key string, ok bool) {
+	rest, ok := strings.CutPrefix(k, prefix+":{")
+	if !ok {
+		return "", "", false
+	}
+	if _, rest, ok = strings.Cut(rest, "}:r:"); !ok {
+		return "", "", false
+	}
+	n, rest, ok := strings.Cut(rest, ":")
+	size, err := strconv.Atoi(n)
+	if !ok || err != nil || size < 0 || len(rest) < size+1 || rest[size] != ':' {
+		return "", "", false
+	}
+	return rest[:size], rest[size+1:], true
+}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oncemill/oncemill"
+
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
@@ -35,8 +37,8 @@ type Options struct {
 	// (they would change what DeleteExpired scans).
 	Prefix string
 	// MaxKeyLen is the longest key in bytes that Begin accepts (default 512,
-	// see store.KeyLimiter). Longer keys are refused with
-	// store.ErrInvalidRequest: callers hash them with keygen.Limit instead of
+	// see store.Limits). Longer keys are refused with
+	// store.ErrInvalidRequest: callers hash them with keygen.StorableKey instead of
 	// truncating them.
 	MaxKeyLen int
 	// MaxResultBytes is the largest Outcome.Result that Complete stores
@@ -72,15 +74,15 @@ func (o Options) withDefaults() (Options, error) {
 	case o.MaxKeyLen == 0:
 		o.MaxKeyLen = defaultMaxKeyLen
 	case o.MaxKeyLen < 0:
-		return o, fmt.Errorf("redis: Options.MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
+		return o, oncemill.InvalidConfig("redis.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
 	}
 	switch {
 	case o.MaxResultBytes == 0:
 		o.MaxResultBytes = defaultMaxResultBytes
 	case o.MaxResultBytes < 0:
-		return o, fmt.Errorf("redis: Options.MaxResultBytes is %d; use a positive size, or 0 for the default %d (1 MiB)", o.MaxResultBytes, defaultMaxResultBytes)
+		return o, oncemill.InvalidConfig("redis.Options", "MaxResultBytes is %d; use a positive size, or 0 for the default %d (1 MiB)", o.MaxResultBytes, defaultMaxResultBytes)
 	case o.MaxResultBytes > maxResultBytes:
-		return o, fmt.Errorf("redis: Options.MaxResultBytes is %d; Redis takes arguments of at most %d bytes (512 MiB): use that or less", o.MaxResultBytes, maxResultBytes)
+		return o, oncemill.InvalidConfig("redis.Options", "MaxResultBytes is %d; Redis takes arguments of at most %d bytes (512 MiB): use that or less", o.MaxResultBytes, maxResultBytes)
 	}
 	switch {
 	case o.LeaseGrace == 0:
@@ -93,7 +95,7 @@ func (o Options) withDefaults() (Options, error) {
 
 func validPrefix(p string) error {
 	if len(p) > maxPrefixLen {
-		return fmt.Errorf("redis: Options.Prefix is %d bytes; use at most %d", len(p), maxPrefixLen)
+		return oncemill.InvalidConfig("redis.Options", "Prefix is %d bytes; use at most %d", len(p), maxPrefixLen)
 	}
 	for i := 0; i < len(p); i++ {
 		c := p[i]
@@ -101,7 +103,7 @@ func validPrefix(p string) error {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		case c == '_', c == '-', c == '.', c == ':', c == '/':
 		default:
-			return fmt.Errorf("redis: Options.Prefix %q has %q at byte %d; use only letters, digits and _-.:/ (no spaces, braces or glob characters), e.g. %q",
+			return oncemill.InvalidConfig("redis.Options", "Prefix %q has %q at byte %d; use only letters, digits and _-.:/ (no spaces, braces or glob characters), e.g. %q",
 				p, c, i, defaultPrefix)
 		}
 	}
@@ -120,22 +122,23 @@ type Store struct {
 	maxResultBytes int
 	graceMS        int64
 
+	closed atomic.Bool
+
 	// offsetUS is added to the server's clock by every script. Only tests set
 	// it (see export_test.go), to move the store's clock forward.
 	offsetUS atomic.Int64
 }
 
 var (
-	_ store.Store         = (*Store)(nil)
-	_ store.KeyLimiter    = (*Store)(nil)
-	_ store.ResultLimiter = (*Store)(nil)
+	_ store.Store = (*Store)(nil)
+	_ store.Admin = (*Store)(nil)
 )
 
 // New returns a store over client configured by opts. It does not contact
 // Redis; the first operation does.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
-		return nil, errors.New("redis: New: client is nil; pass a *redis.Client (redis.NewClient) or *redis.ClusterClient")
+		return nil, errors.New("oncemill: redis: New: client is nil; pass a *redis.Client (redis.NewClient) or *redis.ClusterClient")
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -145,7 +148,7 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if opts.AutoPipeline {
 		ap, err := client.AutoPipeline()
 		if err != nil {
-			return nil, fmt.Errorf("redis: Options.AutoPipeline: %w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
+			return nil, oncemill.InvalidConfig("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
 		}
 		scripts = ap
 	}
@@ -160,11 +163,31 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	}, nil
 }
 
-// MaxKeyLen implements store.KeyLimiter.
-func (s *Store) MaxKeyLen() int { return s.maxKeyLen }
+// Limits implements store.Store: Options.MaxKeyLen and
+// Options.MaxResultBytes.
+func (s *Store) Limits() store.Limits {
+	return store.Limits{MaxKeyLen: s.maxKeyLen, MaxResultBytes: s.maxResultBytes}
+}
 
-// MaxResultBytes implements store.ResultLimiter.
-func (s *Store) MaxResultBytes() int { return s.maxResultBytes }
+// Close makes every later operation return store.ErrClosed and stops the
+// AutoPipeliner, if Options.AutoPipeline started one. The client stays the
+// caller's to close. Close is idempotent.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	if ap, ok := s.scripts.(*goredis.AutoPipeliner); ok {
+		return ap.Close()
+	}
+	return nil
+}
+
+func (s *Store) checkOpen(op string) error {
+	if s.closed.Load() {
+		return fmt.Errorf("oncemill: redis: %s: %w", op, store.ErrClosed)
+	}
+	return nil
+}
 
 // Prefix returns the key prefix in use.
 func (s *Store) Prefix() string { return s.prefix }
@@ -195,25 +218,31 @@ func (s *Store) offset() string { return strconv.FormatInt(s.offsetUS.Load(), 10
 // store.ErrClosed.
 func fail(op, scope, key string, err error) error {
 	if errors.Is(err, goredis.ErrClosed) {
-		return fmt.Errorf("redis: %s %q/%q: %w: %w", op, scope, key, store.ErrClosed, err)
+		return fmt.Errorf("oncemill: redis: %s %q/%q: %w: %w", op, scope, key, store.ErrClosed, err)
 	}
-	return fmt.Errorf("redis: %s %q/%q: %w", op, scope, key, err)
+	return fmt.Errorf("oncemill: redis: %s %q/%q: %w", op, scope, key, err)
 }
 
-func checkKey(op, key string) error {
+func (s *Store) checkKey(op, key string) error {
+	if err := s.checkOpen(op); err != nil {
+		return err
+	}
 	if key == "" {
-		return fmt.Errorf("redis: %s: empty key: %w", op, store.ErrInvalidRequest)
+		return fmt.Errorf("oncemill: redis: %s: empty key: %w", op, store.ErrInvalidRequest)
 	}
 	return nil
 }
 
 // Begin implements store.Store.
 func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+	if err := s.checkOpen("begin"); err != nil {
+		return store.BeginResult{}, err
+	}
 	if err := req.Validate(); err != nil {
-		return store.BeginResult{}, fmt.Errorf("redis: begin: %w", err)
+		return store.BeginResult{}, fmt.Errorf("oncemill: redis: begin: %w", err)
 	}
 	if len(req.Key) > s.maxKeyLen {
-		return store.BeginResult{}, fmt.Errorf("redis: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.Limit: %w",
+		return store.BeginResult{}, fmt.Errorf("oncemill: redis: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",
 			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
 	}
 	k := keysFor(s.prefix, req.Scope, req.Key)
@@ -251,13 +280,13 @@ func decodeBegin(req store.BeginRequest, reply []any) (store.BeginResult, error)
 		if p.err != nil {
 			return store.BeginResult{}, p.err
 		}
-		return store.BeginResult{Decision: store.Execute, Lease: l, Takeover: takeover}, nil
+		return store.BeginResult{Decision: store.DecisionExecute, Lease: l, Takeover: takeover}, nil
 	case codeReplay:
-		d = store.Replay
+		d = store.DecisionReplay
 	case codeInProgress:
-		d = store.InProgress
+		d = store.DecisionHeld
 	case codeMismatch:
-		d = store.Mismatch
+		d = store.DecisionMismatch
 	default:
 		return store.BeginResult{}, fmt.Errorf("unexpected script reply %v", reply[0])
 	}
@@ -363,19 +392,19 @@ func parseStatus(s string) (store.Status, error) {
 
 // leaseLost is the error of a lease that is not current.
 func leaseLost(op string, l store.Lease, why string) error {
-	return fmt.Errorf("redis: %s %q/%q with token %d: %s: %w", op, l.Scope, l.Key, l.Token, why, store.ErrLeaseLost)
+	return fmt.Errorf("oncemill: redis: %s %q/%q with token %d: %s: %w", op, l.Scope, l.Key, l.Token, why, store.ErrLeaseLost)
 }
 
 // Complete implements store.Store.
-func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Outcome) error {
+func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Completion) error {
 	if err := out.Validate(); err != nil {
-		return fmt.Errorf("redis: complete: %w", err)
+		return fmt.Errorf("oncemill: redis: complete: %w", err)
 	}
-	if err := checkKey("complete", lease.Key); err != nil {
+	if err := s.checkKey("complete", lease.Key); err != nil {
 		return err
 	}
 	if len(out.Result) > s.maxResultBytes {
-		return fmt.Errorf("redis: complete %q/%q: result is %d bytes, larger than MaxResultBytes %d; store less, or raise Options.MaxResultBytes: %w",
+		return fmt.Errorf("oncemill: redis: complete %q/%q: result is %d bytes, larger than MaxResultBytes %d; store less, or raise Options.MaxResultBytes: %w",
 			lease.Scope, lease.Key, len(out.Result), s.maxResultBytes, store.ErrInvalidRequest)
 	}
 	k := keysFor(s.prefix, lease.Scope, lease.Key)
@@ -396,7 +425,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Outco
 
 // Release implements store.Store. With keep <= 0 the record is removed.
 func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Duration) error {
-	if err := checkKey("release", lease.Key); err != nil {
+	if err := s.checkKey("release", lease.Key); err != nil {
 		return err
 	}
 	keepUS := int64(0)
@@ -422,9 +451,9 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 // if nobody took it over yet.
 func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
 	if d <= 0 {
-		return store.Lease{}, fmt.Errorf("redis: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
+		return store.Lease{}, fmt.Errorf("oncemill: redis: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
 	}
-	if err := checkKey("extend", lease.Key); err != nil {
+	if err := s.checkKey("extend", lease.Key); err != nil {
 		return store.Lease{}, err
 	}
 	k := keysFor(s.prefix, lease.Scope, lease.Key)
@@ -463,7 +492,7 @@ func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) 
 // Get implements store.Store. An in-progress record whose lease has expired
 // is not returned, like any other expired record.
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
-	if err := checkKey("get", key); err != nil {
+	if err := s.checkKey("get", key); err != nil {
 		return store.Record{}, err
 	}
 	k := keysFor(s.prefix, scope, key)
@@ -474,7 +503,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	switch reply := reply.(type) {
 	case int64:
 		if reply == codeNotFound {
-			return store.Record{}, fmt.Errorf("redis: get %q/%q: %w", scope, key, store.ErrNotFound)
+			return store.Record{}, fmt.Errorf("oncemill: redis: get %q/%q: %w", scope, key, store.ErrNotFound)
 		}
 	case []any:
 		if len(reply) > 0 {
@@ -491,7 +520,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 // Delete implements store.Store. The slot's token counter stays, so the
 // key's next lease still gets a larger token.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := checkKey("delete", key); err != nil {
+	if err := s.checkKey("delete", key); err != nil {
 		return err
 	}
 	k := keysFor(s.prefix, scope, key)
@@ -508,8 +537,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 // (on every master of a cluster), so its cost grows with the number of
 // records, not with limit: there is no need to run it on a schedule.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
+	if err := s.checkOpen("delete expired"); err != nil {
+		return 0, err
+	}
 	if limit <= 0 {
-		return 0, fmt.Errorf("redis: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
+		return 0, fmt.Errorf("oncemill: redis: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
 	}
 	var (
 		mu      sync.Mutex // one node at a time: the limit is shared
@@ -522,17 +554,8 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 		removed += n
 		return err
 	}
-	var err error
-	switch c := s.client.(type) {
-	case *goredis.ClusterClient:
-		err = c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return node(ctx, n) })
-	case *goredis.Ring:
-		err = c.ForEachShard(ctx, func(ctx context.Context, n *goredis.Client) error { return node(ctx, n) })
-	default:
-		err = node(ctx, s.client)
-	}
-	if err != nil {
-		return removed, fmt.Errorf("redis: delete expired: %w", err)
+	if err := s.eachNode(ctx, node); err != nil {
+		return removed, fmt.Errorf("oncemill: redis: delete expired: %w", err)
 	}
 	return removed, nil
 }

@@ -133,7 +133,7 @@ func TestMaxResultBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
+	err = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
 	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "result is 1001 bytes, larger than MaxResultBytes 1000") {
 		t.Fatalf("Complete with 1001 bytes: %v; want ErrInvalidRequest naming the sizes", err)
 	}
@@ -141,7 +141,7 @@ func TestMaxResultBytes(t *testing.T) {
 		t.Fatalf("after the refused Complete: %+v, %v; want the lease untouched", rec, err)
 	}
 	want := bytes.Repeat([]byte{0xff, 0}, 500)
-	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: want, TTL: time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: want, TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete with exactly 1000 bytes: %v", err)
 	}
 	if rec, err := s.Get(ctx, "s", "k"); err != nil || !bytes.Equal(rec.Result, want) {
@@ -175,11 +175,11 @@ func TestKeysAreData(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Begin(%q, %q): %v", id[0], id[1], err)
 		}
-		if res.Decision != store.Execute || res.Lease.Attempt != 1 {
+		if res.Decision != store.DecisionExecute || res.Lease.Attempt != 1 {
 			t.Fatalf("Begin(%q, %q) = %v attempt %d: it collides with an earlier identity (record %+v)",
 				id[0], id[1], res.Decision, res.Lease.Attempt, res.Record)
 		}
-		err = s.Complete(ctx, res.Lease, store.Outcome{
+		err = s.Complete(ctx, res.Lease, store.Completion{
 			Status: store.StatusSucceeded, Result: []byte(id[0] + "\x00" + id[1]), TTL: time.Hour,
 		})
 		if err != nil {
@@ -195,7 +195,7 @@ func TestKeysAreData(t *testing.T) {
 			t.Errorf("Get(%q, %q) = scope %q key %q fp %q result %q", id[0], id[1], rec.Scope, rec.Key, rec.Fingerprint, rec.Result)
 		}
 		res, err := s.Begin(ctx, store.BeginRequest{Scope: id[0], Key: id[1], Lease: time.Minute})
-		if err != nil || res.Decision != store.Replay {
+		if err != nil || res.Decision != store.DecisionReplay {
 			t.Errorf("Begin(%q, %q) again = %v, %v; want replay", id[0], id[1], res.Decision, err)
 		}
 	}
@@ -239,10 +239,10 @@ func TestPrefixesIsolate(t *testing.T) {
 
 	for _, s := range []*oredis.Store{outer, inner} {
 		res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
-		if err != nil || res.Decision != store.Execute {
+		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin under %q = %v, %v; want execute", s.Prefix(), res.Decision, err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -262,7 +262,7 @@ func TestPrefixesIsolate(t *testing.T) {
 func TestConcurrentDuplicates(t *testing.T) {
 	c := newClient(t, &goredis.Options{PoolSize: 4})
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
-	storetest.ExecuteOnce(t, s, "stress", 3000)
+	storetest.RunLoad(t, s, "stress", 3000)
 }
 
 // TestNativeTTLs: each record carries a Redis TTL matching its state, so
@@ -311,7 +311,7 @@ func TestNativeTTLs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: 2 * time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: 2 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	near("succeeded", pttl(rec), 2*time.Hour)
@@ -327,7 +327,7 @@ func TestNativeTTLs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: 50 * time.Millisecond}); err != nil {
+	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: 50 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	short, _ := oredis.KeysFor(s, "s", "short")
@@ -352,7 +352,7 @@ func TestTokensWhateverTheClock(t *testing.T) {
 	begin := func() store.Lease {
 		t.Helper()
 		res, err := s.Begin(ctx, req)
-		if err != nil || res.Decision != store.Execute {
+		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin = %v, %v; want execute", res.Decision, err)
 		}
 		return res.Lease
@@ -368,7 +368,7 @@ func TestTokensWhateverTheClock(t *testing.T) {
 	if second.Token <= first.Token {
 		t.Fatalf("token after a clock step back and Delete = %d, not above %d", second.Token, first.Token)
 	}
-	if err := s.Complete(ctx, first, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); !errors.Is(err, store.ErrLeaseLost) {
+	if err := s.Complete(ctx, first, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("Complete with the token from before Delete: %v, want ErrLeaseLost", err)
 	}
 
@@ -411,13 +411,13 @@ func testScriptCacheFlushed(t *testing.T, autoPipeline bool) {
 		t.Fatal(err)
 	}
 	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
-	if err != nil || res.Decision != store.Execute {
+	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin after SCRIPT FLUSH = %v, %v", res.Decision, err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
 	}
 }
@@ -485,7 +485,7 @@ func TestRecordMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, Result: bytes.Repeat([]byte("r"), tt.size), TTL: time.Hour}); err != nil {
+		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: bytes.Repeat([]byte("r"), tt.size), TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 		record, _ := oredis.KeysFor(s, "orders", key)
@@ -517,7 +517,7 @@ func TestLateComplete(t *testing.T) {
 		var want store.Status
 		if finish == "complete" {
 			want = store.StatusSucceeded
-			err = s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: time.Hour})
+			err = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 		} else {
 			want = store.StatusRetryable
 			err = s.Release(ctx, res.Lease, time.Hour)
@@ -545,7 +545,7 @@ func TestForeverTTL(t *testing.T) {
 	if d := time.Until(res.Lease.ExpiresAt); d < century-time.Hour || d > century+time.Hour {
 		t.Fatalf("lease of MaxInt64 expires in %v, want about 100 years", d)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Outcome{Status: store.StatusSucceeded, TTL: math.MaxInt64}); err != nil {
+	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: math.MaxInt64}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := s.Get(ctx, "s", "k")

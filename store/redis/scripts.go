@@ -55,6 +55,9 @@ const (
 // recordFields is the order in which scripts return a record.
 const recordFields = `'status', 'token', 'attempt', 'fp', 'exp', 'created', 'updated', 'result', 'ekind', 'emsg'`
 
+// recordFieldNames are recordFields for a client's HMGET.
+var recordFieldNames = []string{"status", "token", "attempt", "fp", "exp", "created", "updated", "result", "ekind", "emsg"}
+
 // beginSrc: KEYS[1] the record, KEYS[2] the slot's token counter.
 // ARGV[2] fingerprint, ARGV[3] lease in µs, ARGV[4] native TTL in ms,
 // ARGV[5] the claim's Retain in µs (kept in 'purge': DeleteExpired leaves an

@@ -17,11 +17,18 @@ import (
 
 // Harness is what a store's test gives the suite.
 type Harness struct {
-	Store store.Store
+	Store Store
 	// Advance moves the store's clock forward by d. Stores judged by a server
 	// clock (PostgreSQL now(), Redis TIME) implement it by moving every stored
 	// deadline d earlier.
 	Advance func(d time.Duration)
+}
+
+// Store is what every store of oncemill implements: the delivery path
+// and the operator's operations.
+type Store interface {
+	store.Store
+	store.Admin
 }
 
 // Run runs the contract suite against the stores newHarness builds. It calls
@@ -52,7 +59,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ScopesIsolate", testScopesIsolate},
 		{"ConcurrentStress", testConcurrentStress},
 		{"TokensIncrease", testTokensIncrease},
-		{"KeyLimiter", testKeyLimiter},
+		{"KeyLimit", testKeyLimit},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,7 +93,7 @@ const (
 type env struct {
 	t       *testing.T
 	ctx     context.Context
-	s       store.Store
+	s       Store
 	advance func(time.Duration)
 	scope   string
 }
@@ -117,10 +124,10 @@ func (e *env) expect(want store.Decision, key, fp string, d time.Duration) store
 // execute calls Begin, expects Execute and returns the lease.
 func (e *env) execute(key, fp string) store.Lease {
 	e.t.Helper()
-	return e.expect(store.Execute, key, fp, lease).Lease
+	return e.expect(store.DecisionExecute, key, fp, lease).Lease
 }
 
-func (e *env) complete(l store.Lease, out store.Outcome) {
+func (e *env) complete(l store.Lease, out store.Completion) {
 	e.t.Helper()
 	if err := e.s.Complete(e.ctx, l, out); err != nil {
 		e.t.Fatalf("Complete(%q, token %d): %v", l.Key, l.Token, err)
@@ -166,8 +173,8 @@ func (e *env) invalid(op string, err error) {
 	}
 }
 
-func success(result []byte) store.Outcome {
-	return store.Outcome{Status: store.StatusSucceeded, Result: result, TTL: ttl}
+func success(result []byte) store.Completion {
+	return store.Completion{Status: store.StatusSucceeded, Result: result, TTL: ttl}
 }
 
 // closeTo reports whether a and b are within a millisecond: stores may keep
@@ -191,7 +198,7 @@ func checkRecord(t *testing.T, rec store.Record, scope, key string, status store
 }
 
 func testBeginAbsentKeyExecutes(t *testing.T, e *env) {
-	res := e.expect(store.Execute, "k", "fp-1", lease)
+	res := e.expect(store.DecisionExecute, "k", "fp-1", lease)
 	l := res.Lease
 	if l.Scope != e.scope || l.Key != "k" {
 		t.Errorf("lease is for (%q, %q), want (%q, %q)", l.Scope, l.Key, e.scope, "k")
@@ -260,15 +267,15 @@ func testConcurrentBeginsExecuteOnce(t *testing.T, e *env) {
 	counts := map[store.Decision]int{}
 	for _, res := range results {
 		counts[res.Decision]++
-		if res.Decision == store.Execute {
+		if res.Decision == store.DecisionExecute {
 			winner = res.Lease
 		}
 	}
-	if counts[store.Execute] != 1 || counts[store.InProgress] != n-1 {
+	if counts[store.DecisionExecute] != 1 || counts[store.DecisionHeld] != n-1 {
 		t.Fatalf("decisions = %v, want 1 execute and %d in_progress", counts, n-1)
 	}
 	for _, res := range results {
-		if res.Decision == store.InProgress && res.Record.Token != winner.Token {
+		if res.Decision == store.DecisionHeld && res.Record.Token != winner.Token {
 			t.Fatalf("InProgress record token = %d, want the winner's %d", res.Record.Token, winner.Token)
 		}
 	}
@@ -283,7 +290,7 @@ func testCompleteSuccessReplays(t *testing.T, e *env) {
 	e.complete(l, success(result))
 	result[0] = 'X' // the store copied the result; this changes nothing
 
-	res := e.expect(store.Replay, "k", "fp", lease)
+	res := e.expect(store.DecisionReplay, "k", "fp", lease)
 	checkRecord(t, *res.Record, e.scope, "k", store.StatusSucceeded, 1)
 	if !bytes.Equal(res.Record.Result, want) {
 		t.Fatalf("replayed result differs from the stored one (%d bytes, want %d)", len(res.Record.Result), len(want))
@@ -311,7 +318,7 @@ func testCompleteSuccessReplays(t *testing.T, e *env) {
 	// An empty result is a result too.
 	l = e.execute("empty", "")
 	e.complete(l, success(nil))
-	res = e.expect(store.Replay, "empty", "", lease)
+	res = e.expect(store.DecisionReplay, "empty", "", lease)
 	if res.Record.Status != store.StatusSucceeded || len(res.Record.Result) != 0 {
 		t.Errorf("empty result replayed as %v with %d bytes", res.Record.Status, len(res.Record.Result))
 	}
@@ -319,14 +326,14 @@ func testCompleteSuccessReplays(t *testing.T, e *env) {
 
 func testCompleteFailureReplays(t *testing.T, e *env) {
 	l := e.execute("k", "fp")
-	e.complete(l, store.Outcome{
+	e.complete(l, store.Completion{
 		Status:       store.StatusFailed,
 		ErrorKind:    "validation",
 		ErrorMessage: "amount must be positive, got -3 (ünïcode ok)",
 		TTL:          ttl,
 	})
 
-	for _, rec := range []store.Record{*e.expect(store.Replay, "k", "fp", lease).Record, e.get("k")} {
+	for _, rec := range []store.Record{*e.expect(store.DecisionReplay, "k", "fp", lease).Record, e.get("k")} {
 		checkRecord(t, rec, e.scope, "k", store.StatusFailed, 1)
 		if rec.ErrorKind != "validation" {
 			t.Errorf("ErrorKind = %q, want %q", rec.ErrorKind, "validation")
@@ -341,7 +348,7 @@ func testTakeoverAfterLeaseExpiry(t *testing.T, e *env) {
 	stale := e.execute("k", "fp")
 	e.advance(lease + time.Second)
 
-	res := e.expect(store.Execute, "k", "fp", lease)
+	res := e.expect(store.DecisionExecute, "k", "fp", lease)
 	fresh := res.Lease
 	if !res.Takeover {
 		t.Error("Takeover = false after the lease expired")
@@ -378,7 +385,7 @@ func testInProgressBeforeLeaseExpiry(t *testing.T, e *env) {
 	l := e.execute("k", "fp")
 	e.advance(lease - time.Second)
 
-	res := e.expect(store.InProgress, "k", "fp", lease)
+	res := e.expect(store.DecisionHeld, "k", "fp", lease)
 	if res.Takeover {
 		t.Error("Takeover = true for InProgress")
 	}
@@ -395,7 +402,7 @@ func testInProgressBeforeLeaseExpiry(t *testing.T, e *env) {
 
 	// The holder is undisturbed.
 	e.complete(l, success([]byte("done")))
-	e.expect(store.Replay, "k", "fp", lease)
+	e.expect(store.DecisionReplay, "k", "fp", lease)
 }
 
 func testStaleAndUnknownTokens(t *testing.T, e *env) {
@@ -433,18 +440,18 @@ func testStaleAndUnknownTokens(t *testing.T, e *env) {
 
 func testFinishedRecordsExpire(t *testing.T, e *env) {
 	ok := e.execute("ok", "fp")
-	e.complete(ok, store.Outcome{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute})
+	e.complete(ok, store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute})
 	failed := e.execute("failed", "fp")
-	e.complete(failed, store.Outcome{Status: store.StatusFailed, ErrorKind: "k", ErrorMessage: "m", TTL: time.Minute})
+	e.complete(failed, store.Completion{Status: store.StatusFailed, ErrorKind: "k", ErrorMessage: "m", TTL: time.Minute})
 
 	e.advance(59 * time.Second)
-	e.expect(store.Replay, "ok", "fp", lease)
-	e.expect(store.Replay, "failed", "fp", lease)
+	e.expect(store.DecisionReplay, "ok", "fp", lease)
+	e.expect(store.DecisionReplay, "failed", "fp", lease)
 
 	e.advance(2 * time.Second)
 	for _, old := range []store.Lease{ok, failed} {
 		e.getNotFound(old.Key)
-		res := e.expect(store.Execute, old.Key, "fp", lease)
+		res := e.expect(store.DecisionExecute, old.Key, "fp", lease)
 		if res.Lease.Attempt != 1 || res.Takeover {
 			t.Errorf("%s: Begin after expiry = attempt %d, takeover %v; want attempt 1, no takeover", old.Key, res.Lease.Attempt, res.Takeover)
 		}
@@ -457,36 +464,36 @@ func testFinishedRecordsExpire(t *testing.T, e *env) {
 func testFingerprintMismatch(t *testing.T, e *env) {
 	// While in progress.
 	l := e.execute("k", "a")
-	res := e.expect(store.Mismatch, "k", "b", lease)
+	res := e.expect(store.DecisionMismatch, "k", "b", lease)
 	if res.Record.Fingerprint != "a" || res.Record.Status != store.StatusInProgress {
 		t.Errorf("Mismatch record = %v fp %q, want in_progress fp %q", res.Record.Status, res.Record.Fingerprint, "a")
 	}
-	e.expect(store.InProgress, "k", "", lease)
-	e.expect(store.InProgress, "k", "a", lease)
+	e.expect(store.DecisionHeld, "k", "", lease)
+	e.expect(store.DecisionHeld, "k", "a", lease)
 
 	// After success.
 	e.complete(l, success([]byte("r")))
-	res = e.expect(store.Mismatch, "k", "b", lease)
+	res = e.expect(store.DecisionMismatch, "k", "b", lease)
 	if res.Record.Fingerprint != "a" || res.Record.Status != store.StatusSucceeded {
 		t.Errorf("Mismatch record = %v fp %q, want succeeded fp %q", res.Record.Status, res.Record.Fingerprint, "a")
 	}
-	e.expect(store.Replay, "k", "", lease)
-	e.expect(store.Replay, "k", "a", lease)
+	e.expect(store.DecisionReplay, "k", "", lease)
+	e.expect(store.DecisionReplay, "k", "a", lease)
 
 	// After a release: the retry would carry the attempt count on.
 	l = e.execute("released", "a")
 	e.release(l, ttl)
-	e.expect(store.Mismatch, "released", "b", lease)
+	e.expect(store.DecisionMismatch, "released", "b", lease)
 	if rec := e.get("released"); rec.Status != store.StatusRetryable || rec.Attempt != 1 {
 		t.Errorf("Mismatch changed the record: %v attempt %d", rec.Status, rec.Attempt)
 	}
-	e.expect(store.Execute, "released", "a", lease)
+	e.expect(store.DecisionExecute, "released", "a", lease)
 
 	// On takeover of an expired lease: same reason, and nothing changes.
 	l = e.execute("expired", "a")
 	e.advance(lease + time.Second)
-	e.expect(store.Mismatch, "expired", "b", lease)
-	res = e.expect(store.Execute, "expired", "a", lease)
+	e.expect(store.DecisionMismatch, "expired", "b", lease)
+	res = e.expect(store.DecisionExecute, "expired", "a", lease)
 	if !res.Takeover || res.Lease.Attempt != 2 || res.Lease.Token <= l.Token {
 		t.Errorf("takeover after a Mismatch = takeover %v attempt %d token %d (old %d); want a takeover, attempt 2, larger token",
 			res.Takeover, res.Lease.Attempt, res.Lease.Token, l.Token)
@@ -494,7 +501,7 @@ func testFingerprintMismatch(t *testing.T, e *env) {
 
 	// An empty fingerprint on the stored side is never checked either.
 	e.execute("unprinted", "")
-	e.expect(store.InProgress, "unprinted", "b", lease)
+	e.expect(store.DecisionHeld, "unprinted", "b", lease)
 }
 
 func testExtendKeepsLease(t *testing.T, e *env) {
@@ -513,7 +520,7 @@ func testExtendKeepsLease(t *testing.T, e *env) {
 	}
 
 	e.advance(8 * time.Second) // 16s in: past the first expiry, before the extended one
-	res := e.expect(store.InProgress, "k", "", lease)
+	res := e.expect(store.DecisionHeld, "k", "", lease)
 	if res.Record.Token != l.Token {
 		t.Errorf("record token = %d, want the holder's %d", res.Record.Token, l.Token)
 	}
@@ -538,7 +545,7 @@ func testAttemptsCountedAcrossRelease(t *testing.T, e *env) {
 		t.Errorf("retryable record LeaseExpiresAt = %v, want zero", rec.LeaseExpiresAt)
 	}
 
-	res := e.expect(store.Execute, "k", "fp", lease)
+	res := e.expect(store.DecisionExecute, "k", "fp", lease)
 	second := res.Lease
 	if second.Attempt != 2 || res.Takeover || second.Token <= first.Token {
 		t.Fatalf("Begin after Release = attempt %d, takeover %v, token %d (was %d); want attempt 2, no takeover, a larger token",
@@ -617,8 +624,8 @@ func testDeleteExpired(t *testing.T, e *env) {
 		}
 	}
 
-	short := store.Outcome{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute}
-	long := store.Outcome{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour}
+	short := store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute}
+	long := store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour}
 	var expired, inProgress, live []string
 	for i := range 7 {
 		key := fmt.Sprintf("short-%d", i)
@@ -627,7 +634,7 @@ func testDeleteExpired(t *testing.T, e *env) {
 	}
 	for i := range 3 { // crashed workers: leases that run out
 		key := fmt.Sprintf("crashed-%d", i)
-		e.expect(store.Execute, key, "", time.Minute)
+		e.expect(store.DecisionExecute, key, "", time.Minute)
 		expired = append(expired, key)
 		inProgress = append(inProgress, key)
 	}
@@ -641,7 +648,7 @@ func testDeleteExpired(t *testing.T, e *env) {
 		e.complete(e.execute(key, ""), long)
 		live = append(live, key)
 	}
-	e.expect(store.Execute, "long-lease", "", time.Hour)
+	e.expect(store.DecisionExecute, "long-lease", "", time.Hour)
 	e.release(e.execute("long-release", ""), time.Hour)
 	live = append(live, "long-lease", "long-release")
 
@@ -684,7 +691,7 @@ func testDeleteExpired(t *testing.T, e *env) {
 	// Removed, not just hidden: an expired lease that was still there would
 	// be taken over with attempt 2.
 	for _, key := range inProgress {
-		res := e.expect(store.Execute, key, "", lease)
+		res := e.expect(store.DecisionExecute, key, "", lease)
 		if res.Takeover || res.Lease.Attempt != 1 {
 			t.Errorf("%s: Begin after DeleteExpired = takeover %v attempt %d; want a fresh attempt 1", key, res.Takeover, res.Lease.Attempt)
 		}
@@ -698,7 +705,7 @@ func testAttemptsSurviveCleanupForRetain(t *testing.T, e *env) {
 	req := e.req("crashed", "fp", lease)
 	req.Retain = 30 * time.Minute
 	res, err := e.s.Begin(e.ctx, req)
-	if err != nil || res.Decision != store.Execute {
+	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin = %v, %v", res.Decision, err)
 	}
 	e.advance(2 * time.Minute) // the lease ran out; the worker is gone
@@ -712,7 +719,7 @@ func testAttemptsSurviveCleanupForRetain(t *testing.T, e *env) {
 		}
 	}
 	again, err := e.s.Begin(e.ctx, req)
-	if err != nil || again.Decision != store.Execute || again.Lease.Attempt != 2 || !again.Takeover {
+	if err != nil || again.Decision != store.DecisionExecute || again.Lease.Attempt != 2 || !again.Takeover {
 		t.Fatalf("Begin after cleanup = %v attempt %d takeover %v, %v; want a takeover at attempt 2", again.Decision, again.Lease.Attempt, again.Takeover, err)
 	}
 }
@@ -727,7 +734,7 @@ func testInvalidRequests(t *testing.T, e *env) {
 	e.getNotFound("k")
 
 	l := e.execute("k", "")
-	for _, out := range []store.Outcome{
+	for _, out := range []store.Completion{
 		{Status: store.StatusInProgress, TTL: ttl},
 		{Status: store.StatusRetryable, TTL: ttl},
 		{Status: 0, TTL: ttl},
@@ -757,7 +764,7 @@ func testScopesIsolate(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatalf("Begin in the other scope: %v", err)
 	}
-	if res.Decision != store.Execute {
+	if res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin of the same key in another scope = %v, want execute", res.Decision)
 	}
 	b := res.Lease
@@ -783,16 +790,16 @@ func testScopesIsolate(t *testing.T, e *env) {
 }
 
 func testConcurrentStress(t *testing.T, e *env) {
-	ExecuteOnce(t, e.s, e.scope, 300)
+	RunLoad(t, e.s, e.scope, 300)
 }
 
-// ExecuteOnce is the concurrency check every store runs, also on its own with
+// RunLoad is the concurrency check every store runs, also on its own with
 // a small connection pool: 32 goroutines deliver keys keys, 3 in 10 of them a
 // second time right behind the first (so the duplicate often meets the live
 // lease), each delivery a Begin and, on Execute, a Complete. Every key must
 // execute exactly once and end succeeded with its result, and every duplicate
 // must get Replay or InProgress.
-func ExecuteOnce(t *testing.T, st store.Store, scope string, keys int) {
+func RunLoad(t *testing.T, st Store, scope string, keys int) {
 	t.Helper()
 	const workers = 32
 	ctx := t.Context()
@@ -832,9 +839,9 @@ func ExecuteOnce(t *testing.T, st store.Store, scope string, keys int) {
 					continue
 				}
 				switch res.Decision {
-				case store.Replay, store.InProgress:
+				case store.DecisionReplay, store.DecisionHeld:
 					duplicates.Add(1)
-				case store.Execute:
+				case store.DecisionExecute:
 					executes[i].Add(1)
 					if err := st.Complete(ctx, res.Lease, success([]byte(key))); err != nil {
 						t.Errorf("Complete(%q): %v", key, err)
@@ -898,19 +905,20 @@ func testTokensIncrease(t *testing.T, e *env) {
 		t.Fatalf("record = %v token %d, want in_progress token %d", rec.Status, rec.Token, fresh.Token)
 	}
 
-	e.complete(fresh, store.Outcome{Status: store.StatusSucceeded, TTL: time.Minute})
+	e.complete(fresh, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
 	e.advance(2 * time.Minute)
 	take(e.execute("k", "")) // after expiry
 }
 
-func testKeyLimiter(t *testing.T, e *env) {
-	kl, ok := e.s.(store.KeyLimiter)
-	if !ok {
-		t.Skip("the store does not implement store.KeyLimiter")
-	}
-	limit := kl.MaxKeyLen()
-	if limit <= 0 {
-		t.Fatalf("MaxKeyLen() = %d, want > 0", limit)
+func testKeyLimit(t *testing.T, e *env) {
+	limit := e.s.Limits().MaxKeyLen
+	if limit == 0 { // no bound: a long key is held whole
+		long := strings.Repeat("k", 10_000)
+		e.complete(e.execute(long, ""), success([]byte("r")))
+		if rec := e.get(long); rec.Key != long {
+			t.Fatalf("record key is %d bytes, want %d", len(rec.Key), len(long))
+		}
+		return
 	}
 	longest := strings.Repeat("k", limit)
 	l := e.execute(longest, "")

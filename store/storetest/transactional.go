@@ -73,7 +73,7 @@ func (e *txEnv) claim(want store.Decision, key, fp string) store.ClaimResult {
 	if res.Decision != want {
 		e.t.Fatalf("Claim(%q) = %v, want %v (record %+v)", key, res.Decision, want, res.Record)
 	}
-	if (res.Tx != nil) != (want == store.Execute) {
+	if (res.Tx != nil) != (want == store.DecisionExecute) {
 		e.t.Fatalf("Claim(%q) = %v with transaction %v: only Execute holds one", key, res.Decision, res.Tx)
 	}
 	return res
@@ -93,14 +93,14 @@ func (e *txEnv) rollback(res store.ClaimResult) {
 	}
 }
 
-func (e *txEnv) record(l store.Lease, out store.Outcome) error {
+func (e *txEnv) record(l store.Lease, out store.Completion) error {
 	return e.h.Store.RecordRollback(e.ctx, l, "fp", out)
 }
 
-var retryable = store.Outcome{Status: store.StatusRetryable, TTL: ttl}
+var retryable = store.Completion{Status: store.StatusRetryable, TTL: ttl}
 
 func testTxCommitThenReplay(t *testing.T, e *txEnv) {
-	first := e.claim(store.Execute, "k", "fp")
+	first := e.claim(store.DecisionExecute, "k", "fp")
 	if first.Lease.Attempt != 1 || first.Lease.Token == 0 || first.Takeover {
 		t.Fatalf("first claim's lease = %+v, takeover %v; want attempt 1 with a token", first.Lease, first.Takeover)
 	}
@@ -109,20 +109,20 @@ func testTxCommitThenReplay(t *testing.T, e *txEnv) {
 		t.Fatalf("Get before the commit = %v, want ErrNotFound", err)
 	}
 	e.commit(first, []byte("result"))
-	dup := e.claim(store.Replay, "k", "fp")
+	dup := e.claim(store.DecisionReplay, "k", "fp")
 	if rec := dup.Record; rec.Status != store.StatusSucceeded || string(rec.Result) != "result" || rec.Token != first.Lease.Token {
 		t.Fatalf("replayed record = %+v, want the committed success", rec)
 	}
 	// A commit without a result stores none.
-	e.commit(e.claim(store.Execute, "empty", "fp"), nil)
-	if rec := e.claim(store.Replay, "empty", "fp").Record; rec.Status != store.StatusSucceeded || len(rec.Result) != 0 {
+	e.commit(e.claim(store.DecisionExecute, "empty", "fp"), nil)
+	if rec := e.claim(store.DecisionReplay, "empty", "fp").Record; rec.Status != store.StatusSucceeded || len(rec.Result) != 0 {
 		t.Fatalf("replayed record = %+v, want a success without a result", rec)
 	}
 }
 
 func testTxRollbackLeavesTheKeyFree(t *testing.T, e *txEnv) {
-	e.rollback(e.claim(store.Execute, "k", "fp"))
-	if again := e.claim(store.Execute, "k", "fp"); again.Lease.Attempt != 1 {
+	e.rollback(e.claim(store.DecisionExecute, "k", "fp"))
+	if again := e.claim(store.DecisionExecute, "k", "fp"); again.Lease.Attempt != 1 {
 		t.Fatalf("after a rollback with nothing recorded: attempt %d, want 1", again.Lease.Attempt)
 	} else {
 		e.rollback(again)
@@ -133,7 +133,7 @@ func testTxRollbackLeavesTheKeyFree(t *testing.T, e *txEnv) {
 }
 
 func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
-	first := e.claim(store.Execute, "k", "fp")
+	first := e.claim(store.DecisionExecute, "k", "fp")
 	e.rollback(first)
 	if err := e.record(first.Lease, retryable); err != nil {
 		t.Fatal(err)
@@ -142,7 +142,7 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 1 {
 		t.Fatalf("record = %+v, %v; want retryable at attempt 1", rec, err)
 	}
-	second := e.claim(store.Execute, "k", "fp")
+	second := e.claim(store.DecisionExecute, "k", "fp")
 	if second.Lease.Attempt != 2 || second.Takeover {
 		t.Fatalf("the next claim = attempt %d takeover %v, want attempt 2 without takeover", second.Lease.Attempt, second.Takeover)
 	}
@@ -153,33 +153,33 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 }
 
 func testTxCachedFailureReplays(t *testing.T, e *txEnv) {
-	first := e.claim(store.Execute, "k", "fp")
+	first := e.claim(store.DecisionExecute, "k", "fp")
 	e.rollback(first)
-	if err := e.record(first.Lease, store.Outcome{Status: store.StatusFailed, ErrorKind: "permanent", ErrorMessage: "no such account", TTL: ttl}); err != nil {
+	if err := e.record(first.Lease, store.Completion{Status: store.StatusFailed, ErrorKind: "permanent", ErrorMessage: "no such account", TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
-	rec := e.claim(store.Replay, "k", "fp").Record
+	rec := e.claim(store.DecisionReplay, "k", "fp").Record
 	if rec.Status != store.StatusFailed || rec.ErrorKind != "permanent" || rec.ErrorMessage != "no such account" {
 		t.Fatalf("replayed record = %+v, want the cached failure", rec)
 	}
 }
 
 func testTxRecordNeverOverwritesANewerClaim(t *testing.T, e *txEnv) {
-	stale := e.claim(store.Execute, "k", "fp")
+	stale := e.claim(store.DecisionExecute, "k", "fp")
 	e.rollback(stale)
-	newer := e.claim(store.Execute, "k", "fp")
+	newer := e.claim(store.DecisionExecute, "k", "fp")
 	// While the newer claim is open, recording the stale one neither waits
 	// for it nor writes.
 	if err := e.record(stale.Lease, retryable); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("recording a claim while a newer one is open = %v, want ErrLeaseLost at once", err)
 	}
 	e.commit(newer, []byte("newer"))
-	for _, out := range []store.Outcome{retryable, {Status: store.StatusFailed, ErrorKind: "permanent", TTL: ttl}} {
+	for _, out := range []store.Completion{retryable, {Status: store.StatusFailed, ErrorKind: "permanent", TTL: ttl}} {
 		if err := e.record(stale.Lease, out); !errors.Is(err, store.ErrLeaseLost) {
 			t.Fatalf("recording %v for a claim that a newer one succeeded = %v, want ErrLeaseLost", out.Status, err)
 		}
 	}
-	if rec := e.claim(store.Replay, "k", "fp").Record; string(rec.Result) != "newer" {
+	if rec := e.claim(store.DecisionReplay, "k", "fp").Record; string(rec.Result) != "newer" {
 		t.Fatalf("record = %+v, want the newer success", rec)
 	}
 }
@@ -200,53 +200,53 @@ func (e *txEnv) runClaim(key string, wait time.Duration) <-chan store.ClaimResul
 }
 
 func testTxConcurrentClaimWaitsThenReplays(t *testing.T, e *txEnv) {
-	first := e.claim(store.Execute, "k", "fp")
+	first := e.claim(store.DecisionExecute, "k", "fp")
 	second := e.runClaim("k", time.Minute)
 	time.Sleep(50 * time.Millisecond) // let it meet the claim (it replays either way)
 	e.commit(first, []byte("first"))
 	res := <-second
-	if res.Decision != store.Replay || string(res.Record.Result) != "first" {
+	if res.Decision != store.DecisionReplay || string(res.Record.Result) != "first" {
 		t.Fatalf("the concurrent claim = %v (record %+v), want a replay of the first", res.Decision, res.Record)
 	}
 }
 
 func testTxConcurrentClaimTakesTheKeyAfterARollback(t *testing.T, e *txEnv) {
-	first := e.claim(store.Execute, "k", "fp")
+	first := e.claim(store.DecisionExecute, "k", "fp")
 	second := e.runClaim("k", time.Minute)
 	time.Sleep(50 * time.Millisecond) // let it meet the claim (it executes either way)
 	e.rollback(first)
 	res := <-second
-	if res.Decision != store.Execute {
+	if res.Decision != store.DecisionExecute {
 		t.Fatalf("the concurrent claim = %v, want Execute after the first rolled back", res.Decision)
 	}
 	e.commit(res, nil)
 }
 
 func testTxWaitIsBounded(t *testing.T, e *txEnv) {
-	first := e.claim(store.Execute, "k", "fp")
+	first := e.claim(store.DecisionExecute, "k", "fp")
 	res := <-e.runClaim("k", 100*time.Millisecond)
-	if res.Decision != store.InProgress || !res.Contended || res.Tx != nil {
+	if res.Decision != store.DecisionHeld || !res.Contended || res.Tx != nil {
 		t.Fatalf("a claim past its wait = %v contended %v, want InProgress, contended, no transaction", res.Decision, res.Contended)
 	}
 	e.commit(first, nil)
-	e.claim(store.Replay, "k", "fp")
+	e.claim(store.DecisionReplay, "k", "fp")
 }
 
 func testTxMismatch(t *testing.T, e *txEnv) {
-	e.commit(e.claim(store.Execute, "k", "fp-a"), nil)
-	if rec := e.claim(store.Mismatch, "k", "fp-b").Record; rec.Fingerprint != "fp-a" {
+	e.commit(e.claim(store.DecisionExecute, "k", "fp-a"), nil)
+	if rec := e.claim(store.DecisionMismatch, "k", "fp-b").Record; rec.Fingerprint != "fp-a" {
 		t.Fatalf("mismatch record = %+v, want the stored fingerprint", rec)
 	}
-	e.claim(store.Replay, "k", "") // an empty fingerprint never mismatches
+	e.claim(store.DecisionReplay, "k", "") // an empty fingerprint never mismatches
 }
 
 func testTxExpiredSuccessFreesTheKey(t *testing.T, e *txEnv) {
-	e.commit(e.claim(store.Execute, "k", "fp"), nil)
+	e.commit(e.claim(store.DecisionExecute, "k", "fp"), nil)
 	e.h.Advance(ttl + time.Minute)
 	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get of an expired success = %v, want ErrNotFound", err)
 	}
-	if res := e.claim(store.Execute, "k", "fp"); res.Lease.Attempt != 1 {
+	if res := e.claim(store.DecisionExecute, "k", "fp"); res.Lease.Attempt != 1 {
 		t.Fatalf("claim of an expired success = attempt %d, want a fresh attempt 1", res.Lease.Attempt)
 	} else {
 		e.rollback(res)
@@ -256,7 +256,7 @@ func testTxExpiredSuccessFreesTheKey(t *testing.T, e *txEnv) {
 func testTxTokensRise(t *testing.T, e *txEnv) {
 	var last int64
 	for i := range 3 {
-		res := e.claim(store.Execute, "k", "fp")
+		res := e.claim(store.DecisionExecute, "k", "fp")
 		if res.Lease.Token <= last {
 			t.Fatalf("claim %d: token %d, not above the previous %d", i+1, res.Lease.Token, last)
 		}
@@ -280,7 +280,7 @@ func testTxInvalidRequests(t *testing.T, e *txEnv) {
 		}
 	}
 	l := store.Lease{Scope: e.scope, Key: "k", Token: 1, Attempt: 1}
-	for name, out := range map[string]store.Outcome{
+	for name, out := range map[string]store.Completion{
 		"a success":   {Status: store.StatusSucceeded, TTL: ttl},
 		"no TTL":      {Status: store.StatusRetryable},
 		"no status":   {TTL: ttl},

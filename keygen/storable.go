@@ -13,7 +13,7 @@ func Storable(s string) bool {
 	return strings.IndexByte(s, 0) < 0 && utf8.ValidString(s)
 }
 
-// HashedKeyPrefix starts every key Limit hashed. A key that arrives with it
+// HashedKeyPrefix starts every key StorableKey hashed. A key that arrives with it
 // already is hashed too, so that a hashed key can never equal a literal one:
 // a message whose UUID is the hashed form of another message's long key is
 // a different key.
@@ -22,7 +22,7 @@ const HashedKeyPrefix = "hashed:sha256:"
 // hashedKeyLen is the length of HashedKeyPrefix followed by 64 hex digits.
 const hashedKeyLen = len(HashedKeyPrefix) + 2*sha256.Size
 
-// Limit fits a key into what every store holds: a text column of max
+// StorableKey fits a key into what every store holds: a text column of max
 // bytes (no limit when max <= 0). A key of at most max bytes is returned
 // unchanged; a longer key, one with a NUL byte or bytes that are not UTF-8
 // (PostgreSQL text holds neither), or one that starts with
@@ -33,7 +33,7 @@ const hashedKeyLen = len(HashedKeyPrefix) + 2*sha256.Size
 //
 // The result is always 78 bytes for a hashed key, so a max below 78 still
 // returns 78 bytes; give stores at least 78.
-func Limit(key string, max int) string {
+func StorableKey(key string, max int) string {
 	if (max <= 0 || len(key) <= max) && Storable(key) && !strings.HasPrefix(key, HashedKeyPrefix) {
 		return key
 	}

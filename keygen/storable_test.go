@@ -9,7 +9,7 @@ import (
 	"github.com/oncemill/oncemill/keygen"
 )
 
-func TestLimit(t *testing.T) {
+func TestStorableKey(t *testing.T) {
 	long := strings.Repeat("k", 10<<10)
 	hashed := func(s string) string {
 		sum := sha256.Sum256([]byte(s))
@@ -37,7 +37,7 @@ func TestLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := keygen.Limit(tt.key, tt.max)
+			got := keygen.StorableKey(tt.key, tt.max)
 			if got != tt.want {
 				t.Fatalf("Limit = %.80q, want %.80q", got, tt.want)
 			}
@@ -51,11 +51,11 @@ func TestLimit(t *testing.T) {
 func TestLimitNeverTruncates(t *testing.T) {
 	a := strings.Repeat("x", 10<<10) + "a"
 	b := strings.Repeat("x", 10<<10) + "b"
-	ka, kb := keygen.Limit(a, 255), keygen.Limit(b, 255)
+	ka, kb := keygen.StorableKey(a, 255), keygen.StorableKey(b, 255)
 	if ka == kb {
 		t.Fatal("keys differing only in their last byte collide")
 	}
-	if ka != keygen.Limit(a, 255) {
+	if ka != keygen.StorableKey(a, 255) {
 		t.Error("not deterministic")
 	}
 	if strings.ContainsRune(ka[len(keygen.HashedKeyPrefix):], 'x') {
@@ -70,11 +70,11 @@ func TestLimitNeverTruncates(t *testing.T) {
 // long key is not its duplicate.
 func TestHashedKeysNeverEqualLiteralOnes(t *testing.T) {
 	long := strings.Repeat("line-item;", 60)
-	hashed := keygen.Limit(long, 512)
+	hashed := keygen.StorableKey(long, 512)
 	if hashed == long {
 		t.Fatal("a 600-byte key was not hashed at max 512")
 	}
-	if literal := keygen.Limit(hashed, 512); literal == hashed {
+	if literal := keygen.StorableKey(hashed, 512); literal == hashed {
 		t.Fatalf("the literal key %q fits unchanged and equals the long key's hash", hashed)
 	}
 }

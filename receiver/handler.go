@@ -1,0 +1,64 @@
+package receiver
+
+import (
+	"context"
+
+	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+)
+
+// What a handler and its wiring need, under one import. These are the
+// other packages' own types and functions, not copies: a receiver.Event is
+// a pipeline.Event.
+
+type (
+	// Policy is policy.Policy: TTLs, the lease, attempts and error
+	// classification (WithPolicy).
+	Policy = policy.Policy
+	// Event is pipeline.Event: what oncemill decided for one delivery
+	// (WithEventHandler).
+	Event = pipeline.Event
+	// Outcome is pipeline.Outcome: what the idempotency stage did with a
+	// delivery.
+	Outcome = pipeline.Outcome
+	// Lease is store.Lease: the handler's fencing token and attempt
+	// (LeaseFromContext).
+	Lease = store.Lease
+)
+
+// The outcomes of pipeline.Outcome.
+const (
+	OutcomeExecuted        = pipeline.OutcomeExecuted
+	OutcomeReplayed        = pipeline.OutcomeReplayed
+	OutcomeFailureCached   = pipeline.OutcomeFailureCached
+	OutcomeFailureReplayed = pipeline.OutcomeFailureReplayed
+	OutcomeReleased        = pipeline.OutcomeReleased
+	OutcomeHeldKeyNacked   = pipeline.OutcomeHeldKeyNacked
+	OutcomeRejected        = pipeline.OutcomeRejected
+	OutcomeUnguarded       = pipeline.OutcomeUnguarded
+	OutcomeStoreFailed     = pipeline.OutcomeStoreFailed
+	OutcomeInvalid         = pipeline.OutcomeInvalid
+	OutcomeKeyFailed       = pipeline.OutcomeKeyFailed
+)
+
+// ErrInvalidConfig is oncemill.ErrInvalidConfig: every error of Build wraps
+// it.
+var ErrInvalidConfig = oncemill.ErrInvalidConfig
+
+// Permanent marks err as a failure to cache: stored, acked, never run
+// again (policy.Permanent).
+func Permanent(err error) error { return policy.Permanent(err) }
+
+// Transient marks err as retryable even when the policy would cache it
+// (policy.Transient).
+func Transient(err error) error { return policy.Transient(err) }
+
+// LeaseFromContext returns the lease the handler runs under: its fencing
+// token and attempt (pipeline.LeaseFromContext).
+func LeaseFromContext(ctx context.Context) (Lease, bool) { return pipeline.LeaseFromContext(ctx) }
+
+// CheckLease confirms that the handler still holds its lease, right before
+// a side effect outside any transaction (pipeline.CheckLease).
+func CheckLease(ctx context.Context) error { return pipeline.CheckLease(ctx) }

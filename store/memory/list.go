@@ -1,0 +1,52 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+// List implements store.Admin. It reads every shard for each page: it is
+// for operators and tests, not for the delivery path.
+func (s *Store) List(_ context.Context, req store.ListRequest) (store.ListPage, error) {
+	if err := req.Validate(); err != nil {
+		return store.ListPage{}, fmt.Errorf("oncemill: memory: list: %w", err)
+	}
+	afterScope, afterKey, err := store.ParseListCursor(req.After)
+	if err != nil {
+		return store.ListPage{}, fmt.Errorf("oncemill: memory: list: %w", err)
+	}
+	if err := s.checkOpen("list"); err != nil {
+		return store.ListPage{}, err
+	}
+	limit := cmp.Or(req.Limit, store.DefaultListLimit)
+	var found []store.Record
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, rec := range sh.records {
+			for ; rec != nil; rec = rec.next {
+				if req.After != "" && cmp.Or(cmp.Compare(rec.scope, afterScope), cmp.Compare(rec.key, afterKey)) <= 0 {
+					continue
+				}
+				if r := s.snapshot(rec); req.Matches(r) {
+					found = append(found, r)
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	slices.SortFunc(found, func(a, b store.Record) int {
+		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Key, b.Key))
+	})
+	page := store.ListPage{Records: found}
+	if len(found) > limit {
+		page.Records = found[:limit:limit]
+		last := page.Records[limit-1]
+		page.Next = store.ListCursor(last.Scope, last.Key)
+	}
+	return page, nil
+}

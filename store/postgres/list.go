@@ -1,0 +1,61 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+// List implements store.Admin: one statement per page, in primary key
+// order, bounded by Options.StatementTimeout.
+func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage, error) {
+	if err := req.Validate(); err != nil {
+		return store.ListPage{}, fmt.Errorf("oncemill: postgres: list: %w", err)
+	}
+	afterScope, afterKey, err := store.ParseListCursor(req.After)
+	if err != nil {
+		return store.ListPage{}, fmt.Errorf("oncemill: postgres: list: %w", err)
+	}
+	ctx, cancel, err := s.enter(ctx, "list", 0)
+	if err != nil {
+		return store.ListPage{}, err
+	}
+	defer s.leave(cancel)
+	limit := cmp.Or(req.Limit, store.DefaultListLimit)
+	var before any // NULL: no bound
+	if !req.UpdatedBefore.IsZero() {
+		before = req.UpdatedBefore
+	}
+	rows, err := s.pool.Query(ctx, s.sql.list, req.Scope, int16(req.Status), before, afterScope, afterKey, limit+1)
+	if err != nil {
+		return store.ListPage{}, wrap("list", err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.Record, error) {
+		var (
+			rec     store.Record
+			status  int16
+			attempt int32
+		)
+		err := row.Scan(&rec.Scope, &rec.Key, &rec.Fingerprint, &status, &rec.Token, &attempt,
+			&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
+		rec.Status, rec.Attempt = store.Status(status), int(attempt)
+		if rec.Status == store.StatusInProgress {
+			rec.LeaseExpiresAt = rec.ExpiresAt
+		}
+		return rec, err
+	})
+	if err != nil {
+		return store.ListPage{}, wrap("list", err)
+	}
+	page := store.ListPage{Records: recs}
+	if len(recs) > limit {
+		page.Records = recs[:limit:limit]
+		last := page.Records[limit-1]
+		page.Next = store.ListCursor(last.Scope, last.Key)
+	}
+	return page, nil
+}
