@@ -29,7 +29,7 @@ func benchStage(b *testing.B) *pipeline.Idempotency {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = st.Close() })
-	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: st, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Default()})
+	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: st, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Policy{}.WithDefaults()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func BenchmarkRouterThroughput(b *testing.B) {
 //
 //	go test -run='^$' -bench=RouterOverhead -count=3 ./pipeline
 func BenchmarkRouterOverhead(b *testing.B) {
-	nop, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: keepNothing{}, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Default()})
+	nop, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: keepNothing{}, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Policy{}.WithDefaults()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -112,6 +112,7 @@ func (keepNothing) Begin(_ context.Context, req store.BeginRequest) (store.Begin
 		Scope: req.Scope, Key: req.Key, Token: 1, Attempt: 1, ExpiresAt: time.Now().Add(req.Lease),
 	}}, nil
 }
+func (keepNothing) Limits() store.Limits                                          { return store.Limits{} }
 func (keepNothing) Complete(context.Context, store.Lease, store.Completion) error { return nil }
 func (keepNothing) Release(context.Context, store.Lease, time.Duration) error     { return nil }
 func (keepNothing) Extend(_ context.Context, l store.Lease, _ time.Duration) (store.Lease, error) {
@@ -138,8 +139,8 @@ func benchReceiver(b *testing.B, full bool) *receiver.Receiver {
 	if full {
 		builder = builder.
 			WithValidation(func(*message.Message) error { return nil }).
-			WithRetry(pipeline.DefaultRetryConfig()).
-			WithCircuitBreaker(pipeline.DefaultBreakerConfig()).
+			WithRetry(pipeline.RetryConfig{}).
+			WithCircuitBreaker(pipeline.BreakerConfig{}).
 			WithSeparateTransaction(nopTxManager{})
 	}
 	r, err := builder.Build()

@@ -39,8 +39,8 @@ func newChainHarness(t *testing.T, o chainOptions) *chainHarness {
 	t.Helper()
 	h := &chainHarness{st: newTxStore(), tm: &fakeTxManager{}, events: make(chan pipeline.Event, 100)}
 	t.Cleanup(func() { _ = h.st.Close() })
-	p := policy.Default()
-	p.NackDelay = 0
+	p := policy.Policy{}.WithDefaults()
+	p.NackDelay = -1 // no pause
 	if o.maxAttempts > 0 {
 		p.MaxAttempts = o.maxAttempts
 	}
@@ -71,12 +71,12 @@ func newChainHarness(t *testing.T, o chainOptions) *chainHarness {
 	}
 	h.chain.Validation, err = pipeline.NewValidation(pipeline.ValidationConfig{Validate: validate, DeadLetter: dl, OnEvent: onEvent})
 	must(err)
-	rc := pipeline.DefaultRetryConfig()
-	rc.InitialInterval, rc.MaxInterval, rc.Policy = time.Millisecond, 2*time.Millisecond, p
+	rc := pipeline.RetryConfig{}
+	rc.InitialInterval, rc.MaxInterval, rc.Classify = time.Millisecond, 2*time.Millisecond, p.Classify
 	h.chain.Retry, err = pipeline.NewRetry(rc)
 	must(err)
-	bc := pipeline.DefaultBreakerConfig()
-	bc.Policy, bc.Timeout = p, time.Hour
+	bc := pipeline.BreakerConfig{}
+	bc.Classify, bc.Timeout = p.Classify, time.Hour
 	if o.tripAfter > 0 {
 		bc.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= o.tripAfter }
 	}
@@ -167,7 +167,7 @@ func TestChainOpenBreakerStillReplaysStoredResults(t *testing.T) {
 		t.Fatalf("duplicate: %v", e.Outcome)
 	}
 	_, err = handler(msg("m2", "x"))
-	if !errors.Is(err, pipeline.ErrCircuitOpen) || policy.Default().IsPermanent(err) {
+	if !errors.Is(err, pipeline.ErrCircuitOpen) || (policy.Policy{}).IsPermanent(err) {
 		t.Fatalf("new message with the circuit open: %v, want retryable ErrCircuitOpen", err)
 	}
 	if e := h.event(t); e.Outcome != pipeline.OutcomeReleased {

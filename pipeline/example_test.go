@@ -22,7 +22,7 @@ func ExampleIdempotency_Middleware() {
 		Store:   st,
 		Keys:    keygen.UUID(),
 		Scope:   "invoices",
-		Policy:  policy.Default(),
+		Policy:  policy.Policy{}.WithDefaults(),
 		OnEvent: func(e pipeline.Event) { fmt.Println("outcome:", e.Outcome) },
 	})
 	if err != nil {

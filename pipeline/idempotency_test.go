@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -48,14 +49,14 @@ func newHarness(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *harness
 		Store:  st,
 		Keys:   keygen.UUID(),
 		Scope:  "test",
-		Policy: policy.Default(),
+		Policy: policy.Policy{}.WithDefaults(),
 		OnEvent: func(e pipeline.Event) {
 			h.mu.Lock()
 			h.events = append(h.events, e)
 			h.mu.Unlock()
 		},
 	}
-	cfg.Policy.NackDelay = 0
+	cfg.Policy.NackDelay = -1 // no pause
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -155,7 +156,7 @@ func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
 	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != pipeline.KindPermanent || !strings.Contains(rec.ErrorMessage, "card declined") {
 		t.Fatalf("record %+v, %v", rec, err)
 	}
-	if err := h.last().Err; err == nil || !strings.Contains(err.Error(), "card declined") || !policy.Default().IsPermanent(err) {
+	if err := h.last().Err; err == nil || !strings.Contains(err.Error(), "card declined") || !(policy.Policy{}).IsPermanent(err) {
 		t.Fatalf("replayed failure event carries %v, want the cached permanent failure", err)
 	}
 }
@@ -343,7 +344,7 @@ func TestMismatchIsPermanentAndNeverRuns(t *testing.T) {
 		t.Fatalf("mismatch must be acked with nothing produced, got (%v, %v)", out, err)
 	}
 	e := h.last()
-	if e.Outcome != pipeline.OutcomeRejected || e.Decision != store.DecisionMismatch || !errors.Is(e.Err, pipeline.ErrMismatch) || !policy.Default().IsPermanent(e.Err) {
+	if e.Outcome != pipeline.OutcomeRejected || e.Decision != store.DecisionMismatch || !errors.Is(e.Err, pipeline.ErrMismatch) || !(policy.Policy{}).IsPermanent(e.Err) {
 		t.Fatalf("event %+v", e)
 	}
 	if calls.Load() != 1 {
@@ -589,13 +590,13 @@ func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
 
 func TestLongKeysAreHashedToTheStoreLimit(t *testing.T) {
 	h := newHarness(t, nil)
-	long := strings.Repeat("k", h.store.MaxKeyLen()+1)
+	long := strings.Repeat("k", h.store.Limits().MaxKeyLen+1)
 	var calls atomic.Int32
 	if _, err := h.stage.Middleware(produce(&calls))(msg(long, "x")); err != nil {
 		t.Fatal(err)
 	}
 	e := h.last()
-	if e.Outcome != pipeline.OutcomeExecuted || e.Key != keygen.StorableKey(long, h.store.MaxKeyLen()) || len(e.Key) > h.store.MaxKeyLen() {
+	if e.Outcome != pipeline.OutcomeExecuted || e.Key != keygen.StorableKey(long, h.store.Limits().MaxKeyLen) || len(e.Key) > h.store.Limits().MaxKeyLen {
 		t.Fatalf("event key %q (len %d)", e.Key, len(e.Key))
 	}
 }
@@ -604,11 +605,11 @@ func TestNewIdempotencyRefusesBadConfig(t *testing.T) {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	for name, cfg := range map[string]pipeline.IdempotencyConfig{
-		"no store":   {Keys: keygen.UUID(), Policy: policy.Default()},
-		"no keys":    {Store: st, Policy: policy.Default()},
-		"bad policy": {Store: st, Keys: keygen.UUID()},
+		"no store":   {Keys: keygen.UUID()},
+		"no keys":    {Store: st},
+		"bad policy": {Store: st, Keys: keygen.UUID(), Policy: policy.Policy{Lease: -1}},
 	} {
-		if _, err := pipeline.NewIdempotency(cfg); !errors.Is(err, pipeline.ErrInvalidConfig) {
+		if _, err := pipeline.NewIdempotency(cfg); !errors.Is(err, oncemill.ErrInvalidConfig) {
 			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
 		}
 	}
@@ -735,7 +736,7 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	p := policy.Default()
+	p := policy.Policy{}.WithDefaults()
 	p.Lease, p.Heartbeat = time.Second, 200*time.Millisecond
 	p.HeldKey, p.NackDelay = policy.HeldKeyNack, 0
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{

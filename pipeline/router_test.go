@@ -77,7 +77,7 @@ func newStage(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *pipeline.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	cfg := pipeline.IdempotencyConfig{Store: st, Keys: keygen.UUID(), Policy: policy.Default()}
+	cfg := pipeline.IdempotencyConfig{Store: st, Keys: keygen.UUID(), Policy: policy.Policy{}.WithDefaults()}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -22,7 +23,7 @@ import (
 
 func fastRetry(t *testing.T, mutate func(*pipeline.RetryConfig)) *pipeline.Retry {
 	t.Helper()
-	rc := pipeline.DefaultRetryConfig()
+	rc := pipeline.RetryConfig{}
 	rc.InitialInterval, rc.MaxInterval = time.Millisecond, 2*time.Millisecond
 	if mutate != nil {
 		mutate(&rc)
@@ -117,14 +118,14 @@ func TestRetryKeepsTheLeaseAliveWhileItWaits(t *testing.T) {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	counting := &countingStore{Store: st}
-	p := policy.Default()
+	p := policy.Policy{}.WithDefaults()
 	p.Lease, p.Heartbeat = time.Minute, 5*time.Millisecond
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: counting, Keys: keygen.UUID(), Scope: "s", Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
-		rc.InitialInterval, rc.MaxInterval, rc.RandomizationFactor = 40*time.Millisecond, 40*time.Millisecond, 0
+		rc.InitialInterval, rc.MaxInterval, rc.RandomizationFactor = 40*time.Millisecond, 40*time.Millisecond, -1
 	})
 	var calls atomic.Int32
 	_, err = stage.Middleware(r.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -142,27 +143,30 @@ func TestRetryKeepsTheLeaseAliveWhileItWaits(t *testing.T) {
 }
 
 func TestNewRetryRefusesBadConfig(t *testing.T) {
-	for name, mutate := range map[string]func(*pipeline.RetryConfig){
-		"initial":   func(c *pipeline.RetryConfig) { c.InitialInterval = 0 },
-		"mult":      func(c *pipeline.RetryConfig) { c.Multiplier = 0.5 },
-		"max":       func(c *pipeline.RetryConfig) { c.MaxInterval = time.Millisecond },
-		"jitter":    func(c *pipeline.RetryConfig) { c.RandomizationFactor = 1 },
-		"elapsed":   func(c *pipeline.RetryConfig) { c.MaxElapsedTime = 0 },
-		"tries":     func(c *pipeline.RetryConfig) { c.MaxTries = 0 },
-		"policy":    func(c *pipeline.RetryConfig) { c.Policy = policy.Policy{} },
-		"zero dflt": func(c *pipeline.RetryConfig) { *c = pipeline.RetryConfig{} },
+	for name, tc := range map[string]struct {
+		cfg     pipeline.RetryConfig
+		setting string
+	}{
+		"initial": {pipeline.RetryConfig{InitialInterval: -1}, "RetryConfig.InitialInterval"},
+		"mult":    {pipeline.RetryConfig{Multiplier: 0.5}, "RetryConfig.Multiplier"},
+		"max":     {pipeline.RetryConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}, "RetryConfig.MaxInterval"},
+		"jitter":  {pipeline.RetryConfig{RandomizationFactor: 1}, "RetryConfig.RandomizationFactor"},
+		"elapsed": {pipeline.RetryConfig{MaxElapsedTime: -1}, "RetryConfig.MaxElapsedTime"},
+		"tries":   {pipeline.RetryConfig{MaxTries: -1}, "RetryConfig.MaxTries"},
 	} {
-		rc := pipeline.DefaultRetryConfig()
-		mutate(&rc)
-		if _, err := pipeline.NewRetry(rc); !errors.Is(err, pipeline.ErrInvalidConfig) {
-			t.Errorf("%s: got %v", name, err)
+		var ce *oncemill.ConfigError
+		if _, err := pipeline.NewRetry(tc.cfg); !errors.As(err, &ce) || ce.Setting != tc.setting {
+			t.Errorf("%s: got %v, want a ConfigError for %s", name, err, tc.setting)
 		}
+	}
+	if _, err := pipeline.NewRetry(pipeline.RetryConfig{}); err != nil {
+		t.Errorf("the zero RetryConfig is the defaults, got %v", err)
 	}
 }
 
 func TestBreakerCountsOnlyRetryableFailures(t *testing.T) {
 	var changes []string
-	bc := pipeline.DefaultBreakerConfig()
+	bc := pipeline.BreakerConfig{}
 	bc.Name = "gateway"
 	bc.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 }
 	bc.OnStateChange = func(name string, from, to gobreaker.State) {
@@ -198,18 +202,20 @@ func TestBreakerCountsOnlyRetryableFailures(t *testing.T) {
 }
 
 func TestNewBreakerRefusesBadConfig(t *testing.T) {
-	for name, mutate := range map[string]func(*pipeline.BreakerConfig){
-		"name":     func(c *pipeline.BreakerConfig) { c.Name = "" },
-		"timeout":  func(c *pipeline.BreakerConfig) { c.Timeout = 0 },
-		"interval": func(c *pipeline.BreakerConfig) { c.Interval = -1 },
-		"trip":     func(c *pipeline.BreakerConfig) { c.ReadyToTrip = nil },
-		"policy":   func(c *pipeline.BreakerConfig) { c.Policy = policy.Policy{} },
+	for name, tc := range map[string]struct {
+		cfg     pipeline.BreakerConfig
+		setting string
+	}{
+		"timeout":  {pipeline.BreakerConfig{Timeout: -1}, "BreakerConfig.Timeout"},
+		"interval": {pipeline.BreakerConfig{Interval: -1}, "BreakerConfig.Interval"},
 	} {
-		bc := pipeline.DefaultBreakerConfig()
-		mutate(&bc)
-		if _, err := pipeline.NewBreaker(bc); !errors.Is(err, pipeline.ErrInvalidConfig) {
-			t.Errorf("%s: got %v", name, err)
+		var ce *oncemill.ConfigError
+		if _, err := pipeline.NewBreaker(tc.cfg); !errors.As(err, &ce) || ce.Setting != tc.setting {
+			t.Errorf("%s: got %v, want a ConfigError for %s", name, err, tc.setting)
 		}
+	}
+	if _, err := pipeline.NewBreaker(pipeline.BreakerConfig{}); err != nil {
+		t.Errorf("the zero BreakerConfig is the defaults, got %v", err)
 	}
 }
 
@@ -242,7 +248,7 @@ func TestTransactionStandalone(t *testing.T) {
 	if tm.rollbacks.Load() != 2 || tm.commits.Load() != 1 {
 		t.Fatalf("after panic: rollbacks %d commits %d", tm.rollbacks.Load(), tm.commits.Load())
 	}
-	if _, err := pipeline.NewTransaction(nil); !errors.Is(err, pipeline.ErrInvalidConfig) {
+	if _, err := pipeline.NewTransaction(nil); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Fatalf("nil manager: %v", err)
 	}
 }
@@ -305,10 +311,10 @@ func TestDeadLetterOnceAndNeverLost(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Fatalf("handler ran %d times, want 2 (first try, redelivery)", calls.Load())
 	}
-	if _, err := pipeline.NewDeadLetter(nil, "t"); !errors.Is(err, pipeline.ErrInvalidConfig) {
+	if _, err := pipeline.NewDeadLetter(nil, "t"); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Fatal(err)
 	}
-	if _, err := pipeline.NewDeadLetter(pubSub, ""); !errors.Is(err, pipeline.ErrInvalidConfig) || !strings.Contains(err.Error(), "topic") {
+	if _, err := pipeline.NewDeadLetter(pubSub, ""); !errors.Is(err, oncemill.ErrInvalidConfig) || !strings.Contains(err.Error(), "topic") {
 		t.Fatal(err)
 	}
 }
@@ -333,7 +339,7 @@ func TestMismatchIsDeadLettered(t *testing.T) {
 }
 
 func TestNewValidationRefusesNil(t *testing.T) {
-	if _, err := pipeline.NewValidation(pipeline.ValidationConfig{}); !errors.Is(err, pipeline.ErrInvalidConfig) {
+	if _, err := pipeline.NewValidation(pipeline.ValidationConfig{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Fatal(err)
 	}
 }

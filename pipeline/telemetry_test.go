@@ -418,7 +418,7 @@ func TestTelemetryOneTransactionSpans(t *testing.T) {
 	k := newTelKit(t)
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Default(), Telemetry: k.tel})
+	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Policy{}.WithDefaults(), Telemetry: k.tel})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -775,7 +775,7 @@ func TestTelemetryInstruments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bc := pipeline.DefaultBreakerConfig()
+	bc := pipeline.BreakerConfig{}
 	bc.Telemetry = k.tel
 	b, err := pipeline.NewBreaker(bc)
 	if err != nil {
@@ -834,8 +834,8 @@ func TestTelemetryInstruments(t *testing.T) {
 }
 
 func telRetryConfig(tel *pipeline.Telemetry) pipeline.RetryConfig {
-	cfg := pipeline.DefaultRetryConfig()
-	cfg.InitialInterval, cfg.MaxInterval, cfg.RandomizationFactor = time.Millisecond, time.Millisecond, 0
+	cfg := pipeline.RetryConfig{}
+	cfg.InitialInterval, cfg.MaxInterval, cfg.RandomizationFactor = time.Millisecond, time.Millisecond, -1
 	cfg.Telemetry = tel
 	return cfg
 }
@@ -882,7 +882,7 @@ func TestTelemetryBreakerState(t *testing.T) {
 	k := newTelKit(t)
 	var halfOpen atomic.Int64
 	halfOpen.Store(-1)
-	cfg := pipeline.DefaultBreakerConfig()
+	cfg := pipeline.BreakerConfig{}
 	cfg.Name = "payments-db"
 	cfg.Timeout = time.Millisecond
 	cfg.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -21,8 +22,8 @@ func txChain(t *testing.T) (*fakeTxStore, pipeline.Chain, chan pipeline.Event) {
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
 	events := make(chan pipeline.Event, 100)
-	p := policy.Default()
-	p.NackDelay = 0
+	p := policy.Policy{}.WithDefaults()
+	p.NackDelay = -1 // no pause
 	var c pipeline.Chain
 	var err error
 	if c.Idempotency, err = pipeline.NewIdempotency(pipeline.IdempotencyConfig{
@@ -30,13 +31,13 @@ func txChain(t *testing.T) (*fakeTxStore, pipeline.Chain, chan pipeline.Event) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	rc := pipeline.DefaultRetryConfig()
-	rc.InitialInterval, rc.MaxInterval, rc.Policy = time.Millisecond, 2*time.Millisecond, p
+	rc := pipeline.RetryConfig{}
+	rc.InitialInterval, rc.MaxInterval, rc.Classify = time.Millisecond, 2*time.Millisecond, p.Classify
 	if c.Retry, err = pipeline.NewRetry(rc); err != nil {
 		t.Fatal(err)
 	}
-	bc := pipeline.DefaultBreakerConfig()
-	bc.Policy, bc.Timeout = p, time.Hour
+	bc := pipeline.BreakerConfig{}
+	bc.Classify, bc.Timeout = p.Classify, time.Hour
 	bc.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 }
 	if c.Breaker, err = pipeline.NewBreaker(bc); err != nil {
 		t.Fatal(err)
@@ -110,7 +111,7 @@ func TestTxModeOrder(t *testing.T) {
 func TestTxModeStageAlone(t *testing.T) {
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Default()})
+	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Policy{}.WithDefaults()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestTxModeStageAlone(t *testing.T) {
 	if _, err := idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("x") })(msg("m2", "x")); err == nil || st.rollbacks.Load() != 1 {
 		t.Fatalf("failure: %v, rollbacks %d", err, st.rollbacks.Load())
 	}
-	if _, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: st, TxStore: st, Keys: keygen.UUID(), Policy: policy.Default()}); !errors.Is(err, pipeline.ErrInvalidConfig) {
+	if _, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: st, TxStore: st, Keys: keygen.UUID(), Policy: policy.Policy{}.WithDefaults()}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Fatalf("both stores: %v, want ErrInvalidConfig", err)
 	}
 }

@@ -56,7 +56,7 @@ func TestBadInputIsRejectedClearlyAndPermanently(t *testing.T) {
 				t.Fatal(err)
 			}
 			calls := 0
-			out, err := r.Wrap(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })(tc.msg)
+			out, err := r.Middleware(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })(tc.msg)
 			if err != nil || out != nil {
 				t.Fatalf("got (%v, %v); a permanent rejection is acked with nothing produced", out, err)
 			}
@@ -67,7 +67,7 @@ func TestBadInputIsRejectedClearlyAndPermanently(t *testing.T) {
 			if e.Outcome != pipeline.OutcomeRejected || !e.Outcome.Acked() {
 				t.Fatalf("outcome %v, want rejected", e.Outcome)
 			}
-			if !errors.Is(e.Err, tc.is) || !policy.Default().IsPermanent(e.Err) {
+			if !errors.Is(e.Err, tc.is) || !(policy.Policy{}).IsPermanent(e.Err) {
 				t.Fatalf("error %v: want errors.Is %v and classified permanent", e.Err, tc.is)
 			}
 			if !strings.Contains(e.Err.Error(), tc.message) {

@@ -1,20 +1,24 @@
 package receiver_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/oncemill/oncemill/keygen"
-	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
 
 var errInsufficientFunds = errors.New("insufficient funds")
 
+// Example is the README's quick start: a Watermill router on gochannel,
+// the receiver as its middleware, and a broker that delivers a payment
+// twice. The handler runs once; the duplicate is acked without running it.
 func Example() {
 	st, err := memory.New(memory.Options{})
 	if err != nil {
@@ -22,32 +26,47 @@ func Example() {
 	}
 	defer st.Close()
 
+	done := make(chan struct{})
 	r, err := receiver.New(st).
-		WithKeyGenerator(keygen.UUID()).
-		WithScope("payments").
-		WithSuccessTTL(24 * time.Hour).
-		WithFailureTTL(time.Hour).
-		WithLease(30 * time.Second).
-		WithCachedErrors(errInsufficientFunds).
-		WithEventHandler(func(e pipeline.Event) { fmt.Println(e.Key, e.Outcome) }).
+		WithPolicy(receiver.Policy{
+			SuccessTTL:   24 * time.Hour,
+			CachedErrors: []error{errInsufficientFunds},
+		}).
+		WithEventHandler(func(e receiver.Event) {
+			fmt.Println(e.Key, e.Outcome)
+			if e.Outcome == receiver.OutcomeReplayed {
+				close(done)
+			}
+		}).
 		Build()
 	if err != nil {
 		panic(err)
 	}
 
-	charge := r.Wrap(func(m *message.Message) ([]*message.Message, error) {
-		lease, _ := pipeline.LeaseFromContext(m.Context())
-		fmt.Println("charging", string(m.Payload), "attempt", lease.Attempt)
-		return nil, nil
+	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		panic(err)
+	}
+	router.AddMiddleware(r.Middleware)
+	router.AddConsumerHandler("charge", "payments", pubSub, func(m *message.Message) error {
+		lease, _ := receiver.LeaseFromContext(m.Context())
+		fmt.Println("charging", string(m.Payload), "token", lease.Token)
+		return nil
 	})
+	go func() { _ = router.Run(context.Background()) }()
+	defer router.Close()
+	<-router.Running()
+
 	// The broker delivers the same message twice.
-	for i := 0; i < 2; i++ {
-		if _, err := charge(message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
+	for range 2 {
+		if err := pubSub.Publish("payments", message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
 			panic(err)
 		}
 	}
+	<-done
 	// Output:
-	// charging 12.00 EUR attempt 1
+	// charging 12.00 EUR token 1
 	// pay-1 executed
 	// pay-1 replayed
 }
@@ -55,8 +74,12 @@ func Example() {
 func ExampleBuilder_Build_error() {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
-	_, err := receiver.New(st).WithLease(time.Second).WithHeartbeat(2 * time.Second).Build()
+	_, err := receiver.New(st).
+		WithPolicy(receiver.Policy{Lease: time.Second, Heartbeat: 2 * time.Second}).
+		Build()
+	fmt.Println(errors.Is(err, receiver.ErrInvalidConfig))
 	fmt.Println(err)
 	// Output:
-	// oncemill: invalid receiver configuration: oncemill: invalid configuration: invalid policy: Heartbeat 2s is not shorter than Lease 1s; the lease would expire between beats: use at most Lease/2, e.g. 333.333333ms
+	// true
+	// oncemill: invalid configuration: policy.Heartbeat: 2s is not shorter than Lease 1s, so the lease would expire between beats; use at most Lease/2, or leave it 0 for 333.333333ms
 }

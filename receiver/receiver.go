@@ -203,6 +203,9 @@ func (b *Builder) Build() (*Receiver, error) {
 // chain builds every configured stage; pipeline.Chain fixes their order.
 func (b *Builder) chain() (pipeline.Chain, error) {
 	var c pipeline.Chain
+	if b.tx != nil && b.cfg.TxStore != nil {
+		return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
+	}
 	tel, err := pipeline.NewTelemetry(b.telemetry)
 	if err != nil {
 		return c, err
@@ -247,9 +250,6 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 		}
 	}
 	if b.tx != nil {
-		if cfg.TxStore != nil {
-			return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
-		}
 		if c.Transaction, err = pipeline.NewTransaction(b.tx); err != nil {
 			return c, err
 		}

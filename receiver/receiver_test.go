@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/oncemill/oncemill/pipeline"
-	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
@@ -27,31 +26,20 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		build func() *receiver.Builder
 		says  string // what the error must tell the user to change
 	}{
-		{"nil store", func() *receiver.Builder { return receiver.New(nil) }, "Store is nil"},
-		{"nil key generator", func() *receiver.Builder { return receiver.New(st).WithKeyGenerator(nil) }, "WithKeyGenerator(nil)"},
-		{"nil fingerprint", func() *receiver.Builder { return receiver.New(st).WithFingerprint(nil) }, "WithoutFingerprint"},
+		{"nil store", func() *receiver.Builder { return receiver.New(nil) }, "IdempotencyConfig.Store: nil"},
+		{"nil key generator", func() *receiver.Builder { return receiver.New(st).WithKeyGenerator(nil) }, "WithKeyGenerator: nil"},
+		{"nil fingerprint", func() *receiver.Builder { return receiver.New(st).WithFingerprint(nil) }, "keygen.NoFingerprint"},
 		{"empty scope", func() *receiver.Builder { return receiver.New(st).WithScope("") }, "WithScope"},
-		{"zero success TTL", func() *receiver.Builder { return receiver.New(st).WithSuccessTTL(0) }, "SuccessTTL"},
-		{"negative failure TTL", func() *receiver.Builder { return receiver.New(st).WithFailureTTL(-time.Second) }, "FailureTTL"},
-		{"zero lease", func() *receiver.Builder { return receiver.New(st).WithLease(0) }, "Lease is 0s"},
+		{"negative success TTL", func() *receiver.Builder { return withPolicy(st, receiver.Policy{SuccessTTL: -1}) }, "policy.SuccessTTL"},
 		{"heartbeat equal to lease", func() *receiver.Builder {
-			return receiver.New(st).WithLease(time.Second).WithHeartbeat(time.Second)
+			return withPolicy(st, receiver.Policy{Lease: time.Second, Heartbeat: time.Second})
 		}, "not shorter than Lease"},
-		{"heartbeat longer than lease", func() *receiver.Builder {
-			return receiver.New(st).WithHeartbeat(time.Minute)
+		{"heartbeat longer than the default lease", func() *receiver.Builder {
+			return withPolicy(st, receiver.Policy{Heartbeat: time.Minute})
 		}, "not shorter than Lease"},
-		{"zero heartbeat", func() *receiver.Builder { return receiver.New(st).WithHeartbeat(0) }, "Heartbeat is 0s"},
-		{"zero attempts", func() *receiver.Builder { return receiver.New(st).WithMaxAttempts(0) }, "MaxAttempts"},
-		{"unknown in-progress mode", func() *receiver.Builder {
-			return receiver.New(st).WithInProgress(policy.HeldKeyMode(9), time.Second)
-		}, "policy.Wait"},
-		{"wait without bound", func() *receiver.Builder { return receiver.New(st).WithInProgress(policy.HeldKeyWait, 0) }, "InProgressWait"},
-		{"negative nack delay", func() *receiver.Builder { return receiver.New(st).WithNackDelay(-1) }, "NackDelay"},
-		{"unknown missing-key mode", func() *receiver.Builder {
-			return receiver.New(st).WithMissingKey(policy.MissingKeyMode(7))
-		}, "policy.FailMissingKey"},
-		{"zero result size", func() *receiver.Builder { return receiver.New(st).WithMaxResultBytes(0) }, "MaxResultBytes"},
-		{"zero payload size", func() *receiver.Builder { return receiver.New(st).WithMaxPayloadBytes(0) }, "MaxPayloadBytes"},
+		{"unknown held-key mode", func() *receiver.Builder { return withPolicy(st, receiver.Policy{HeldKey: 9}) }, "policy.HeldKeyWait"},
+		{"unknown missing-key mode", func() *receiver.Builder { return withPolicy(st, receiver.Policy{MissingKey: 7}) }, "policy.MissingKeyReject"},
+		{"negative payload size", func() *receiver.Builder { return withPolicy(st, receiver.Policy{MaxPayloadBytes: -1}) }, "policy.MaxPayloadBytes"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -66,9 +54,13 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 	}
 }
 
+func withPolicy(st *memory.Store, p receiver.Policy) *receiver.Builder {
+	return receiver.New(st).WithPolicy(p)
+}
+
 func TestBuildReportsEveryBuilderMistake(t *testing.T) {
 	_, err := receiver.New(nil).WithKeyGenerator(nil).WithScope("").Build()
-	for _, want := range []string{"WithKeyGenerator(nil)", "WithScope"} {
+	for _, want := range []string{"WithKeyGenerator", "WithScope"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("error %v does not mention %s", err, want)
 		}
@@ -78,17 +70,17 @@ func TestBuildReportsEveryBuilderMistake(t *testing.T) {
 func TestHeartbeatFollowsTheLeaseUnlessSet(t *testing.T) {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
-	// A 3s lease with the default 10s heartbeat would be refused; the
-	// heartbeat follows the lease when it was not set explicitly.
-	if _, err := receiver.New(st).WithLease(3 * time.Second).Build(); err != nil {
+	// A 3s lease with a 10s heartbeat would be refused; a zero heartbeat
+	// follows the lease.
+	if _, err := withPolicy(st, receiver.Policy{Lease: 3 * time.Second}).Build(); err != nil {
 		t.Fatalf("lease without explicit heartbeat: %v", err)
 	}
-	if _, err := receiver.New(st).WithHeartbeat(2 * time.Second).WithLease(3 * time.Second).Build(); err != nil {
+	if _, err := withPolicy(st, receiver.Policy{Lease: 3 * time.Second, Heartbeat: 2 * time.Second}).Build(); err != nil {
 		t.Fatalf("explicit heartbeat below the lease: %v", err)
 	}
 }
 
-func TestWrapRunsOncePerKey(t *testing.T) {
+func TestMiddlewareRunsOncePerKey(t *testing.T) {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	var outcomes []pipeline.Outcome
@@ -99,7 +91,7 @@ func TestWrapRunsOncePerKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := 0
-	h := r.Wrap(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
 	for i := 0; i < 3; i++ {
 		if _, err := h(message.NewMessage("order-1", []byte("{}"))); err != nil {
 			t.Fatal(err)
@@ -118,19 +110,28 @@ func TestBuildRefusesBadStageConfiguration(t *testing.T) {
 		build func() *receiver.Builder
 		says  string
 	}{
-		{"nil validation", func() *receiver.Builder { return receiver.New(st).WithValidation(nil) }, "WithValidation(nil)"},
-		{"zero retry config", func() *receiver.Builder { return receiver.New(st).WithRetry(pipeline.RetryConfig{}) }, "pipeline.DefaultRetryConfig()"},
-		{"zero breaker config", func() *receiver.Builder { return receiver.New(st).WithCircuitBreaker(pipeline.BreakerConfig{}) }, "pipeline.DefaultBreakerConfig()"},
-		{"nil transaction manager", func() *receiver.Builder { return receiver.New(st).WithSeparateTransaction(nil) }, "WithSeparateTransaction(nil)"},
-		{"nil transactional store", func() *receiver.Builder { return receiver.NewTransactional(nil) }, "Store is nil"},
+		{"nil validation", func() *receiver.Builder { return receiver.New(st).WithValidation(nil) }, "WithValidation: nil"},
+		{"bad retry config", func() *receiver.Builder {
+			return receiver.New(st).WithRetry(pipeline.RetryConfig{Multiplier: 0.5})
+		}, "RetryConfig.Multiplier"},
+		{"retry classification set apart from the policy", func() *receiver.Builder {
+			return receiver.New(st).WithRetry(pipeline.RetryConfig{Classify: receiver.Policy{}.Classify})
+		}, "WithRetry: RetryConfig.Classify"},
+		{"bad breaker config", func() *receiver.Builder {
+			return receiver.New(st).WithCircuitBreaker(pipeline.BreakerConfig{Timeout: -1})
+		}, "BreakerConfig.Timeout"},
+		{"breaker classification set apart from the policy", func() *receiver.Builder {
+			return receiver.New(st).WithCircuitBreaker(pipeline.BreakerConfig{Classify: receiver.Policy{}.Classify})
+		}, "WithCircuitBreaker: BreakerConfig.Classify"},
+		{"nil transaction manager", func() *receiver.Builder { return receiver.New(st).WithSeparateTransaction(nil) }, "WithSeparateTransaction: nil"},
+		{"nil transactional store", func() *receiver.Builder { return receiver.NewTransactional(nil) }, "IdempotencyConfig.Store: nil"},
 		{"a second transaction in the one-transaction mode", func() *receiver.Builder {
 			return receiver.NewTransactional(struct{ store.Transactional }{}).WithSeparateTransaction(telTxManager{})
 		}, "drop WithSeparateTransaction"},
-		{"nil dead-letter publisher", func() *receiver.Builder { return receiver.New(st).WithDeadLetter(nil, "dead") }, "publisher is nil"},
+		{"nil dead-letter publisher", func() *receiver.Builder { return receiver.New(st).WithDeadLetter(nil, "dead") }, "dead letter publisher: nil"},
 		{"empty dead-letter topic", func() *receiver.Builder {
 			return receiver.New(st).WithDeadLetter(gochannel.NewGoChannel(gochannel.Config{}, nil), "")
-		}, "topic is empty"},
-		{"nil slog logger", func() *receiver.Builder { return receiver.New(st).WithSlog(nil) }, "WithSlog(nil)"},
+		}, "dead letter topic: empty"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -154,15 +155,15 @@ func TestBuildFullChainWithDefaults(t *testing.T) {
 			}
 			return nil
 		}).
-		WithRetry(pipeline.DefaultRetryConfig()).
-		WithCircuitBreaker(pipeline.DefaultBreakerConfig()).
+		WithRetry(pipeline.RetryConfig{}).
+		WithCircuitBreaker(pipeline.BreakerConfig{}).
 		WithEventHandler(func(e pipeline.Event) { outcomes = append(outcomes, e.Outcome) }).
 		Build()
 	if err != nil {
 		t.Fatal(err)
 	}
 	calls := 0
-	h := r.Wrap(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { calls++; return nil, nil })
 	for _, m := range []*message.Message{
 		message.NewMessage("a", []byte("x")), message.NewMessage("a", []byte("x")), message.NewMessage("b", nil),
 	} {

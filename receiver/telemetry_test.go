@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sort"
 	"strings"
@@ -201,13 +202,13 @@ func installGlobalSDK(t *testing.T) *telSDK {
 }
 
 func telRetry() pipeline.RetryConfig {
-	cfg := pipeline.DefaultRetryConfig()
-	cfg.InitialInterval, cfg.MaxInterval, cfg.RandomizationFactor = time.Millisecond, time.Millisecond, 0
+	cfg := pipeline.RetryConfig{}
+	cfg.InitialInterval, cfg.MaxInterval, cfg.RandomizationFactor = time.Millisecond, time.Millisecond, -1
 	return cfg
 }
 
 func telBreaker() pipeline.BreakerConfig {
-	cfg := pipeline.DefaultBreakerConfig()
+	cfg := pipeline.BreakerConfig{}
 	cfg.Name = "orders-db"
 	return cfg
 }
@@ -306,7 +307,7 @@ func TestReceiverTelemetryDefaultsToTheGlobalProviders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := r.Wrap(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	for range 2 {
 		if _, err := h(message.NewMessage("o1", []byte("ok"))); err != nil {
 			t.Fatal(err)
@@ -425,7 +426,7 @@ func TestReceiverPrometheusNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
-	h := r.Wrap(func(*message.Message) ([]*message.Message, error) {
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if calls.Add(1) == 1 {
 			return nil, errors.New("database briefly unavailable")
 		}
@@ -540,11 +541,11 @@ func (b *telSyncBuffer) lines(t *testing.T) []map[string]any {
 func TestReceiverLogsThroughSlog(t *testing.T) {
 	var out telSyncBuffer
 	logger := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r, err := receiver.New(telStore(t)).WithScope("payments").WithSlog(logger).Build()
+	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(watermill.NewSlogLogger(logger)).Build()
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := r.Wrap(func(*message.Message) ([]*message.Message, error) {
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, policy.Permanent(errors.New("card declined"))
 	})
 	for _, m := range []*message.Message{
@@ -582,7 +583,7 @@ func TestReceiverLogsThroughAWatermillLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	declined := errors.New("card declined")
-	h := r.Wrap(func(*message.Message) ([]*message.Message, error) { return nil, policy.Permanent(declined) })
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, policy.Permanent(declined) })
 	if _, err := h(message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
 		t.Fatal(err)
 	}
@@ -600,12 +601,13 @@ func TestReceiverLogsThroughAWatermillLogger(t *testing.T) {
 // Example_observability is the wiring docs/observability.md shows: an SDK
 // tracer provider (here with an in-memory exporter standing in for OTLP) and
 // a meter provider with the Prometheus exporter and the duration buckets,
-// passed to the builder. It is compiled, not run.
+// passed to the builder. One message delivered twice leaves a consumer span
+// per delivery, each with its decision.
 func Example_observability() {
 	ctx := context.Background()
 	spanExporter := tracetest.NewInMemoryExporter() // e.g. otlptracegrpc.New(ctx)
 
-	exporter, err := otelprom.New() // serves on the default Prometheus registry
+	exporter, err := otelprom.New(otelprom.WithRegisterer(prometheus.NewRegistry())) // or the default registry
 	if err != nil {
 		panic(err)
 	}
@@ -619,7 +621,7 @@ func Example_observability() {
 		)),
 	)
 	defer mp.Shutdown(ctx)
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(spanExporter))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spanExporter)) // WithBatcher in production
 	defer tp.Shutdown(ctx)
 
 	st, err := memory.New(memory.Options{})
@@ -628,17 +630,32 @@ func Example_observability() {
 	}
 	defer st.Close()
 	r, err := receiver.New(st).
+		WithScope("payments").
 		WithTracerProvider(tp).
 		WithMeterProvider(mp).
 		WithMessagingSystem("kafka").
-		WithSlog(slog.Default()).
+		WithLogger(watermill.NewSlogLogger(slog.Default())).
 		Build()
 	if err != nil {
 		panic(err)
 	}
-	router, err := message.NewRouter(message.RouterConfig{}, watermill.NewSlogLogger(slog.Default()))
-	if err != nil {
-		panic(err)
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for range 2 {
+		if _, err := h(message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
+			panic(err)
+		}
 	}
-	router.AddMiddleware(r.Middleware)
+	for _, span := range spanExporter.GetSpans() {
+		if span.SpanKind != trace.SpanKindConsumer {
+			continue
+		}
+		for _, a := range span.Attributes {
+			if a.Key == pipeline.AttrDecision {
+				fmt.Println(span.Name, a.Value.Emit())
+			}
+		}
+	}
+	// Output:
+	// process execute
+	// process replay
 }

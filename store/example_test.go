@@ -40,7 +40,7 @@ func Example() {
 	fmt.Println(other.Decision)
 	// Output:
 	// execute attempt 1
-	// in_progress
+	// held
 	// replay succeeded ok
 	// true
 	// mismatch

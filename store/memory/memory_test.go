@@ -49,11 +49,11 @@ func TestOptionsValidation(t *testing.T) {
 		{"zero value", memory.Options{}, ""},
 		{"one shard", memory.Options{Shards: 1}, ""},
 		{"1024 shards", memory.Options{Shards: 1024}, ""},
-		{"negative shards", memory.Options{Shards: -1}, "Options.Shards is -1"},
+		{"negative shards", memory.Options{Shards: -1}, "Options: Shards is -1"},
 		{"shards not a power of two", memory.Options{Shards: 48}, "power of two"},
 		{"too many shards", memory.Options{Shards: 1 << 17}, "at most 65536"},
 		{"negative cleanup disables", memory.Options{CleanupInterval: -1}, ""},
-		{"negative MaxKeyLen", memory.Options{MaxKeyLen: -5}, "Options.MaxKeyLen is -5"},
+		{"negative MaxKeyLen", memory.Options{MaxKeyLen: -5}, "Options: MaxKeyLen is -5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -83,7 +83,7 @@ func TestMaxKeyLen(t *testing.T) {
 	}
 	defer s.Close()
 
-	if got := s.MaxKeyLen(); got != 8 {
+	if got := s.Limits().MaxKeyLen; got != 8 {
 		t.Fatalf("MaxKeyLen() = %d, want 8", got)
 	}
 	ctx := context.Background()
@@ -103,7 +103,7 @@ func TestMaxKeyLen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	if got := d.MaxKeyLen(); got != 1024 {
+	if got := d.Limits().MaxKeyLen; got != 1024 {
 		t.Fatalf("default MaxKeyLen() = %d, want 1024", got)
 	}
 }

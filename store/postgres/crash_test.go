@@ -219,7 +219,7 @@ func TestCrashChild(t *testing.T) {
 	messages := pgx.Identifier{schema, "messages"}.Sanitize()
 	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
 
-	p := policy.Default()
+	p := policy.Policy{}.WithDefaults()
 	p.HeldKey = policy.HeldKeyNack // the broker redelivers later
 	p.NackDelay = 10 * time.Millisecond
 	p.MaxAttempts = 1 << 20 // crashes are not failures to cap

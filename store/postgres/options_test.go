@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -28,30 +29,30 @@ func TestOptionsValidation(t *testing.T) {
 		{"all limits at their bounds", postgres.Options{MaxKeyLen: 1024, MaxResultBytes: 64 << 20, CleanupBatch: 100000, StatementTimeout: time.Hour}, ""},
 		{"cleanup off", postgres.Options{CleanupInterval: -1}, ""},
 
-		{"injection in table", postgres.Options{Table: "x; drop table users"}, `Options.Table "x; drop table users" is not a plain identifier`},
-		{"quote in table", postgres.Options{Table: `x"; DROP TABLE t; --`}, "Options.Table"},
-		{"injection in schema", postgres.Options{Schema: "public; drop schema public cascade"}, "Options.Schema"},
+		{"injection in table", postgres.Options{Table: "x; drop table users"}, `Options: Table "x; drop table users" is not a plain identifier`},
+		{"quote in table", postgres.Options{Table: `x"; DROP TABLE t; --`}, "Options: Table"},
+		{"injection in schema", postgres.Options{Schema: "public; drop schema public cascade"}, "Options: Schema"},
 		{"upper case", postgres.Options{Table: "Records"}, "lower-case"},
-		{"leading digit", postgres.Options{Schema: "1abc"}, "Options.Schema"},
-		{"dot in table", postgres.Options{Table: "public.records"}, "Options.Table"},
-		{"space", postgres.Options{Table: "my records"}, "Options.Table"},
-		{"unicode", postgres.Options{Table: "récords"}, "Options.Table"},
-		{"schema too long", postgres.Options{Schema: strings.Repeat("s", 64)}, "Options.Schema"},
+		{"leading digit", postgres.Options{Schema: "1abc"}, "Options: Schema"},
+		{"dot in table", postgres.Options{Table: "public.records"}, "Options: Table"},
+		{"space", postgres.Options{Table: "my records"}, "Options: Table"},
+		{"unicode", postgres.Options{Table: "récords"}, "Options: Table"},
+		{"schema too long", postgres.Options{Schema: strings.Repeat("s", 64)}, "Options: Schema"},
 		{"table too long for derived names", postgres.Options{Table: strings.Repeat("t", 49)}, "at most 48"},
 		{"system schema prefix", postgres.Options{Schema: "pg_oncemill"}, `starts with "pg_"`},
-		{"negative MaxKeyLen", postgres.Options{MaxKeyLen: -1}, "Options.MaxKeyLen is -1"},
-		{"MaxKeyLen above the index limit", postgres.Options{MaxKeyLen: 4096}, "Options.MaxKeyLen is 4096; use 1 to 1024"},
-		{"negative MaxResultBytes", postgres.Options{MaxResultBytes: -1}, "Options.MaxResultBytes is -1"},
-		{"huge MaxResultBytes", postgres.Options{MaxResultBytes: 1 << 30}, "Options.MaxResultBytes"},
-		{"negative CleanupBatch", postgres.Options{CleanupBatch: -5}, "Options.CleanupBatch is -5"},
-		{"huge CleanupBatch", postgres.Options{CleanupBatch: 1 << 20}, "Options.CleanupBatch"},
-		{"StatementTimeout below a millisecond", postgres.Options{StatementTimeout: time.Microsecond}, "Options.StatementTimeout is 1µs"},
+		{"negative MaxKeyLen", postgres.Options{MaxKeyLen: -1}, "Options: MaxKeyLen is -1"},
+		{"MaxKeyLen above the index limit", postgres.Options{MaxKeyLen: 4096}, "Options: MaxKeyLen is 4096; use 1 to 1024"},
+		{"negative MaxResultBytes", postgres.Options{MaxResultBytes: -1}, "Options: MaxResultBytes is -1"},
+		{"huge MaxResultBytes", postgres.Options{MaxResultBytes: 1 << 30}, "Options: MaxResultBytes"},
+		{"negative CleanupBatch", postgres.Options{CleanupBatch: -5}, "Options: CleanupBatch is -5"},
+		{"huge CleanupBatch", postgres.Options{CleanupBatch: 1 << 20}, "Options: CleanupBatch"},
+		{"StatementTimeout below a millisecond", postgres.Options{StatementTimeout: time.Microsecond}, "Options: StatementTimeout is 1µs"},
 		{"own BEGIN", postgres.Options{TxOptions: pgx.TxOptions{BeginQuery: "BEGIN"}}, "BeginQuery or CommitQuery"},
 		{"read-only transactions", postgres.Options{TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}, "read only"},
 		{"cleanup without rest", postgres.Options{CleanupDuty: 1}, ""},
-		{"negative CleanupDuty", postgres.Options{CleanupDuty: -0.5}, "Options.CleanupDuty is -0.5"},
-		{"CleanupDuty above 1", postgres.Options{CleanupDuty: 1.5}, "Options.CleanupDuty is 1.5"},
-		{"CleanupDuty NaN", postgres.Options{CleanupDuty: math.NaN()}, "Options.CleanupDuty is NaN"},
+		{"negative CleanupDuty", postgres.Options{CleanupDuty: -0.5}, "Options: CleanupDuty is -0.5"},
+		{"CleanupDuty above 1", postgres.Options{CleanupDuty: 1.5}, "Options: CleanupDuty is 1.5"},
+		{"CleanupDuty NaN", postgres.Options{CleanupDuty: math.NaN()}, "Options: CleanupDuty is NaN"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,8 +68,8 @@ func TestOptionsValidation(t *testing.T) {
 				s.Close()
 				t.Fatalf("New accepted %+v", tt.opts)
 			}
-			if !errors.Is(err, postgres.ErrInvalidOptions) {
-				t.Errorf("error %v does not wrap ErrInvalidOptions", err)
+			if !errors.Is(err, oncemill.ErrInvalidConfig) {
+				t.Errorf("error %v does not wrap oncemill.ErrInvalidConfig", err)
 			}
 			if !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("New error %q does not mention %q", err, tt.want)
@@ -77,13 +78,13 @@ func TestOptionsValidation(t *testing.T) {
 	}
 
 	t.Run("nil pool", func(t *testing.T) {
-		if _, err := postgres.New(nil, postgres.Options{}); err == nil || !strings.Contains(err.Error(), "pool is nil") {
+		if _, err := postgres.New(nil, postgres.Options{}); err == nil || !strings.Contains(err.Error(), "pool: nil") {
 			t.Fatalf("New(nil) = %v, want an error naming the pool", err)
 		}
 	})
 	t.Run("every problem at once", func(t *testing.T) {
 		_, err := postgres.New(pool, postgres.Options{Table: "A", MaxKeyLen: -1, CleanupBatch: -1})
-		for _, want := range []string{"Options.Table", "Options.MaxKeyLen", "Options.CleanupBatch"} {
+		for _, want := range []string{"Options: Table", "Options: MaxKeyLen", "Options: CleanupBatch"} {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("error %v does not mention %s", err, want)
 			}

@@ -236,7 +236,7 @@ func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
 			if runs != 1 || len(outcomes) != 2 || outcomes[0] != pipeline.OutcomeExecuted || outcomes[1] != pipeline.OutcomeReplayed {
 				t.Fatalf("%s, key %q: %d runs, outcomes %v; want one run, executed then replayed", mode.name, key, runs, outcomes)
 			}
-			if _, err := s.Get(t.Context(), mode.name, keygen.StorableKey(key, s.MaxKeyLen())); err != nil {
+			if _, err := s.Get(t.Context(), mode.name, keygen.StorableKey(key, s.Limits().MaxKeyLen)); err != nil {
 				t.Fatalf("%s, key %q: the record is not under the hashed key: %v", mode.name, key, err)
 			}
 		}
@@ -250,7 +250,7 @@ func TestResultLimitsAgreeWithTheStore(t *testing.T) {
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{})
 	for _, b := range []*receiver.Builder{receiver.New(s), receiver.NewTransactional(s)} {
-		if _, err := b.WithMaxResultBytes(8 << 20).Build(); !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "above the store's limit") {
+		if _, err := b.WithPolicy(receiver.Policy{MaxResultBytes: 8 << 20}).Build(); !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "above the store's limit") {
 			t.Fatalf("Build with a result limit above the store's = %v, want ErrInvalidConfig", err)
 		}
 	}

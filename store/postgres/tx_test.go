@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
@@ -110,7 +111,7 @@ func (f *ledgerFixture) event(t *testing.T) pipeline.Event {
 }
 
 func TestTransactionalSuccessAndReplay(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	ctx := t.Context()
 
 	out, err := f.deliver("m-1")
@@ -142,7 +143,7 @@ func TestTransactionalSuccessAndReplay(t *testing.T) {
 }
 
 func TestTransactionalHandlerErrorRollsBack(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	ctx := t.Context()
 	boom := errors.New("downstream timeout")
 	f.after = func(*message.Message) error { return boom }
@@ -172,7 +173,7 @@ func TestTransactionalHandlerErrorRollsBack(t *testing.T) {
 }
 
 func TestTransactionalPanicRollsBack(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	f.after = func(*message.Message) error { panic("handler bug") }
 
 	if _, err := f.deliver("m-3"); err == nil {
@@ -190,7 +191,7 @@ func TestTransactionalPanicRollsBack(t *testing.T) {
 // Attempts are counted across deliveries; the failure of the last allowed
 // one is cached and acked, and a permanent failure is cached at once.
 func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
-	p := policy.Default()
+	p := policy.Policy{}.WithDefaults()
 	p.MaxAttempts = 2
 	f := newLedgerFixture(t, p)
 	ctx := t.Context()
@@ -234,7 +235,7 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 
 // The same key with another payload is a permanent failure: acked, not run.
 func TestTransactionalMismatch(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	if _, err := f.h(message.NewMessage("m-5", []byte("pay 100"))); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +279,7 @@ func (h *hold) after(fail error) func(*message.Message) error {
 // A duplicate that arrives while the first delivery's transaction is open
 // waits on the claimed row, then replays what the first committed.
 func TestTransactionalConcurrentDuplicateWaitsThenReplays(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	h := newHold()
 	f.after = h.after(nil)
 
@@ -313,7 +314,7 @@ func TestTransactionalConcurrentDuplicateWaitsThenReplays(t *testing.T) {
 // When the first delivery rolls back, the waiting duplicate takes the key
 // and runs, as attempt 2.
 func TestTransactionalWaiterTakesTheKeyAfterARollback(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	h := newHold()
 	f.after = h.after(errors.New("transient"))
 
@@ -341,9 +342,9 @@ func TestTransactionalWaiterTakesTheKeyAfterARollback(t *testing.T) {
 
 // A duplicate waits at most the in-progress bound, then nacks.
 func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
-	p := policy.Default()
+	p := policy.Policy{}.WithDefaults()
 	p.HeldKeyTimeout = 200 * time.Millisecond
-	p.NackDelay = 0
+	p.NackDelay = -1 // no pause
 	f := newLedgerFixture(t, p)
 	h := newHold()
 	f.after = h.after(nil)
@@ -375,7 +376,7 @@ func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 
 // 64 deliveries of one key over 8 connections: one business row, 63 replays.
 func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	small := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	s, err := postgres.New(small, postgres.Options{Schema: f.schema, CleanupInterval: -1})
 	if err != nil {
@@ -417,9 +418,9 @@ func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
 // A retry attempt gets a fresh transaction: the failed attempt's writes are
 // gone, and the key is claimed again in the new one.
 func TestTransactionalRetryGetsAFreshTransaction(t *testing.T) {
-	rc := pipeline.DefaultRetryConfig()
+	rc := pipeline.RetryConfig{}
 	rc.InitialInterval, rc.MaxInterval = time.Millisecond, time.Millisecond
-	f := newLedgerFixture(t, policy.Default(), func(b *receiver.Builder) { b.WithRetry(rc) })
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults(), func(b *receiver.Builder) { b.WithRetry(rc) })
 	var tries atomic.Int64
 	f.after = func(*message.Message) error {
 		if tries.Add(1) == 1 {
@@ -444,7 +445,7 @@ func TestTransactionalRetryGetsAFreshTransaction(t *testing.T) {
 // A success is replayed for SuccessTTL from its commit, not from the start
 // of its transaction, however long the handler ran.
 func TestTransactionalExpiryCountsFromTheCommit(t *testing.T) {
-	p := policy.Default()
+	p := policy.Policy{}.WithDefaults()
 	p.SuccessTTL = 10 * time.Second
 	f := newLedgerFixture(t, p)
 	f.silent = true // with a result to write, the commit always moves the expiry
@@ -474,7 +475,7 @@ func TestTransactionalExpiryCountsFromTheCommit(t *testing.T) {
 // The handler's pgx.Tx: the stage ends it, savepoints work, and it is
 // unusable once the delivery is over.
 func TestTransactionalHandlerTx(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	var kept pgx.Tx
 	f.after = func(msg *message.Message) error {
 		tx, _ := postgres.TxFromContext(msg.Context())
@@ -509,7 +510,7 @@ func TestTransactionalHandlerTx(t *testing.T) {
 // transaction aborted: the commit rolls back, and the delivery is nacked,
 // not acked as a success.
 func TestTransactionalAbortedTransactionIsNotASuccess(t *testing.T) {
-	f := newLedgerFixture(t, policy.Default())
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	f.after = func(msg *message.Message) error {
 		tx, _ := postgres.TxFromContext(msg.Context())
 		_, _ = tx.Exec(msg.Context(), "SELECT 1/0") // error ignored
@@ -529,7 +530,7 @@ func TestTransactionalAbortedTransactionIsNotASuccess(t *testing.T) {
 func TestTxManager(t *testing.T) {
 	pool := newPool(t, nil)
 	ctx := t.Context()
-	if _, err := postgres.NewTxManager(nil, pgx.TxOptions{}); !errors.Is(err, postgres.ErrInvalidOptions) {
+	if _, err := postgres.NewTxManager(nil, pgx.TxOptions{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Fatalf("NewTxManager(nil) = %v", err)
 	}
 	tm, err := postgres.NewTxManager(pool, pgx.TxOptions{})
@@ -657,7 +658,7 @@ func TestTransactionalDeadLetter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newLedgerFixture(t, policy.Default(), func(b *receiver.Builder) { b.WithDeadLetter(pubSub, "payments.dead") })
+	f := newLedgerFixture(t, policy.Policy{}.WithDefaults(), func(b *receiver.Builder) { b.WithDeadLetter(pubSub, "payments.dead") })
 	f.after = func(*message.Message) error { return policy.Permanent(errors.New("card declined")) }
 	for range 2 { // the broker delivers it twice
 		if _, err := f.deliver("m-12"); err != nil {

@@ -63,16 +63,16 @@ func TestOptionsValidation(t *testing.T) {
 	}{
 		{"zero value", oredis.Options{}, ""},
 		{"prefix with colon, slash, dot", oredis.Options{Prefix: "app-1.prod:oncemill/v2"}, ""},
-		{"prefix with space", oredis.Options{Prefix: "my app"}, `Options.Prefix "my app" has ' ' at byte 2`},
+		{"prefix with space", oredis.Options{Prefix: "my app"}, `Options: Prefix "my app" has ' ' at byte 2`},
 		{"prefix with open brace", oredis.Options{Prefix: "a{b"}, "no spaces, braces or glob characters"},
 		{"prefix with close brace", oredis.Options{Prefix: "a}b"}, "no spaces, braces or glob characters"},
 		{"prefix with glob star", oredis.Options{Prefix: "a*"}, "no spaces, braces or glob characters"},
 		{"prefix with glob class", oredis.Options{Prefix: "a[b]"}, "no spaces, braces or glob characters"},
 		{"prefix with backslash", oredis.Options{Prefix: `a\b`}, "no spaces, braces or glob characters"},
 		{"prefix with NUL", oredis.Options{Prefix: "a\x00"}, "no spaces, braces or glob characters"},
-		{"prefix too long", oredis.Options{Prefix: strings.Repeat("p", 129)}, "Options.Prefix is 129 bytes; use at most 128"},
-		{"negative MaxKeyLen", oredis.Options{MaxKeyLen: -1}, "Options.MaxKeyLen is -1"},
-		{"negative MaxResultBytes", oredis.Options{MaxResultBytes: -1}, "Options.MaxResultBytes is -1"},
+		{"prefix too long", oredis.Options{Prefix: strings.Repeat("p", 129)}, "Options: Prefix is 129 bytes; use at most 128"},
+		{"negative MaxKeyLen", oredis.Options{MaxKeyLen: -1}, "Options: MaxKeyLen is -1"},
+		{"negative MaxResultBytes", oredis.Options{MaxResultBytes: -1}, "Options: MaxResultBytes is -1"},
 		{"MaxResultBytes above 512 MiB", oredis.Options{MaxResultBytes: 512<<20 + 1}, "at most 536870912 bytes"},
 		{"MaxResultBytes of 512 MiB", oredis.Options{MaxResultBytes: 512 << 20}, ""},
 		{"negative LeaseGrace turns it off", oredis.Options{LeaseGrace: -1}, ""},
@@ -97,15 +97,15 @@ func TestOptionsValidation(t *testing.T) {
 
 	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": redisAddr()}})
 	defer ring.Close()
-	if _, err := oredis.New(ring, oredis.Options{AutoPipeline: true}); err == nil || !strings.Contains(err.Error(), "Options.AutoPipeline") {
+	if _, err := oredis.New(ring, oredis.Options{AutoPipeline: true}); err == nil || !strings.Contains(err.Error(), "redis.Options.AutoPipeline") {
 		t.Errorf("New(ring, AutoPipeline) = %v, want an error about AutoPipeline", err)
 	}
 	if _, err := oredis.New(nil, oredis.Options{}); err == nil || !strings.Contains(err.Error(), "client is nil") {
 		t.Errorf("New(nil) = %v, want an error about the nil client", err)
 	}
 	s := newStore(t, c, oredis.Options{})
-	if s.Prefix() != "oncemill" || s.MaxKeyLen() != 512 {
-		t.Errorf("defaults: prefix %q, MaxKeyLen %d; want oncemill, 512", s.Prefix(), s.MaxKeyLen())
+	if s.Prefix() != "oncemill" || s.Limits().MaxKeyLen != 512 {
+		t.Errorf("defaults: prefix %q, MaxKeyLen %d; want oncemill, 512", s.Prefix(), s.Limits().MaxKeyLen)
 	}
 }
 
@@ -113,8 +113,8 @@ func TestMaxKeyLen(t *testing.T) {
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), MaxKeyLen: 8})
 	ctx := t.Context()
-	if s.MaxKeyLen() != 8 {
-		t.Fatalf("MaxKeyLen() = %d, want 8", s.MaxKeyLen())
+	if s.Limits().MaxKeyLen != 8 {
+		t.Fatalf("MaxKeyLen() = %d, want 8", s.Limits().MaxKeyLen)
 	}
 	if _, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "12345678", Lease: time.Minute}); err != nil {
 		t.Fatalf("Begin with an 8-byte key: %v", err)

@@ -60,6 +60,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ConcurrentStress", testConcurrentStress},
 		{"TokensIncrease", testTokensIncrease},
 		{"KeyLimit", testKeyLimit},
+		{"ListFiltersAndPages", testListFiltersAndPages},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -929,4 +930,64 @@ func testKeyLimit(t *testing.T, e *env) {
 
 	_, err := e.s.Begin(e.ctx, e.req(longest+"k", "", lease))
 	e.invalid(fmt.Sprintf("Begin with a key of %d bytes (MaxKeyLen %d)", limit+1, limit), err)
+}
+
+// List selects by scope, status and age, pages in (scope, key) order until
+// Next is empty, and refuses a cursor it did not make.
+func testListFiltersAndPages(t *testing.T, e *env) {
+	for _, k := range []string{"c", "a", "e", "b", "d"} {
+		e.complete(e.execute(k, ""), success([]byte(k)))
+	}
+	held := e.execute("f", "") // in progress
+	before := e.get("f").UpdatedAt.Add(time.Millisecond)
+	other := *e
+	other.scope = e.scope + "-other"
+	other.complete(other.execute("a", ""), success(nil))
+
+	list := func(req store.ListRequest) []string {
+		t.Helper()
+		var keys []string
+		for pages := 0; ; pages++ {
+			page, err := e.s.List(e.ctx, req)
+			if err != nil {
+				t.Fatalf("List(%+v): %v", req, err)
+			}
+			if req.Limit > 0 && len(page.Records) > req.Limit {
+				t.Fatalf("List(%+v) gave %d records, more than its limit", req, len(page.Records))
+			}
+			for _, r := range page.Records {
+				keys = append(keys, r.Scope+"/"+r.Key+"/"+r.Status.String())
+			}
+			if page.Next == "" {
+				return keys
+			}
+			if pages > 10 {
+				t.Fatalf("List(%+v) did not end after 10 pages", req)
+			}
+			req.After = page.Next
+		}
+	}
+	s := e.scope
+	want := func(got []string, want ...string) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("List gave %v, want %v", got, want)
+		}
+	}
+	want(list(store.ListRequest{Scope: s, Limit: 2}),
+		s+"/a/succeeded", s+"/b/succeeded", s+"/c/succeeded", s+"/d/succeeded", s+"/e/succeeded", s+"/f/in_progress")
+	want(list(store.ListRequest{Scope: s, Status: store.StatusInProgress}), s+"/f/in_progress")
+	want(list(store.ListRequest{Scope: other.scope}), other.scope+"/a/succeeded")
+	if got := list(store.ListRequest{Scope: s, UpdatedBefore: before}); len(got) != 6 {
+		t.Fatalf("List updated before now gave %v, want all 6", got)
+	}
+	if got := list(store.ListRequest{Scope: s, UpdatedBefore: time.Unix(0, 0)}); len(got) != 0 {
+		t.Fatalf("List updated before 1970 gave %v, want none", got)
+	}
+	e.complete(held, success(nil))
+
+	_, err := e.s.List(e.ctx, store.ListRequest{Scope: s, After: "not a cursor!"})
+	e.invalid("List with a cursor it did not make", err)
+	_, err = e.s.List(e.ctx, store.ListRequest{Limit: -1})
+	e.invalid("List with a negative limit", err)
 }
