@@ -47,7 +47,7 @@ func (o Outcome) String() string {
 	case OutcomeReleased:
 		return "released"
 	case OutcomeHeldKeyNacked:
-		return "in_progress_nacked"
+		return "held_key_nacked"
 	case OutcomeRejected:
 		return "rejected"
 	case OutcomeUnguarded:

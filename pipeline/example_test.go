@@ -7,7 +7,6 @@ import (
 
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
-	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store/memory"
 )
 
@@ -22,7 +21,6 @@ func ExampleIdempotency_Middleware() {
 		Store:   st,
 		Keys:    keygen.UUID(),
 		Scope:   "invoices",
-		Policy:  policy.Policy{}.WithDefaults(),
 		OnEvent: func(e pipeline.Event) { fmt.Println("outcome:", e.Outcome) },
 	})
 	if err != nil {

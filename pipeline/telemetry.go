@@ -96,7 +96,7 @@ var (
 )
 
 // decisionNames are the values of the decision attribute.
-var decisionNames = []string{"execute", "takeover", "replay", "cached_failure", "in_progress", "mismatch"}
+var decisionNames = []string{"execute", "takeover", "replay", "cached_failure", "held", "mismatch"}
 
 // NewTelemetry creates the instruments.
 func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
@@ -241,7 +241,7 @@ func decisionName(e *Event) string {
 		}
 		return "replay"
 	case store.DecisionHeld:
-		return "in_progress"
+		return "held"
 	case store.DecisionMismatch:
 		return "mismatch"
 	}

@@ -685,12 +685,12 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 
 	ms := k.collect(t)
 	if got, want := telSums(t, ms, "oncemill.decisions", "decision"), map[string]int64{
-		"execute": 4, "takeover": 1, "replay": 1, "cached_failure": 1, "in_progress": 1, "mismatch": 1,
+		"execute": 4, "takeover": 1, "replay": 1, "cached_failure": 1, "held": 1, "mismatch": 1,
 	}; !telEqualMaps(got, want) {
 		t.Errorf("decisions %v, want %v", got, want)
 	}
 	if got, want := telSums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
-		"executed": 3, "replayed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "in_progress_nacked": 1, "released": 1,
+		"executed": 3, "replayed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "held_key_nacked": 1, "released": 1,
 	}; !telEqualMaps(got, want) {
 		t.Errorf("outcomes %v, want %v", got, want)
 	}
@@ -740,11 +740,11 @@ func TestTelemetryInProgressRejected(t *testing.T) {
 		t.Fatalf("%d delivery spans", len(delivery))
 	}
 	attrs := telSpanAttrs(delivery[0])
-	if attrs["idempotency.decision"].AsString() != "in_progress" || attrs["idempotency.outcome"].AsString() != "rejected" {
+	if attrs["idempotency.decision"].AsString() != "held" || attrs["idempotency.outcome"].AsString() != "rejected" {
 		t.Fatalf("attributes %v", attrs)
 	}
 	ms := k.collect(t)
-	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1, "in_progress": 1}) {
+	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1, "held": 1}) {
 		t.Errorf("decisions %v", got)
 	}
 	if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{"executed": 1, "rejected": 1}) {

@@ -51,7 +51,7 @@ func New(st store.Store) *Builder {
 // finds in its context (postgres.TxFromContext), and the success commits
 // with the handler's writes or not at all. A concurrent duplicate waits for
 // that transaction, up to the in-progress bound. There is no lease to keep
-// alive: WithLease and WithHeartbeat do not apply.
+// alive: the policy's Lease and Heartbeat do not apply.
 func NewTransactional(ts store.Transactional) *Builder {
 	return &Builder{cfg: pipeline.IdempotencyConfig{
 		TxStore: ts,

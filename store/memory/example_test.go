@@ -4,51 +4,45 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
 )
 
+// The memory store behind a receiver: the handler runs once for a message
+// delivered twice, and the store's Admin side shows the record.
 func Example() {
-	s, err := memory.New(memory.Options{})
+	st, err := memory.New(memory.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer s.Close()
-	ctx := context.Background()
+	defer st.Close()
 
-	req := store.BeginRequest{
-		Scope:       "billing",
-		Key:         "order-42",
-		Fingerprint: "sha256:9f86d08",
-		Lease:       30 * time.Second,
-	}
-
-	// The first delivery owns the key and runs the handler.
-	first, err := s.Begin(ctx, req)
+	r, err := receiver.New(st).WithScope("billing").Build()
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(first.Decision, "attempt", first.Lease.Attempt)
-
-	err = s.Complete(ctx, first.Lease, store.Completion{
-		Status: store.StatusSucceeded,
-		Result: []byte(`{"charged":true}`),
-		TTL:    24 * time.Hour,
+	charge := r.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		fmt.Println("charging", string(m.Payload))
+		return nil, nil
 	})
+	for range 2 { // the broker delivers it twice
+		if _, err := charge(message.NewMessage("order-42", []byte("12.00 EUR"))); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	page, err := st.List(context.Background(), store.ListRequest{Scope: "billing"})
 	if err != nil {
 		log.Fatal(err)
 	}
-
-	// A redelivery gets the stored result instead.
-	second, err := s.Begin(ctx, req)
-	if err != nil {
-		log.Fatal(err)
+	for _, rec := range page.Records {
+		fmt.Println(rec.Key, rec.Status, "attempt", rec.Attempt)
 	}
-	fmt.Println(second.Decision, second.Record.Status, string(second.Record.Result))
-
 	// Output:
-	// execute attempt 1
-	// replay succeeded {"charged":true}
+	// charging 12.00 EUR
+	// order-42 succeeded attempt 1
 }

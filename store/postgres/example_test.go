@@ -6,14 +6,11 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
-	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
@@ -24,6 +21,9 @@ func exampleDSN() string {
 	return "postgres://postgres@127.0.0.1:5432/test"
 }
 
+// The lease mode over PostgreSQL: the record is claimed and completed by
+// statements of its own, around a handler whose effects live elsewhere.
+// Every worker on the same table shares the records.
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, exampleDSN())
@@ -41,40 +41,30 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	req := store.BeginRequest{
-		Scope:       "billing",
-		Key:         "order-" + rand.Text(), // a fresh key for every run of the example
-		Fingerprint: "sha256:9f86d08",
-		Lease:       30 * time.Second,
-	}
-
-	// The first delivery owns the key and runs the handler.
-	first, err := st.Begin(ctx, req)
+	r, err := receiver.New(st).WithScope("billing").Build()
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(first.Decision, "attempt", first.Lease.Attempt)
-
-	err = st.Complete(ctx, first.Lease, store.Completion{
-		Status: store.StatusSucceeded,
-		Result: []byte(`{"charged":true}`),
-		TTL:    time.Hour,
+	charge := r.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		fmt.Println("charging", string(m.Payload))
+		return nil, nil
 	})
-	if err != nil {
-		log.Fatal(err)
+	uuid := "order-" + rand.Text() // a fresh key for every run of the example
+	for range 2 {                  // the broker delivers it twice
+		if _, err := charge(message.NewMessage(uuid, []byte("12.00 EUR"))); err != nil {
+			log.Fatal(err)
+		}
 	}
 
-	// A redelivery, from this worker or any other on the same table, gets
-	// the stored result instead.
-	second, err := st.Begin(ctx, req)
+	rec, err := st.Get(ctx, "billing", uuid)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(second.Decision, second.Record.Status, string(second.Record.Result))
+	fmt.Println(rec.Status, "attempt", rec.Attempt)
 
 	// Output:
-	// execute attempt 1
-	// replay succeeded {"charged":true}
+	// charging 12.00 EUR
+	// succeeded attempt 1
 }
 
 // The one-transaction mode: the key is claimed by the first statement of
@@ -100,7 +90,7 @@ func ExampleTxFromContext() {
 	}
 
 	r, err := receiver.NewTransactional(st).
-		WithEventHandler(func(e pipeline.Event) { fmt.Println("outcome:", e.Outcome) }).
+		WithEventHandler(func(e receiver.Event) { fmt.Println("outcome:", e.Outcome) }).
 		Build()
 	if err != nil {
 		log.Fatal(err)

@@ -8,12 +8,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/receiver"
 	oredis "github.com/oncemill/oncemill/store/redis"
 )
 
+// The Redis store behind a receiver: every worker on the same Redis and
+// prefix shares the records, so a redelivery to any of them is replayed.
 func Example() {
 	addr := os.Getenv("ONCEMILL_REDIS_ADDR")
 	if addr == "" {
@@ -21,49 +24,35 @@ func Example() {
 	}
 	client := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer client.Close()
-
-	// Every worker that uses this Redis and prefix shares the records.
-	s, err := oredis.New(client, oredis.Options{Prefix: "oncemill-example"})
+	st, err := oredis.New(client, oredis.Options{Prefix: "oncemill-example"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	ctx := context.Background()
+	defer st.Close()
 
-	// Runs of this example share the Redis: each takes a key of its own.
-	key := "order-42/" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	defer s.Delete(ctx, "billing", key)
-
-	req := store.BeginRequest{
-		Scope:       "billing",
-		Key:         key,
-		Fingerprint: "sha256:9f86d08",
-		Lease:       30 * time.Second,
-	}
-
-	// The first delivery owns the key and runs the handler.
-	first, err := s.Begin(ctx, req)
+	r, err := receiver.New(st).WithScope("billing").Build()
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(first.Decision, "attempt", first.Lease.Attempt)
-
-	err = s.Complete(ctx, first.Lease, store.Completion{
-		Status: store.StatusSucceeded,
-		Result: []byte(`{"charged":true}`),
-		TTL:    24 * time.Hour,
+	charge := r.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		fmt.Println("charging", string(m.Payload))
+		return nil, nil
 	})
+	// Runs of this example share the Redis: each takes a key of its own.
+	uuid := "order-42/" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	defer st.Delete(context.Background(), "billing", uuid)
+	for range 2 { // the broker delivers it twice
+		if _, err := charge(message.NewMessage(uuid, []byte("12.00 EUR"))); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	rec, err := st.Get(context.Background(), "billing", uuid)
 	if err != nil {
 		log.Fatal(err)
 	}
-
-	// A redelivery, by any worker on the same Redis, gets the stored result.
-	second, err := s.Begin(ctx, req)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(second.Decision, second.Record.Status, string(second.Record.Result))
-
+	fmt.Println(rec.Status, "attempt", rec.Attempt)
 	// Output:
-	// execute attempt 1
-	// replay succeeded {"charged":true}
+	// charging 12.00 EUR
+	// succeeded attempt 1
 }

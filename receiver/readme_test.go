@@ -1,0 +1,41 @@
+package receiver_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// The README's quick start is Example's body, so that what a newcomer copies
+// is compiled and run by the tests.
+func TestReadmeQuickStartIsTheExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, quick, ok := strings.Cut(string(readme), "## Quick start")
+	if !ok {
+		t.Fatal("README.md has no Quick start section")
+	}
+	_, quick, _ = strings.Cut(quick, "```go\n")
+	quick, _, _ = strings.Cut(quick, "```")
+	_, body, _ := strings.Cut(string(src), "func Example() {\n")
+	body, _, _ = strings.Cut(body, "\t// Output:")
+	if normalize(quick) == "" || normalize(quick) != normalize(body) {
+		t.Fatalf("README.md's quick start is not receiver.Example's body; copy it again:\n%s", body)
+	}
+}
+
+func normalize(s string) string {
+	var lines []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
