@@ -37,6 +37,14 @@ func StorableKey(key string, max int) string {
 	if (max <= 0 || len(key) <= max) && Storable(key) && !strings.HasPrefix(key, HashedKeyPrefix) {
 		return key
 	}
+	return hashKey(key)
+}
+
+// hashKey is StorableKey's rare path, in a frame of its own: its buffers
+// would otherwise enlarge the frame of every caller it is inlined into.
+//
+//go:noinline
+func hashKey(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	var buf [hashedKeyLen]byte
 	copy(buf[:], HashedKeyPrefix)

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
@@ -54,6 +55,37 @@ func BenchmarkRouterThroughput(b *testing.B) {
 	b.ReportAllocs()
 	takeTurns(b, routers)
 	b.ReportMetric(routers[3].rate()/routers[1].rate(), "full-chain/oncemill")
+	b.ReportMetric(routers[1].rate()/routers[2].rate(), "oncemill/deduplicator")
+}
+
+// BenchmarkRouterThroughputBusyHandler is BenchmarkRouterThroughput's bare
+// and builder routers around a handler that does about 50 µs of CPU work, as
+// a handler that parses, validates and computes does: what oncemill costs a
+// handler with real work, reported as oncemill/bare.
+//
+//	go test -run='^$' -bench=RouterThroughputBusyHandler -benchtime=20000x -count=3 ./pipeline
+func BenchmarkRouterThroughputBusyHandler(b *testing.B) {
+	work := cpuWork(50 * time.Microsecond)
+	takeTurns(b, []*benchedRouter{
+		startBenchedRouter(b, "bare", nil, work),
+		startBenchedRouter(b, "oncemill", benchReceiver(b, false).Middleware, work),
+	})
+}
+
+// cpuWork returns a function that hashes the bench payload for about d,
+// calibrated once on this machine.
+func cpuWork(d time.Duration) func() {
+	var sink uint64
+	hash := func(n int) {
+		for range n {
+			sink += xxhash.Sum64(benchPayload)
+		}
+	}
+	const probe = 100_000
+	start := time.Now()
+	hash(probe)
+	n := max(int(float64(probe)*float64(d)/float64(time.Since(start))), 1)
+	return func() { hash(n) }
 }
 
 // BenchmarkRouterOverhead splits the gap between oncemill and a bare router
@@ -166,7 +198,9 @@ type benchedRouter struct {
 	sent    int
 }
 
-func startBenchedRouter(b *testing.B, name string, mw message.HandlerMiddleware) *benchedRouter {
+// startBenchedRouter starts a router on its own gochannel, with mw (if any)
+// around a handler that runs work (if any) and counts.
+func startBenchedRouter(b *testing.B, name string, mw message.HandlerMiddleware, work ...func()) *benchedRouter {
 	b.Helper()
 	logger := watermill.NopLogger{}
 	r := &benchedRouter{name: name, reached: make(chan struct{}, 1)}
@@ -176,6 +210,9 @@ func startBenchedRouter(b *testing.B, name string, mw message.HandlerMiddleware)
 		b.Fatal(err)
 	}
 	h := router.AddConsumerHandler("bench", "in", r.pubSub, func(*message.Message) error {
+		for _, w := range work {
+			w()
+		}
 		if r.handled.Add(1) == r.target.Load() {
 			r.reached <- struct{}{}
 		}

@@ -35,8 +35,13 @@ type execution struct {
 	inner  atomic.Pointer[cancelable]
 	innerM sync.Mutex
 
-	beatMu  sync.Mutex
+	// The heartbeat: a slot of the stage's heartbeats (slot, beatAt), or,
+	// when they are all taken, a timer of its own. beatMu is held by a beat
+	// in flight; stopped, set under it, ends the beats.
+	slot    int32
+	beatAt  atomic.Int64
 	timer   *time.Timer
+	beatMu  sync.Mutex
 	stopped bool
 
 	detached detached
@@ -107,9 +112,12 @@ func (e *execution) finish() {
 }
 
 // startHeartbeat extends the lease every policy.Heartbeat while the handler
-// runs. A self-rearming timer rather than a goroutine: a handler that
-// finishes within one beat (nearly all) costs one timer and nothing else.
+// runs: through a slot of the stage's heartbeats, or, when they are all
+// taken, a self-rearming timer of its own.
 func (e *execution) startHeartbeat() {
+	if e.stage.beats.add(e) {
+		return
+	}
 	// Held so that a first beat firing at once finds the timer assigned.
 	e.beatMu.Lock()
 	e.timer = time.AfterFunc(e.stage.policy.Heartbeat, e.beat)
@@ -131,11 +139,14 @@ func (e *execution) beat() {
 	err := e.extend(ctx)
 	cancel()
 	if errors.Is(err, store.ErrLeaseLost) {
-		return // the handler has been told; nothing left to keep
+		e.stopped = true // the handler has been told; nothing left to keep
+		return
 	}
 	// Another store error is not fatal: the lease is ours until it
 	// expires, and the next beat tries again.
-	e.timer.Reset(e.stage.policy.Heartbeat)
+	if e.timer != nil {
+		e.timer.Reset(e.stage.policy.Heartbeat)
+	}
 }
 
 // extend pushes the lease expiry out; when the lease is gone, the handler's
@@ -153,7 +164,11 @@ func (e *execution) extend(ctx context.Context) error {
 
 // stopHeartbeat waits for a beat in flight, so no Extend runs after the handler.
 func (e *execution) stopHeartbeat() {
-	e.timer.Stop()
+	if e.timer != nil {
+		e.timer.Stop()
+	} else {
+		e.stage.beats.remove(e)
+	}
 	e.beatMu.Lock()
 	e.stopped = true
 	e.beatMu.Unlock()

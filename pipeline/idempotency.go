@@ -90,6 +90,7 @@ type Idempotency struct {
 	onEvent     func(Event)
 	deadLetter  *DeadLetter
 	tel         *Telemetry
+	beats       *heartbeats
 	maxKeyLen   int
 	// storeFailures counts Begins (claims) that failed in a row, across
 	// deliveries: the pause before their nack grows with it.
@@ -137,6 +138,7 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		deadLetter:  cfg.DeadLetter,
 		tel:         cfg.Telemetry,
 		maxKeyLen:   limits.MaxKeyLen,
+		beats:       newHeartbeats(cfg.Policy.Heartbeat, cfg.Policy.Lease),
 	}
 	if s.tel == nil {
 		s.tel = defaultTelemetry()

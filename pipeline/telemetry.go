@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -53,6 +54,18 @@ type Telemetry struct {
 	tracer trace.Tracer
 	system attribute.KeyValue
 
+	// idleTP and idleMP are the global providers the telemetry came from
+	// while no SDK is installed behind them (nil when the application
+	// passed its own). As long as otel.GetTracerProvider() and
+	// GetMeterProvider() still return them, spans and measurements would
+	// record nothing, and the hot path skips them: the check is an atomic
+	// load and a comparison, where starting a span costs ~200 ns, 3
+	// allocations, and deep calls that grow the router goroutine's stack.
+	// Once an SDK is installed, the globals are other values, and the
+	// instruments made from the old ones delegate to it.
+	idleTP trace.TracerProvider
+	idleMP metric.MeterProvider
+
 	decisions, outcomes, retries, invalids, deadLetters metric.Int64Counter
 	storeErrors                                         metric.Int64Counter
 	storeDuration, handlerDuration                      metric.Float64Histogram
@@ -101,11 +114,19 @@ var decisionNames = []string{"execute", "takeover", "replay", "cached_failure", 
 // NewTelemetry creates the instruments.
 func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	tp, mp := cfg.TracerProvider, cfg.MeterProvider
+	var idleTP trace.TracerProvider
+	var idleMP metric.MeterProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
+		if isGlobalDelegate(tp) {
+			idleTP = tp
+		}
 	}
 	if mp == nil {
 		mp = otel.GetMeterProvider()
+		if isGlobalDelegate(mp) {
+			idleMP = mp
+		}
 	}
 	system := cfg.MessagingSystem
 	if system == "" {
@@ -115,6 +136,8 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	t := &Telemetry{
 		tracer:        tp.Tracer(InstrumentationName),
 		system:        semconv.MessagingSystemKey.String(system),
+		idleTP:        idleTP,
+		idleMP:        idleMP,
 		decisionAttrs: map[string][]metric.AddOption{},
 		outcomeAttrs:  map[Outcome][]metric.AddOption{},
 		reasonAttrs:   map[string][]metric.AddOption{},
@@ -164,6 +187,19 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	return t, nil
 }
 
+// isGlobalDelegate reports whether p is OpenTelemetry's own global provider,
+// the one that delegates to an SDK once one is installed: before that, it
+// records nothing.
+func isGlobalDelegate(p any) bool {
+	t := reflect.TypeOf(p)
+	return t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global"
+}
+
+// tracing and metering report whether spans and measurements can record
+// anything: an SDK is installed, or the application passed its providers.
+func (t *Telemetry) tracing() bool  { return t.idleTP == nil || otel.GetTracerProvider() != t.idleTP }
+func (t *Telemetry) metering() bool { return t.idleMP == nil || otel.GetMeterProvider() != t.idleMP }
+
 // defaultTelemetry uses the global providers; the global delegates reach an
 // SDK installed later.
 func defaultTelemetry() *Telemetry {
@@ -179,32 +215,47 @@ func defaultTelemetry() *Telemetry {
 // The span ends however the chain returns, a panic included.
 func (t *Telemetry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		orig := msg.Context()
-		ctx, span := t.tracer.Start(orig, "process", consumerSpan...)
-		defer span.End()
-		if span.IsRecording() {
-			span.SetAttributes(t.system,
-				semconv.MessagingMessageID(msg.UUID),
-				semconv.MessagingOperationName("process"),
-				semconv.MessagingOperationTypeProcess)
-			if topic := message.SubscribeTopicFromCtx(orig); topic != "" {
-				span.SetName("process " + topic)
-				span.SetAttributes(semconv.MessagingDestinationName(topic))
-			}
+		if !t.tracing() {
+			return h(msg)
 		}
-		msg.SetContext(ctx)
-		defer msg.SetContext(orig)
-		out, err := h(msg)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		return out, err
+		return t.traced(h, msg)
 	}
+}
+
+// traced runs h under the delivery span. It is a frame of its own, so that
+// the untraced path's frame stays small: every message runs on a fresh
+// router goroutine, whose stack grows (and is copied) with every frame.
+//
+//go:noinline
+func (t *Telemetry) traced(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	orig := msg.Context()
+	ctx, span := t.tracer.Start(orig, "process", consumerSpan...)
+	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(t.system,
+			semconv.MessagingMessageID(msg.UUID),
+			semconv.MessagingOperationName("process"),
+			semconv.MessagingOperationTypeProcess)
+		if topic := message.SubscribeTopicFromCtx(orig); topic != "" {
+			span.SetName("process " + topic)
+			span.SetAttributes(semconv.MessagingDestinationName(topic))
+		}
+	}
+	msg.SetContext(ctx)
+	defer msg.SetContext(orig)
+	out, err := h(msg)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return out, err
 }
 
 // decided records what the idempotency stage did with one delivery.
 func (t *Telemetry) decided(ctx context.Context, e *Event) {
+	if !t.metering() {
+		return // no span either: the delivery span is made only under an SDK
+	}
 	if d := decisionName(e); d != "" {
 		t.decisions.Add(ctx, 1, t.decisionAttrs[d]...)
 	}
@@ -259,6 +310,9 @@ type measure struct {
 
 func (t *Telemetry) startStore(ctx context.Context, op storeOp) (context.Context, measure) {
 	m := measure{t: t, op: op}
+	if !t.metering() {
+		return ctx, m
+	}
 	if t.storeDuration.Enabled(ctx) {
 		m.start = time.Now()
 	}
@@ -268,11 +322,15 @@ func (t *Telemetry) startStore(ctx context.Context, op storeOp) (context.Context
 	return ctx, m
 }
 
+// end records the operation. Not inlined: its span and histogram calls would
+// enlarge the frame of every store call, which is on the deepest stack path.
+//
+//go:noinline
 func (m measure) end(ctx context.Context, err error) {
 	if !m.start.IsZero() {
 		m.t.storeDuration.Record(ctx, time.Since(m.start).Seconds(), m.t.storeAttrs[m.op]...)
 	}
-	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
+	if err != nil && !errors.Is(err, store.ErrLeaseLost) && m.t.metering() {
 		m.t.storeErrors.Add(ctx, 1, m.t.storeErrAttrs[m.op]...)
 	}
 	if m.span != nil {
@@ -285,18 +343,31 @@ func (m measure) end(ctx context.Context, err error) {
 }
 
 // leaseTaken and leaseDone keep oncemill.leases.live, and time the handler.
-func (t *Telemetry) leaseTaken(ctx context.Context) time.Time {
-	t.liveLeases.Add(ctx, 1)
-	if t.handlerDuration.Enabled(ctx) {
-		return time.Now()
-	}
-	return time.Time{}
+// A lease counted is uncounted even if an SDK came in between.
+type handlerRun struct {
+	start   time.Time
+	counted bool
 }
 
-func (t *Telemetry) leaseDone(ctx context.Context, start time.Time) {
+func (t *Telemetry) leaseTaken(ctx context.Context) handlerRun {
+	if !t.metering() {
+		return handlerRun{}
+	}
+	t.liveLeases.Add(ctx, 1)
+	r := handlerRun{counted: true}
+	if t.handlerDuration.Enabled(ctx) {
+		r.start = time.Now()
+	}
+	return r
+}
+
+func (t *Telemetry) leaseDone(ctx context.Context, r handlerRun) {
+	if !r.counted {
+		return
+	}
 	t.liveLeases.Add(ctx, -1)
-	if !start.IsZero() {
-		t.handlerDuration.Record(ctx, time.Since(start).Seconds())
+	if !r.start.IsZero() {
+		t.handlerDuration.Record(ctx, time.Since(r.start).Seconds())
 	}
 }
 
