@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,8 @@ import (
 //	go test -run='^$' -bench=. -benchtime=100000x ./store/redis
 //	redis-benchmark -h 127.0.0.1 -p 6379 -n 200000 -c N -r 1000000 SET oncemillbench:__rand_int__ v NX EX 60
 //
-// msgs/s counts messages: one Begin and one Complete each, two scripts.
+// msgs/s counts messages: one Begin and one Complete each (a SET NX GET and
+// a script).
 
 var benchOutcome = store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
 
@@ -143,11 +145,38 @@ func BenchmarkSetNX(b *testing.B) {
 	}
 }
 
+// commandUsec is the server's CPU time in all commands so far, in µs, from
+// INFO commandstats (the INFO command itself included, a few µs).
+func commandUsec(b *testing.B, c *goredis.Client) int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		_, stats, ok := strings.Cut(line, ",usec=")
+		if !ok {
+			continue
+		}
+		usec, _, _ := strings.Cut(stats, ",")
+		n, err := strconv.ParseInt(usec, 10, 64)
+		if err != nil {
+			b.Fatalf("INFO commandstats line %q: %v", line, err)
+		}
+		total += n
+	}
+	return total
+}
+
 // BenchmarkVersusSetNX takes turns, in batches of 1,000, between oncemill's
 // Begin+Complete of new keys and go-redis sending SET key v NX EX 60 for new
 // keys, each with the same number of goroutines and connections, so that a
-// noisy machine slows both alike. It reports both rates and their ratio.
-// b.N is the number of messages (and of SETs).
+// noisy machine slows both alike. It reports both rates and their ratio,
+// and the Redis server's CPU per message (server-µs/msg, from INFO
+// commandstats around oncemill's batches). b.N is the number of messages
+// (and of SETs).
+//
+//	go test -run='^$' -bench=VersusSetNX -benchtime=20000x -count=3 ./store/redis
 func BenchmarkVersusSetNX(b *testing.B) {
 	for _, tt := range []struct {
 		n            int
@@ -184,17 +213,27 @@ func BenchmarkVersusSetNX(b *testing.B) {
 			oncemill := func(i int) error { return beginComplete(ctx, s, "msg-"+strconv.Itoa(i)) }
 			setNX := func(i int) error { return c.SetNX(ctx, prefix+":set:"+strconv.Itoa(i), "v", time.Minute).Err() }
 
+			// The server's CPU for oncemill's commands: INFO commandstats
+			// around each of its batches.
+			var serverUS int64
+			measured := func(from, to int) time.Duration {
+				before := commandUsec(b, c)
+				d := run(from, to, oncemill)
+				serverUS += commandUsec(b, c) - before
+				return d
+			}
+
 			const batch = 1000
 			var tOnce, tSet time.Duration
 			b.ResetTimer()
 			for from := 0; from < b.N; from += batch {
 				to := min(from+batch, b.N)
 				if (from/batch)%2 == 0 {
-					tOnce += run(from, to, oncemill)
+					tOnce += measured(from, to)
 					tSet += run(from, to, setNX)
 				} else {
 					tSet += run(from, to, setNX)
-					tOnce += run(from, to, oncemill)
+					tOnce += measured(from, to)
 				}
 			}
 			b.StopTimer()
@@ -202,6 +241,7 @@ func BenchmarkVersusSetNX(b *testing.B) {
 			b.ReportMetric(once, "msgs/s")
 			b.ReportMetric(set, "setnx/s")
 			b.ReportMetric(once/set, "ratio")
+			b.ReportMetric(float64(serverUS)/float64(b.N), "server-µs/msg")
 		})
 	}
 }

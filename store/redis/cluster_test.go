@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -86,46 +87,25 @@ func TestSlotTagsPinned(t *testing.T) {
 		t.Errorf("slot tag table changed: sha256 %s", got)
 	}
 	s := newStore(t, goredis.NewClient(&goredis.Options{}), oredis.Options{})
-	for _, tt := range []struct{ scope, key, record, token string }{
-		{"payments", "order-42", "oncemill:{11m}:r:8:payments:order-42", "oncemill:{11m}:t"},
-		{"", "k", "oncemill:{62j}:r:0::k", "oncemill:{62j}:t"},
+	for _, tt := range []struct{ scope, key, record string }{
+		{"payments", "order-42", "oncemill:{11m}:r:8:payments:order-42"},
+		{"", "k", "oncemill:{62j}:r:0::k"},
 	} {
-		record, token := oredis.KeysFor(s, tt.scope, tt.key)
-		if record != tt.record || token != tt.token {
-			t.Errorf("KeysFor(%q, %q) = %q, %q; want %q, %q", tt.scope, tt.key, record, token, tt.record, tt.token)
+		if record := oredis.KeysFor(s, tt.scope, tt.key); record != tt.record {
+			t.Errorf("KeysFor(%q, %q) = %q; want %q", tt.scope, tt.key, record, tt.record)
 		}
 	}
 }
 
-// TestScriptKeysShareSlot: the two keys Begin touches (the record and its
-// slot's counter) hash to the same Redis Cluster slot, for the tricky
-// identities and for random binary ones, and records spread over the slots.
-func TestScriptKeysShareSlot(t *testing.T) {
+// TestRecordsSpreadOverSlots: the hash tag of a record key follows the
+// CRC16 of its identity, so records spread over the slots evenly, however
+// their scopes and keys are spelled.
+func TestRecordsSpreadOverSlots(t *testing.T) {
 	s := newStore(t, goredis.NewClient(&goredis.Options{}), oredis.Options{Prefix: "app:oncemill"})
-	ids := append([][2]string(nil), tricky...)
-	rng := rand.New(rand.NewPCG(1, 2))
-	alphabet := []byte("ab:{}\x00\xff ")
-	randomString := func() string {
-		b := make([]byte, rng.IntN(12))
-		for i := range b {
-			b[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		return string(b)
-	}
-	for range 20000 {
-		ids = append(ids, [2]string{randomString(), randomString() + "k"})
-	}
-	for _, id := range ids {
-		record, token := oredis.KeysFor(s, id[0], id[1])
-		if a, b := keySlot(record), keySlot(token); a != b {
-			t.Fatalf("(%q, %q): record %q in slot %d, counter %q in slot %d", id[0], id[1], record, a, token, b)
-		}
-	}
-
 	// 4 identities per slot on average: about 98% of the slots get one.
 	used := map[int]bool{}
 	for i := range 4 * oredis.NumSlots {
-		record, _ := oredis.KeysFor(s, "orders", fmt.Sprintf("msg-%d", i))
+		record := oredis.KeysFor(s, "orders", fmt.Sprintf("msg-%d", i))
 		used[keySlot(record)] = true
 	}
 	if len(used) < oredis.NumSlots*97/100 {
@@ -268,7 +248,7 @@ func freeClusterPort() (int, error) {
 // TestClusterContract runs the contract suite on a Redis Cluster of three
 // masters. The cluster refuses any script whose keys span slots (checked
 // first), so the suite passing shows every script stays in one slot, and
-// DeleteExpired walks every master.
+// List walks every master.
 func TestClusterContract(t *testing.T) {
 	c := clusterClient(t)
 	err := c.Eval(t.Context(), "return 1", []string{"a", "b"}).Err()
@@ -277,10 +257,9 @@ func TestClusterContract(t *testing.T) {
 	}
 	for _, ap := range []bool{false, true} {
 		t.Run(fmt.Sprintf("AutoPipeline=%v", ap), func(t *testing.T) {
-			prefix := testPrefix(t, c)
 			storetest.Run(t, func(t *testing.T) storetest.Harness {
-				s := newStore(t, c, oredis.Options{Prefix: prefix, AutoPipeline: ap})
-				return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }}
+				s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: ap})
+				return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
 			})
 		})
 	}
@@ -307,8 +286,7 @@ func TestClusterKeysAreData(t *testing.T) {
 		if err != nil || string(rec.Result) != id[1] {
 			t.Fatalf("Get(%q, %q) = %q, %v", id[0], id[1], rec.Result, err)
 		}
-		record, _ := oredis.KeysFor(s, id[0], id[1])
-		n, err := c.MasterForKey(ctx, record)
+		n, err := c.MasterForKey(ctx, oredis.KeysFor(s, id[0], id[1]))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,8 +296,15 @@ func TestClusterKeysAreData(t *testing.T) {
 		t.Errorf("%d identities landed on %d masters, want all 3", len(tricky), len(nodes))
 	}
 
+	// The listing walks every master.
+	page, err := s.List(ctx, store.ListRequest{Limit: 1000})
+	if err != nil || len(page.Records) != len(tricky) {
+		t.Fatalf("List over the cluster = %d records, %v; want %d", len(page.Records), err, len(tricky))
+	}
 	oredis.AdvanceClock(s, 2*time.Minute)
-	if n, err := s.DeleteExpired(ctx, 1000); err != nil || n != len(tricky) {
-		t.Fatalf("DeleteExpired over the cluster = %d, %v; want %d", n, err, len(tricky))
+	for _, id := range tricky {
+		if _, err := s.Get(ctx, id[0], id[1]); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Get(%q, %q) after the records' TTL = %v, want ErrNotFound", id[0], id[1], err)
+		}
 	}
 }

@@ -1,24 +1,46 @@
 package redis
 
-import "time"
+import (
+	"context"
+	"time"
 
-// Test-only hooks. The store's clock is the Redis server's TIME plus an
-// offset that only these hooks change: storetest's Harness.Advance moves it
-// forward, which the scripts cannot tell apart from time passing.
+	goredis "github.com/redis/go-redis/v9"
+)
 
-// AdvanceClock moves s's clock forward by d.
-func AdvanceClock(s *Store, d time.Duration) { s.offsetUS.Add(micros(d)) }
+// Test-only hooks.
 
-// SetClockOffset sets s's clock to the server's TIME plus d (d may be
-// negative: a clock that stepped back).
-func SetClockOffset(s *Store, d time.Duration) { s.offsetUS.Store(int64(d / time.Microsecond)) }
-
-// KeysFor returns the Redis keys of (scope, key): the record and the token
-// counter of its slot.
-func KeysFor(s *Store, scope, key string) (record, token string) {
-	k := keysFor(s.prefix, scope, key)
-	return k.record, k.token
+// AdvanceClock moves s's clock forward by d. The store judges every expiry
+// by Redis's native TTLs, so each record under s's prefix loses d of its TTL
+// (one whose TTL runs out is deleted): Redis cannot tell that apart from
+// time passing.
+func AdvanceClock(s *Store, d time.Duration) {
+	ctx := context.Background()
+	err := s.eachNode(ctx, func(ctx context.Context, c goredis.Cmdable) error {
+		iter := c.Scan(ctx, 0, recordPattern(s.prefix), scanCount).Iterator()
+		for iter.Next(ctx) {
+			key := iter.Val()
+			ttl, err := c.PTTL(ctx, key).Result()
+			if err != nil || ttl < 0 {
+				continue
+			}
+			if left := ttl - d; left > 0 {
+				err = c.PExpire(ctx, key, left).Err()
+			} else {
+				err = c.Del(ctx, key).Err()
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return iter.Err()
+	})
+	if err != nil {
+		panic(err)
+	}
 }
+
+// KeysFor returns the Redis key of (scope, key)'s record.
+func KeysFor(s *Store, scope, key string) string { return keysFor(s.prefix, scope, key) }
 
 // SlotTag returns the hash tag that maps to slot n.
 func SlotTag(n int) string { return slotTags()[n] }

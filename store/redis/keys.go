@@ -70,13 +70,8 @@ var slotTags = sync.OnceValue(func() *[numSlots]string {
 	return &tags
 })
 
-// keys are the Redis keys of one record.
-type keys struct {
-	record, token string
-}
-
-// keysFor returns the record and counter keys of (scope, key) under prefix.
-func keysFor(prefix, scope, key string) keys {
+// keysFor returns the Redis key of (scope, key)'s record under prefix.
+func keysFor(prefix, scope, key string) string {
 	n := strconv.Itoa(len(scope))
 	// The identity is n ":" scope ":" key; hash it without building it.
 	crc := crc16(0, n)
@@ -91,16 +86,13 @@ func keysFor(prefix, scope, key string) keys {
 	b.WriteString(prefix)
 	b.WriteString(":{")
 	b.WriteString(tag)
-	b.WriteString("}:")
-	head := b.Len()
-	b.WriteString("r:")
+	b.WriteString("}:r:")
 	b.WriteString(n)
 	b.WriteByte(':')
 	b.WriteString(scope)
 	b.WriteByte(':')
 	b.WriteString(key)
-	record := b.String()
-	return keys{record: record, token: record[:head] + "t"}
+	return b.String()
 }
 
 // recordPattern is the SCAN pattern matching every record key under prefix

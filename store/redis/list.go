@@ -3,6 +3,7 @@ package redis
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -59,24 +60,32 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 		ids = ids[len(chunk):]
 		cmds, err := s.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			for _, id := range chunk {
-				p.HMGet(ctx, id.redisKey, recordFieldNames...)
+				p.Get(ctx, id.redisKey)
 			}
 			return nil
 		})
-		if err != nil && err != goredis.Nil {
+		if err != nil && !errors.Is(err, goredis.Nil) && !isWrongType(err) {
 			return store.ListPage{}, fmt.Errorf("oncemill: redis: list: %w", err)
 		}
 		for i, cmd := range cmds {
-			f := cmd.(*goredis.SliceCmd).Val()
-			if len(f) == 0 || f[0] == nil {
-				continue // gone since the scan
+			v, err := cmd.(*goredis.StringCmd).Result()
+			if isWrongType(err) { // layout 0: migrate it and read it again
+				if err = s.migrate(ctx, chunk[i].redisKey); err == nil {
+					v, err = s.client.Get(ctx, chunk[i].redisKey).Result()
+				}
 			}
-			rec, err := decodeRecord(chunk[i].scope, chunk[i].key, f)
+			switch {
+			case errors.Is(err, goredis.Nil):
+				continue // gone since the scan
+			case err != nil:
+				return store.ListPage{}, fail("list", chunk[i].scope, chunk[i].key, err)
+			}
+			rec, err := decode(chunk[i].scope, chunk[i].key, v)
 			if err != nil {
 				return store.ListPage{}, fail("list", chunk[i].scope, chunk[i].key, err)
 			}
-			if req.Matches(rec) {
-				page.Records = append(page.Records, rec)
+			if req.Matches(rec.Record) {
+				page.Records = append(page.Records, rec.Record)
 			}
 		}
 	}

@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"sync"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,43 +22,34 @@ const (
 	defaultMaxResultBytes = 1 << 20
 	// maxResultBytes is Redis's default proto-max-bulk-len: no single
 	// argument may be longer.
-	maxResultBytes    = 512 << 20
-	defaultLeaseGrace = time.Hour
-	scanCount         = 1000
+	maxResultBytes = 512 << 20
+	scanCount      = 1000
 )
 
 // Options configure a Store. The zero value is ready to use.
 type Options struct {
 	// Prefix starts every key the store writes (default "oncemill"). Stores
-	// with different prefixes share nothing, not even DeleteExpired. It may
-	// hold letters, digits and "_-.:/", up to 128 bytes: no spaces, no braces
-	// (they would change the Redis Cluster hash tag) and no glob characters
-	// (they would change what DeleteExpired scans).
+	// with different prefixes share nothing. It may hold letters, digits
+	// and "_-.:/", up to 128 bytes: no spaces, no braces (they would change
+	// the Redis Cluster hash tag) and no glob characters (they would change
+	// what List scans).
 	Prefix string
 	// MaxKeyLen is the longest key in bytes that Begin accepts (default 512,
 	// see store.Limits). Longer keys are refused with
-	// store.ErrInvalidRequest: callers hash them with keygen.StorableKey instead of
-	// truncating them.
+	// store.ErrInvalidRequest: callers hash them with keygen.StorableKey
+	// instead of truncating them.
 	MaxKeyLen int
-	// MaxResultBytes is the largest Outcome.Result that Complete stores
+	// MaxResultBytes is the largest Completion.Result that Complete stores
 	// (default 1 MiB, at most 512 MiB, Redis's largest argument). Larger
 	// results are refused with store.ErrInvalidRequest.
 	MaxResultBytes int
-	// LeaseGrace is how long Redis keeps the record of an expired lease
-	// after the lease ran out (default 1h; negative: not at all), or the
-	// Begin's Retain when that is longer. Until then the next Begin of the
-	// key takes it over with attempt n+1, so attempts are counted across a
-	// worker crash; afterwards the key starts again at attempt 1. The record
-	// is invisible to Get either way. (An Extend sets the grace back to
-	// LeaseGrace.)
-	LeaseGrace time.Duration
-	// AutoPipeline sends the scripts of concurrent calls through go-redis's
+	// AutoPipeline sends the commands of concurrent calls through go-redis's
 	// AutoPipeliner (client.AutoPipeline(), experimental in go-redis v9.23),
 	// so that the calls of many handler goroutines share round trips instead
 	// of taking one each. It raises throughput with many concurrent handlers
-	// and gains nothing for one. Each script stays one atomic step with its
-	// own reply, so the contract is the same either way. Not available on a
-	// *redis.Ring.
+	// and gains nothing for one. Each command or script stays one atomic
+	// step with its own reply, so the contract is the same either way. Not
+	// available on a *redis.Ring.
 	AutoPipeline bool
 }
 
@@ -83,12 +73,6 @@ func (o Options) withDefaults() (Options, error) {
 		return o, oncemill.InvalidConfig("redis.Options", "MaxResultBytes is %d; use a positive size, or 0 for the default %d (1 MiB)", o.MaxResultBytes, defaultMaxResultBytes)
 	case o.MaxResultBytes > maxResultBytes:
 		return o, oncemill.InvalidConfig("redis.Options", "MaxResultBytes is %d; Redis takes arguments of at most %d bytes (512 MiB): use that or less", o.MaxResultBytes, maxResultBytes)
-	}
-	switch {
-	case o.LeaseGrace == 0:
-		o.LeaseGrace = defaultLeaseGrace
-	case o.LeaseGrace < 0:
-		o.LeaseGrace = 0
 	}
 	return o, nil
 }
@@ -115,18 +99,12 @@ func validPrefix(p string) error {
 // client: close the client when done.
 type Store struct {
 	client goredis.UniversalClient
-	// scripts runs the scripts: the client, or its AutoPipeliner.
-	scripts        goredis.Scripter
+	// cmds sends the commands and scripts: the client, or its AutoPipeliner.
+	cmds           goredis.Cmdable
 	prefix         string
 	maxKeyLen      int
 	maxResultBytes int
-	graceMS        int64
-
-	closed atomic.Bool
-
-	// offsetUS is added to the server's clock by every script. Only tests set
-	// it (see export_test.go), to move the store's clock forward.
-	offsetUS atomic.Int64
+	closed         atomic.Bool
 }
 
 var (
@@ -138,28 +116,27 @@ var (
 // Redis; the first operation does.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
-		return nil, errors.New("oncemill: redis: New: client is nil; pass a *redis.Client (redis.NewClient) or *redis.ClusterClient")
+		return nil, oncemill.InvalidConfig("redis client", "nil; pass a *redis.Client (redis.NewClient) or *redis.ClusterClient")
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	var scripts goredis.Scripter = client
+	var cmds goredis.Cmdable = client
 	if opts.AutoPipeline {
 		ap, err := client.AutoPipeline()
 		if err != nil {
 			return nil, oncemill.InvalidConfig("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
 		}
-		scripts = ap
+		cmds = ap
 	}
 	slotTags() // build the tag table now rather than in the first Begin
 	return &Store{
 		client:         client,
-		scripts:        scripts,
+		cmds:           cmds,
 		prefix:         opts.Prefix,
 		maxKeyLen:      opts.MaxKeyLen,
 		maxResultBytes: opts.MaxResultBytes,
-		graceMS:        min(opts.LeaseGrace, maxDuration).Milliseconds(),
 	}, nil
 }
 
@@ -176,7 +153,7 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	if ap, ok := s.scripts.(*goredis.AutoPipeliner); ok {
+	if ap, ok := s.cmds.(*goredis.AutoPipeliner); ok {
 		return ap.Close()
 	}
 	return nil
@@ -189,40 +166,6 @@ func (s *Store) checkOpen(op string) error {
 	return nil
 }
 
-// Prefix returns the key prefix in use.
-func (s *Store) Prefix() string { return s.prefix }
-
-// maxDuration bounds every lease, TTL and keep. The scripts add durations
-// in microseconds to the server time in Lua's doubles, which are exact only
-// below 2^53 µs (year 2255): a duration of "forever" (math.MaxInt64 is 292
-// years) counts as 100 years.
-const maxDuration = 100 * 365 * 24 * time.Hour
-
-// micros rounds d up to whole microseconds, the scripts' unit.
-func micros(d time.Duration) int64 {
-	d = min(d, maxDuration)
-	return int64((d + time.Microsecond - 1) / time.Microsecond)
-}
-
-// millis rounds d up to whole milliseconds (at least 1), PEXPIRE's unit:
-// the native TTL never fires before the stored expiry.
-func millis(d time.Duration) int64 {
-	d = min(d, maxDuration)
-	ms := int64((d + time.Millisecond - 1) / time.Millisecond)
-	return max(ms, 1)
-}
-
-func (s *Store) offset() string { return strconv.FormatInt(s.offsetUS.Load(), 10) }
-
-// fail wraps a Redis error with the operation. A closed client reads as
-// store.ErrClosed.
-func fail(op, scope, key string, err error) error {
-	if errors.Is(err, goredis.ErrClosed) {
-		return fmt.Errorf("oncemill: redis: %s %q/%q: %w: %w", op, scope, key, store.ErrClosed, err)
-	}
-	return fmt.Errorf("oncemill: redis: %s %q/%q: %w", op, scope, key, err)
-}
-
 func (s *Store) checkKey(op, key string) error {
 	if err := s.checkOpen(op); err != nil {
 		return err
@@ -233,7 +176,30 @@ func (s *Store) checkKey(op, key string) error {
 	return nil
 }
 
-// Begin implements store.Store.
+// Prefix returns the key prefix in use.
+func (s *Store) Prefix() string { return s.prefix }
+
+// maxDuration bounds every lease, TTL and keep: "forever" (math.MaxInt64 is
+// 292 years) counts as 100 years.
+const maxDuration = 100 * 365 * 24 * time.Hour
+
+// millis is d in whole milliseconds for PX, at least 1: Redis refuses 0.
+func millis(d time.Duration) int64 {
+	return max(min(d, maxDuration).Milliseconds(), 1)
+}
+
+// maxFingerprintLen keeps a record's stable part (record.go) within its
+// 4 hex digits of length, with room for the creation time.
+const maxFingerprintLen = maxStableLen - 32
+
+// maxBeginRounds bounds how often one Begin finds the key changed under it
+// (taken, finished or removed by other deliveries) before it gives up with
+// an error: each round is one that another delivery won.
+const maxBeginRounds = 8
+
+// Begin implements store.Store. A new key costs one SET NX GET, which also
+// answers a replay; a key held by an in-progress or released record goes to
+// claimScript, which takes it if the lease has run out.
 func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
 	if err := s.checkOpen("begin"); err != nil {
 		return store.BeginResult{}, err
@@ -245,154 +211,128 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 		return store.BeginResult{}, fmt.Errorf("oncemill: redis: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",
 			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
 	}
-	k := keysFor(s.prefix, req.Scope, req.Key)
-	reply, err := beginScript.Run(ctx, s.scripts, []string{k.record, k.token},
-		s.offset(), req.Fingerprint, micros(req.Lease), millis(req.Lease)+max(s.graceMS, req.Retain.Milliseconds()), micros(req.Retain)).Slice()
-	if err != nil {
-		return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+	if len(req.Fingerprint) > maxFingerprintLen {
+		return store.BeginResult{}, fmt.Errorf("oncemill: redis: begin: fingerprint is %d bytes, longer than %d; use a hash of the payload: %w",
+			len(req.Fingerprint), maxFingerprintLen, store.ErrInvalidRequest)
 	}
-	res, err := decodeBegin(req, reply)
-	if err != nil {
-		return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+	key := keysFor(s.prefix, req.Scope, req.Key)
+	now := time.Now()
+	lease := min(req.Lease, maxDuration)
+	tail := min(req.Retain, maxDuration)
+	if tail <= 0 {
+		tail = lease // BeginRequest: zero Retain means Lease
 	}
-	return res, nil
-}
+	fresh := record{Record: store.Record{
+		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Status: store.StatusInProgress,
+		Token: now.UnixMicro(), Attempt: 1, ExpiresAt: now.Add(lease), CreatedAt: now, UpdatedAt: now,
+	}, tail: tail}
+	px := millis(lease + tail)
 
-func decodeBegin(req store.BeginRequest, reply []any) (store.BeginResult, error) {
-	if len(reply) == 0 {
-		return store.BeginResult{}, errors.New("empty script reply")
-	}
-	var d store.Decision
-	switch code, _ := reply[0].(int64); code {
-	case codeExecute:
-		if len(reply) != 5 {
-			return store.BeginResult{}, fmt.Errorf("execute reply has %d elements, want 5", len(reply))
+	var (
+		cur  string // the value Begin found, when it has one to decide on
+		have bool
+	)
+	for range maxBeginRounds {
+		if !have {
+			v, err := s.cmds.SetArgs(ctx, key, encode(&fresh), goredis.SetArgs{Mode: "NX", Get: true, TTL: time.Duration(px) * time.Millisecond}).Result()
+			switch {
+			case errors.Is(err, goredis.Nil):
+				return execute(&fresh, false), nil
+			case isWrongType(err):
+				if err := s.migrate(ctx, key); err != nil {
+					return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+				}
+				continue
+			case err != nil:
+				return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+			}
+			cur = v
 		}
-		var p parser
-		l := store.Lease{
-			Scope:     req.Scope,
-			Key:       req.Key,
-			Token:     p.int(reply[1]),
-			Attempt:   int(p.int(reply[2])),
-			ExpiresAt: p.time(reply[3]),
+		have = false
+		old, err := decode(req.Scope, req.Key, cur)
+		if err != nil {
+			return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
 		}
-		takeover := p.int(reply[4]) == 1
-		if p.err != nil {
-			return store.BeginResult{}, p.err
+		if req.Fingerprint != "" && old.Fingerprint != "" && old.Fingerprint != req.Fingerprint {
+			return store.BeginResult{Decision: store.DecisionMismatch, Record: &old.Record}, nil
 		}
-		return store.BeginResult{Decision: store.DecisionExecute, Lease: l, Takeover: takeover}, nil
-	case codeReplay:
-		d = store.DecisionReplay
-	case codeInProgress:
-		d = store.DecisionHeld
-	case codeMismatch:
-		d = store.DecisionMismatch
-	default:
-		return store.BeginResult{}, fmt.Errorf("unexpected script reply %v", reply[0])
-	}
-	rec, err := decodeRecord(req.Scope, req.Key, reply[1:])
-	if err != nil {
-		return store.BeginResult{}, err
-	}
-	return store.BeginResult{Decision: d, Record: &rec}, nil
-}
-
-// parser reads script reply values, keeping the first error.
-type parser struct{ err error }
-
-func (p *parser) int(v any) int64 {
-	switch v := v.(type) {
-	case int64:
-		return v
-	case string:
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil && p.err == nil {
-			p.err = fmt.Errorf("bad number %q in script reply", v)
+		if old.Status == store.StatusSucceeded || old.Status == store.StatusFailed {
+			return store.BeginResult{Decision: store.DecisionReplay, Record: &old.Record}, nil
 		}
-		return n
-	case nil:
-		return 0
+		// In progress or released: the next attempt, if the lease is gone.
+		next := fresh
+		next.Token = max(fresh.Token, old.Token+1)
+		next.Attempt = old.Attempt + 1
+		next.CreatedAt = old.CreatedAt
+		if next.Fingerprint == "" {
+			next.Fingerprint = old.Fingerprint
+		}
+		reply, err := claimScript.Run(ctx, s.cmds, []string{key},
+			old.Token, string(statusLetter(old.Status)), old.tail.Milliseconds(), encode(&next), px).Result()
+		if err != nil {
+			return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+		}
+		switch reply := reply.(type) {
+		case int64:
+			if reply == 1 {
+				return execute(&next, old.Status == store.StatusInProgress), nil
+			}
+			// 0: the key is gone; SET NX again.
+		case string:
+			cur, have = reply, true
+		case []any:
+			v, _ := reply[0].(string)
+			rec, err := decode(req.Scope, req.Key, v)
+			if err != nil {
+				return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+			}
+			return store.BeginResult{Decision: store.DecisionHeld, Record: &rec.Record}, nil
+		}
 	}
-	if p.err == nil {
-		p.err = fmt.Errorf("unexpected %T in script reply", v)
-	}
-	return 0
+	return store.BeginResult{}, fail("begin", req.Scope, req.Key,
+		fmt.Errorf("the key changed under %d rounds of Begin; other deliveries keep taking it", maxBeginRounds))
 }
 
-func (p *parser) time(v any) time.Time {
-	if v == nil {
-		return time.Time{}
+func execute(r *record, takeover bool) store.BeginResult {
+	return store.BeginResult{
+		Decision: store.DecisionExecute,
+		Lease:    store.Lease{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt},
+		Takeover: takeover,
 	}
-	return time.UnixMicro(p.int(v))
 }
 
-func (p *parser) str(v any) string {
-	switch v := v.(type) {
-	case string:
-		return v
-	case nil:
-		return ""
+// fail wraps a Redis error with the operation. A closed client reads as
+// store.ErrClosed.
+func fail(op, scope, key string, err error) error {
+	if errors.Is(err, goredis.ErrClosed) {
+		return fmt.Errorf("oncemill: redis: %s %q/%q: %w: %w", op, scope, key, store.ErrClosed, err)
 	}
-	if p.err == nil {
-		p.err = fmt.Errorf("unexpected %T in script reply", v)
-	}
-	return ""
-}
-
-func (p *parser) bytes(v any) []byte {
-	if s := p.str(v); s != "" {
-		return []byte(s)
-	}
-	return nil
-}
-
-// decodeRecord reads the fields in the order of recordFields.
-func decodeRecord(scope, key string, f []any) (store.Record, error) {
-	if len(f) != 10 {
-		return store.Record{}, fmt.Errorf("record reply has %d fields, want 10", len(f))
-	}
-	var p parser
-	status, err := parseStatus(p.str(f[0]))
-	if err != nil {
-		return store.Record{}, err
-	}
-	r := store.Record{
-		Scope:        scope,
-		Key:          key,
-		Status:       status,
-		Token:        p.int(f[1]),
-		Attempt:      int(p.int(f[2])),
-		Fingerprint:  p.str(f[3]),
-		ExpiresAt:    p.time(f[4]),
-		CreatedAt:    p.time(f[5]),
-		UpdatedAt:    p.time(f[6]),
-		Result:       p.bytes(f[7]),
-		ErrorKind:    p.str(f[8]),
-		ErrorMessage: p.str(f[9]),
-	}
-	if status == store.StatusInProgress {
-		r.LeaseExpiresAt = r.ExpiresAt
-	}
-	return r, p.err
-}
-
-func parseStatus(s string) (store.Status, error) {
-	switch s {
-	case "in_progress":
-		return store.StatusInProgress, nil
-	case "succeeded":
-		return store.StatusSucceeded, nil
-	case "failed":
-		return store.StatusFailed, nil
-	case "retryable":
-		return store.StatusRetryable, nil
-	}
-	return 0, fmt.Errorf("unknown stored status %q", s)
+	return fmt.Errorf("oncemill: redis: %s %q/%q: %w", op, scope, key, err)
 }
 
 // leaseLost is the error of a lease that is not current.
 func leaseLost(op string, l store.Lease, why string) error {
 	return fmt.Errorf("oncemill: redis: %s %q/%q with token %d: %s: %w", op, l.Scope, l.Key, l.Token, why, store.ErrLeaseLost)
+}
+
+// isWrongType reports a command that met a key of layout 0 (a hash).
+func isWrongType(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
+}
+
+// migrate rewrites a layout-0 record at key in layout 1 (migrateScript).
+func (s *Store) migrate(ctx context.Context, key string) error {
+	return migrateScript.Run(ctx, s.cmds, []string{key}).Err()
+}
+
+// run runs a script on one record, migrating a layout-0 record first if the
+// script meets one.
+func (s *Store) run(ctx context.Context, script *goredis.Script, key string, args ...any) *goredis.Cmd {
+	cmd := script.Run(ctx, s.cmds, []string{key}, args...)
+	if isWrongType(cmd.Err()) && s.migrate(ctx, key) == nil {
+		cmd = script.Run(ctx, s.cmds, []string{key}, args...)
+	}
+	return cmd
 }
 
 // Complete implements store.Store.
@@ -407,20 +347,18 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 		return fmt.Errorf("oncemill: redis: complete %q/%q: result is %d bytes, larger than MaxResultBytes %d; store less, or raise Options.MaxResultBytes: %w",
 			lease.Scope, lease.Key, len(out.Result), s.maxResultBytes, store.ErrInvalidRequest)
 	}
-	k := keysFor(s.prefix, lease.Scope, lease.Key)
-	code, err := completeScript.Run(ctx, s.scripts, []string{k.record},
-		s.offset(), lease.Token, out.Status.String(), out.Result, out.ErrorKind, out.ErrorMessage,
-		micros(out.TTL), millis(out.TTL)).Int64()
+	now := time.Now()
+	ttl := min(out.TTL, maxDuration)
+	next := record{Record: store.Record{Status: out.Status, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(ttl), UpdatedAt: now}}
+	value := body(head(&next), out.ErrorKind, out.ErrorMessage, out.Result)
+	code, err := s.run(ctx, finishScript, keysFor(s.prefix, lease.Scope, lease.Key), leaseHead(lease.Token), value, millis(ttl)).Int64()
 	if err != nil {
 		return fail("complete", lease.Scope, lease.Key, err)
 	}
-	switch code {
-	case codeOK:
-		return nil
-	case codeLeaseLost:
+	if code == codeLeaseLost {
 		return leaseLost("complete", lease, "not the current lease")
 	}
-	return fail("complete", lease.Scope, lease.Key, fmt.Errorf("unexpected script reply %d", code))
+	return nil
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.
@@ -428,26 +366,24 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 	if err := s.checkKey("release", lease.Key); err != nil {
 		return err
 	}
-	keepUS := int64(0)
+	keepMS := int64(0) // 0 removes the record
 	if keep > 0 {
-		keepUS = micros(keep)
+		keepMS = millis(keep)
 	}
-	k := keysFor(s.prefix, lease.Scope, lease.Key)
-	code, err := releaseScript.Run(ctx, s.scripts, []string{k.record},
-		s.offset(), lease.Token, keepUS, millis(keep)).Int64()
+	now := time.Now()
+	next := record{Record: store.Record{Status: store.StatusRetryable, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(min(keep, maxDuration)), UpdatedAt: now}}
+	value := body(head(&next), "", "", nil)
+	code, err := s.run(ctx, finishScript, keysFor(s.prefix, lease.Scope, lease.Key), leaseHead(lease.Token), value, keepMS).Int64()
 	if err != nil {
 		return fail("release", lease.Scope, lease.Key, err)
 	}
-	switch code {
-	case codeOK:
-		return nil
-	case codeLeaseLost:
+	if code == codeLeaseLost {
 		return leaseLost("release", lease, "not the current lease")
 	}
-	return fail("release", lease.Scope, lease.Key, fmt.Errorf("unexpected script reply %d", code))
+	return nil
 }
 
-// Extend implements store.Store. It refuses a lease that has expired, even
+// Extend implements store.Store. It refuses a lease that has run out, even
 // if nobody took it over yet.
 func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
 	if d <= 0 {
@@ -456,145 +392,67 @@ func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) 
 	if err := s.checkKey("extend", lease.Key); err != nil {
 		return store.Lease{}, err
 	}
-	k := keysFor(s.prefix, lease.Scope, lease.Key)
-	reply, err := extendScript.Run(ctx, s.scripts, []string{k.record},
-		s.offset(), lease.Token, micros(d), millis(d)+s.graceMS).Result()
+	now := time.Now()
+	d = min(d, maxDuration)
+	code, err := s.run(ctx, extendScript, keysFor(s.prefix, lease.Scope, lease.Key),
+		leaseHead(lease.Token), millis(d), now.Add(d).UnixMicro(), now.UnixMicro()).Int64()
 	if err != nil {
 		return store.Lease{}, fail("extend", lease.Scope, lease.Key, err)
 	}
-	switch reply := reply.(type) {
-	case int64:
-		switch reply {
-		case codeLeaseLost:
-			return store.Lease{}, leaseLost("extend", lease, "not the current lease")
-		case codeExpired:
-			return store.Lease{}, leaseLost("extend", lease, "lease expired")
-		}
-	case []any:
-		if len(reply) == 3 {
-			var p parser
-			out := store.Lease{
-				Scope:     lease.Scope,
-				Key:       lease.Key,
-				Token:     lease.Token,
-				ExpiresAt: p.time(reply[1]),
-				Attempt:   int(p.int(reply[2])),
-			}
-			if p.err != nil {
-				return store.Lease{}, fail("extend", lease.Scope, lease.Key, p.err)
-			}
-			return out, nil
-		}
+	switch code {
+	case codeExpired:
+		return store.Lease{}, leaseLost("extend", lease, "lease expired")
+	case codeLeaseLost:
+		return store.Lease{}, leaseLost("extend", lease, "not the current lease")
 	}
-	return store.Lease{}, fail("extend", lease.Scope, lease.Key, fmt.Errorf("unexpected script reply %v", reply))
+	lease.ExpiresAt = now.Add(d)
+	return lease, nil
 }
 
-// Get implements store.Store. An in-progress record whose lease has expired
+// Get implements store.Admin. An in-progress record whose lease has run out
 // is not returned, like any other expired record.
 func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error) {
 	if err := s.checkKey("get", key); err != nil {
 		return store.Record{}, err
 	}
-	k := keysFor(s.prefix, scope, key)
-	reply, err := getScript.Run(ctx, s.scripts, []string{k.record}, s.offset()).Result()
+	reply, err := s.run(ctx, getScript, keysFor(s.prefix, scope, key)).Result()
 	if err != nil {
 		return store.Record{}, fail("get", scope, key, err)
 	}
-	switch reply := reply.(type) {
-	case int64:
-		if reply == codeNotFound {
-			return store.Record{}, fmt.Errorf("oncemill: redis: get %q/%q: %w", scope, key, store.ErrNotFound)
+	if r, ok := reply.([]any); ok && len(r) == 2 {
+		v, _ := r[0].(string)
+		pttl, _ := r[1].(int64)
+		rec, err := decode(scope, key, v)
+		if err != nil {
+			return store.Record{}, fail("get", scope, key, err)
 		}
-	case []any:
-		if len(reply) > 0 {
-			rec, err := decodeRecord(scope, key, reply[1:])
-			if err != nil {
-				return store.Record{}, fail("get", scope, key, err)
-			}
-			return rec, nil
+		if rec.Status != store.StatusInProgress || time.Duration(pttl)*time.Millisecond > rec.tail {
+			return rec.Record, nil
 		}
 	}
-	return store.Record{}, fail("get", scope, key, fmt.Errorf("unexpected script reply %v", reply))
+	return store.Record{}, fmt.Errorf("oncemill: redis: get %q/%q: %w", scope, key, store.ErrNotFound)
 }
 
-// Delete implements store.Store. The slot's token counter stays, so the
-// key's next lease still gets a larger token.
+// Delete implements store.Admin.
 func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	if err := s.checkKey("delete", key); err != nil {
 		return err
 	}
-	k := keysFor(s.prefix, scope, key)
-	if err := s.client.Del(ctx, k.record).Err(); err != nil {
+	if err := s.cmds.Del(ctx, keysFor(s.prefix, scope, key)).Err(); err != nil {
 		return fail("delete", scope, key, err)
 	}
 	return nil
 }
 
-// DeleteExpired implements store.Store. Redis removes records by their
-// native TTLs without help; what this finds is the rest: expired leases kept
-// for LeaseGrace (after which their key starts again at attempt 1), and
-// records whose TTL is about to fire. It SCANs every key under the prefix
-// (on every master of a cluster), so its cost grows with the number of
-// records, not with limit: there is no need to run it on a schedule.
-func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
+// DeleteExpired implements store.Admin. Redis frees every record by its
+// native TTL, an expired lease included once its tail has passed, so there
+// is nothing left for it to remove: it returns 0.
+func (s *Store) DeleteExpired(_ context.Context, limit int) (int, error) {
 	if err := s.checkOpen("delete expired"); err != nil {
 		return 0, err
 	}
 	if limit <= 0 {
 		return 0, fmt.Errorf("oncemill: redis: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
 	}
-	var (
-		mu      sync.Mutex // one node at a time: the limit is shared
-		removed int
-	)
-	node := func(ctx context.Context, c goredis.Cmdable) error {
-		mu.Lock()
-		defer mu.Unlock()
-		n, err := s.deleteExpiredOn(ctx, c, limit-removed)
-		removed += n
-		return err
-	}
-	if err := s.eachNode(ctx, node); err != nil {
-		return removed, fmt.Errorf("oncemill: redis: delete expired: %w", err)
-	}
-	return removed, nil
-}
-
-// deleteExpiredOn scans one node and removes up to limit expired records.
-func (s *Store) deleteExpiredOn(ctx context.Context, c goredis.Cmdable, limit int) (int, error) {
-	removed := 0
-	pattern := recordPattern(s.prefix)
-	var cursor uint64
-	for removed < limit {
-		keys, next, err := c.Scan(ctx, cursor, pattern, scanCount).Result()
-		if err != nil {
-			return removed, err
-		}
-		for len(keys) > 0 && removed < limit {
-			// Never ask more than we may remove: each script may remove one.
-			batch := keys[:min(len(keys), limit-removed)]
-			keys = keys[len(batch):]
-			cmds, err := c.Pipelined(ctx, func(p goredis.Pipeliner) error {
-				off := s.offset()
-				for _, key := range batch {
-					// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT.
-					deleteExpiredScript.Eval(ctx, p, []string{key}, off)
-				}
-				return nil
-			})
-			if err != nil {
-				return removed, err
-			}
-			for _, cmd := range cmds {
-				if n, _ := cmd.(*goredis.Cmd).Int64(); n == 1 {
-					removed++
-				}
-			}
-		}
-		if next == 0 {
-			break
-		}
-		cursor = next
-	}
-	return removed, nil
+	return 0, nil
 }

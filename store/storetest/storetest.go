@@ -22,6 +22,10 @@ type Harness struct {
 	// clock (PostgreSQL now(), Redis TIME) implement it by moving every stored
 	// deadline d earlier.
 	Advance func(d time.Duration)
+	// NativeExpiry says the store frees expired records by itself (Redis's
+	// TTLs): an expired record is gone once Advance has passed its expiry,
+	// and DeleteExpired finds nothing left to remove.
+	NativeExpiry bool
 }
 
 // Store is what every store of oncemill implements: the delivery path
@@ -76,6 +80,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 				ctx:     t.Context(),
 				s:       h.Store,
 				advance: h.Advance,
+				native:  h.NativeExpiry,
 				scope:   "storetest/" + t.Name() + "/" + rand.Text()[:10],
 			})
 		})
@@ -96,6 +101,7 @@ type env struct {
 	ctx     context.Context
 	s       Store
 	advance func(time.Duration)
+	native  bool // Harness.NativeExpiry
 	scope   string
 }
 
@@ -660,7 +666,7 @@ func testDeleteExpired(t *testing.T, e *env) {
 	e.advance(2 * time.Minute)
 
 	total := 0
-	for i := 0; ; i++ {
+	for i := 0; !e.native; i++ {
 		n, err := e.s.DeleteExpired(e.ctx, limit)
 		if err != nil {
 			t.Fatalf("DeleteExpired: %v", err)
@@ -679,7 +685,12 @@ func testDeleteExpired(t *testing.T, e *env) {
 			t.Fatal("DeleteExpired never ran out of expired records")
 		}
 	}
-	if total < len(expired) {
+	switch {
+	case e.native:
+		if n, err := e.s.DeleteExpired(e.ctx, limit); err != nil || n != 0 {
+			t.Fatalf("DeleteExpired of a store that frees its records itself = %d, %v; want 0", n, err)
+		}
+	case total < len(expired):
 		t.Fatalf("DeleteExpired removed %d records in total, want %d", total, len(expired))
 	}
 

@@ -1,0 +1,174 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+// A record is one Redis string, so that Begin of a new key is one plain
+// SET NX and expiry is Redis's own:
+//
+//	1|<status>|<token>|<attempt>|<tail ms>|<expires µs>|<updated µs>|<n>:<error kind><n>:<error message><result><created µs>|<fingerprint><LLLL>
+//
+// 1 is the layout's version: a later layout reads it and migrates. status
+// is one letter: p in progress, s succeeded, f failed, r retryable. The
+// error fields carry their byte length, so any bytes fit, and the result
+// runs to the part that never changes while the record lives: the creation
+// time and the fingerprint, whose length LLLL (4 hex digits) ends the value.
+// So a script that finishes a lease checks the head ("1|p|<token>|"),
+// keeps the tail, and replaces the rest with what the worker sends: two
+// string.sub calls, no pattern.
+//
+// Visibility is the key's existence, judged by Redis's clock through the
+// native TTL (PX): a finished or released record's TTL is its outcome's, an
+// in-progress record's is its lease plus tail, the time an expired lease
+// keeps its attempt count (the Begin's Retain). A lease is live while the
+// key's PTTL is above its tail. The times in the value are the worker's
+// clock, for Record and Lease only: nothing is decided by them.
+const layoutVersion = '1'
+
+// Status letters of the layout.
+const (
+	letterInProgress = 'p'
+	letterSucceeded  = 's'
+	letterFailed     = 'f'
+	letterRetryable  = 'r'
+)
+
+// record is a decoded value: the store.Record and the tail.
+type record struct {
+	store.Record
+	tail time.Duration
+}
+
+func statusLetter(s store.Status) byte {
+	switch s {
+	case store.StatusInProgress:
+		return letterInProgress
+	case store.StatusSucceeded:
+		return letterSucceeded
+	case store.StatusFailed:
+		return letterFailed
+	}
+	return letterRetryable
+}
+
+// maxStableLen bounds the creation time and fingerprint, whose length
+// takes 4 hex digits.
+const maxStableLen = 0xffff
+
+// head returns the part of r's value before its error fields.
+func head(r *record) []byte {
+	b := make([]byte, 0, 96)
+	b = append(b, layoutVersion, '|', statusLetter(r.Status))
+	for _, n := range [...]int64{r.Token, int64(r.Attempt), r.tail.Milliseconds(), r.ExpiresAt.UnixMicro(), r.UpdatedAt.UnixMicro()} {
+		b = append(b, '|')
+		b = strconv.AppendInt(b, n, 10)
+	}
+	return append(b, '|')
+}
+
+// leaseHead is what an in-progress record under token starts with.
+func leaseHead(token int64) string {
+	return "1|p|" + strconv.FormatInt(token, 10) + "|"
+}
+
+// body is what follows the head: the error fields and the result.
+func body(b []byte, errorKind, errorMessage string, result []byte) []byte {
+	b = appendField(b, errorKind)
+	b = appendField(b, errorMessage)
+	return append(b, result...)
+}
+
+// stable is the part that never changes while the record lives.
+func stable(b []byte, created time.Time, fingerprint string) []byte {
+	start := len(b)
+	b = strconv.AppendInt(b, created.UnixMicro(), 10)
+	b = append(b, '|')
+	b = append(b, fingerprint...)
+	return fmt.Appendf(b, "%04x", len(b)-start)
+}
+
+// encode returns r's value.
+func encode(r *record) string {
+	b := head(r)
+	b = body(b, r.ErrorKind, r.ErrorMessage, r.Result)
+	return string(stable(b, r.CreatedAt, r.Fingerprint))
+}
+
+func appendField(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
+}
+
+var errLayout = errors.New("not a record of layout 1")
+
+// decode reads a value of scope/key.
+func decode(scope, key, v string) (record, error) {
+	r := record{Record: store.Record{Scope: scope, Key: key}}
+	if len(v) < 8 || v[0] != layoutVersion || v[1] != '|' || v[3] != '|' {
+		return r, fmt.Errorf("%w: %.24q", errLayout, v)
+	}
+	n, err := strconv.ParseUint(v[len(v)-4:], 16, 16)
+	if err != nil || int(n)+8 > len(v) {
+		return r, fmt.Errorf("%w: stable part", errLayout)
+	}
+	rest, fixed := v[4:len(v)-4-int(n)], v[len(v)-4-int(n):len(v)-4]
+	created, fingerprint, ok := strings.Cut(fixed, "|")
+	c, err := strconv.ParseInt(created, 10, 64)
+	if !ok || err != nil {
+		return r, fmt.Errorf("%w: created", errLayout)
+	}
+	r.CreatedAt, r.Fingerprint = time.UnixMicro(c), fingerprint
+	switch v[2] {
+	case letterInProgress:
+		r.Status = store.StatusInProgress
+	case letterSucceeded:
+		r.Status = store.StatusSucceeded
+	case letterFailed:
+		r.Status = store.StatusFailed
+	case letterRetryable:
+		r.Status = store.StatusRetryable
+	default:
+		return r, fmt.Errorf("%w: status %q", errLayout, v[2])
+	}
+	var nums [5]int64
+	for i := range nums {
+		field, after, ok := strings.Cut(rest, "|")
+		n, err := strconv.ParseInt(field, 10, 64)
+		if !ok || err != nil {
+			return r, fmt.Errorf("%w: number %d", errLayout, i)
+		}
+		nums[i], rest = n, after
+	}
+	r.Token, r.Attempt, r.tail = nums[0], int(nums[1]), time.Duration(nums[2])*time.Millisecond
+	r.ExpiresAt, r.UpdatedAt = time.UnixMicro(nums[3]), time.UnixMicro(nums[4])
+	if r.ErrorKind, rest, err = readField(rest); err != nil {
+		return r, err
+	}
+	if r.ErrorMessage, rest, err = readField(rest); err != nil {
+		return r, err
+	}
+	if rest != "" {
+		r.Result = []byte(rest)
+	}
+	if r.Status == store.StatusInProgress {
+		r.LeaseExpiresAt = r.ExpiresAt
+	}
+	return r, nil
+}
+
+func readField(s string) (field, rest string, err error) {
+	n, after, ok := strings.Cut(s, ":")
+	size, perr := strconv.Atoi(n)
+	if !ok || perr != nil || size < 0 || size > len(after) {
+		return "", "", fmt.Errorf("%w: field length %.12q", errLayout, n)
+	}
+	return after[:size], after[size:], nil
+}
