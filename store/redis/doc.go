@@ -1,65 +1,55 @@
 // Package redis is a store.Store on Redis (go-redis v9), shared by every
 // worker that talks to the same Redis with the same key prefix: the fast
 // shared store. It is not transactional with your business data, and it
-// keeps what Redis keeps: see "Durability" below. It needs Redis 6.2 or
+// keeps what Redis keeps: see "Durability" below. It needs Redis 7.0 or
 // later and is tested on Redis 7.0 and on a Redis Cluster.
 //
 // # Records
 //
-// Each (scope, key) is one Redis hash under
+// Each (scope, key) is one Redis string under
 //
 //	<prefix>:{<tag>}:r:<len(scope)>:<scope>:<key>
 //
-// with the fields status, token, attempt, exp, created, updated and, when
-// not empty, fp, result, ekind and emsg. Times are microseconds since the
-// Unix epoch by the Redis server's clock. The length of the scope comes
-// first, so that no two (scope, key) pairs share a key however many colons,
-// braces, quotes or binary bytes they hold: scope "a:b" with key "c" and
-// scope "a" with key "b:c" are different records.
+// in a versioned layout (record.go): status, fencing token, attempt, the
+// times, the cached error, the result, and last the part that never changes
+// while the record lives (creation time and fingerprint). The length of the
+// scope comes first in the key, so that no two (scope, key) pairs share a
+// key however many colons, braces, quotes or binary bytes they hold.
 //
-// # Scripts and tokens
+// # Commands
 //
-// Begin, Complete, Release, Extend and Get are Lua scripts (EVALSHA, falling
-// back to EVAL when Redis has lost its script cache), each one atomic step
-// that reads the server's clock with TIME: no expiry is ever judged by a
-// worker's clock. Complete, Release and Extend succeed only while the
-// caller's token is the record's and the record is in progress; otherwise
-// they return store.ErrLeaseLost and change nothing. Extend also refuses a
-// lease that has run out. With Options.AutoPipeline the scripts of concurrent
-// calls share round trips (go-redis's AutoPipeliner); each stays one atomic
-// step.
+// Begin of a new key, and a duplicate of a finished one, is one
+// SET NX GET: it writes the lease, or returns the record to replay. A key
+// held by an in-progress or released record goes to a short script that
+// takes it once the lease has run out. Complete and Release are one
+// compare-and-set script each (GET, compare the record's head with the
+// lease's token, SET); Extend and Get are scripts too. Complete, Release and
+// Extend succeed only while the record is in progress under the caller's
+// token; otherwise they return store.ErrLeaseLost and change nothing. With
+// Options.AutoPipeline the commands of concurrent calls share round trips
+// (go-redis's AutoPipeliner).
 //
-// Fencing tokens come from a counter per Redis Cluster slot,
-// <prefix>:{<tag>}:t, in the same slot as the records it serves: Begin sets
-// the token to max(server time in µs, counter + 1, record's token + 1) and
-// writes it back. So the tokens of a key strictly increase for as long as the
-// counter lives, across Release, takeover, expiry and Delete, even when the
-// server clock steps back; and if the counter is lost (FLUSHDB, a failover
-// that dropped recent writes), the clock keeps new tokens above old ones as
-// long as the server's clock has passed the moment they were handed out.
-// There are at most 16384 counters per prefix, whatever the number of keys.
+// A key's fencing token rises with every lease while its record lives
+// (previous token + 1, or the worker's clock in microseconds, whichever is
+// larger); after the record is gone the next token comes from the clock.
 //
 // # Expiry
 //
-// Every record has a native Redis TTL, so Redis frees it without help:
-// finished records at their TTL, released ones after keep, and in-progress
-// ones Options.LeaseGrace (default 1h) after their lease runs out. Until then
-// an expired lease is invisible to Get but still counts attempts: the next
-// Begin takes it over with attempt n+1, so attempts are counted across a
-// worker crash. Visibility is judged by the stored expiry, never by the TTL.
-// Durations above 100 years count as 100 years.
-// DeleteExpired removes what has expired but not yet been freed by its TTL
-// (mostly expired leases within their grace); it SCANs the prefix, so there
-// is no need to run it on a schedule.
+// Expiry is Redis's own: every record has a native TTL, so a record is
+// visible while its key exists. A finished record lives for its outcome's
+// TTL, a released one for keep, an in-progress one for its lease plus a tail
+// (the Begin's Retain), during which an expired lease still counts attempts:
+// the next Begin takes it over with attempt n+1. A lease is live while the
+// key's PTTL is above its tail. No expiry is judged by a worker's clock, and
+// DeleteExpired has nothing to remove. Durations above 100 years count as
+// 100 years.
 //
 // # Redis Cluster
 //
-// A script may only touch keys of one slot. The {<tag>} of a record key is
-// chosen so that the record and its slot's counter share a slot: the CRC16 of
-// the record's identity picks the slot, and <tag> is a short fixed string
-// that hashes to it. Records spread over all slots evenly, the scripts never
-// cross slots, and DeleteExpired scans every master. The tags are part of the
-// stored format and never change.
+// Every command touches one key. The {<tag>} of a record key is chosen so
+// that records spread over all slots evenly: the CRC16 of the record's
+// identity picks the slot, and <tag> is a short fixed string that hashes to
+// it. The tags are part of the stored format and never change.
 //
 // # Durability
 //
