@@ -156,6 +156,11 @@ func (b *Builder) WithSeparateTransaction(tm pipeline.TxManager) *Builder {
 // WithDeadLetter forwards invalid messages, cached failures and rejected
 // messages (mismatch, no key, too large) once to topic on pub, with reason
 // metadata in the style of Watermill's PoisonQueue, before acking them.
+//
+// A router that also consumes the dead-letter topic must not run that
+// handler through this receiver: add r.Middleware to the guarded handlers
+// (handler.AddMiddleware), not to the router, or a dead letter that fails
+// validation is dead-lettered again, without end.
 func (b *Builder) WithDeadLetter(pub message.Publisher, topic string) *Builder {
 	b.deadPub, b.deadTopic, b.deadLetter = pub, topic, true
 	return b
