@@ -260,7 +260,7 @@ func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginRes
 	live := now < rec.expires
 	if !live && rec.status != store.StatusInProgress {
 		// Absent, or finished or released and expired: the key is free.
-		*rec = record{scope: rec.scope, key: rec.key, next: rec.next, fingerprint: req.Fingerprint, created: now}
+		rec.restart(req.Fingerprint, now)
 		return s.execute(sh, rec, req, now, 1, false), nil
 	}
 
@@ -280,6 +280,15 @@ func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginRes
 	default: // succeeded or failed
 		return s.found(store.DecisionReplay, rec), nil
 	}
+}
+
+// restart makes rec a new record of its key, as if it had never been seen.
+// Not inlined: a record literal would take Begin's stack frame, on the
+// deepest path of every delivery.
+//
+//go:noinline
+func (rec *record) restart(fingerprint string, now int64) {
+	*rec = record{scope: rec.scope, key: rec.key, next: rec.next, fingerprint: fingerprint, created: now}
 }
 
 // checkBegin refuses what Begin cannot serve. Kept out of Begin so the hot
