@@ -1,0 +1,25 @@
+package kafkakeys_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/keygen/kafkakeys"
+)
+
+// The offset key outside Kafka is a missing key, never a made-up one. (The
+// key of a real Kafka delivery is tested through kfake in integration/.)
+func TestOffsetWithoutKafkaIsNoKey(t *testing.T) {
+	msg := message.NewMessage("m-1", []byte("{}"))
+	msg.SetContext(context.Background())
+	if _, err := kafkakeys.Offset().Key(msg); !errors.Is(err, keygen.ErrNoKey) || !errors.Is(err, kafkakeys.ErrNoOffset) {
+		t.Fatalf("Key of a message without a Kafka context = %v, want ErrNoOffset wrapping keygen.ErrNoKey", err)
+	}
+	if _, err := kafkakeys.Offset().Key(nil); !errors.Is(err, keygen.ErrNoKey) {
+		t.Fatalf("Key(nil) = %v, want keygen.ErrNoKey", err)
+	}
+}
