@@ -65,6 +65,9 @@ type IdempotencyConfig struct {
 	Policy policy.Policy
 	// Logger defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// ReplayLogLevel is the level at which each replay is logged, with its
+	// scope, key, original outcome and age. Zero means DebugLogLevel.
+	ReplayLogLevel watermill.LogLevel
 	// OnEvent, when set, is called once per delivery, after the decision and
 	// before the router acks or nacks. It must be quick and safe for
 	// concurrent use.
@@ -87,6 +90,7 @@ type Idempotency struct {
 	scope       string
 	policy      policy.Policy
 	logger      watermill.LoggerAdapter
+	replayLog   func(msg string, fields watermill.LogFields) // nil without a logger
 	onEvent     func(Event)
 	deadLetter  *DeadLetter
 	tel         *Telemetry
@@ -106,6 +110,8 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		return nil, oncemill.InvalidConfig("IdempotencyConfig.TxStore", "set together with Store; set Store for the lease mode or TxStore for the one-transaction mode")
 	case cfg.Keys == nil:
 		return nil, oncemill.InvalidConfig("IdempotencyConfig.Keys", "nil; pass a key generator such as keygen.UUID()")
+	case cfg.ReplayLogLevel > watermill.ErrorLogLevel:
+		return nil, oncemill.InvalidConfig("IdempotencyConfig.ReplayLogLevel", "%d is not a level; use watermill.TraceLogLevel, DebugLogLevel, InfoLogLevel or ErrorLogLevel", cfg.ReplayLogLevel)
 	case !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen:
 		return nil, oncemill.InvalidConfig("scope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)
 	}
@@ -149,6 +155,8 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	}
 	if s.logger == nil {
 		s.logger = watermill.NopLogger{}
+	} else {
+		s.replayLog = logAt(s.logger, cfg.ReplayLogLevel)
 	}
 	return s, nil
 }
@@ -396,6 +404,10 @@ func (s *Idempotency) release(ctx context.Context, lease store.Lease) error {
 }
 
 func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message, error) {
+	s.tel.replayed(d.msg.Context(), rec)
+	if s.replayLog != nil {
+		s.logReplay(d, rec)
+	}
 	if rec.Status == store.StatusFailed {
 		d.event.Outcome = OutcomeFailureReplayed
 		d.event.Err = policy.Permanent(fmt.Errorf("cached failure (%s): %s", rec.ErrorKind, rec.ErrorMessage))
@@ -541,6 +553,18 @@ func isFinal(err error) bool {
 	return errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalidRequest)
 }
 
+// logReplay logs a replay at the configured level, with what a reader needs
+// to tell a redelivery from a wrong key: the original outcome and its age.
+//
+//go:noinline
+func (s *Idempotency) logReplay(d *delivery, rec *store.Record) {
+	f := s.fields(d)
+	f["original"] = rec.Status.String()
+	f["original_attempt"] = rec.Attempt
+	f["age"] = time.Since(rec.UpdatedAt).Round(time.Millisecond).String()
+	s.replayLog("Duplicate replayed; the handler did not run", f)
+}
+
 func (s *Idempotency) fields(d *delivery) watermill.LogFields {
 	return watermill.LogFields{
 		"message_uuid": d.event.MessageUUID,
@@ -548,6 +572,19 @@ func (s *Idempotency) fields(d *delivery) watermill.LogFields {
 		"key":          d.event.Key,
 		"attempt":      d.event.Attempt,
 	}
+}
+
+// logAt returns l's method for level (DebugLogLevel for zero).
+func logAt(l watermill.LoggerAdapter, level watermill.LogLevel) func(string, watermill.LogFields) {
+	switch level {
+	case watermill.TraceLogLevel:
+		return l.Trace
+	case watermill.InfoLogLevel:
+		return l.Info
+	case watermill.ErrorLogLevel:
+		return func(msg string, f watermill.LogFields) { l.Error(msg, nil, f) }
+	}
+	return l.Debug
 }
 
 // runHandler turns a panic into an error the way middleware.Recoverer does.

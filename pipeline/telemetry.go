@@ -68,7 +68,7 @@ type Telemetry struct {
 
 	decisions, outcomes, retries, invalids, deadLetters metric.Int64Counter
 	storeErrors                                         metric.Int64Counter
-	storeDuration, handlerDuration                      metric.Float64Histogram
+	storeDuration, handlerDuration, replayAge           metric.Float64Histogram
 	liveLeases                                          metric.Int64UpDownCounter
 	breaker                                             metric.Int64Gauge
 
@@ -78,6 +78,7 @@ type Telemetry struct {
 	outcomeAttrs  map[Outcome][]metric.AddOption
 	storeAttrs    [storeOps][]metric.RecordOption
 	storeErrAttrs [storeOps][]metric.AddOption
+	replayAttrs   map[store.Status][]metric.RecordOption
 	reasonAttrs   map[string][]metric.AddOption
 }
 
@@ -101,6 +102,10 @@ var storeOpNames = [storeOps]string{"begin", "complete", "release", "extend", "c
 // or nearby store) to ten seconds (a slow handler); the SDK's default
 // boundaries assume milliseconds.
 var secondBuckets = metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+// ageBuckets span a replayed outcome's age: a concurrent duplicate (under a
+// second), a redelivery (seconds to minutes), a re-publish (hours, days).
+var ageBuckets = metric.WithExplicitBucketBoundaries(0.1, 1, 10, 60, 600, 3600, 6*3600, 24*3600, 7*24*3600)
 
 // Span start options, built once: inline options allocate on every span.
 var (
@@ -142,7 +147,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		outcomeAttrs:  map[Outcome][]metric.AddOption{},
 		reasonAttrs:   map[string][]metric.AddOption{},
 	}
-	var errs [10]error
+	var errs [11]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries by the idempotency decision: execute, takeover, replay, cached_failure, in_progress, mismatch."))
 	t.outcomes, errs[1] = m.Int64Counter("oncemill.outcomes", metric.WithUnit("{delivery}"),
@@ -159,6 +164,8 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		metric.WithDescription("Duration of the wrapped handler (retries, breaker and transaction included) per execution."), secondBuckets)
 	t.liveLeases, errs[7] = m.Int64UpDownCounter("oncemill.leases.live", metric.WithUnit("{lease}"),
 		metric.WithDescription("Leases held by handlers running now in this process."))
+	t.replayAge, errs[10] = m.Float64Histogram("oncemill.replay.age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the outcome a duplicate was answered with, by original outcome: succeeded or failed."), ageBuckets)
 	t.storeErrors, errs[9] = m.Int64Counter("oncemill.store.errors", metric.WithUnit("{call}"),
 		metric.WithDescription("Store calls that failed (a lost lease is an answer, not counted), by operation."))
 	t.breaker, errs[8] = m.Int64Gauge("oncemill.breaker.state", metric.WithUnit("{state}"),
@@ -180,6 +187,10 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	for op, name := range storeOpNames {
 		t.storeAttrs[op] = []metric.RecordOption{set("operation", name)}
 		t.storeErrAttrs[op] = []metric.AddOption{set("operation", name)}
+	}
+	t.replayAttrs = map[store.Status][]metric.RecordOption{
+		store.StatusSucceeded: {set("original", store.StatusSucceeded.String())},
+		store.StatusFailed:    {set("original", store.StatusFailed.String())},
 	}
 	for _, r := range []string{ReasonInvalid, ReasonCachedFailure, ReasonMismatch, ReasonRejected} {
 		t.reasonAttrs[r] = []metric.AddOption{set("reason", r)}
@@ -368,6 +379,13 @@ func (t *Telemetry) leaseDone(ctx context.Context, r handlerRun) {
 	t.liveLeases.Add(ctx, -1)
 	if !r.start.IsZero() {
 		t.handlerDuration.Record(ctx, time.Since(r.start).Seconds())
+	}
+}
+
+// replayed records the age of the outcome a duplicate got.
+func (t *Telemetry) replayed(ctx context.Context, rec *store.Record) {
+	if t.metering() && t.replayAge.Enabled(ctx) {
+		t.replayAge.Record(ctx, time.Since(rec.UpdatedAt).Seconds(), t.replayAttrs[rec.Status]...)
 	}
 }
 

@@ -110,6 +110,16 @@ func (b *Builder) WithLogger(l watermill.LoggerAdapter) *Builder {
 	return b
 }
 
+// WithReplayLogLevel sets the level at which each replay is logged through
+// WithLogger's logger, with its scope, key, original outcome (succeeded or
+// failed) and age (default watermill.DebugLogLevel). A replay rate that
+// never falls, or ages far beyond the broker's redelivery horizon, point to
+// a key that does not identify what it should (docs/operations.md).
+func (b *Builder) WithReplayLogLevel(level watermill.LogLevel) *Builder {
+	b.cfg.ReplayLogLevel = level
+	return b
+}
+
 // WithValidation adds the validation stage: a message for which validate
 // returns an error is never stored and never retried; it is acked, counted,
 // and dead-lettered if WithDeadLetter is set.
