@@ -45,6 +45,11 @@ type Admin interface {
 	// Delete removes the record of (scope, key), whatever its state. It is
 	// for operators; deleting a live lease lets a duplicate run again.
 	Delete(ctx context.Context, scope, key string) error
+	// CompareAndDelete removes the record of (scope, key) only if its
+	// fencing token is still token: what an operator inspected is what goes.
+	// ErrLeaseLost when another delivery has taken the key since (the token
+	// changed), ErrNotFound when there is no record.
+	CompareAndDelete(ctx context.Context, scope, key string, token int64) error
 	// DeleteExpired removes up to limit expired records and returns how many
 	// it removed. Expired records are already invisible; this frees space.
 	// A record is kept at least for the Retain of the Begin that claimed it,

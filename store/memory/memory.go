@@ -492,6 +492,28 @@ func (s *Store) Delete(_ context.Context, scope, key string) error {
 	return nil
 }
 
+// CompareAndDelete implements store.Admin.
+func (s *Store) CompareAndDelete(_ context.Context, scope, key string, token int64) error {
+	if err := checkKey("delete", key); err != nil {
+		return err
+	}
+	if err := s.checkOpen("delete"); err != nil {
+		return err
+	}
+	sh, h := s.locate(scope, key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec := sh.find(h, scope, key)
+	switch {
+	case rec == nil:
+		return fmt.Errorf("oncemill: memory: delete %q/%q: %w", scope, key, store.ErrNotFound)
+	case rec.token != token:
+		return fmt.Errorf("oncemill: memory: delete %q/%q with token %d: the record's token is %d now: %w", scope, key, token, rec.token, store.ErrLeaseLost)
+	}
+	sh.remove(h, rec)
+	return nil
+}
+
 // DeleteExpired implements store.Store. It removes records that have expired
 // and whose BeginRequest.Retain has passed, expired leases included: the
 // next Begin of such a key then starts again at attempt 1.

@@ -281,7 +281,7 @@ FROM {{TABLE}}
 WHERE scope = $1 AND key = $2 AND expires_at > now()`
 
 // sqlList is one page of Admin.List: rows after ($4, $5) in primary key
-// order, filtered by scope ($1, '' for all), status ($2, 0 for all) and
+// order, filtered by scope ($1, ” for all), status ($2, 0 for all) and
 // last update ($3, NULL for all). It walks the primary key: an operator's
 // statement, not the delivery path's.
 const sqlList = `
@@ -296,6 +296,13 @@ ORDER BY scope, key
 LIMIT $6`
 
 const sqlDelete = `DELETE FROM {{TABLE}} WHERE scope = $1 AND key = $2`
+
+// sqlCompareAndDelete deletes the row of ($1, $2) only under token $3, and
+// says whether it did and whether the row exists (in the statement's
+// snapshot, so a deleted row still counts as existing).
+const sqlCompareAndDelete = `
+WITH d AS (DELETE FROM {{TABLE}} WHERE scope = $1 AND key = $2 AND token = $3 RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM d), EXISTS (SELECT 1 FROM {{TABLE}} WHERE scope = $1 AND key = $2)`
 
 // purgeable is a row cleanup may remove: its purge time has come and it has
 // expired. Rows whose expiry moved past their purge time (a long handler,
@@ -339,7 +346,7 @@ SELECT coalesce(extract(epoch FROM now() - (
 // statements are the store's SQL with its names filled in.
 type statements struct {
 	begin, claimNew, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
-	get, list, del, cleanupBatch, cleanupLag string
+	get, list, del, compareAndDelete, cleanupBatch, cleanupLag string
 }
 
 func newStatements(n names, async bool) statements {
@@ -349,19 +356,20 @@ func newStatements(n names, async bool) statements {
 	}
 	return statements{
 		// The forms leave placeholders of their own, which render fills in.
-		begin:          n.render(begin.Replace(sqlClaim)),
-		claimNew:       n.render(sqlClaimNew),
-		claim:          n.render(claimForm.Replace(sqlClaim)),
-		commitResult:   n.render(sqlCommitResult),
-		recordRollback: n.render(sqlRecordRollback),
-		complete:       n.render(sqlComplete),
-		extend:         n.render(sqlExtend),
-		release:        n.render(sqlRelease),
-		releaseDelete:  n.render(sqlReleaseDelete),
-		get:            n.render(sqlGet),
-		list:           n.render(sqlList),
-		del:            n.render(sqlDelete),
-		cleanupBatch:   n.render(sqlCleanupBatch),
-		cleanupLag:     n.render(sqlCleanupLag),
+		begin:            n.render(begin.Replace(sqlClaim)),
+		claimNew:         n.render(sqlClaimNew),
+		claim:            n.render(claimForm.Replace(sqlClaim)),
+		commitResult:     n.render(sqlCommitResult),
+		recordRollback:   n.render(sqlRecordRollback),
+		complete:         n.render(sqlComplete),
+		extend:           n.render(sqlExtend),
+		release:          n.render(sqlRelease),
+		releaseDelete:    n.render(sqlReleaseDelete),
+		get:              n.render(sqlGet),
+		list:             n.render(sqlList),
+		del:              n.render(sqlDelete),
+		compareAndDelete: n.render(sqlCompareAndDelete),
+		cleanupBatch:     n.render(sqlCleanupBatch),
+		cleanupLag:       n.render(sqlCleanupLag),
 	}
 }

@@ -444,6 +444,23 @@ func (s *Store) Delete(ctx context.Context, scope, key string) error {
 	return nil
 }
 
+// CompareAndDelete implements store.Admin.
+func (s *Store) CompareAndDelete(ctx context.Context, scope, key string, token int64) error {
+	if err := s.checkKey("delete", key); err != nil {
+		return err
+	}
+	code, err := s.run(ctx, compareAndDeleteScript, keysFor(s.prefix, scope, key), token).Int64()
+	switch {
+	case err != nil:
+		return fail("delete", scope, key, err)
+	case code == codeLeaseLost:
+		return fmt.Errorf("oncemill: redis: delete %q/%q with token %d: the record has another token now: %w", scope, key, token, store.ErrLeaseLost)
+	case code != codeOK:
+		return fmt.Errorf("oncemill: redis: delete %q/%q: %w", scope, key, store.ErrNotFound)
+	}
+	return nil
+}
+
 // DeleteExpired implements store.Admin. Redis frees every record by its
 // native TTL, an expired lease included once its tail has passed, so there
 // is nothing left for it to remove: it returns 0.

@@ -65,6 +65,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"TokensIncrease", testTokensIncrease},
 		{"KeyLimit", testKeyLimit},
 		{"ListFiltersAndPages", testListFiltersAndPages},
+		{"CompareAndDelete", testCompareAndDelete},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1001,4 +1002,26 @@ func testListFiltersAndPages(t *testing.T, e *env) {
 	e.invalid("List with a cursor it did not make", err)
 	_, err = e.s.List(e.ctx, store.ListRequest{Limit: -1})
 	e.invalid("List with a negative limit", err)
+}
+
+// CompareAndDelete removes a record only under the token it was read with.
+func testCompareAndDelete(t *testing.T, e *env) {
+	first := e.execute("k", "")
+	e.advance(lease + time.Second) // the first worker hangs; a redelivery takes over
+	second := e.expect(store.DecisionExecute, "k", "", lease).Lease
+
+	if err := e.s.CompareAndDelete(e.ctx, e.scope, "k", first.Token); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("CompareAndDelete with the token before the takeover = %v, want ErrLeaseLost", err)
+	}
+	if rec := e.get("k"); rec.Token != second.Token {
+		t.Fatalf("a refused CompareAndDelete changed the record: token %d, want %d", rec.Token, second.Token)
+	}
+	if err := e.s.CompareAndDelete(e.ctx, e.scope, "k", second.Token); err != nil {
+		t.Fatalf("CompareAndDelete with the current token: %v", err)
+	}
+	e.getNotFound("k")
+	e.leaseLost("Complete after the record was deleted", e.s.Complete(e.ctx, second, success(nil)))
+	if err := e.s.CompareAndDelete(e.ctx, e.scope, "k", second.Token); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("CompareAndDelete of a deleted record = %v, want ErrNotFound", err)
+	}
 }
