@@ -36,7 +36,7 @@ func TestNackedMessageRedeliveryOrder(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t, b, storeKinds[1]) // redis: the store does not matter here
-			w := h.start("worker")
+			w := h.startSoak("worker")           // its gateway times out once on A
 			a := newCommand(t, "A", 100, "transient", 1)
 			bb := newCommand(t, "B", 100, "", 1)
 			h.publish(a, bb)

@@ -8,10 +8,10 @@ import (
 	"testing"
 )
 
-// BenchmarkWorkerThroughput runs the example worker's self-contained
-// workload (producer and consumer in one process) on each broker and store,
-// with oncemill and without it (--no-idempotency), back to back in one run,
-// and reports the delivered messages per second of each.
+// BenchmarkWorkerThroughput runs the soak tool's self-contained workload
+// (the example worker, producer and consumer in one process) on each broker
+// and store, with oncemill and without it (--no-idempotency), back to back
+// in one run, and reports the delivered messages per second of each.
 //
 //	go test ./integration/ -run '^$' -bench WorkerThroughput -benchtime=1x
 //
@@ -58,11 +58,11 @@ func BenchmarkWorkerThroughput(b *testing.B) {
 
 var msgsPerSec = regexp.MustCompile(`(?m)^summary: .* deliveries=(\d+) .* msgs_per_sec=(\d+)$`)
 
-// runThroughput runs the worker once and returns its msgs_per_sec.
+// runThroughput runs the soak tool once and returns its msgs_per_sec.
 func runThroughput(b *testing.B, args []string) float64 {
 	b.Helper()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(env.workerBin, args...)
+	cmd := exec.Command(env.soakBin, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	_ = cmd.Run() // the baseline exits 1: its duplicates took effect twice
 	m := msgsPerSec.FindStringSubmatch(stdout.String())

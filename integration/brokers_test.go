@@ -22,8 +22,10 @@ import (
 // brokerKind is one broker as the tests and the workers reach it.
 type brokerKind struct {
 	name string
-	// workerArgs select the broker in the example worker.
+	// workerArgs select the broker in the example worker, or in the soak
+	// tool when soakOnly (a client the example worker does not have).
 	workerArgs func() []string
+	soakOnly   bool
 	// publisher and subscriber are the test's own, with the same adapter
 	// the worker uses. group names a Kafka consumer group.
 	publisher  func(t *testing.T) message.Publisher
@@ -114,12 +116,19 @@ var brokerKinds = []brokerKind{
 	},
 }
 
+// amqpKind is RabbitMQ through a watermill-amqp major: v3 as the example
+// worker has it, v2 through the soak tool's --amqp-client=v2.
 func amqpKind(name, client string, pub func(*testing.T) message.Publisher, sub func(*testing.T, string) message.Subscriber) brokerKind {
 	return brokerKind{
 		name: name,
 		workerArgs: func() []string {
-			return []string{"--broker=amqp", "--amqp-client=" + client, "--amqp-url=" + env.amqpURL}
+			args := []string{"--broker=amqp", "--amqp-url=" + env.amqpURL}
+			if client != "v3" {
+				args = append(args, "--amqp-client="+client)
+			}
+			return args
 		},
+		soakOnly:   client != "v3",
 		publisher:  pub,
 		subscriber: sub,
 		cleanup: func(t *testing.T, topics []string) {

@@ -127,10 +127,11 @@ func runFault(t *testing.T, kind string, f fault) *faultRun {
 	_, _ = rand.Read(raw[:])
 	ns := "it_fault_" + hex.EncodeToString(raw[:])
 	r := &faultRun{}
-	p := policy.Default()
-	p.Lease, p.Heartbeat = 2*time.Second, 600*time.Millisecond
-	p.NackDelay = 50 * time.Millisecond
-	p.MaxAttempts = 1 << 20 // faults are not the handler's failures
+	p := policy.Policy{
+		Lease: 2 * time.Second, Heartbeat: 600 * time.Millisecond,
+		NackDelay:   50 * time.Millisecond,
+		MaxAttempts: 1 << 20, // faults are not the handler's failures
+	}
 	var b *receiver.Builder
 	var handler message.HandlerFunc
 	switch kind {

@@ -47,14 +47,30 @@ func (h *harness) payments() string    { return h.ns + "-payments-0" }
 func (h *harness) settlements() string { return h.ns + "-settlements" }
 func (h *harness) deadLetters() string { return h.ns + "-dead-letters" }
 
-// start starts a worker of this harness; extra flags come last.
+// start starts an example worker of this harness (the soak tool where the
+// broker's client needs it); extra flags come last.
 func (h *harness) start(name string, extra ...string) *worker {
 	h.t.Helper()
+	bin := env.workerBin
+	if h.broker.soakOnly {
+		bin = env.soakBin
+	}
+	return startWorker(h.t, bin, name, h.args(extra)...)
+}
+
+// startSoak starts the soak tool instead, for its test switches: faults
+// carried in the commands, --gateway-latency, --hold-before-ack, --key.
+func (h *harness) startSoak(name string, extra ...string) *worker {
+	h.t.Helper()
+	return startWorker(h.t, env.soakBin, name, h.args(extra)...)
+}
+
+func (h *harness) args(extra []string) []string {
 	args := append(h.broker.workerArgs(), h.store.workerArgs(h.ns)...)
 	args = append(args,
 		"--topic-prefix="+h.ns+"-", "--consumer-group="+h.ns, "--scope="+scope, "--partitions=1",
 		"--lease=2s", "--drain-timeout=20s")
-	return startWorker(h.t, name, append(args, extra...)...)
+	return append(args, extra...)
 }
 
 // publish publishes msgs to the payments topic, in order.

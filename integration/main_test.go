@@ -10,9 +10,12 @@ import (
 	"time"
 )
 
-// env is what TestMain set up: the services' addresses and the worker binary.
+// env is what TestMain set up: the services' addresses and the worker
+// binaries: the example worker, and the soak tool (the same worker with
+// fault injection and test switches).
 var env struct {
-	workerBin   string
+	workerBin   string // cmd/example-worker
+	soakBin     string // cmd/oncemill-soak
 	postgresDSN string
 	redisAddr   string
 	amqpURL     string
@@ -49,10 +52,11 @@ func runTests(m *testing.M) int {
 
 	start := time.Now()
 	env.workerBin = filepath.Join(dir, "example-worker")
-	build := exec.Command("go", "build", "-o", env.workerBin, "../cmd/example-worker")
+	env.soakBin = filepath.Join(dir, "oncemill-soak")
+	build := exec.Command("go", "build", "-o", dir, "../cmd/example-worker", "../cmd/oncemill-soak")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "integration: FAIL: building the example worker: %v\n", err)
+		fmt.Fprintf(os.Stderr, "integration: FAIL: building the example worker and the soak tool: %v\n", err)
 		return 1
 	}
 

@@ -46,12 +46,13 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
-// 1. The same message (same UUID) twice: one effect; the duplicate is
-// replayed, and re-publishes the stored settlement under its original UUID.
-// The worker's /readyz, /healthz and /metrics answer meanwhile.
+// 1. The same message (same UUID) twice, keyed by UUID (the soak tool's
+// --key=uuid): one effect; the duplicate is replayed, and re-publishes the
+// stored settlement under its original UUID. The worker's /readyz, /healthz
+// and /metrics answer meanwhile.
 func sameMessageTwice(t *testing.T, h *harness) {
 	settlements := h.observe(h.settlements())
-	w := h.start("worker", "--key=uuid")
+	w := h.startSoak("worker", "--key=uuid")
 	m := newCommand(t, "p-1", 1500, "", 1)
 	h.publish(m, again(m))
 
@@ -79,9 +80,10 @@ func sameMessageTwice(t *testing.T, h *harness) {
 }
 
 // 2. The same content under a new UUID (a client's retry: new UUID, new
-// sent_at and attempt), with the content-hash key: one effect.
+// sent_at and attempt), with the content-hash key (the example worker's):
+// one effect.
 func sameContentNewUUID(t *testing.T, h *harness) {
-	w := h.start("worker", "--key=content")
+	w := h.start("worker")
 	first := newCommand(t, "p-1", 1500, "", 1)
 	resend := newCommand(t, "p-1", 1500, "", 2)
 	if first.UUID == resend.UUID || string(first.Payload) == string(resend.Payload) {
@@ -96,10 +98,11 @@ func sameContentNewUUID(t *testing.T, h *harness) {
 }
 
 // 3. The worker is killed (SIGKILL) after the effect is recorded and before
-// the ack. The broker redelivers to a new worker, which replays the stored
-// outcome instead of running the handler again.
+// the ack (the soak tool's --hold-before-ack). The broker redelivers to a
+// new example worker, which replays the stored outcome instead of running
+// the handler again.
 func killedAfterEffectBeforeAck(t *testing.T, h *harness) {
-	w1 := h.start("worker-1", "--hold-before-ack=p-1")
+	w1 := h.startSoak("worker-1", "--hold-before-ack=p-1")
 	m := newCommand(t, "p-1", 1500, "", 1)
 	h.publish(m)
 	w1.waitLine("hold:", limit)
@@ -116,10 +119,11 @@ func killedAfterEffectBeforeAck(t *testing.T, h *harness) {
 	assertLedger(t, h, map[string]int{"p-1": 1})
 }
 
-// 4. A transient error: the delivery is nacked (the key released), the
-// broker redelivers it, and it runs again and succeeds: one effect.
+// 4. A transient error (the soak tool's gateway times out once on a
+// command marked "transient"): the delivery is nacked (the key released),
+// the broker redelivers it, and it runs again and succeeds: one effect.
 func transientErrorRedelivered(t *testing.T, h *harness) {
-	w := h.start("worker")
+	w := h.startSoak("worker")
 	h.publish(newCommand(t, "p-1", 1500, "transient", 1))
 	eventually(t, limit, func() bool { return outcomes(w)["executed"] == 1 },
 		func() string { return "outcomes " + fmtMap(outcomes(w)) })
@@ -165,15 +169,16 @@ func permanentErrorDeadLetteredOnce(t *testing.T, h *harness) {
 
 // 6. Two worker processes on one queue (or consumer group) get every
 // command twice, the copies back to back so they race in the two workers:
-// one effect per command.
+// one effect per command. The soak tool's --gateway-latency makes the
+// copies overlap in the handlers.
 func twoWorkersRacingDuplicates(t *testing.T, h *harness) {
 	const n = 12
-	extra := []string{"--gateway-latency=100ms"} // the copies overlap in the handlers
+	extra := []string{"--gateway-latency=100ms"}
 	if h.broker.name == "kafka" {
 		extra = append(extra, "--kafka-partitions=4") // the two workers share them
 	}
-	w1 := h.start("worker-1", extra...)
-	w2 := h.start("worker-2", extra...)
+	w1 := h.startSoak("worker-1", extra...)
+	w2 := h.startSoak("worker-2", extra...)
 	if h.broker.name == "kafka" {
 		group := h.ns + "-" + h.payments()
 		eventually(t, limit, func() bool { return kafkaGroupReady(t, group, 2) },
@@ -201,12 +206,13 @@ func twoWorkersRacingDuplicates(t *testing.T, h *harness) {
 }
 
 // 7. The worker is killed after the handler returned its produced message
-// (a settlement) and oncemill stored it, before the router published it.
-// After the redelivery the settlement reaches downstream, with the UUID it
-// was first produced under.
+// (a settlement) and oncemill stored it, before the router published it
+// (the soak tool's --hold-before-ack). After the redelivery to an example
+// worker the settlement reaches downstream, with the UUID it was first
+// produced under.
 func killedBeforePublishingProduced(t *testing.T, h *harness) {
 	settlements := h.observe(h.settlements())
-	w1 := h.start("worker-1", "--hold-before-ack=p-1")
+	w1 := h.startSoak("worker-1", "--hold-before-ack=p-1")
 	h.publish(newCommand(t, "p-1", 1500, "", 1))
 	line := w1.waitLine("hold:", limit)
 	_, produced, _ := strings.Cut(line, "produced=")

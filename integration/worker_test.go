@@ -15,7 +15,8 @@ import (
 	"time"
 )
 
-// worker is one example-worker process in consume mode.
+// worker is one process of the example worker (or of the soak tool) in
+// consume mode.
 type worker struct {
 	t    *testing.T
 	name string
@@ -29,10 +30,10 @@ type worker struct {
 	waitErr error
 }
 
-// startWorker starts a worker with args after the common ones and waits
-// until its router runs (the "consuming:" line). The test's cleanup kills
-// it if it is still running.
-func startWorker(t *testing.T, name string, args ...string) *worker {
+// startWorker starts bin with args after the common ones and waits until
+// its router runs (the "consuming:" line). The test's cleanup kills it if
+// it is still running.
+func startWorker(t *testing.T, bin, name string, args ...string) *worker {
 	t.Helper()
 	w := &worker{
 		t:       t,
@@ -45,7 +46,7 @@ func startWorker(t *testing.T, name string, args ...string) *worker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.cmd = exec.Command(env.workerBin, append([]string{
+	w.cmd = exec.Command(bin, append([]string{
 		"--mode=consume", "--log-level=debug", "--log-format=json", "--http-addr=127.0.0.1:0",
 	}, args...)...)
 	w.cmd.Stderr = logFile
@@ -145,6 +146,32 @@ func (w *worker) stop() {
 	}
 	if w.waitErr != nil {
 		w.t.Fatalf("%s exited with %v after SIGTERM; log:\n%s", w.name, w.waitErr, w.tailLog(40))
+	}
+	w.assertJSONLog()
+}
+
+// assertJSONLog checks that every line of the worker's log is a JSON
+// record: the store clients (go-redis) log through the worker's logger, and
+// durations are strings ("20s"), not nanoseconds.
+func (w *worker) assertJSONLog() {
+	w.t.Helper()
+	data, err := os.ReadFile(w.logs)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	drained := false
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var rec map[string]any
+		if err := json.Unmarshal(line, &rec); err != nil {
+			w.t.Errorf("%s logged a line that is not JSON: %q", w.name, line)
+			continue
+		}
+		if rec["msg"] == "Draining the messages in flight" {
+			drained = rec["timeout"] == "20s"
+		}
+	}
+	if !drained {
+		w.t.Errorf("%s did not log its drain with timeout \"20s\"; log:\n%s", w.name, w.tailLog(10))
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/oncemill/oncemill/cmd/example-worker/worker"
 )
 
 type composeFile struct {
@@ -145,7 +147,7 @@ func TestComposeWorkerPointsAtTheServices(t *testing.T) {
 		}
 		t.Setenv(variable, "from-env")
 	}
-	cfg := defaultConfig()
+	cfg := worker.DefaultConfig()
 	for variable, got := range map[string]string{
 		"ONCEMILL_KAFKA_BROKERS": cfg.KafkaBrokers, "ONCEMILL_AMQP_URL": cfg.AMQPURL, "ONCEMILL_SQS_ENDPOINT": cfg.SQSEndpoint,
 		"ONCEMILL_POSTGRES_DSN": cfg.PostgresDSN, "ONCEMILL_REDIS_ADDR": cfg.RedisAddr, "ONCEMILL_OTLP_ENDPOINT": cfg.OTLPEndpoint,

@@ -2,139 +2,42 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/cmd/example-worker/worker"
 )
 
-var summaryLine = regexp.MustCompile(`^summary: published=\d+ deliveries=\d+ unique=\d+ effects=\d+ replays=\d+ cached_failures=\d+ double_effects=\d+ lost=\d+ msgs_per_sec=\d+$`)
+var summaryLine = regexp.MustCompile(`^summary: published=\d+ deliveries=\d+ unique=\d+ effects=\d+ replays=\d+ cached_failures=\d+ double_effects=0 lost=0 msgs_per_sec=\d+$`)
 
-// testConfig is the default workload, smaller, with every fault enabled and
-// a short lease so the stalls are cheap.
-func testConfig() config {
-	cfg := defaultConfig()
-	cfg.Count = 1500
-	cfg.Lease = 500 * time.Millisecond
-	cfg.Progress = 0
-	cfg.Timeout = time.Minute
-	return cfg
-}
-
-func runWorkload(t *testing.T, cfg config) (summary, string) {
-	t.Helper()
+// The README's run command, smaller: the demo passes, and its last stdout
+// line is the summary.
+func TestDemoEndsWithTheSummaryLine(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	sum, err := run(context.Background(), cfg, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("run: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	if code := realMain([]string{"--count=500", "--progress=0"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit code %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
-	return sum, stdout.String()
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return lines[len(lines)-1]
-}
-
-func TestWorkloadIsExactlyOnceWithOncemill(t *testing.T) {
-	cfg := testConfig()
-	for _, rate := range []float64{cfg.Redeliver, cfg.Resend, cfg.Concurrent, cfg.Transient, cfg.Permanent, cfg.Stall} {
-		if rate <= 0 {
-			t.Fatalf("every fault must be enabled, got %+v", cfg)
-		}
+	lines := strings.Split(strings.TrimRight(stdout.String(), "\n"), "\n")
+	if last := lines[len(lines)-1]; !summaryLine.MatchString(last) || !strings.HasPrefix(last, "summary: published=500 ") {
+		t.Errorf("last stdout line %q does not match %v", last, summaryLine)
 	}
-	sum, out := runWorkload(t, cfg)
-	t.Logf("\n%s", out)
-
-	if !sum.Completed {
-		t.Fatal("run did not complete")
-	}
-	if sum.DoubleEffects != 0 || sum.Lost != 0 {
-		t.Errorf("double_effects=%d lost=%d, want 0 and 0", sum.DoubleEffects, sum.Lost)
-	}
-	if sum.Published != cfg.Count || sum.Unique != cfg.Count {
-		t.Errorf("published=%d unique=%d, want %d each", sum.Published, sum.Unique, cfg.Count)
-	}
-	if sum.Invalid == 0 {
-		t.Fatal("the plan has no invalid commands")
-	}
-	if want := cfg.Count - sum.Invalid; sum.Effects != want {
-		t.Errorf("effects=%d, want count-permanent = %d", sum.Effects, want)
-	}
-	if sum.Deliveries <= cfg.Count || sum.Deliveries != sum.Planned {
-		t.Errorf("deliveries=%d, want all %d planned (more than %d commands)", sum.Deliveries, sum.Planned, cfg.Count)
-	}
-	if sum.Replays == 0 {
-		t.Error("replays=0: no duplicate was answered from a stored success")
-	}
-	if sum.CachedFailures == 0 || sum.Outcomes[pipeline.OutcomeFailureReplayed] == 0 {
-		t.Errorf("cached_failures=%d failure_replayed=%d: want both above 0", sum.CachedFailures, sum.Outcomes[pipeline.OutcomeFailureReplayed])
-	}
-	if got := sum.Outcomes[pipeline.OutcomeFailureCached]; got != int64(sum.Invalid) {
-		t.Errorf("failure_cached=%d, want one per invalid command (%d)", got, sum.Invalid)
-	}
-	if sum.Outcomes[pipeline.OutcomeReleased] == 0 {
-		t.Error("released=0: no transient failure was retried")
-	}
-	if sum.InProgressKeys == 0 {
-		t.Error("in_progress_keys=0: no duplicate met a running delivery")
-	}
-	// Takeovers are not asserted: on a starved machine a pause of the whole
-	// process can outlast a lease; the lease check before the charge keeps
-	// that from becoming a double effect, which is what is asserted.
-	if sum.Outcomes[pipeline.OutcomeRejected] != 0 {
-		t.Errorf("rejected=%d, want 0: no command may be refused", sum.Outcomes[pipeline.OutcomeRejected])
-	}
-	if sum.SettledUUIDs != sum.Effects || sum.Settled != sum.Effects+int(sum.Replays) {
-		t.Errorf("settlements received=%d distinct=%d, want %d distinct (one per effect) and %d in all (replays re-publish them)",
-			sum.Settled, sum.SettledUUIDs, sum.Effects, sum.Effects+int(sum.Replays))
-	}
-	if p := sum.problems(); len(p) != 0 {
-		t.Errorf("problems: %q", p)
-	}
-	if line := lastLine(out); !summaryLine.MatchString(line) || line != sum.line() {
-		t.Errorf("last stdout line %q does not match %v", line, summaryLine)
+	if !strings.HasPrefix(lines[0], "duplicates: redelivered=100 resent_new_uuid=50 invalid_amount=10;") {
+		t.Errorf("first line %q does not say the demo's duplicates", lines[0])
 	}
 }
 
-// The negative control: the same workload without oncemill must show double
-// effects, or the check above proves nothing.
-func TestWorkloadWithoutIdempotencyHasDoubleEffects(t *testing.T) {
-	cfg := testConfig()
-	cfg.NoIdempotency = true
-	sum, out := runWorkload(t, cfg)
-	t.Logf("\n%s", out)
-
-	if sum.DoubleEffects == 0 {
-		t.Error("double_effects=0 without idempotency: the check cannot fail")
-	}
-	if sum.Lost != 0 {
-		t.Errorf("lost=%d, want 0 (every delivery runs)", sum.Lost)
-	}
-	if len(sum.problems()) == 0 {
-		t.Error("problems() is empty for a run with double effects")
-	}
-	if line := lastLine(out); !summaryLine.MatchString(line) {
-		t.Errorf("last stdout line %q does not match %v", line, summaryLine)
-	}
-}
-
-// A handler whose key was taken over while it ran (as after a pause longer
-// than the lease) must not charge: the lease check refuses its lease.
 func TestExitCodes(t *testing.T) {
-	small := []string{"--count=200", "--lease=300ms", "--progress=0"}
 	tests := []struct {
 		name string
 		args []string
 		want int
 	}{
-		{"guarded run passes", small, 0},
-		{"unguarded run fails", append(small, "--no-idempotency"), 1},
-		{"bad flag", []string{"--redeliver=2"}, 2},
+		{"one partition", []string{"--count=50", "--partitions=1", "--progress=0"}, 0},
+		{"bad flag", []string{"--count=0"}, 2},
+		{"a soak tool's flag", []string{"--no-idempotency"}, 2},
 		{"help", []string{"-h"}, 0},
 	}
 	for _, tt := range tests {
@@ -143,28 +46,7 @@ func TestExitCodes(t *testing.T) {
 			if got := realMain(tt.args, &stdout, &stderr); got != tt.want {
 				t.Errorf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", got, tt.want, stdout.String(), stderr.String())
 			}
-			if tt.want == 1 && !strings.Contains(stderr.String(), "FAIL: double_effects=") {
-				t.Errorf("stderr does not say why the run failed:\n%s", stderr.String())
-			}
 		})
-	}
-}
-
-func TestTimeoutReportsWhatIsOutstanding(t *testing.T) {
-	cfg := testConfig()
-	cfg.Count = 200
-	cfg.Stall = 0.05 // ten commands stall 1.5x the lease, far past the timeout
-	cfg.Timeout = 100 * time.Millisecond
-	var stdout bytes.Buffer
-	sum, err := run(context.Background(), cfg, &stdout, io.Discard)
-	if err == nil {
-		t.Fatalf("run completed within %v despite stalls of %v", cfg.Timeout, cfg.Lease*3/2)
-	}
-	if sum.Completed || !strings.Contains(err.Error(), "timed out") || !strings.Contains(err.Error(), "outstanding") {
-		t.Errorf("completed=%t err=%v: want an incomplete run and an error naming what is outstanding", sum.Completed, err)
-	}
-	if line := lastLine(stdout.String()); !summaryLine.MatchString(line) {
-		t.Errorf("last stdout line %q does not match %v", line, summaryLine)
 	}
 }
 
@@ -173,42 +55,36 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if cfg != defaultConfig() {
+	if cfg != worker.DefaultConfig() {
 		t.Errorf("no flags gave %+v, want the defaults", cfg)
 	}
-	cfg, err = parseFlags([]string{"--count=7", "--partitions=3", "--stall=0", "--no-idempotency", "--lease=2s"}, io.Discard)
+	cfg, err = parseFlags([]string{"--count=7", "--partitions=3", "--lease=2s", "--mode=consume", "--broker=sqs"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Count != 7 || cfg.Partitions != 3 || cfg.Stall != 0 || !cfg.NoIdempotency || cfg.Lease != 2*time.Second {
-		t.Errorf("flags not applied: %+v", cfg)
+	if cfg.Count != 7 || cfg.Partitions != 3 || cfg.Lease != 2*time.Second || cfg.LogFormat != "json" || cfg.HTTPAddr != ":8080" {
+		t.Errorf("flags or consume-mode defaults not applied: %+v", cfg)
 	}
 
 	bad := []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--redeliver=1.5"}, "--redeliver=1.5: a rate is a fraction of the commands, in [0,1]"},
-		{[]string{"--permanent=-0.1"}, "--permanent=-0.1"},
-		{[]string{"--stall=NaN"}, "--stall=NaN"},
-		{[]string{"--transient=0.6", "--permanent=0.5"}, "add up to at most 1"},
 		{[]string{"--count=0"}, "--count=0"},
-		{[]string{"--partitions=1"}, "need at least 2 partitions"},
 		{[]string{"--lease=0s"}, "--lease=0s"},
 		{[]string{"--timeout=-1s"}, "--timeout=-1s"},
-		{[]string{"--inflight=1"}, "--inflight=1"},
 		{[]string{"--broker=nats"}, `--broker="nats" is not available; choose one of: gochannel, kafka, amqp, sqs`},
 		{[]string{"--store=mysql"}, `--store="mysql" is not available; choose one of: memory, postgres, redis`},
 		{[]string{"--mode=serve"}, `--mode="serve" is not available`},
 		{[]string{"--mode=consume"}, "--mode=consume with --broker=gochannel"},
 		{[]string{"--mode=produce"}, "--mode=produce with --broker=gochannel"},
-		{[]string{"--amqp-client=v1"}, `--amqp-client="v1"`},
-		{[]string{"--key=offset"}, `--key="offset"`},
 		{[]string{"--sqs-visibility-timeout=1500ms"}, "whole seconds"},
 		{[]string{"--kafka-partitions=0"}, "--kafka-partitions=0"},
+		{[]string{"--kafka-session-timeout=30s"}, "below sarama's 30s"},
 		{[]string{"--drain-timeout=0s"}, "--drain-timeout=0s"},
 		{[]string{"--log-level=loud"}, `--log-level="loud"`},
 		{[]string{"--count=ten"}, "invalid value"},
+		{[]string{"--stall=0.1"}, "flag provided but not defined: -stall"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	}
 	for _, tt := range bad {
@@ -217,62 +93,15 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("parseFlags(%q) = %v, want an error containing %q", tt.args, err, tt.want)
 		}
 	}
-
-	// One partition is fine when nothing needs a second.
-	if _, err := parseFlags([]string{"--partitions=1", "--concurrent=0", "--stall=0"}, io.Discard); err != nil {
-		t.Errorf("one partition without concurrent duplicates: %v", err)
-	}
 }
 
-func TestPlanFaults(t *testing.T) {
-	cfg := defaultConfig()
-	p := newPlan(cfg)
-	c := p.counts
-	if c.invalid != 200 || c.transient != 500 || c.stall != 10 || c.redeliver != 2000 || c.resend != 1000 {
-		t.Errorf("fault counts %+v do not follow the rates of %d commands", c, cfg.Count)
+// -h names the topics as the worker creates them.
+func TestHelpNamesTheTopics(t *testing.T) {
+	var out bytes.Buffer
+	if code := realMain([]string{"-h"}, io.Discard, &out); code != 0 {
+		t.Fatalf("exit code %d", code)
 	}
-	if c.concurrent < 500 {
-		t.Errorf("concurrent=%d, want at least 500 (and the stalled commands)", c.concurrent)
+	if !strings.Contains(out.String(), "payments-0, payments-1") || strings.Contains(out.String(), "payments.") {
+		t.Errorf("-h does not name the topics payments-0, payments-1, ...:\n%s", out.String())
 	}
-	seen := map[string]bool{}
-	for i, f := range p.faults {
-		if n := btoi(f.invalid) + btoi(f.transient) + btoi(f.stall); n > 1 {
-			t.Errorf("command %d has %d handler faults", i, n)
-		}
-		if f.stall && !f.concurrent {
-			t.Errorf("stalled command %d is not also sent concurrently", i)
-		}
-		if f.invalid != (p.commands[i].AmountCents <= 0) {
-			t.Errorf("command %d: invalid=%t amount=%d", i, f.invalid, p.commands[i].AmountCents)
-		}
-		if seen[p.commands[i].PaymentID] {
-			t.Errorf("payment_id %s twice", p.commands[i].PaymentID)
-		}
-		seen[p.commands[i].PaymentID] = true
-		if f.concurrent && p.partnerOf(i) == p.partitionOf(i) {
-			t.Errorf("command %d: the concurrent copy goes to its own partition", i)
-		}
-	}
-	// Every extra delivery follows its original.
-	first := map[int]int{}
-	for at, s := range p.steps {
-		if s.kind == sendOriginal {
-			first[s.cmd] = at
-		} else if _, ok := first[s.cmd]; !ok {
-			t.Errorf("step %d: %v of command %d before its original", at, s.kind, s.cmd)
-		}
-	}
-	// A rate above zero always selects a command.
-	small := cfg
-	small.Count = 10
-	if got := newPlan(small).counts.stall; got != 1 {
-		t.Errorf("stall=%v of 10 commands selected %d, want 1", small.Stall, got)
-	}
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }

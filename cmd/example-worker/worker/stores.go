@@ -1,4 +1,4 @@
-package main
+package worker
 
 // The idempotency store, the ledger that lives beside it, and, for
 // PostgreSQL, the one-transaction mode.
@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"time"
@@ -20,37 +21,41 @@ import (
 	oredis "github.com/oncemill/oncemill/store/redis"
 )
 
-type storeSetup struct {
-	store  store.Store
-	ledger effectLedger
-	// tx is the store of the one-transaction mode (postgres only): the
+// Stores is an open store and the ledger beside it.
+type Stores struct {
+	Store store.Store
+	Admin store.Admin // for the readiness probe
+	// Tx is the store of the one-transaction mode (postgres only): the
 	// handler's ledger write and oncemill's record commit together.
-	tx store.Transactional
-	// shared is true when other processes see the same records.
-	shared bool
-	close  func()
+	Tx     store.Transactional
+	Ledger Ledger
+	// Shared is true when other processes see the same records.
+	Shared bool
+	Close  func()
 }
 
 // connectTimeout bounds connecting to a store at startup.
 const connectTimeout = 10 * time.Second
 
-func newStore(ctx context.Context, cfg config) (*storeSetup, error) {
+// OpenStore connects to cfg.Store. The store clients log through log.
+func OpenStore(ctx context.Context, cfg Config, log *slog.Logger) (*Stores, error) {
 	switch cfg.Store {
 	case "memory":
 		st, err := memory.New(memory.Options{})
 		if err != nil {
 			return nil, fmt.Errorf("memory store: %w", err)
 		}
-		return &storeSetup{store: st, ledger: newMemoryLedger(), close: func() { _ = st.Close() }}, nil
+		return &Stores{Store: st, Admin: st, Ledger: NewMemoryLedger(), Close: func() { _ = st.Close() }}, nil
 	case "postgres":
-		return newPostgresStore(ctx, cfg)
+		return openPostgres(ctx, cfg)
 	case "redis":
-		return newRedisStore(ctx, cfg)
+		useRedisLogger(log)
+		return openRedis(ctx, cfg)
 	}
 	return nil, fmt.Errorf("--store=%q is not built in", cfg.Store)
 }
 
-func newPostgresStore(ctx context.Context, cfg config) (*storeSetup, error) {
+func openPostgres(ctx context.Context, cfg Config) (*Stores, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	where := redactURL(cfg.PostgresDSN)
@@ -79,7 +84,7 @@ func newPostgresStore(ctx context.Context, cfg config) (*storeSetup, error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: %w", err)
 	}
-	closeAll := func() { st.Close(); pool.Close() }
+	closeAll := func() { _ = st.Close(); pool.Close() }
 	if err := st.Migrate(ctx); err != nil {
 		closeAll()
 		return nil, fmt.Errorf("postgres store (%s): migrate: %w", where, err)
@@ -89,10 +94,10 @@ func newPostgresStore(ctx context.Context, cfg config) (*storeSetup, error) {
 		closeAll()
 		return nil, err
 	}
-	return &storeSetup{store: st, ledger: led, tx: st, shared: true, close: closeAll}, nil
+	return &Stores{Store: st, Admin: st, Tx: st, Ledger: led, Shared: true, Close: closeAll}, nil
 }
 
-func newRedisStore(ctx context.Context, cfg config) (*storeSetup, error) {
+func openRedis(ctx context.Context, cfg Config) (*Stores, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	// Enough connections that no handler's heartbeat queues behind others.
@@ -106,18 +111,19 @@ func newRedisStore(ctx context.Context, cfg config) (*storeSetup, error) {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis store: %w", err)
 	}
-	return &storeSetup{
-		store:  st,
-		ledger: newRedisLedger(client, cfg.RedisPrefix),
-		shared: true,
-		close:  func() { _ = client.Close() },
+	return &Stores{
+		Store:  st,
+		Admin:  st,
+		Ledger: newRedisLedger(client, cfg.RedisPrefix),
+		Shared: true,
+		Close:  func() { _ = st.Close(); _ = client.Close() },
 	}, nil
 }
 
 // concurrency is how many deliveries the worker handles at once, at most:
 // one per partition topic, times the receivers per topic; gochannel hands
 // out every published message at once, up to the producer's window.
-func concurrency(cfg config) int {
+func concurrency(cfg Config) int {
 	switch cfg.Broker {
 	case "gochannel":
 		return cfg.InFlight
@@ -131,7 +137,7 @@ func concurrency(cfg config) int {
 
 // storeAnswers is the readiness probe of a store: one read of a key that
 // does not exist.
-func storeAnswers(ctx context.Context, st store.Store) error {
+func storeAnswers(ctx context.Context, st store.Admin) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, err := st.Get(ctx, "oncemill-readyz", "probe")

@@ -1,4 +1,4 @@
-package main
+package worker
 
 // The worker's HTTP endpoints: /metrics (Prometheus), /healthz (the process
 // answers) and /readyz (the router runs and the store answers).

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -17,10 +17,10 @@ import (
 // watermill-aws. Each topic is a standard queue that the workers share. A
 // nacked message is not deleted: SQS hands it out again once the queue's
 // VisibilityTimeout has passed.
-func newSQS(cfg config, logger watermill.LoggerAdapter) (*broker, error) {
+func newSQS(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 	awsCfg := aws.Config{
 		Region:      "us-east-1",
-		Credentials: credentials.NewStaticCredentialsProvider(env("AWS_ACCESS_KEY_ID", "test"), env("AWS_SECRET_ACCESS_KEY", "test"), ""),
+		Credentials: credentials.NewStaticCredentialsProvider(Env("AWS_ACCESS_KEY_ID", "test"), Env("AWS_SECRET_ACCESS_KEY", "test"), ""),
 	}
 	endpoint := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(cfg.SQSEndpoint) }}
 	queue := wsqs.QueueConfigAttributes{
@@ -44,9 +44,9 @@ func newSQS(cfg config, logger watermill.LoggerAdapter) (*broker, error) {
 			ConsumeWorkers: cfg.SQSWorkers,
 		}, logger)
 	}
-	b := &broker{system: "aws_sqs", pub: pub, closers: []func() error{pub.Close}}
-	b.subscriber = func(string) (message.Subscriber, error) { return newSub() }
-	b.initTopics = func(ctx context.Context, names []string) error {
+	b := &Broker{System: "aws_sqs", Pub: pub, Closers: []func() error{pub.Close}}
+	b.Subscriber = func(string) (message.Subscriber, error) { return newSub() }
+	b.InitTopics = func(ctx context.Context, names []string) error {
 		sub, err := newSub()
 		if err != nil {
 			return fmt.Errorf("sqs subscriber: %w", err)

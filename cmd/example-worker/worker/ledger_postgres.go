@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -17,11 +17,11 @@ const ledgerTable = "oncemill_ledger"
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // postgresLedger books charges in a table of the store's database. With
-// oncemill in the one-transaction mode the handler runs inside the transaction that
-// claimed the "processed" record; the charge is written through
-// postgres.TxFromContext into that same transaction, so the charge and the
-// record commit together or not at all. Without a transaction (the
-// --no-idempotency baseline) it writes through the pool.
+// oncemill in the one-transaction mode the handler runs inside the
+// transaction that claimed the "processed" record; the charge is written
+// through postgres.TxFromContext into that same transaction, so the charge
+// and the record commit together or not at all. Without a transaction (a
+// handler run without oncemill) it writes through the pool.
 //
 // The table has no unique constraint on purpose: a second charge of a
 // payment must show up as a second row, not be hidden by the database.
@@ -66,7 +66,7 @@ CREATE INDEX IF NOT EXISTS %s ON %s (scope, payment_id);`,
 	return l, nil
 }
 
-func (l *postgresLedger) charge(ctx context.Context, c charge) error {
+func (l *postgresLedger) Charge(ctx context.Context, c Charge) error {
 	q := fmt.Sprintf(`INSERT INTO %s (scope, payment_id, message_uuid, fencing_token, attempt) VALUES ($1, $2, $3, $4, $5)`, l.table)
 	args := []any{c.Scope, c.PaymentID, c.MessageUUID, c.Token, c.Attempt}
 	if tx, ok := postgres.TxFromContext(ctx); ok {
@@ -77,7 +77,7 @@ func (l *postgresLedger) charge(ctx context.Context, c charge) error {
 	return err
 }
 
-func (l *postgresLedger) counts(ctx context.Context, scope string) (map[string]int, error) {
+func (l *postgresLedger) Counts(ctx context.Context, scope string) (map[string]int, error) {
 	rows, err := l.pool.Query(ctx, fmt.Sprintf(`SELECT payment_id, count(*) FROM %s WHERE scope = $1 GROUP BY payment_id`, l.table), scope)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: count: %w", err)

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -21,7 +21,7 @@ var kafkaVersion = sarama.V2_8_0_0
 // handler gets its own consumer group, <group>-<topic>, so workers that run
 // the same handlers share its partitions, and a rebalance of one topic does
 // not stop the others.
-func newKafka(cfg config, logger watermill.LoggerAdapter) (*broker, error) {
+func newKafka(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 	brokers := strings.Split(cfg.KafkaBrokers, ",")
 	pubCfg := kafka.DefaultSaramaSyncPublisherConfig()
 	pubCfg.Version = kafkaVersion
@@ -34,8 +34,8 @@ func newKafka(cfg config, logger watermill.LoggerAdapter) (*broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka publisher (%s): %w", cfg.KafkaBrokers, err)
 	}
-	b := &broker{system: "kafka", pub: pub, closers: []func() error{pub.Close}}
-	b.subscriber = func(group string) (message.Subscriber, error) {
+	b := &Broker{System: "kafka", Pub: pub, Closers: []func() error{pub.Close}}
+	b.Subscriber = func(group string) (message.Subscriber, error) {
 		return kafka.NewSubscriber(kafka.SubscriberConfig{
 			Brokers:               brokers,
 			Unmarshaler:           kafka.DefaultMarshaler{},
@@ -46,14 +46,14 @@ func newKafka(cfg config, logger watermill.LoggerAdapter) (*broker, error) {
 			NackResendSleep: 100 * time.Millisecond,
 		}, logger)
 	}
-	b.initTopics = func(ctx context.Context, names []string) error {
+	b.InitTopics = func(ctx context.Context, names []string) error {
 		return createKafkaTopics(brokers, names, cfg.KafkaPartitions)
 	}
 	return b, nil
 }
 
 // kafkaConsumerConfig is the sarama configuration of a consumer.
-func kafkaConsumerConfig(cfg config) *sarama.Config {
+func kafkaConsumerConfig(cfg Config) *sarama.Config {
 	c := kafka.DefaultSaramaSubscriberConfig()
 	c.Version = kafkaVersion
 	// A new group starts at the beginning of the topic: messages published

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -27,11 +27,11 @@ func (l *redisLedger) key(scope string) string {
 	return fmt.Sprintf("%s:ledger:{%s}", l.prefix, scope)
 }
 
-func (l *redisLedger) charge(ctx context.Context, c charge) error {
+func (l *redisLedger) Charge(ctx context.Context, c Charge) error {
 	return l.client.HIncrBy(ctx, l.key(c.Scope), c.PaymentID, 1).Err()
 }
 
-func (l *redisLedger) counts(ctx context.Context, scope string) (map[string]int, error) {
+func (l *redisLedger) Counts(ctx context.Context, scope string) (map[string]int, error) {
 	m, err := l.client.HGetAll(ctx, l.key(scope)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)

@@ -1,4 +1,4 @@
-package main
+package worker
 
 // Metrics and traces of the deployable worker: oncemill's OpenTelemetry
 // metrics exported to Prometheus on /metrics, and spans sent over OTLP/HTTP
@@ -19,13 +19,14 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 )
 
-type telemetry struct {
+// Telemetry is the worker's metrics (Prometheus registry) and traces.
+type Telemetry struct {
 	registry *prometheus.Registry
 	meters   *metric.MeterProvider
 	tracer   *trace.TracerProvider // nil: no traces exported
 }
 
-func newTelemetry(ctx context.Context, cfg config) (*telemetry, error) {
+func newTelemetry(ctx context.Context, cfg Config) (*Telemetry, error) {
 	res := resource.NewSchemaless(semconv.ServiceName("oncemill-example-worker"))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -33,7 +34,7 @@ func newTelemetry(ctx context.Context, cfg config) (*telemetry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
-	t := &telemetry{registry: reg, meters: metric.NewMeterProvider(metric.WithReader(exp), metric.WithResource(res))}
+	t := &Telemetry{registry: reg, meters: metric.NewMeterProvider(metric.WithReader(exp), metric.WithResource(res))}
 	if cfg.OTLPEndpoint != "" {
 		spans, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(cfg.OTLPEndpoint+"/v1/traces"))
 		if err != nil {
@@ -45,7 +46,7 @@ func newTelemetry(ctx context.Context, cfg config) (*telemetry, error) {
 }
 
 // shutdown flushes what is buffered.
-func (t *telemetry) shutdown(ctx context.Context) error {
+func (t *Telemetry) shutdown(ctx context.Context) error {
 	errs := []error{t.meters.Shutdown(ctx)}
 	if t.tracer != nil {
 		errs = append(errs, t.tracer.Shutdown(ctx))

@@ -1,48 +1,45 @@
-package main
+package worker
 
 // The consume mode: the deployable worker. It consumes the payments topics
-// until SIGTERM, then drains what is in flight and exits.
+// until SIGTERM, logging its progress, then drains what is in flight and
+// exits.
 
 import (
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"sync/atomic"
+	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/receiver"
 )
 
-func consume(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
+// Consume runs the worker until ctx ends (SIGTERM), then drains.
+func Consume(ctx context.Context, cfg Config, hooks Hooks, stdout, stderr io.Writer) error {
 	var logErrors atomic.Int64
-	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr, &logErrors)
+	log := NewLogger(cfg.LogLevel, cfg.LogFormat, stderr, &logErrors)
 	log.Info("Starting the worker", "broker", cfg.Broker, "store", cfg.Store, "topic_prefix", cfg.TopicPrefix,
-		"partitions", cfg.Partitions, "scope", cfg.Scope, "idempotency", !cfg.NoIdempotency)
+		"partitions", cfg.Partitions, "scope", cfg.Scope, "lease", cfg.Lease)
 
-	ss, err := newStore(ctx, cfg)
+	ss, err := OpenStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer ss.close()
-	b, err := newBroker(cfg, watermill.NewSlogLogger(log))
+	defer ss.Close()
+	b, err := OpenBroker(ctx, cfg, hooks, log)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = b.close() }()
-	tp := topics{prefix: cfg.TopicPrefix}
-	if err := b.initTopics(ctx, tp.all(cfg.Partitions)); err != nil {
-		return err
-	}
+	defer func() { _ = b.Close() }()
 	tel, err := newTelemetry(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tel.shutdown(context.WithoutCancel(ctx)) }()
-	return serve(ctx, cfg, log, b, ss, tel, stdout)
+	return serve(ctx, cfg, hooks, log, b, ss, tel, stdout)
 }
 
 // serve runs the router over b until ctx ends, then drains: the router
@@ -50,15 +47,11 @@ func consume(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 // in flight. Watermill closes the subscribers first, so a delivery that
 // finishes during the drain may lose its ack (Kafka drops it once the
 // subscriber closes) and come back after the restart; oncemill replays it.
-func serve(ctx context.Context, cfg config, log *slog.Logger, b *broker, ss *storeSetup, tel *telemetry, stdout io.Writer) error {
-	tp := topics{prefix: cfg.TopicPrefix}
-	keys, err := newKeyGenerator(cfg.Key)
-	if err != nil {
-		return fmt.Errorf("key generator: %w", err)
-	}
-	var outcomes tally
-	onEvent := func(ev pipeline.Event) {
-		outcomes.record(ev)
+func serve(ctx context.Context, cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores, tel *Telemetry, stdout io.Writer) error {
+	tp := Topics{Prefix: cfg.TopicPrefix}
+	var outcomes Tally
+	onEvent := func(ev receiver.Event) {
+		outcomes.Record(ev)
 		if log.Enabled(context.Background(), slog.LevelDebug) {
 			attrs := []any{"outcome", ev.Outcome.String(), "message_uuid", ev.MessageUUID, "key", ev.Key,
 				"attempt", ev.Attempt, "token", ev.Token, "takeover", ev.Takeover}
@@ -68,26 +61,15 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, b *broker, ss *sto
 			log.Debug("delivery", attrs...)
 		}
 	}
-	guard, err := newGuard(cfg, guardDeps{
-		store: ss.store, tx: ss.tx, keys: keys, log: log, onEvent: onEvent,
-		deadPub: b.pub, deadTopic: tp.deadLetters(), tel: tel, system: b.system,
+	router, err := NewRouter(cfg, hooks, log, b, ss, RouterOptions{
+		OnEvent:      onEvent,
+		First:        func(int) []message.HandlerMiddleware { return []message.HandlerMiddleware{finishOnShutdown} },
+		CloseTimeout: cfg.DrainTimeout,
+		DeadLetters:  true,
+		Telemetry:    tel,
 	})
 	if err != nil {
 		return err
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: cfg.DrainTimeout}, watermill.NewSlogLogger(log))
-	if err != nil {
-		return fmt.Errorf("router: %w", err)
-	}
-	h := &paymentHandler{gateway: newGateway(nil, cfg.Lease*3/2, cfg.Overlap, cfg.GatewayLatency), ledger: ss.ledger, scope: cfg.Scope}
-	for i := range cfg.Partitions {
-		topic := tp.payments(i)
-		sub, err := b.subscriber(cfg.ConsumerGroup + "-" + topic)
-		if err != nil {
-			return fmt.Errorf("subscriber of %s: %w", topic, err)
-		}
-		rh := router.AddHandler("payments-"+strconv.Itoa(i), topic, sub, tp.settlements(), b.handlerPublisher(), h.handle)
-		rh.AddMiddleware(finishOnShutdown, holdBeforeAck(cfg.HoldBeforeAck, stdout), guard)
 	}
 
 	routerDone := make(chan error, 1)
@@ -99,7 +81,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, b *broker, ss *sto
 				if !router.IsRunning() {
 					return fmt.Errorf("the router is not running")
 				}
-				return storeAnswers(ctx, ss.store)
+				return storeAnswers(ctx, ss.Admin)
 			},
 		}, log)
 		if err != nil {
@@ -116,25 +98,33 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, b *broker, ss *sto
 	case err := <-routerDone:
 		return fmt.Errorf("router stopped before running: %w", err)
 	}
-	fmt.Fprintln(stdout, "consuming:", tp.payments(0), "to", tp.payments(cfg.Partitions-1))
+	fmt.Fprintln(stdout, "consuming:", tp.Payments(0), "to", tp.Payments(cfg.Partitions-1))
 	log.Info("Consuming")
 
-	select {
-	case <-ctx.Done():
-	case err := <-routerDone:
-		return fmt.Errorf("router stopped: %w", err)
+	var tick <-chan time.Time
+	if cfg.Progress > 0 {
+		ticker := time.NewTicker(cfg.Progress)
+		defer ticker.Stop()
+		tick = ticker.C
+	}
+	for running := true; running; {
+		select {
+		case <-tick:
+			log.Info("Progress", outcomes.LogAttrs()...)
+		case <-ctx.Done():
+			running = false
+		case err := <-routerDone:
+			return fmt.Errorf("router stopped: %w", err)
+		}
 	}
 	log.Info("Draining the messages in flight", "timeout", cfg.DrainTimeout)
 	closeErr := router.Close()
 	<-routerDone
-	fmt.Fprintf(stdout, "consumed: executed=%d replayed=%d failure_cached=%d failure_replayed=%d released=%d in_progress_nacked=%d rejected=%d store_failed=%d\n",
-		outcomes.count(pipeline.OutcomeExecuted), outcomes.count(pipeline.OutcomeReplayed), outcomes.count(pipeline.OutcomeFailureCached),
-		outcomes.count(pipeline.OutcomeFailureReplayed), outcomes.count(pipeline.OutcomeReleased), outcomes.count(pipeline.OutcomeHeldKeyNacked),
-		outcomes.count(pipeline.OutcomeRejected), outcomes.count(pipeline.OutcomeStoreFailed))
+	fmt.Fprintf(stdout, "consumed: deliveries=%d %s\n", outcomes.Deliveries(), outcomes.Outcomes())
 	if closeErr != nil {
 		return fmt.Errorf("drain: %w", closeErr)
 	}
-	log.Info("Drained; exiting")
+	log.Info("Drained; exiting", outcomes.LogAttrs()...)
 	return nil
 }
 

@@ -1,8 +1,9 @@
 package main
 
-// Accounting: the tally of what oncemill decided for each delivery, and the
-// tracker of deliveries through the broker. The ledger the handler writes
-// (the side effect we must not repeat) is in effects.go.
+// Accounting beyond the example worker's demo: the tally's takeovers and
+// contended keys, and the tracker of deliveries through the broker, per
+// partition (so that concurrent copies meet), with the settlements the
+// handlers produced and the settlements topic received.
 
 import (
 	"context"
@@ -12,14 +13,15 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/cmd/example-worker/worker"
+	"github.com/oncemill/oncemill/receiver"
 )
 
 // tally counts the outcome of every delivery, from the events oncemill
-// reports (or the baseline reports with --no-idempotency).
+// reports (or the baseline reports with --no-idempotency), and the
+// takeovers and contended keys among them.
 type tally struct {
-	outcomes  [pipeline.OutcomeStoreFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
-	acked     atomic.Int64
+	worker.Tally
 	takeovers atomic.Int64
 
 	// contended holds the keys a delivery found held by another running
@@ -28,15 +30,8 @@ type tally struct {
 	contended map[string]struct{}
 }
 
-func (t *tally) record(ev pipeline.Event) {
-	o := ev.Outcome
-	if o < 0 || int(o) >= len(t.outcomes) {
-		o = 0
-	}
-	t.outcomes[o].Add(1)
-	if ev.Outcome.Acked() {
-		t.acked.Add(1)
-	}
+func (t *tally) record(ev receiver.Event) {
+	t.Record(ev)
 	if ev.Takeover {
 		t.takeovers.Add(1)
 	}
@@ -50,23 +45,11 @@ func (t *tally) record(ev pipeline.Event) {
 	}
 }
 
-// contendedKeys is how many keys were found in progress at least once.
+// contendedKeys is how many keys were found held by another delivery at least once.
 func (t *tally) contendedKeys() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.contended)
-}
-
-func (t *tally) count(o pipeline.Outcome) int64 { return t.outcomes[o].Load() }
-
-// replays counts deliveries answered from a stored success (the handler was
-// not called; the stored settlement was returned again).
-func (t *tally) replays() int64 { return t.count(pipeline.OutcomeReplayed) }
-
-// cachedFailures counts deliveries acked as a cached failure: the first time
-// (FailureCached) or replayed to a duplicate (FailureReplayed).
-func (t *tally) cachedFailures() int64 {
-	return t.count(pipeline.OutcomeFailureCached) + t.count(pipeline.OutcomeFailureReplayed)
 }
 
 // tracker follows deliveries through the broker: how many are published and

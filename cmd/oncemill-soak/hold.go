@@ -40,7 +40,7 @@ func holdBeforeAck(paymentID string, out io.Writer) message.HandlerMiddleware {
 			}
 			fmt.Fprintf(out, "hold: uuid=%s produced=%s\n", msg.UUID, strings.Join(produced, ","))
 			time.Sleep(holdLimit)
-			fmt.Fprintf(os.Stderr, "example-worker: held %v and nobody killed the process; exiting\n", holdLimit)
+			fmt.Fprintf(os.Stderr, "oncemill-soak: held %v and nobody killed the process; exiting\n", holdLimit)
 			os.Exit(3)
 			return msgs, err
 		}

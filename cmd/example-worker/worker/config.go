@@ -1,0 +1,255 @@
+package worker
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Config is everything the worker needs; flags fill it (RegisterFlags).
+type Config struct {
+	Mode   string // run, produce or consume
+	Broker string
+	Store  string
+
+	Partitions int           // router handlers, one topic each: payments-0, payments-1, ...
+	Lease      time.Duration // oncemill lease; heartbeat lease/3, held-key wait 3x lease
+	Progress   time.Duration // progress interval; 0 turns it off
+
+	// The demo (run and produce modes).
+	Count    int           // unique payment commands
+	Timeout  time.Duration // give up (and fail) after this long
+	InFlight int           // most deliveries published and not yet acked
+	Seed     uint64        // picks the commands and their duplicates
+
+	Key       string // content (canonical JSON without the envelope) or uuid
+	LogLevel  string
+	LogFormat string // text or json
+
+	// Where the services are; flags, else ONCEMILL_* variables, else these.
+	PostgresDSN  string
+	RedisAddr    string
+	KafkaBrokers string // comma-separated
+	AMQPURL      string
+	SQSEndpoint  string
+	OTLPEndpoint string // OTLP/HTTP traces endpoint; empty: no traces exported
+
+	// Names, so deployments and test runs do not collide.
+	TopicPrefix   string // before every topic and queue name
+	ConsumerGroup string // Kafka consumer group (one per topic: <group>-<topic>)
+	Scope         string // oncemill key space and ledger scope
+	PGSchema      string // schema of the records and ledger tables
+	RedisPrefix   string // prefix of the records and ledger keys
+
+	// Broker settings.
+	KafkaPartitions      int           // partitions of each topic the worker creates
+	KafkaSessionTimeout  time.Duration // consumer group session timeout
+	SQSVisibilityTimeout time.Duration // of the queues the worker creates
+	SQSWorkers           int           // concurrent receivers per queue
+
+	// The deployable worker.
+	HTTPAddr     string        // /metrics, /healthz, /readyz; empty: off
+	DrainTimeout time.Duration // how long SIGTERM waits for messages in flight
+}
+
+// DefaultConfig is the configuration without flags.
+func DefaultConfig() Config {
+	return Config{
+		Mode:       "run",
+		Broker:     "gochannel",
+		Store:      "memory",
+		Partitions: 8,
+		Lease:      time.Second,
+		Progress:   time.Second,
+		Count:      10000,
+		Timeout:    2 * time.Minute,
+		InFlight:   2048,
+		Seed:       1,
+		Key:        "content",
+		LogLevel:   "off",
+		LogFormat:  "text",
+
+		PostgresDSN:  Env("ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test"),
+		RedisAddr:    Env("ONCEMILL_REDIS_ADDR", "127.0.0.1:6379"),
+		KafkaBrokers: Env("ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092"),
+		AMQPURL:      Env("ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		SQSEndpoint:  Env("ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+		OTLPEndpoint: Env("ONCEMILL_OTLP_ENDPOINT", ""),
+
+		TopicPrefix:   Env("ONCEMILL_TOPIC_PREFIX", ""),
+		ConsumerGroup: Env("ONCEMILL_CONSUMER_GROUP", "oncemill-worker"),
+		Scope:         Env("ONCEMILL_SCOPE", "payments"),
+		PGSchema:      Env("ONCEMILL_POSTGRES_SCHEMA", "oncemill"),
+		RedisPrefix:   Env("ONCEMILL_REDIS_PREFIX", "oncemill"),
+
+		KafkaPartitions:      1,
+		KafkaSessionTimeout:  10 * time.Second,
+		SQSVisibilityTimeout: 30 * time.Second,
+		SQSWorkers:           4,
+
+		HTTPAddr:     Env("ONCEMILL_HTTP_ADDR", ""),
+		DrainTimeout: 30 * time.Second,
+	}
+}
+
+// Env returns the environment variable name, or def when it is unset or empty.
+func Env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// The names --broker, --store, --mode, --log-level, --log-format and --key accept.
+var (
+	brokerNames = []string{"gochannel", "kafka", "amqp", "sqs"}
+	storeNames  = []string{"memory", "postgres", "redis"}
+	modeNames   = []string{"run", "produce", "consume"}
+	logLevels   = []string{"off", "error", "info", "debug", "trace"}
+	logFormats  = []string{"text", "json"}
+	keyKinds    = []string{"content", "uuid"}
+)
+
+// RegisterFlags defines the example worker's flags on fs, filling c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Mode, "mode", c.Mode, "run (the demo: producer and consumer in one process, then the summary line), produce (publish the demo workload and exit) or consume (the deployable worker, until SIGTERM)")
+	fs.StringVar(&c.Broker, "broker", c.Broker, "message broker: "+strings.Join(brokerNames, ", "))
+	fs.StringVar(&c.Store, "store", c.Store, "idempotency store: "+strings.Join(storeNames, ", ")+" (postgres: the one-transaction mode)")
+	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "router handlers, each on its own topic: payments-0, payments-1, ... (after --topic-prefix)")
+	fs.DurationVar(&c.Lease, "lease", c.Lease, "oncemill lease; the heartbeat is lease/3 and a duplicate waits up to 3x lease for a running one")
+	fs.DurationVar(&c.Progress, "progress", c.Progress, "progress interval: a line on stderr in run mode, a log record in consume mode (there 10s unless set); 0 turns it off")
+	fs.IntVar(&c.Count, "count", c.Count, "run and produce modes: unique payment commands to publish (duplicates come on top)")
+	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "run and produce modes: fail if the workload is not done within this time")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level on stderr: "+strings.Join(logLevels, ", ")+" (consume mode: info unless set)")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format on stderr: text or json (consume mode: json unless set)")
+
+	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL for --store=postgres [$ONCEMILL_POSTGRES_DSN]")
+	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis for --store=redis [$ONCEMILL_REDIS_ADDR]")
+	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka brokers for --broker=kafka [$ONCEMILL_KAFKA_BROKERS]")
+	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ for --broker=amqp [$ONCEMILL_AMQP_URL]")
+	fs.StringVar(&c.SQSEndpoint, "sqs-endpoint", c.SQSEndpoint, "SQS endpoint for --broker=sqs (region us-east-1, static credentials) [$ONCEMILL_SQS_ENDPOINT]")
+	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", c.OTLPEndpoint, "OTLP/HTTP endpoint for traces, e.g. http://jaeger:4318; empty: none [$ONCEMILL_OTLP_ENDPOINT]")
+	fs.StringVar(&c.TopicPrefix, "topic-prefix", c.TopicPrefix, "prefix of every topic and queue: payments-<i>, settlements, dead-letters (run mode on a real broker: a fresh one per run unless set) [$ONCEMILL_TOPIC_PREFIX]")
+	fs.StringVar(&c.ConsumerGroup, "consumer-group", c.ConsumerGroup, "Kafka consumer group; each topic is consumed by <group>-<topic> [$ONCEMILL_CONSUMER_GROUP]")
+	fs.StringVar(&c.Scope, "scope", c.Scope, "oncemill scope (key space) and ledger scope (run mode on a shared store: a fresh one per run) [$ONCEMILL_SCOPE]")
+	fs.StringVar(&c.PGSchema, "postgres-schema", c.PGSchema, "schema of the records and ledger tables [$ONCEMILL_POSTGRES_SCHEMA]")
+	fs.StringVar(&c.RedisPrefix, "redis-prefix", c.RedisPrefix, "prefix of the records and ledger keys [$ONCEMILL_REDIS_PREFIX]")
+	fs.IntVar(&c.KafkaPartitions, "kafka-partitions", c.KafkaPartitions, "partitions of each Kafka topic the worker creates")
+	fs.DurationVar(&c.KafkaSessionTimeout, "kafka-session-timeout", c.KafkaSessionTimeout, "Kafka consumer group session timeout: how long a crashed worker's partitions wait before another takes them (below 30s)")
+	fs.DurationVar(&c.SQSVisibilityTimeout, "sqs-visibility-timeout", c.SQSVisibilityTimeout, "VisibilityTimeout of the SQS queues the worker creates: when a nacked or unacked message comes back (whole seconds)")
+	fs.IntVar(&c.SQSWorkers, "sqs-workers", c.SQSWorkers, "concurrent receivers per SQS queue")
+	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of /metrics, /healthz and /readyz; empty: off (consume mode: :8080 unless set) [$ONCEMILL_HTTP_ADDR]")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM, how long to wait for messages in flight before exiting")
+}
+
+// ApplyModeDefaults adapts defaults where the flag was not set (set names
+// the flags that were). A run on gochannel with a shared store keeps at
+// most 32 deliveries in flight: gochannel hands every published message to
+// a handler at once, and thousands of handlers queueing for the store's
+// connections would stall heartbeats past the lease (and, in PostgreSQL's
+// one-transaction mode, each handler holds a pooled connection). The
+// deployable worker (consume mode) logs at info in JSON, reports progress
+// every 10s and serves its HTTP endpoints on :8080.
+func (c *Config) ApplyModeDefaults(set map[string]bool) {
+	if c.Mode == "run" && c.Store != "memory" && c.Broker == "gochannel" && !set["inflight"] {
+		c.InFlight = 32
+	}
+	if c.Mode != "consume" {
+		return
+	}
+	if !set["log-level"] {
+		c.LogLevel = "info"
+	}
+	if !set["log-format"] {
+		c.LogFormat = "json"
+	}
+	if !set["progress"] {
+		c.Progress = 10 * time.Second
+	}
+	if !set["http-addr"] && c.HTTPAddr == "" {
+		c.HTTPAddr = ":8080"
+	}
+}
+
+// ParseFlags parses args (without the program name) on fs, where the
+// caller has registered its flags, applies the mode defaults to c and
+// validates it.
+func (c *Config) ParseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.ApplyModeDefaults(set)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: %s takes flags only", fs.Arg(0), fs.Name())
+	}
+	return c.Validate()
+}
+
+// Validate reports the first setting that cannot work, naming its flag.
+func (c Config) Validate() error {
+	switch {
+	case c.Count < 1:
+		return fmt.Errorf("--count=%d: publish at least one command", c.Count)
+	case c.Partitions < 1:
+		return fmt.Errorf("--partitions=%d: run at least one partition", c.Partitions)
+	case c.Lease <= 0:
+		return fmt.Errorf("--lease=%v: must be above zero", c.Lease)
+	case c.Timeout <= 0:
+		return fmt.Errorf("--timeout=%v: must be above zero", c.Timeout)
+	case c.Progress < 0:
+		return fmt.Errorf("--progress=%v: use 0 to turn progress off", c.Progress)
+	case c.InFlight < 2:
+		return fmt.Errorf("--inflight=%d: allow at least 2 deliveries in flight (a concurrent duplicate is two)", c.InFlight)
+	case c.KafkaPartitions < 1:
+		return fmt.Errorf("--kafka-partitions=%d: create at least one partition", c.KafkaPartitions)
+	case c.KafkaSessionTimeout <= 0:
+		return fmt.Errorf("--kafka-session-timeout=%v: must be above zero", c.KafkaSessionTimeout)
+	case c.KafkaSessionTimeout >= 30*time.Second:
+		return fmt.Errorf("--kafka-session-timeout=%v: must be below sarama's 30s network read timeout, which also bounds the rebalance (set to the session timeout)", c.KafkaSessionTimeout)
+	case c.SQSVisibilityTimeout < time.Second || c.SQSVisibilityTimeout%time.Second != 0:
+		return fmt.Errorf("--sqs-visibility-timeout=%v: SQS takes whole seconds, at least 1s", c.SQSVisibilityTimeout)
+	case c.SQSWorkers < 1:
+		return fmt.Errorf("--sqs-workers=%d: run at least one receiver", c.SQSWorkers)
+	case c.DrainTimeout <= 0:
+		return fmt.Errorf("--drain-timeout=%v: must be above zero", c.DrainTimeout)
+	case c.Scope == "":
+		return errors.New("--scope is empty: name the key space")
+	}
+	for _, f := range []struct {
+		flag, v string
+		allowed []string
+	}{
+		{"log-level", c.LogLevel, logLevels},
+		{"log-format", c.LogFormat, logFormats},
+		{"broker", c.Broker, brokerNames},
+		{"store", c.Store, storeNames},
+		{"mode", c.Mode, modeNames},
+		{"key", c.Key, keyKinds},
+	} {
+		if err := OneOf(f.flag, f.v, f.allowed); err != nil {
+			return err
+		}
+	}
+	switch {
+	case c.Mode == "consume" && c.Broker == "gochannel":
+		return errors.New("--mode=consume with --broker=gochannel: gochannel lives in one process, so nothing could reach this worker; choose kafka, amqp or sqs")
+	case c.Mode == "produce" && c.Broker == "gochannel":
+		return errors.New("--mode=produce with --broker=gochannel: gochannel lives in one process, so no worker could read what is produced; choose kafka, amqp or sqs")
+	}
+	return nil
+}
+
+// OneOf reports an error naming flag unless v is one of allowed.
+func OneOf(flag, v string, allowed []string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("--%s=%q is not available; choose one of: %s", flag, v, strings.Join(allowed, ", "))
+}

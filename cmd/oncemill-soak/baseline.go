@@ -1,0 +1,41 @@
+package main
+
+// The negative control (--no-idempotency): the payment handler without
+// oncemill. It shows that the workload does produce double effects, so a run
+// with oncemill that has none proves something; it is also the baseline of
+// the throughput benchmark.
+
+import (
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/cmd/example-worker/worker"
+	"github.com/oncemill/oncemill/receiver"
+)
+
+// withoutIdempotency replaces oncemill's receiver: the handler runs as a
+// plain Watermill consumer runs it, so every delivery executes. A failure
+// marked permanent is logged and acked, as a plain handler must (a nack would
+// be redelivered forever); any other failure is nacked and redelivered. It
+// reports the same events as oncemill, so the accounting is shared.
+func withoutIdempotency(_ worker.Config, d worker.GuardDeps) (message.HandlerMiddleware, error) {
+	logger := watermill.NewSlogLogger(d.Log)
+	var classify receiver.Policy
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			msgs, err := h(msg)
+			ev := receiver.Event{MessageUUID: msg.UUID, Outcome: receiver.OutcomeExecuted, Err: err}
+			switch {
+			case err == nil:
+			case classify.IsPermanent(err):
+				ev.Outcome = receiver.OutcomeFailureCached
+				logger.Error("Handler failed permanently; the message is acked", err, watermill.LogFields{"message_uuid": msg.UUID})
+				msgs, err = nil, nil
+			default:
+				ev.Outcome = receiver.OutcomeReleased
+			}
+			d.OnEvent(ev)
+			return msgs, err
+		}
+	}, nil
+}
