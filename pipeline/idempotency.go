@@ -213,7 +213,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 	}
 	var w waiter
 	for {
-		res, err := s.begin(msg.Context(), req)
+		res, err := s.begin(msg.Context(), &req)
 		if err != nil {
 			return s.storeFailed(d, err)
 		}
@@ -386,9 +386,9 @@ func (s *Idempotency) toDeadLetter(d *delivery, reason string, err error) error 
 }
 
 // begin, release and extend are the store's calls, measured.
-func (s *Idempotency) begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+func (s *Idempotency) begin(ctx context.Context, req *store.BeginRequest) (store.BeginResult, error) {
 	ctx, m := s.tel.startStore(ctx, opBegin)
-	res, err := s.store.Begin(ctx, req)
+	res, err := s.store.Begin(ctx, *req)
 	m.end(ctx, err)
 	if err == nil {
 		s.storeAnswered()

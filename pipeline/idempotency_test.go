@@ -738,7 +738,7 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 	t.Cleanup(func() { _ = st.Close() })
 	p := policy.Policy{}.WithDefaults()
 	p.Lease, p.Heartbeat = time.Second, 200*time.Millisecond
-	p.HeldKey, p.NackDelay = policy.HeldKeyNack, 0
+	p.HeldKey, p.NackDelay = policy.HeldKeyNack, -1
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
 		Store: slowExtend{Store: st, delay: 400 * time.Millisecond}, // slower than a beat, within the lease
 		Keys:  keygen.UUID(), Scope: "s", Policy: p,
