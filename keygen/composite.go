@@ -5,9 +5,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/oncemill/oncemill"
-
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill"
 )
 
 // Composite keys a message by several generators at once, for example a

@@ -31,6 +31,7 @@ func mustComposite(t *testing.T, parts ...keygen.Generator) keygen.Generator {
 }
 
 func TestCompositeKey(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		parts []string
 		want  string
@@ -54,6 +55,7 @@ func TestCompositeKey(t *testing.T) {
 }
 
 func TestCompositeIsUnambiguous(t *testing.T) {
+	t.Parallel()
 	tuples := [][]string{
 		{"a:b", "c"}, {"a", "b:c"}, {"a", "b", "c"}, {"ab", "c"}, {"a", "bc"}, {"abc"},
 		{"1:a", "b"}, {"1", "a|1:b"}, {"a|1:b"}, {"a", "1:b"}, {"3:a:b|1:c"}, {"|", "|"}, {"||"},
@@ -73,9 +75,11 @@ func TestCompositeIsUnambiguous(t *testing.T) {
 }
 
 func TestCompositeErrors(t *testing.T) {
+	t.Parallel()
 	failing := keygen.Func(func(*message.Message) (string, error) { return "", errors.New("boom") })
 
 	t.Run("part error is wrapped with its index", func(t *testing.T) {
+		t.Parallel()
 		g := mustComposite(t, constKey("a"), keygen.UUID())
 		_, err := g.Key(message.NewMessage("", nil))
 		if !errors.Is(err, keygen.ErrEmptyUUID) || !errors.Is(err, keygen.ErrNoKey) {
@@ -86,29 +90,34 @@ func TestCompositeErrors(t *testing.T) {
 		}
 	})
 	t.Run("custom error", func(t *testing.T) {
+		t.Parallel()
 		_, err := mustComposite(t, failing).Key(msgWith(""))
 		if err == nil || err.Error() != "composite part 0: boom" {
 			t.Fatalf("err = %v", err)
 		}
 	})
 	t.Run("empty part key", func(t *testing.T) {
+		t.Parallel()
 		_, err := mustComposite(t, constKey("a"), constKey("")).Key(msgWith(""))
 		if !errors.Is(err, keygen.ErrEmptyKey) || !errors.Is(err, keygen.ErrNoKey) {
 			t.Fatalf("err = %v, want ErrEmptyKey", err)
 		}
 	})
 	t.Run("no parts", func(t *testing.T) {
+		t.Parallel()
 		if g, err := keygen.Composite(); !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil {
 			t.Fatalf("Composite() = %v, %v", g, err)
 		}
 	})
 	t.Run("nil part", func(t *testing.T) {
+		t.Parallel()
 		g, err := keygen.Composite(keygen.UUID(), nil)
 		if !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil || !strings.Contains(err.Error(), "part 1 is nil") {
 			t.Fatalf("Composite(UUID, nil) = %v, %v", g, err)
 		}
 	})
 	t.Run("caller's slice is copied", func(t *testing.T) {
+		t.Parallel()
 		parts := []keygen.Generator{constKey("a")}
 		g := mustComposite(t, parts...)
 		parts[0] = constKey("b")
@@ -119,6 +128,7 @@ func TestCompositeErrors(t *testing.T) {
 }
 
 func TestCompositeFingerprint(t *testing.T) {
+	t.Parallel()
 	content := newContentHash(t, keygen.ContentHashOptions{})
 	tenant, _ := keygen.Metadata("tenant")
 	msg := msgWith(`{"a":1}`, "tenant", "t1")
@@ -137,6 +147,7 @@ func TestCompositeFingerprint(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			g := mustComposite(t, tt.parts...)
 			if got := keygen.FingerprintOf(g, msg); got != tt.want {
 				t.Errorf("fingerprint = %q, want %q", got, tt.want)

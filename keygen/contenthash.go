@@ -6,9 +6,9 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/oncemill/oncemill"
-
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill"
 )
 
 // ContentHashOptions configures ContentHash.

@@ -46,6 +46,7 @@ func mustKey(t testing.TB, g keygen.Generator, msg *message.Message) string {
 }
 
 func TestContentHashKeyFormat(t *testing.T) {
+	t.Parallel()
 	k := mustKey(t, newContentHash(t, keygen.ContentHashOptions{}), msgWith(`{"a":1}`))
 	if len(k) != 71 || !strings.HasPrefix(k, "sha256:") {
 		t.Fatalf("key %q: want sha256: and 64 hex digits", k)
@@ -58,6 +59,7 @@ func TestContentHashKeyFormat(t *testing.T) {
 // The key is SHA-256 over a domain byte, the metadata block and the body,
 // exactly as docs/keys.md describes; this pins the construction.
 func TestContentHashConstruction(t *testing.T) {
+	t.Parallel()
 	want := func(domain byte, meta [][2]string, body string) string {
 		var b []byte
 		b = append(b, domain)
@@ -89,6 +91,7 @@ func TestContentHashConstruction(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			if got := mustKey(t, tt.g, tt.msg); got != tt.want {
 				t.Errorf("key = %s, want %s", got, tt.want)
 			}
@@ -97,6 +100,7 @@ func TestContentHashConstruction(t *testing.T) {
 }
 
 func TestContentHashEqualJSON(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		a, b string
@@ -137,6 +141,7 @@ func TestContentHashEqualJSON(t *testing.T) {
 	g := newContentHash(t, keygen.ContentHashOptions{RejectNonJSON: true})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			a, b := mustKey(t, g, msgWith(tt.a)), mustKey(t, g, msgWith(tt.b))
 			if a != b {
 				t.Errorf("%s and %s hash differently", tt.a, tt.b)
@@ -146,6 +151,7 @@ func TestContentHashEqualJSON(t *testing.T) {
 }
 
 func TestContentHashDifferentJSON(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		a, b string
@@ -177,6 +183,7 @@ func TestContentHashDifferentJSON(t *testing.T) {
 	g := newContentHash(t, keygen.ContentHashOptions{RejectNonJSON: true})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			a, b := mustKey(t, g, msgWith(tt.a)), mustKey(t, g, msgWith(tt.b))
 			if a == b {
 				t.Errorf("%s and %s hash the same", tt.a, tt.b)
@@ -186,6 +193,7 @@ func TestContentHashDifferentJSON(t *testing.T) {
 }
 
 func TestContentHashExclude(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		exclude []string
@@ -229,6 +237,7 @@ func TestContentHashExclude(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			g := newContentHash(t, keygen.ContentHashOptions{Exclude: tt.exclude, RejectNonJSON: true})
 			a, b := mustKey(t, g, msgWith(tt.a)), mustKey(t, g, msgWith(tt.b))
 			if (a == b) != tt.equal {
@@ -241,6 +250,7 @@ func TestContentHashExclude(t *testing.T) {
 // An excluded member is still part of the payload: it must be valid JSON,
 // and it counts for duplicate keys.
 func TestContentHashExcludedMembersAreStillChecked(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{Exclude: []string{"sent_at", "meta.x"}, RejectNonJSON: true})
 	for _, p := range []string{
 		`{"sent_at":tru,"a":1}`,
@@ -256,6 +266,7 @@ func TestContentHashExcludedMembersAreStillChecked(t *testing.T) {
 }
 
 func TestContentHashIncludeMetadata(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{IncludeMetadata: []string{"tenant", "region"}})
 	payload := `{"order":7}`
 	base := mustKey(t, g, msgWith(payload, "tenant", "t1", "region", "eu", "trace", "a"))
@@ -275,6 +286,7 @@ func TestContentHashIncludeMetadata(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			if got := mustKey(t, g, tt.msg); (got == base) != tt.equal {
 				t.Errorf("equal = %v, want %v", got == base, tt.equal)
 			}
@@ -282,17 +294,20 @@ func TestContentHashIncludeMetadata(t *testing.T) {
 	}
 
 	t.Run("missing and empty are the same", func(t *testing.T) {
+		t.Parallel()
 		if mustKey(t, g, msgWith(payload, "tenant", "t1")) != mustKey(t, g, msgWith(payload, "tenant", "t1", "region", "")) {
 			t.Error("a missing field and an empty one hash differently")
 		}
 	})
 	t.Run("order of names does not matter", func(t *testing.T) {
+		t.Parallel()
 		g2 := newContentHash(t, keygen.ContentHashOptions{IncludeMetadata: []string{"region", "tenant", "region"}})
 		if mustKey(t, g2, msgWith(payload, "tenant", "t1", "region", "eu")) != base {
 			t.Error("IncludeMetadata order changed the key")
 		}
 	})
 	t.Run("values cannot shift between fields", func(t *testing.T) {
+		t.Parallel()
 		a := mustKey(t, g, msgWith(payload, "region", "eut1"))
 		b := mustKey(t, g, msgWith(payload, "region", "eu", "tenant", "t1"))
 		c := mustKey(t, g, msgWith(payload, "tenant", "eut1"))
@@ -301,6 +316,7 @@ func TestContentHashIncludeMetadata(t *testing.T) {
 		}
 	})
 	t.Run("applies to non-JSON payloads", func(t *testing.T) {
+		t.Parallel()
 		if mustKey(t, g, msgWith("raw", "tenant", "t1")) == mustKey(t, g, msgWith("raw", "tenant", "t2")) {
 			t.Error("tenant ignored for a raw payload")
 		}
@@ -308,6 +324,7 @@ func TestContentHashIncludeMetadata(t *testing.T) {
 }
 
 func TestContentHashNonJSON(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{})
 	raw := []string{`hello`, `{"a":1`, `{"a":1}x`, "\"\xff\"", `{"a":1,"a":1}`, ``, ` `, `{'a':1}`}
 	seen := map[string]string{}
@@ -334,6 +351,7 @@ func TestContentHashNonJSON(t *testing.T) {
 }
 
 func TestContentHashRejectNonJSON(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		payload string
@@ -375,6 +393,7 @@ func TestContentHashRejectNonJSON(t *testing.T) {
 	g := newContentHash(t, keygen.ContentHashOptions{RejectNonJSON: true, Exclude: []string{"sent_at"}})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			k, err := g.Key(msgWith(tt.payload))
 			if !errors.Is(err, keygen.ErrNotJSON) || !errors.Is(err, keygen.ErrNoKey) {
 				t.Fatalf("Key = %q, %v; want ErrNotJSON and ErrNoKey", k, err)
@@ -390,6 +409,7 @@ func TestContentHashRejectNonJSON(t *testing.T) {
 }
 
 func TestContentHashDepth(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{RejectNonJSON: true})
 	nest := func(n int, open, close string) string {
 		return strings.Repeat(open, n) + "1" + strings.Repeat(close, n)
@@ -410,6 +430,7 @@ func TestContentHashDepth(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := g.Key(msgWith(tt.payload))
 			if tt.ok && err != nil {
 				t.Fatalf("err = %v", err)
@@ -476,6 +497,7 @@ func TestContentHashLargePayload(t *testing.T) {
 }
 
 func TestContentHashEmptyPayload(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{})
 	// Empty is not JSON: every empty payload is the same raw content.
 	if a, b := mustKey(t, g, msgWith("")), mustKey(t, g, message.NewMessage("other", nil)); a != b {
@@ -491,6 +513,7 @@ func TestContentHashEmptyPayload(t *testing.T) {
 }
 
 func TestContentHashFingerprintIsEmpty(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{})
 	f, ok := g.(keygen.Fingerprinter)
 	if !ok {
@@ -507,6 +530,7 @@ func TestContentHashFingerprintIsEmpty(t *testing.T) {
 }
 
 func TestContentHashInvalidOptions(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		opts keygen.ContentHashOptions
@@ -521,6 +545,7 @@ func TestContentHashInvalidOptions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			g, err := keygen.ContentHash(tt.opts)
 			if !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil {
 				t.Fatalf("ContentHash = %v, %v; want ErrInvalidOptions", g, err)
@@ -533,6 +558,7 @@ func TestContentHashInvalidOptions(t *testing.T) {
 }
 
 func TestContentHashNilMessage(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{})
 	if _, err := g.Key(nil); !errors.Is(err, keygen.ErrNoKey) {
 		t.Errorf("err = %v, want ErrNoKey", err)
@@ -541,6 +567,7 @@ func TestContentHashNilMessage(t *testing.T) {
 
 // Generators are shared by all handler goroutines; run with -race.
 func TestContentHashConcurrent(t *testing.T) {
+	t.Parallel()
 	g := newContentHash(t, keygen.ContentHashOptions{Exclude: []string{"sent_at"}, IncludeMetadata: []string{"tenant"}})
 	payloads := []string{`{"b":1,"a":[1,2,{"sent_at":3}]}`, `raw`, `{"x":"\u0041"}`, strings.Repeat("[", 50) + strings.Repeat("]", 50)}
 	want := make([]string, len(payloads))

@@ -9,6 +9,7 @@ import (
 )
 
 func TestPayloadFingerprint(t *testing.T) {
+	t.Parallel()
 	// Published XXH64 test vectors (seed 0), so the fingerprint stays the
 	// same across versions and processes sharing a store.
 	for p, want := range map[string]string{
@@ -36,6 +37,7 @@ func TestPayloadFingerprint(t *testing.T) {
 }
 
 func TestFingerprintOf(t *testing.T) {
+	t.Parallel()
 	msg := msgWith(`{"a":1}`)
 	tenant, _ := keygen.Metadata("tenant")
 	tests := []struct {
@@ -52,6 +54,7 @@ func TestFingerprintOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			if got := keygen.FingerprintOf(tt.g, msg); got != tt.want {
 				t.Errorf("FingerprintOf = %q, want %q", got, tt.want)
 			}
@@ -62,6 +65,7 @@ func TestFingerprintOf(t *testing.T) {
 // The scenario docs/keys.md warns about: a producer re-sends the same
 // logical message with the same id but a new sent_at inside the payload.
 func TestFingerprintResendWithNewTimestamp(t *testing.T) {
+	t.Parallel()
 	first := message.NewMessage("id-1", []byte(`{"order":7,"meta":{"sent_at":"10:00"}}`))
 	first.Metadata.Set("Idempotency-Key", "ord-7")
 	again := message.NewMessage("id-1", []byte(`{"order":7,"meta":{"sent_at":"10:05"}}`))
@@ -83,6 +87,7 @@ func TestFingerprintResendWithNewTimestamp(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			if mustKey(t, tt.g, first) != mustKey(t, tt.g, again) {
 				t.Fatal("keys differ")
 			}

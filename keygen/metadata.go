@@ -1,9 +1,9 @@
 package keygen
 
 import (
-	"github.com/oncemill/oncemill"
-
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill"
 )
 
 // Metadata keys a message by one metadata field, such as an idempotency key

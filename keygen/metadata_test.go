@@ -12,6 +12,7 @@ import (
 )
 
 func TestMetadata(t *testing.T) {
+	t.Parallel()
 	withMeta := func(md message.Metadata) *message.Message {
 		msg := message.NewMessage("uuid-1", []byte(`{}`))
 		msg.Metadata = md
@@ -35,6 +36,7 @@ func TestMetadata(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			got, err := g.Key(tt.msg)
 			if !tt.wantErr {
 				if err != nil || got != tt.want {
@@ -64,6 +66,7 @@ func TestMetadata(t *testing.T) {
 }
 
 func TestMetadataEmptyFieldName(t *testing.T) {
+	t.Parallel()
 	g, err := keygen.Metadata("")
 	if !errors.Is(err, oncemill.ErrInvalidConfig) || g != nil {
 		t.Fatalf("Metadata(\"\") = %v, %v; want nil, ErrInvalidOptions", g, err)

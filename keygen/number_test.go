@@ -6,6 +6,7 @@ import (
 )
 
 func TestCanonicalNumber(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ in, want string }{
 		{"0", "0"},
 		{"-0", "0"},
@@ -53,6 +54,7 @@ func TestCanonicalNumber(t *testing.T) {
 // Two numbers have the same canonical form exactly when they have the same
 // value, measured here with math/big.
 func TestCanonicalNumberIsTheValue(t *testing.T) {
+	t.Parallel()
 	numbers := []string{
 		"0", "-0", "0.0", "1", "-1", "1.0", "1.5", "15e-1", "0.15e1", "10", "1e1", "100", "1e2",
 		"1e3", "1000.000", "0.1", "1e-1", "0.01", "1e-2", "-0.01", "123456789012345678901234567890",

@@ -15,6 +15,7 @@ import (
 // SendMessage. A producer that is not Watermill and re-sends therefore
 // arrives with a new UUID: only the content recognises it.
 func TestRecipeSQSResendWithNewMessageID(t *testing.T) {
+	t.Parallel()
 	first := message.NewMessage("sqs-message-id-1", []byte(`{"order":7,"amount":"10.50","sent_at":"10:00"}`))
 	resent := message.NewMessage("sqs-message-id-2", []byte(`{"amount":"10.50","order":7,"sent_at":"10:01"}`))
 
@@ -31,6 +32,7 @@ func TestRecipeSQSResendWithNewMessageID(t *testing.T) {
 // message attribute all become Watermill metadata) survives re-sends when
 // the producer keeps it.
 func TestRecipeProducerHeader(t *testing.T) {
+	t.Parallel()
 	g, err := keygen.Metadata("Idempotency-Key")
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +50,7 @@ func TestRecipeProducerHeader(t *testing.T) {
 // Several tenants may send the same body; the tenant header makes them
 // different messages, in a Composite or through IncludeMetadata.
 func TestRecipeTenantScopedContent(t *testing.T) {
+	t.Parallel()
 	tenant, _ := keygen.Metadata("tenant")
 	content := newContentHash(t, keygen.ContentHashOptions{})
 	composite := mustComposite(t, tenant, content)

@@ -10,6 +10,7 @@ import (
 )
 
 func TestStorableKey(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("k", 10<<10)
 	hashed := func(s string) string {
 		sum := sha256.Sum256([]byte(s))
@@ -37,6 +38,7 @@ func TestStorableKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			got := keygen.StorableKey(tt.key, tt.max)
 			if got != tt.want {
 				t.Fatalf("Limit = %.80q, want %.80q", got, tt.want)
@@ -49,6 +51,7 @@ func TestStorableKey(t *testing.T) {
 }
 
 func TestLimitNeverTruncates(t *testing.T) {
+	t.Parallel()
 	a := strings.Repeat("x", 10<<10) + "a"
 	b := strings.Repeat("x", 10<<10) + "b"
 	ka, kb := keygen.StorableKey(a, 255), keygen.StorableKey(b, 255)
@@ -69,6 +72,7 @@ func TestLimitNeverTruncates(t *testing.T) {
 // A message whose key is literally the hashed form of another message's
 // long key is not its duplicate.
 func TestHashedKeysNeverEqualLiteralOnes(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("line-item;", 60)
 	hashed := keygen.StorableKey(long, 512)
 	if hashed == long {

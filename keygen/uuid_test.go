@@ -10,6 +10,7 @@ import (
 )
 
 func TestUUID(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		msg     *message.Message
@@ -23,6 +24,7 @@ func TestUUID(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			got, err := keygen.UUID().Key(tt.msg)
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) || !errors.Is(err, keygen.ErrNoKey) {

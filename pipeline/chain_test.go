@@ -108,6 +108,7 @@ func settle(calls *atomic.Int32) message.HandlerFunc {
 // Order: a stored result ends the work before retry, breaker and
 // transaction; none of them sees the duplicate.
 func TestChainStoredResultBypassesRetryBreakerAndTransaction(t *testing.T) {
+	t.Parallel()
 	h := newChainHarness(t, chainOptions{})
 	var calls atomic.Int32
 	handler := h.chain.Middleware(settle(&calls))
@@ -135,6 +136,7 @@ func TestChainStoredResultBypassesRetryBreakerAndTransaction(t *testing.T) {
 // Order: with the circuit open, a duplicate with a stored result is still
 // replayed, while a new message gets a retryable error and no handler call.
 func TestChainOpenBreakerStillReplaysStoredResults(t *testing.T) {
+	t.Parallel()
 	h := newChainHarness(t, chainOptions{tripAfter: 1})
 	var calls atomic.Int32
 	down := errors.New("payment gateway unreachable")
@@ -181,6 +183,7 @@ func TestChainOpenBreakerStillReplaysStoredResults(t *testing.T) {
 // Order: an invalid message never reaches the store; it is acked, counted
 // and dead-lettered once.
 func TestChainInvalidMessageNeverReachesTheStore(t *testing.T) {
+	t.Parallel()
 	errNoAmount := errors.New("amount is missing")
 	h := newChainHarness(t, chainOptions{validate: func(m *message.Message) error {
 		if !strings.Contains(string(m.Payload), "amount") {
@@ -214,8 +217,10 @@ func TestChainInvalidMessageNeverReachesTheStore(t *testing.T) {
 // Order: when retry gives up, the idempotency stage classifies the last
 // error by the policy.
 func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
+	t.Parallel()
 	flaky := policy.Transient(errors.New("timeout"))
 	t.Run("retryable: released for redelivery", func(t *testing.T) {
+		t.Parallel()
 		h := newChainHarness(t, chainOptions{})
 		var calls atomic.Int32
 		_, err := h.chain.Middleware(func(*message.Message) ([]*message.Message, error) { calls.Add(1); return nil, flaky })(msg("m1", "x"))
@@ -227,6 +232,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		}
 	})
 	t.Run("retryable at the attempt cap: cached", func(t *testing.T) {
+		t.Parallel()
 		h := newChainHarness(t, chainOptions{maxAttempts: 1})
 		_, err := h.chain.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, flaky })(msg("m1", "x"))
 		if err != nil {
@@ -241,6 +247,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		}
 	})
 	t.Run("permanent: not retried, cached, dead-lettered", func(t *testing.T) {
+		t.Parallel()
 		h := newChainHarness(t, chainOptions{})
 		var calls atomic.Int32
 		_, err := h.chain.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -263,6 +270,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 
 // Order: a rollback leaves no record marked Succeeded.
 func TestChainRollbackLeavesNoSucceededRecord(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		failCommit bool
@@ -274,6 +282,7 @@ func TestChainRollbackLeavesNoSucceededRecord(t *testing.T) {
 		{"commit fails", true, func(*message.Message) ([]*message.Message, error) { return nil, nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			h := newChainHarness(t, chainOptions{})
 			h.tm.failCommit.Store(tc.failCommit)
 			if _, err := h.chain.Middleware(tc.handler)(msg("m1", "x")); err == nil {
@@ -296,6 +305,7 @@ func TestChainRollbackLeavesNoSucceededRecord(t *testing.T) {
 		})
 	}
 	t.Run("success is recorded after the commit", func(t *testing.T) {
+		t.Parallel()
 		h := newChainHarness(t, chainOptions{})
 		var calls atomic.Int32
 		if _, err := h.chain.Middleware(settle(&calls))(msg("m1", "x")); err != nil {

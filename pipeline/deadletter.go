@@ -2,10 +2,11 @@ package pipeline
 
 import (
 	"fmt"
-	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/oncemill/oncemill"
 )
 
 // ReasonKindKey is the metadata key a dead-lettered message carries with the

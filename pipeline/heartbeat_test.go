@@ -39,6 +39,7 @@ func (k *keyExtends) count(key string) int {
 // slots are beaten by the stage's goroutine, the rest by timers of their
 // own, and every one of them keeps its lease alive while it runs.
 func TestHeartbeatBeatsEveryRunningHandler(t *testing.T) {
+	t.Parallel()
 	st, err := memory.New(memory.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -102,6 +102,7 @@ func produce(calls *atomic.Int32) message.HandlerFunc {
 }
 
 func TestExecuteStoresProducedMessagesAndReplayReturnsThem(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
@@ -133,6 +134,7 @@ func TestExecuteStoresProducedMessagesAndReplayReturnsThem(t *testing.T) {
 }
 
 func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -162,6 +164,7 @@ func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
 }
 
 func TestCachedErrorsByErrorsIs(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.CachedErrors = []error{errDeclined} })
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, errors.Join(errors.New("charging"), errDeclined)
@@ -175,6 +178,7 @@ func TestCachedErrorsByErrorsIs(t *testing.T) {
 }
 
 func TestRetryableFailureReleasesAndNacks(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	transient := errors.New("gateway timeout")
 	var calls atomic.Int32
@@ -212,6 +216,7 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 }
 
 func TestAttemptCapCachesTheFailure(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxAttempts = 3 })
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -243,6 +248,7 @@ func TestAttemptCapCachesTheFailure(t *testing.T) {
 }
 
 func TestInProgressWaitsThenReplays(t *testing.T) {
+	t.Parallel()
 	signal := &contendedSignal{inProgress: make(chan struct{}, 1)}
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Policy.HeldKeyTimeout = time.Minute
@@ -296,8 +302,10 @@ func TestInProgressWaitsThenReplays(t *testing.T) {
 }
 
 func TestInProgressPastTheBoundNacks(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []policy.HeldKeyMode{policy.HeldKeyWait, policy.HeldKeyNack} {
 		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 				c.Policy.HeldKey = mode
 				c.Policy.HeldKeyTimeout = 30 * time.Millisecond
@@ -319,6 +327,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 }
 
 func TestInProgressRejectAcksAsPermanent(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.HeldKey = policy.HeldKeyReject })
 	if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Hour}); err != nil {
 		t.Fatal(err)
@@ -333,6 +342,7 @@ func TestInProgressRejectAcksAsPermanent(t *testing.T) {
 }
 
 func TestMismatchIsPermanentAndNeverRuns(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
@@ -353,6 +363,7 @@ func TestMismatchIsPermanentAndNeverRuns(t *testing.T) {
 }
 
 func TestWithoutFingerprintTreatsAChangedPayloadAsDuplicate(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Fingerprint = func(*message.Message) string { return "" } })
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
@@ -364,7 +375,9 @@ func TestWithoutFingerprintTreatsAChangedPayloadAsDuplicate(t *testing.T) {
 }
 
 func TestMissingKey(t *testing.T) {
+	t.Parallel()
 	t.Run("fails permanently by default", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t, nil)
 		var calls atomic.Int32
 		if _, err := h.stage.Middleware(produce(&calls))(msg("", "x")); err != nil {
@@ -376,6 +389,7 @@ func TestMissingKey(t *testing.T) {
 		}
 	})
 	t.Run("empty key from a function", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 			c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", nil })
 		})
@@ -386,6 +400,7 @@ func TestMissingKey(t *testing.T) {
 		}
 	})
 	t.Run("execute unguarded", func(t *testing.T) {
+		t.Parallel()
 		h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MissingKey = policy.MissingKeyRunUnguarded })
 		var calls atomic.Int32
 		out, err := h.stage.Middleware(produce(&calls))(msg("", "x"))
@@ -399,6 +414,7 @@ func TestMissingKey(t *testing.T) {
 }
 
 func TestPanicReleasesTheKeyLikeRecoverer(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -424,6 +440,7 @@ func TestPanicReleasesTheKeyLikeRecoverer(t *testing.T) {
 }
 
 func TestPayloadTooLargeIsRejected(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxPayloadBytes = 10 })
 	var calls atomic.Int32
 	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "0123456789ab")); err != nil {
@@ -436,6 +453,7 @@ func TestPayloadTooLargeIsRejected(t *testing.T) {
 }
 
 func TestResultTooLargeIsRememberedWithoutMessages(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxResultBytes = 16 })
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
@@ -453,6 +471,7 @@ func TestResultTooLargeIsRememberedWithoutMessages(t *testing.T) {
 }
 
 func TestLeaseLostCancelsTheHandler(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Policy.Lease = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond // real time; the lease runs on the manual clock
@@ -482,6 +501,7 @@ func TestLeaseLostCancelsTheHandler(t *testing.T) {
 }
 
 func TestHeartbeatKeepsTheLease(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Policy.Lease = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond
@@ -552,6 +572,7 @@ func (f *failingStore) Complete(ctx context.Context, l store.Lease, o store.Comp
 }
 
 func TestStoreDownOnBeginNacks(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failBegin: true} })
 	var calls atomic.Int32
 	_, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
@@ -564,6 +585,7 @@ func TestStoreDownOnBeginNacks(t *testing.T) {
 }
 
 func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failComplete: true} })
 	var calls atomic.Int32
 	out, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
@@ -576,6 +598,7 @@ func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
 }
 
 func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failComplete: true} })
 	_, err := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, policy.Permanent(errDeclined)
@@ -589,6 +612,7 @@ func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
 }
 
 func TestLongKeysAreHashedToTheStoreLimit(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	long := strings.Repeat("k", h.store.Limits().MaxKeyLen+1)
 	var calls atomic.Int32
@@ -602,6 +626,7 @@ func TestLongKeysAreHashedToTheStoreLimit(t *testing.T) {
 }
 
 func TestNewIdempotencyRefusesBadConfig(t *testing.T) {
+	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	for name, cfg := range map[string]pipeline.IdempotencyConfig{
@@ -616,6 +641,7 @@ func TestNewIdempotencyRefusesBadConfig(t *testing.T) {
 }
 
 func TestCheckLease(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	if err := pipeline.CheckLease(context.Background()); err != nil {
 		t.Fatalf("outside a handler CheckLease must be a no-op, got %v", err)
@@ -649,6 +675,7 @@ func TestCheckLease(t *testing.T) {
 }
 
 func TestHandlerContextFollowsTheMessageContext(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, nil)
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "router value"))
 	m := msg("m1", "x")
@@ -681,6 +708,7 @@ type ctxKey struct{}
 // generator is classified by the policy: a transient one nacks and the
 // message comes back; it is never run unguarded.
 func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
+	t.Parallel()
 	down := errors.New("lookup service down")
 	for _, tt := range []struct {
 		name    string
@@ -695,6 +723,7 @@ func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
 		{"permanent", policy.Permanent(down), policy.MissingKeyRunUnguarded, false, pipeline.OutcomeRejected},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 				c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", tt.err })
 				c.Policy.MissingKey = tt.missing
@@ -782,6 +811,7 @@ func (refusingStore) Begin(context.Context, store.BeginRequest) (store.BeginResu
 // A request the store refuses as such would be refused on every delivery:
 // it is rejected (acked), not nacked forever.
 func TestStoreRefusingTheRequestRejects(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = refusingStore{c.Store} })
 	var calls atomic.Int32
 	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "x")); err != nil {
@@ -794,6 +824,7 @@ func TestStoreRefusingTheRequestRejects(t *testing.T) {
 
 // A handler name that some store cannot hold is hashed into the scope.
 func TestUnstorableHandlerNameIsHashed(t *testing.T) {
+	t.Parallel()
 	var scopes []string
 	var mu sync.Mutex
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
@@ -830,6 +861,7 @@ func (f failingBegin) Begin(ctx context.Context, req store.BeginRequest) (store.
 // broker that redelivers at once does not spin; an answer from the store
 // starts it again.
 func TestStoreFailurePauseGrows(t *testing.T) {
+	t.Parallel()
 	var down atomic.Bool
 	down.Store(true)
 	const nackDelay = 20 * time.Millisecond

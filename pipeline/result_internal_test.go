@@ -9,6 +9,7 @@ import (
 )
 
 func TestResultRoundTrip(t *testing.T) {
+	t.Parallel()
 	a := message.NewMessage("uuid-a", []byte("payload a"))
 	a.Metadata.Set("z", "last")
 	a.Metadata.Set("a", "first")
@@ -32,6 +33,7 @@ func TestResultRoundTrip(t *testing.T) {
 }
 
 func TestResultEncodingIsDeterministic(t *testing.T) {
+	t.Parallel()
 	m := message.NewMessage("u", []byte("p"))
 	for i := 0; i < 20; i++ {
 		m.Metadata.Set(strings.Repeat("k", i+1), "v")
@@ -46,6 +48,7 @@ func TestResultEncodingIsDeterministic(t *testing.T) {
 }
 
 func TestResultOverTheLimitIsOmitted(t *testing.T) {
+	t.Parallel()
 	enc, err := encodeResult([]*message.Message{message.NewMessage("u", make([]byte, 100))}, 50)
 	if !errors.Is(err, errResultTooLarge) || !strings.Contains(err.Error(), "limit 50") {
 		t.Fatalf("got %v", err)
@@ -57,6 +60,7 @@ func TestResultOverTheLimitIsOmitted(t *testing.T) {
 }
 
 func TestCorruptResultsAreErrorsNotPanics(t *testing.T) {
+	t.Parallel()
 	good, _ := encodeResult([]*message.Message{message.NewMessage("uuid", []byte("payload"))}, 1<<20)
 	inputs := [][]byte{
 		{9},                                  // unknown version

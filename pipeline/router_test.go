@@ -105,6 +105,7 @@ func failOnce(calls, effects *atomic.Int32) message.NoPublishHandlerFunc {
 // then acked as a duplicate without running: the message is lost. oncemill
 // releases the key on a retryable failure, so the redelivery runs.
 func TestDeduplicatorLosesARetriedMessageOncemillDoesNot(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name        string
 		middleware  message.HandlerMiddleware
@@ -114,6 +115,7 @@ func TestDeduplicatorLosesARetriedMessageOncemillDoesNot(t *testing.T) {
 		{"oncemill", newStage(t, nil).Middleware, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			rr := newRouterRun(t)
 			var calls, effects atomic.Int32
 			h := rr.router.AddConsumerHandler("payments", "in", rr.pubSub, failOnce(&calls, &effects))
@@ -131,6 +133,7 @@ func TestDeduplicatorLosesARetriedMessageOncemillDoesNot(t *testing.T) {
 // A crash after the record is written but before the router publishes the
 // produced messages: the redelivery replays them with the original UUIDs.
 func TestReplayRepublishesWhatACrashLost(t *testing.T) {
+	t.Parallel()
 	rr := newRouterRun(t)
 	var calls atomic.Int32
 	var produced string
@@ -175,6 +178,7 @@ func TestReplayRepublishesWhatACrashLost(t *testing.T) {
 // The scope defaults to the handler name: two handlers consuming one topic
 // each process a message once, and each absorbs its own duplicates.
 func TestScopeDefaultsToTheHandlerName(t *testing.T) {
+	t.Parallel()
 	rr := newRouterRun(t)
 	var mu sync.Mutex
 	scopes := map[string]int{}

@@ -36,6 +36,7 @@ func fastRetry(t *testing.T, mutate func(*pipeline.RetryConfig)) *pipeline.Retry
 }
 
 func TestRetryRetriesOnlyRetryableErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		err       error
@@ -47,6 +48,7 @@ func TestRetryRetriesOnlyRetryableErrors(t *testing.T) {
 		{"circuit open", pipeline.ErrCircuitOpen, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			var calls atomic.Int32
 			_, err := fastRetry(t, nil).Middleware(func(*message.Message) ([]*message.Message, error) {
 				calls.Add(1)
@@ -60,6 +62,7 @@ func TestRetryRetriesOnlyRetryableErrors(t *testing.T) {
 }
 
 func TestRetrySucceedsAfterTransientFailures(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int32
 	var waits []time.Duration
 	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
@@ -78,6 +81,7 @@ func TestRetrySucceedsAfterTransientFailures(t *testing.T) {
 }
 
 func TestRetryStopsWhenTheContextEnds(t *testing.T) {
+	t.Parallel()
 	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
 		rc.InitialInterval, rc.MaxInterval, rc.MaxElapsedTime, rc.MaxTries = time.Hour, time.Hour, 2*time.Hour, 10
 	})
@@ -103,6 +107,7 @@ func TestRetryStopsWhenTheContextEnds(t *testing.T) {
 }
 
 func TestRetryStopsAtMaxElapsedTime(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int32
 	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
 		rc.InitialInterval, rc.MaxInterval, rc.MaxElapsedTime, rc.MaxTries = time.Minute, time.Minute, time.Second, 10
@@ -143,6 +148,7 @@ func TestRetryKeepsTheLeaseAliveWhileItWaits(t *testing.T) {
 }
 
 func TestNewRetryRefusesBadConfig(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		cfg     pipeline.RetryConfig
 		setting string
@@ -165,6 +171,7 @@ func TestNewRetryRefusesBadConfig(t *testing.T) {
 }
 
 func TestBreakerCountsOnlyRetryableFailures(t *testing.T) {
+	t.Parallel()
 	var changes []string
 	bc := pipeline.BreakerConfig{}
 	bc.Name = "gateway"
@@ -202,6 +209,7 @@ func TestBreakerCountsOnlyRetryableFailures(t *testing.T) {
 }
 
 func TestNewBreakerRefusesBadConfig(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		cfg     pipeline.BreakerConfig
 		setting string
@@ -222,6 +230,7 @@ func TestNewBreakerRefusesBadConfig(t *testing.T) {
 // The transaction stage alone: commit after success, rollback on error and
 // on panic (which goes on to the caller).
 func TestTransactionStandalone(t *testing.T) {
+	t.Parallel()
 	tm := &fakeTxManager{}
 	tx, err := pipeline.NewTransaction(tm)
 	if err != nil {
@@ -269,6 +278,7 @@ func (p *failingPublisher) Publish(topic string, msgs ...*message.Message) error
 // A cached failure is dead-lettered once; if forwarding fails, the delivery
 // is nacked and the key released, so nothing is lost.
 func TestDeadLetterOnceAndNeverLost(t *testing.T) {
+	t.Parallel()
 	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10}, watermill.NopLogger{})
 	defer pubSub.Close()
 	dead, err := pubSub.Subscribe(context.Background(), "dead")
@@ -320,6 +330,7 @@ func TestDeadLetterOnceAndNeverLost(t *testing.T) {
 }
 
 func TestMismatchIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10}, watermill.NopLogger{})
 	defer pubSub.Close()
 	dead, _ := pubSub.Subscribe(context.Background(), "dead")
@@ -339,6 +350,7 @@ func TestMismatchIsDeadLettered(t *testing.T) {
 }
 
 func TestNewValidationRefusesNil(t *testing.T) {
+	t.Parallel()
 	if _, err := pipeline.NewValidation(pipeline.ValidationConfig{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Fatal(err)
 	}

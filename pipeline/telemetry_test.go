@@ -205,6 +205,7 @@ func telNoop(*message.Message) ([]*message.Message, error) { return nil, nil }
 // topic is in the message context: its name, kind, every attribute, and the
 // store spans under it.
 func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Scope = "" // the Watermill handler name
@@ -294,6 +295,7 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 // A retryable failure releases the key: begin, then release, under the
 // delivery span, whose status is Error because the delivery is nacked.
 func TestTelemetryReleaseSpan(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
 	errDown := errors.New("database briefly unavailable")
@@ -326,6 +328,7 @@ func TestTelemetryReleaseSpan(t *testing.T) {
 // A heartbeat extends the lease: oncemill.store.extend, a child of the
 // delivery span even though it runs on the heartbeat's timer goroutine.
 func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
@@ -367,6 +370,7 @@ func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
 // pipeline.CheckLease extends the lease the same way: an
 // oncemill.store.extend span under the delivery span.
 func TestTelemetryCheckLeaseExtendSpan(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
 	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(m *message.Message) ([]*message.Message, error) {
@@ -388,6 +392,7 @@ func TestTelemetryCheckLeaseExtendSpan(t *testing.T) {
 // span is in the message context (one an upstream middleware started): it
 // sets the idempotency attributes there and puts the store spans under it.
 func TestTelemetryStageUsesTheSpanInTheMessageContext(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
 	ctx, upstream := k.tp.Tracer("upstream").Start(context.Background(), "upstream")
@@ -415,6 +420,7 @@ func TestTelemetryStageUsesTheSpanInTheMessageContext(t *testing.T) {
 // In the one-transaction mode the store spans are the claim and the
 // commit.
 func TestTelemetryOneTransactionSpans(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
@@ -471,6 +477,7 @@ func (f telFailStore) Release(ctx context.Context, l store.Lease, keep time.Dura
 // A failing store call ends its span with status Error, the error's text as
 // the description, and an exception event; it is still timed.
 func TestTelemetryFailingStoreSpans(t *testing.T) {
+	t.Parallel()
 	retryable := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("handler: try later") }
 	for _, tc := range []struct {
 		name        string
@@ -489,6 +496,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 			"oncemill.store.begin,oncemill.store.complete,oncemill.store.complete,oncemill.store.complete", "executed", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			k := newTelKit(t)
 			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 				c.Telemetry = k.tel
@@ -563,6 +571,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 // unguarded, no decision, no store span, and no lease (so no handler
 // duration either).
 func TestTelemetryUnguarded(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
@@ -603,6 +612,7 @@ func TestTelemetryUnguarded(t *testing.T) {
 // Without a recording delivery span, no store span is started: the stage
 // alone, under an SDK TracerProvider, creates no spans at all.
 func TestTelemetryNoStoreSpansWithoutADeliverySpan(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
 	if err := telRun(h.stage.Middleware(telNoop), msg("m1", "x")); err != nil {
@@ -621,6 +631,7 @@ func TestTelemetryNoStoreSpansWithoutADeliverySpan(t *testing.T) {
 // Every decision value, produced deliberately on one stage, and the other
 // per-delivery metrics: outcomes, store and handler durations, live leases.
 func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
@@ -714,6 +725,7 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 // Under policy.Reject a duplicate of a running key is decided in_progress
 // and ends rejected (acked, dead-lettered as rejected).
 func TestTelemetryInProgressRejected(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
@@ -754,6 +766,7 @@ func TestTelemetryInProgressRejected(t *testing.T) {
 
 // The metrics' names, kinds and units, as docs/observability.md lists them.
 func TestTelemetryInstruments(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
@@ -843,6 +856,7 @@ func telRetryConfig(tel *pipeline.Telemetry) pipeline.RetryConfig {
 // oncemill.retries counts the retry stage's in-process retries: three tries,
 // two failures, two retries; one execution, one lease, one handler duration.
 func TestTelemetryRetries(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
 	cfg := telRetryConfig(k.tel)
@@ -879,6 +893,7 @@ func TestTelemetryRetries(t *testing.T) {
 // oncemill.breaker.state: 0 when built (closed), 2 once open, 1 while
 // half-open, 0 again once closed; attribute breaker=<name>.
 func TestTelemetryBreakerState(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	var halfOpen atomic.Int64
 	halfOpen.Store(-1)
@@ -933,6 +948,7 @@ func TestTelemetryBreakerState(t *testing.T) {
 // oncemill.validation.invalid and oncemill.dead_letters{reason}, with the
 // dead letters read back from the gochannel topic they were forwarded to.
 func TestTelemetryValidationAndDeadLetters(t *testing.T) {
+	t.Parallel()
 	k := newTelKit(t)
 	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill"
 )
 
 // TxManager begins, commits and rolls back the transactions of the

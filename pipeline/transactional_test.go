@@ -49,6 +49,7 @@ func txChain(t *testing.T) (*fakeTxStore, pipeline.Chain, chan pipeline.Event) {
 // from the record even while the circuit is open, and a retry claims again
 // in a fresh transaction.
 func TestTxModeOrder(t *testing.T) {
+	t.Parallel()
 	st, c, events := txChain(t)
 	var calls atomic.Int32
 	fail := atomic.Bool{}
@@ -109,6 +110,7 @@ func TestTxModeOrder(t *testing.T) {
 
 // The stage alone (no chain) ends the claim's transaction itself.
 func TestTxModeStageAlone(t *testing.T) {
+	t.Parallel()
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
 	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Policy{}.WithDefaults()})

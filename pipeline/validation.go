@@ -2,10 +2,11 @@ package pipeline
 
 import (
 	"fmt"
-	"github.com/oncemill/oncemill"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill"
 )
 
 // ValidationConfig configures the validation stage.

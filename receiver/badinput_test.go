@@ -19,6 +19,7 @@ import (
 // (never redelivered forever), the handler never runs, nothing panics, and
 // the rejection is reported on the event, so nothing disappears unseen.
 func TestBadInputIsRejectedClearlyAndPermanently(t *testing.T) {
+	t.Parallel()
 	strictJSON, err := keygen.ContentHash(keygen.ContentHashOptions{RejectNonJSON: true})
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +45,7 @@ func TestBadInputIsRejectedClearlyAndPermanently(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			st, err := memory.New(memory.Options{})
 			if err != nil {
 				t.Fatal(err)

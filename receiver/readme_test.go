@@ -9,6 +9,7 @@ import (
 // The README's quick start is Example's body, so that what a newcomer copies
 // is compiled and run by the tests.
 func TestReadmeQuickStartIsTheExample(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)

@@ -15,12 +15,11 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-
 // Builder collects the receiver's configuration. Each With method returns the
 // builder; Build validates everything at once.
 type Builder struct {
-	cfg          pipeline.IdempotencyConfig
-	errs         []error
+	cfg  pipeline.IdempotencyConfig
+	errs []error
 
 	validate   func(*message.Message) error
 	retry      *pipeline.RetryConfig
@@ -40,8 +39,8 @@ type Builder struct {
 // data (memory, Redis, another database).
 func New(st store.Store) *Builder {
 	return &Builder{cfg: pipeline.IdempotencyConfig{
-		Store:  st,
-		Keys:   keygen.UUID(),
+		Store: st,
+		Keys:  keygen.UUID(),
 	}}
 }
 

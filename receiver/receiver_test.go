@@ -16,6 +16,7 @@ import (
 )
 
 func TestBuildRefusesBadConfiguration(t *testing.T) {
+	t.Parallel()
 	st, err := memory.New(memory.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +60,7 @@ func withPolicy(st *memory.Store, p receiver.Policy) *receiver.Builder {
 }
 
 func TestBuildReportsEveryBuilderMistake(t *testing.T) {
+	t.Parallel()
 	_, err := receiver.New(nil).WithKeyGenerator(nil).WithScope("").Build()
 	for _, want := range []string{"WithKeyGenerator", "WithScope"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -68,6 +70,7 @@ func TestBuildReportsEveryBuilderMistake(t *testing.T) {
 }
 
 func TestHeartbeatFollowsTheLeaseUnlessSet(t *testing.T) {
+	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	// A 3s lease with a 10s heartbeat would be refused; a zero heartbeat
@@ -81,6 +84,7 @@ func TestHeartbeatFollowsTheLeaseUnlessSet(t *testing.T) {
 }
 
 func TestMiddlewareRunsOncePerKey(t *testing.T) {
+	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	var outcomes []pipeline.Outcome
@@ -103,6 +107,7 @@ func TestMiddlewareRunsOncePerKey(t *testing.T) {
 }
 
 func TestBuildRefusesBadStageConfiguration(t *testing.T) {
+	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	cases := []struct {
@@ -145,6 +150,7 @@ func TestBuildRefusesBadStageConfiguration(t *testing.T) {
 
 // The builder assembles every stage, and the defaults need no configuration.
 func TestBuildFullChainWithDefaults(t *testing.T) {
+	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	var outcomes []pipeline.Outcome
@@ -180,6 +186,7 @@ func TestBuildFullChainWithDefaults(t *testing.T) {
 // A scope that some store cannot hold is refused at Build, not discovered
 // by every message after it.
 func TestBuildRefusesAScopeNoStoreHolds(t *testing.T) {
+	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	for name, scope := range map[string]string{

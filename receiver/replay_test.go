@@ -18,6 +18,7 @@ import (
 // age, and oncemill.replay.age tells replays of successes from replays of
 // cached failures.
 func TestReplaysAreLoggedAndMeasured(t *testing.T) {
+	t.Parallel()
 	st, err := memory.New(memory.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -83,6 +84,7 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 }
 
 func TestReplayLogLevelMustBeALevel(t *testing.T) {
+	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	if _, err := receiver.New(st).WithReplayLogLevel(9).Build(); !errors.Is(err, receiver.ErrInvalidConfig) {

@@ -346,6 +346,7 @@ func (telTxManager) Rollback(context.Context) error { return nil }
 // the commit: oncemill.store.begin and .complete, children of the delivery
 // span.
 func TestReceiverTelemetrySeparateTransaction(t *testing.T) {
+	t.Parallel()
 	own := newTelSDK(t)
 	r, err := receiver.New(telStore(t)).
 		WithTracerProvider(own.tp).
@@ -396,6 +397,7 @@ func telDurationView() sdkmetric.View {
 // _total to counters, drops {annotation} units, and keeps the attributes as
 // labels.
 func TestReceiverPrometheusNames(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
@@ -539,6 +541,7 @@ func (b *telSyncBuffer) lines(t *testing.T) []map[string]any {
 // WithSlog: oncemill's log lines reach the slog logger, a permanent failure
 // and a rejected message at error level with the delivery's fields.
 func TestReceiverLogsThroughSlog(t *testing.T) {
+	t.Parallel()
 	var out telSyncBuffer
 	logger := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(watermill.NewSlogLogger(logger)).Build()
@@ -577,6 +580,7 @@ func TestReceiverLogsThroughSlog(t *testing.T) {
 
 // WithLogger: the same lines through a Watermill LoggerAdapter.
 func TestReceiverLogsThroughAWatermillLogger(t *testing.T) {
+	t.Parallel()
 	logger := watermill.NewCaptureLogger()
 	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(logger).Build()
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/oncemill/oncemill"
-
 	"github.com/oncemill/oncemill/store"
 )
 

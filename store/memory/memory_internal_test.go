@@ -28,6 +28,7 @@ func (s *Store) len() int {
 }
 
 func TestSweeperRemovesExpired(t *testing.T) {
+	t.Parallel()
 	clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 	s, err := New(Options{Now: clock.Now, CleanupInterval: time.Millisecond})
 	if err != nil {
@@ -65,6 +66,7 @@ func TestSweeperRemovesExpired(t *testing.T) {
 }
 
 func TestSweeperDisabled(t *testing.T) {
+	t.Parallel()
 	clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 	s, err := New(Options{Now: clock.Now, CleanupInterval: -1})
 	if err != nil {
@@ -88,6 +90,7 @@ func TestSweeperDisabled(t *testing.T) {
 }
 
 func TestCloseStopsSweeper(t *testing.T) {
+	t.Parallel()
 	s, err := New(Options{CleanupInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +113,7 @@ func TestCloseStopsSweeper(t *testing.T) {
 }
 
 func TestShardPadding(t *testing.T) {
+	t.Parallel()
 	if size := unsafe.Sizeof(shard{}); size < 64 {
 		t.Fatalf("shard is %d bytes; neighbouring shards would share a cache line", size)
 	}
@@ -132,7 +136,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // on one collision chain: finding, replacing, removing and sweeping through
 // chains is exercised, which 64-bit hashes of real keys never do.
 func TestContractAllKeysCollide(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// Each subtest has a store and a clock of its own, so Advance
+		// moves no other subtest's time: the subtests may run in parallel.
+		t.Parallel()
 		clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 		s, err := New(Options{Now: clock.Now, CleanupInterval: -1})
 		if err != nil {
@@ -145,6 +153,7 @@ func TestContractAllKeysCollide(t *testing.T) {
 }
 
 func TestCollisionChainRemoval(t *testing.T) {
+	t.Parallel()
 	clock := storetest.NewClock(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC))
 	s, err := New(Options{Now: clock.Now, CleanupInterval: -1})
 	if err != nil {

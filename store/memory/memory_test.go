@@ -15,7 +15,11 @@ import (
 var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func TestContract(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// Each subtest has a store and a clock of its own, so Advance
+		// moves no other subtest's time: the subtests may run in parallel.
+		t.Parallel()
 		clock := storetest.NewClock(epoch)
 		s, err := memory.New(memory.Options{Now: clock.Now, CleanupInterval: -1})
 		if err != nil {
@@ -29,7 +33,11 @@ func TestContract(t *testing.T) {
 // The suite again with one shard: every key contends for one lock and shares
 // one token counter.
 func TestContractOneShard(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// Each subtest has a store and a clock of its own, so Advance
+		// moves no other subtest's time: the subtests may run in parallel.
+		t.Parallel()
 		clock := storetest.NewClock(epoch)
 		s, err := memory.New(memory.Options{Shards: 1, Now: clock.Now, CleanupInterval: -1})
 		if err != nil {
@@ -41,6 +49,7 @@ func TestContractOneShard(t *testing.T) {
 }
 
 func TestOptionsValidation(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		opts memory.Options
@@ -57,6 +66,7 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			s, err := memory.New(tt.opts)
 			if tt.want == "" {
 				if err != nil {
@@ -77,6 +87,7 @@ func TestOptionsValidation(t *testing.T) {
 }
 
 func TestMaxKeyLen(t *testing.T) {
+	t.Parallel()
 	s, err := memory.New(memory.Options{MaxKeyLen: 8, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +120,7 @@ func TestMaxKeyLen(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
+	t.Parallel()
 	s, err := memory.New(memory.Options{CleanupInterval: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

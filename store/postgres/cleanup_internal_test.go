@@ -8,6 +8,7 @@ import (
 // A pass rests between full batches so that it is busy for the CleanupDuty
 // share of its time.
 func TestCleanupPause(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		duty float64
 		want time.Duration

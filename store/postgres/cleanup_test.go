@@ -28,6 +28,7 @@ func fill(t *testing.T, s *postgres.Store, scope string, n int, ttl time.Duratio
 }
 
 func TestBackgroundCleaner(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	seed := newStore(t, pool, postgres.Options{Schema: schema})
@@ -55,6 +56,7 @@ func TestBackgroundCleaner(t *testing.T) {
 // One cleaner at a time across workers: while another session holds the
 // cleaner's advisory lock, a pass does nothing.
 func TestOneCleanerAtATime(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema, CleanupBatch: 7})
@@ -91,6 +93,7 @@ func TestOneCleanerAtATime(t *testing.T) {
 // Cleanup skips rows another transaction holds instead of waiting for them:
 // it never queues behind a Begin.
 func TestDeleteExpiredSkipsLockedRows(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
@@ -107,6 +110,7 @@ func TestDeleteExpiredSkipsLockedRows(t *testing.T) {
 }
 
 func TestCleanupLagMetric(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	reader := sdkmetric.NewManualReader()

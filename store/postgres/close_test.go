@@ -11,6 +11,7 @@ import (
 )
 
 func TestClose(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{CleanupInterval: time.Millisecond})
 	ctx := t.Context()

@@ -12,11 +12,14 @@ import (
 // subtests share one migrated table (each uses its own scope); Advance moves
 // every stored deadline earlier; the background cleaner is off.
 func TestContract(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	newStore(t, pool, postgres.Options{Schema: schema}) // migrates
 	qualified := table(schema, "")
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// No t.Parallel here: Advance moves every record of the shared table,
+		// so the subtests must run one after another.
 		s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 		if err != nil {
 			t.Fatal(err)
@@ -32,6 +35,7 @@ func TestContract(t *testing.T) {
 // The suite again with Begin committing asynchronously: the decisions must
 // not depend on it.
 func TestContractAsyncBegin(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	newStore(t, pool, postgres.Options{Schema: schema})
@@ -52,6 +56,7 @@ func TestContractAsyncBegin(t *testing.T) {
 // TestTransactionalContract runs the one-transaction mode's contract suite
 // against the real database.
 func TestTransactionalContract(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})

@@ -20,6 +20,7 @@ type beginOutcome struct {
 // row sees the older one, or none. The statement runs again for that key
 // and answers from the committed state.
 func TestBeginReadCommittedCorner(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})

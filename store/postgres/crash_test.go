@@ -47,6 +47,7 @@ const (
 )
 
 func TestCrashRecovery(t *testing.T) {
+	t.Parallel()
 	if os.Getenv(crashChildEnv) != "" {
 		return // a child runs TestCrashChild only
 	}

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/oncemill/oncemill"
-
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/oncemill/oncemill"
 )
 
 // Defaults and bounds of Options.

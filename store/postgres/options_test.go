@@ -17,6 +17,7 @@ import (
 )
 
 func TestOptionsValidation(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	tests := []struct {
 		name string
@@ -56,6 +57,7 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			s, err := postgres.New(pool, tt.opts)
 			if tt.want == "" {
 				if err != nil {
@@ -78,11 +80,13 @@ func TestOptionsValidation(t *testing.T) {
 	}
 
 	t.Run("nil pool", func(t *testing.T) {
+		t.Parallel()
 		if _, err := postgres.New(nil, postgres.Options{}); err == nil || !strings.Contains(err.Error(), "pool: nil") {
 			t.Fatalf("New(nil) = %v, want an error naming the pool", err)
 		}
 	})
 	t.Run("every problem at once", func(t *testing.T) {
+		t.Parallel()
 		_, err := postgres.New(pool, postgres.Options{Table: "A", MaxKeyLen: -1, CleanupBatch: -1})
 		for _, want := range []string{"Options: Table", "Options: MaxKeyLen", "Options: CleanupBatch"} {
 			if err == nil || !strings.Contains(err.Error(), want) {
@@ -95,6 +99,7 @@ func TestOptionsValidation(t *testing.T) {
 // A hostile table name is refused by New, before anything reaches the
 // database: the canary table survives, and no table of that name appears.
 func TestHostileTableNameRefused(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	ctx := t.Context()
@@ -128,6 +133,7 @@ func TestHostileTableNameRefused(t *testing.T) {
 
 // Identifiers are quoted, so a reserved word works as the table name.
 func TestReservedWordTable(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{Table: "select"})
 	ctx := t.Context()
@@ -141,6 +147,7 @@ func TestReservedWordTable(t *testing.T) {
 }
 
 func TestMigrateConcurrentlyAndAgain(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool) // does not exist yet: Migrate creates it
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
@@ -210,6 +217,7 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 }
 
 func TestMigrateRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
@@ -224,6 +232,7 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 }
 
 func TestBeforeMigrateSaysSo(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
@@ -240,6 +249,7 @@ func TestBeforeMigrateSaysSo(t *testing.T) {
 // A table made by the first layout is moved to the current one in place:
 // its records keep their outcome and stay readable, and a claim works on it.
 func TestMigrateUpgradesTheFirstLayout(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})

@@ -34,6 +34,7 @@ var planArgs = map[string]string{
 // under a custom plan, on a freshly migrated empty table (whose statistics
 // invite a sequential scan) and at 100k rows.
 func TestPlansUseIndexes(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})

@@ -11,12 +11,11 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/oncemill/oncemill"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/store"
 )
 

@@ -19,6 +19,7 @@ import (
 // Values that would break a statement built by string concatenation travel
 // as parameters and come back unchanged.
 func TestHostileValuesRoundTrip(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
@@ -76,6 +77,7 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 // fingerprints are refused up front with a clear error, before they could
 // fail a statement shared with other requests.
 func TestUnstorableTextRefused(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{})
 	ctx := t.Context()
@@ -94,6 +96,7 @@ func TestUnstorableTextRefused(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			_, err := s.Begin(ctx, c.req)
 			if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("Begin = %v, want ErrInvalidRequest saying %q", err, c.want)
@@ -130,6 +133,7 @@ func TestUnstorableTextRefused(t *testing.T) {
 // storable rather than refused: NUL and invalid UTF-8 become U+FFFD, and an
 // overlong message is cut at a character boundary.
 func TestErrorTextMadeStorable(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{})
 	ctx := t.Context()
@@ -159,6 +163,7 @@ func TestErrorTextMadeStorable(t *testing.T) {
 }
 
 func TestResultSizeBounded(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{MaxResultBytes: 1000})
 	ctx := t.Context()
@@ -180,6 +185,7 @@ func TestResultSizeBounded(t *testing.T) {
 // MaxKeyLen still reads, finishes and deletes records made under a larger
 // one.
 func TestLimitsApplyToNewRecords(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	schema := newSchema(t, pool)
 	wide := newStore(t, pool, postgres.Options{Schema: schema, MaxKeyLen: 1024})
@@ -211,6 +217,7 @@ func TestLimitsApplyToNewRecords(t *testing.T) {
 // before it reaches the store, in both modes: the message runs once and its
 // duplicate replays, as on every other store; nothing is nacked forever.
 func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{})
 	for _, mode := range []struct {
@@ -247,6 +254,7 @@ func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
 // success whose produced messages exceed the policy is stored without them,
 // in both modes: the handler runs once and its duplicate is acked.
 func TestResultLimitsAgreeWithTheStore(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	s := newStore(t, pool, postgres.Options{})
 	for _, b := range []*receiver.Builder{receiver.New(s), receiver.NewTransactional(s)} {

@@ -53,6 +53,7 @@ func stall(t *testing.T, p *toxiproxy.Proxy) {
 // Options.StatementTimeout, and Close return: nothing waits for the stall
 // to end.
 func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
+	t.Parallel()
 	direct := newPool(t, nil)
 	schema := newSchema(t, direct)
 	newStore(t, direct, postgres.Options{Schema: schema}) // migrated

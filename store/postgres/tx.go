@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/oncemill/oncemill"
-
 	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/store"
 )
 

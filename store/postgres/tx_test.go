@@ -111,6 +111,7 @@ func (f *ledgerFixture) event(t *testing.T) pipeline.Event {
 }
 
 func TestTransactionalSuccessAndReplay(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	ctx := t.Context()
 
@@ -143,6 +144,7 @@ func TestTransactionalSuccessAndReplay(t *testing.T) {
 }
 
 func TestTransactionalHandlerErrorRollsBack(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	ctx := t.Context()
 	boom := errors.New("downstream timeout")
@@ -173,6 +175,7 @@ func TestTransactionalHandlerErrorRollsBack(t *testing.T) {
 }
 
 func TestTransactionalPanicRollsBack(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	f.after = func(*message.Message) error { panic("handler bug") }
 
@@ -191,6 +194,7 @@ func TestTransactionalPanicRollsBack(t *testing.T) {
 // Attempts are counted across deliveries; the failure of the last allowed
 // one is cached and acked, and a permanent failure is cached at once.
 func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
+	t.Parallel()
 	p := policy.Policy{}.WithDefaults()
 	p.MaxAttempts = 2
 	f := newLedgerFixture(t, p)
@@ -235,6 +239,7 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 
 // The same key with another payload is a permanent failure: acked, not run.
 func TestTransactionalMismatch(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	if _, err := f.h(message.NewMessage("m-5", []byte("pay 100"))); err != nil {
 		t.Fatal(err)
@@ -279,6 +284,7 @@ func (h *hold) after(fail error) func(*message.Message) error {
 // A duplicate that arrives while the first delivery's transaction is open
 // waits on the claimed row, then replays what the first committed.
 func TestTransactionalConcurrentDuplicateWaitsThenReplays(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	h := newHold()
 	f.after = h.after(nil)
@@ -314,6 +320,7 @@ func TestTransactionalConcurrentDuplicateWaitsThenReplays(t *testing.T) {
 // When the first delivery rolls back, the waiting duplicate takes the key
 // and runs, as attempt 2.
 func TestTransactionalWaiterTakesTheKeyAfterARollback(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	h := newHold()
 	f.after = h.after(errors.New("transient"))
@@ -342,6 +349,7 @@ func TestTransactionalWaiterTakesTheKeyAfterARollback(t *testing.T) {
 
 // A duplicate waits at most the in-progress bound, then nacks.
 func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
+	t.Parallel()
 	p := policy.Policy{}.WithDefaults()
 	p.HeldKeyTimeout = 200 * time.Millisecond
 	p.NackDelay = -1 // no pause
@@ -376,6 +384,7 @@ func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 
 // 64 deliveries of one key over 8 connections: one business row, 63 replays.
 func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	small := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	s, err := postgres.New(small, postgres.Options{Schema: f.schema, CleanupInterval: -1})
@@ -418,6 +427,7 @@ func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
 // A retry attempt gets a fresh transaction: the failed attempt's writes are
 // gone, and the key is claimed again in the new one.
 func TestTransactionalRetryGetsAFreshTransaction(t *testing.T) {
+	t.Parallel()
 	rc := pipeline.RetryConfig{}
 	rc.InitialInterval, rc.MaxInterval = time.Millisecond, time.Millisecond
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults(), func(b *receiver.Builder) { b.WithRetry(rc) })
@@ -445,6 +455,7 @@ func TestTransactionalRetryGetsAFreshTransaction(t *testing.T) {
 // A success is replayed for SuccessTTL from its commit, not from the start
 // of its transaction, however long the handler ran.
 func TestTransactionalExpiryCountsFromTheCommit(t *testing.T) {
+	t.Parallel()
 	p := policy.Policy{}.WithDefaults()
 	p.SuccessTTL = 10 * time.Second
 	f := newLedgerFixture(t, p)
@@ -475,6 +486,7 @@ func TestTransactionalExpiryCountsFromTheCommit(t *testing.T) {
 // The handler's pgx.Tx: the stage ends it, savepoints work, and it is
 // unusable once the delivery is over.
 func TestTransactionalHandlerTx(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	var kept pgx.Tx
 	f.after = func(msg *message.Message) error {
@@ -510,6 +522,7 @@ func TestTransactionalHandlerTx(t *testing.T) {
 // transaction aborted: the commit rolls back, and the delivery is nacked,
 // not acked as a success.
 func TestTransactionalAbortedTransactionIsNotASuccess(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	f.after = func(msg *message.Message) error {
 		tx, _ := postgres.TxFromContext(msg.Context())
@@ -528,6 +541,7 @@ func TestTransactionalAbortedTransactionIsNotASuccess(t *testing.T) {
 }
 
 func TestTxManager(t *testing.T) {
+	t.Parallel()
 	pool := newPool(t, nil)
 	ctx := t.Context()
 	if _, err := postgres.NewTxManager(nil, pgx.TxOptions{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
@@ -652,6 +666,7 @@ func TestCompletionsAreHOTUpdates(t *testing.T) {
 // A cached failure is forwarded to the dead-letter topic once, before it is
 // recorded, in the one-transaction mode too; its writes roll back.
 func TestTransactionalDeadLetter(t *testing.T) {
+	t.Parallel()
 	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pubSub.Close() })
 	dead, err := pubSub.Subscribe(t.Context(), "payments.dead")

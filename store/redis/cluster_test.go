@@ -52,6 +52,7 @@ func keySlot(key string) int {
 }
 
 func TestCRC16(t *testing.T) {
+	t.Parallel()
 	// The check value from the Redis Cluster specification.
 	if got := crc16("123456789"); got != 0x31C3 {
 		t.Fatalf("test crc16 = %#x, want 0x31c3", got)
@@ -66,6 +67,7 @@ func TestCRC16(t *testing.T) {
 // TestSlotTags: the tag of slot n hashes to slot n, for every slot, so the
 // counters cover the slots one to one.
 func TestSlotTags(t *testing.T) {
+	t.Parallel()
 	for n := range oredis.NumSlots {
 		tag := oredis.SlotTag(n)
 		if got := keySlot("{" + tag + "}"); got != n {
@@ -78,6 +80,7 @@ func TestSlotTags(t *testing.T) {
 // every worker of the new version miss the records of the old one, so this
 // test must never be edited to pass.
 func TestSlotTagsPinned(t *testing.T) {
+	t.Parallel()
 	var b strings.Builder
 	for n := range oredis.NumSlots {
 		b.WriteString(oredis.SlotTag(n))
@@ -101,6 +104,7 @@ func TestSlotTagsPinned(t *testing.T) {
 // CRC16 of its identity, so records spread over the slots evenly, however
 // their scopes and keys are spelled.
 func TestRecordsSpreadOverSlots(t *testing.T) {
+	t.Parallel()
 	s := newStore(t, goredis.NewClient(&goredis.Options{}), oredis.Options{Prefix: "app:oncemill"})
 	// 4 identities per slot on average: about 98% of the slots get one.
 	used := map[int]bool{}
@@ -250,6 +254,7 @@ func freeClusterPort() (int, error) {
 // first), so the suite passing shows every script stays in one slot, and
 // List walks every master.
 func TestClusterContract(t *testing.T) {
+	t.Parallel()
 	c := clusterClient(t)
 	err := c.Eval(t.Context(), "return 1", []string{"a", "b"}).Err()
 	if err == nil || !strings.Contains(err.Error(), "CROSSSLOT") {
@@ -257,7 +262,11 @@ func TestClusterContract(t *testing.T) {
 	}
 	for _, ap := range []bool{false, true} {
 		t.Run(fmt.Sprintf("AutoPipeline=%v", ap), func(t *testing.T) {
+			t.Parallel()
 			storetest.Run(t, func(t *testing.T) storetest.Harness {
+				// Each subtest has a Store on a prefix of its own, and Advance
+				// touches only that prefix's records: the subtests may run in parallel.
+				t.Parallel()
 				s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: ap})
 				return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
 			})
@@ -268,6 +277,7 @@ func TestClusterContract(t *testing.T) {
 // TestClusterKeysAreData: the tricky identities, whose braces would break a
 // naive hash tag, work on a cluster, spread over its masters.
 func TestClusterKeysAreData(t *testing.T) {
+	t.Parallel()
 	c := clusterClient(t)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()

@@ -8,10 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/oncemill/oncemill"
-
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/store"
 )
 

@@ -22,8 +22,12 @@ import (
 // duplicate keys on it). Each subtest gets a Store on a prefix of its own;
 // Advance takes time off the TTLs of its records (export_test.go).
 func TestContract(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, &goredis.Options{PoolSize: 4})
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// Each subtest has a Store on a prefix of its own, and Advance
+		// touches only that prefix's records: the subtests may run in parallel.
+		t.Parallel()
 		s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
 	})
@@ -32,14 +36,19 @@ func TestContract(t *testing.T) {
 // The suite again with Options.AutoPipeline: the commands of concurrent
 // calls travel in shared pipelines.
 func TestContractAutoPipeline(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, &goredis.Options{PoolSize: 4})
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		// Each subtest has a Store on a prefix of its own, and Advance
+		// touches only that prefix's records: the subtests may run in parallel.
+		t.Parallel()
 		s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
 		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
 	})
 }
 
 func TestOptionsValidation(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	tests := []struct {
 		name string
@@ -63,6 +72,7 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			s, err := oredis.New(c, tt.opts)
 			if tt.want == "" {
 				if err != nil {
@@ -94,6 +104,7 @@ func TestOptionsValidation(t *testing.T) {
 }
 
 func TestMaxKeyLen(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), MaxKeyLen: 8})
 	ctx := t.Context()
@@ -110,6 +121,7 @@ func TestMaxKeyLen(t *testing.T) {
 }
 
 func TestMaxResultBytes(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), MaxResultBytes: 1000})
 	ctx := t.Context()
@@ -149,6 +161,7 @@ var tricky = [][2]string{
 // characters and binary bytes are stored as data. No two of them share a
 // record, and each round-trips with its own result.
 func TestKeysAreData(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	prefix := testPrefix(t, c)
 	s := newStore(t, c, oredis.Options{Prefix: prefix})
@@ -213,6 +226,7 @@ func TestKeysAreData(t *testing.T) {
 // TestPrefixesIsolate: stores with different prefixes, one a prefix of the
 // other's, share no record, and the clock of one leaves the other alone.
 func TestPrefixesIsolate(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	base := testPrefix(t, c)
 	outer := newStore(t, c, oredis.Options{Prefix: base})
@@ -242,6 +256,7 @@ func TestPrefixesIsolate(t *testing.T) {
 // connections, 30% of 3000 keys are delivered twice, and each key executes
 // exactly once.
 func TestConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, &goredis.Options{PoolSize: 4})
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	storetest.RunLoad(t, s, "stress", 3000)
@@ -253,6 +268,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 // its tail (the Begin's Retain, or the lease when there is none), after
 // which Redis frees it by itself.
 func TestNativeTTLs(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
@@ -319,6 +335,7 @@ func TestNativeTTLs(t *testing.T) {
 // after its record was deleted (it comes from the clock), and a lease from
 // before the Delete can no longer finish.
 func TestTokensRiseAcrossDelete(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
@@ -348,6 +365,7 @@ func TestTokensRiseAcrossDelete(t *testing.T) {
 // written by earlier versions) are read and taken over as they were, each
 // rewritten in the current layout the first time it is met.
 func TestMigratesLayoutZero(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
@@ -392,6 +410,7 @@ func TestMigratesLayoutZero(t *testing.T) {
 }
 
 func TestClosedClient(t *testing.T) {
+	t.Parallel()
 	c := goredis.NewClient(&goredis.Options{Addr: redisAddr()})
 	s := newStore(t, c, oredis.Options{})
 	c.Close()
@@ -430,6 +449,7 @@ func testScriptCacheFlushed(t *testing.T, autoPipeline bool) {
 
 // TestContextCanceled: a canceled context fails fast with its error.
 func TestContextCanceled(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -444,6 +464,7 @@ func TestContextCanceled(t *testing.T) {
 // with a small result stays within the minimal layout's 229 bytes measured
 // when the layout was chosen.
 func TestRecordMemory(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
@@ -472,6 +493,7 @@ func TestRecordMemory(t *testing.T) {
 // may still Complete (its token proves nobody else ran the key) and Release,
 // but not Extend.
 func TestLateComplete(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
@@ -504,6 +526,7 @@ func TestLateComplete(t *testing.T) {
 // TestForeverTTL: durations of "forever" (math.MaxInt64) count as 100
 // years instead of overflowing the scripts' arithmetic.
 func TestForeverTTL(t *testing.T) {
+	t.Parallel()
 	c := newClient(t, nil)
 	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()

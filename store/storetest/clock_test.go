@@ -9,6 +9,7 @@ import (
 )
 
 func TestClock(t *testing.T) {
+	t.Parallel()
 	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := storetest.NewClock(start)
 	if got := c.Now(); !got.Equal(start) {
@@ -32,6 +33,7 @@ func TestClock(t *testing.T) {
 }
 
 func TestClockAdvanceNegativePanics(t *testing.T) {
+	t.Parallel()
 	defer func() {
 		if recover() == nil {
 			t.Fatal("Advance(-1s) did not panic")
