@@ -1,0 +1,196 @@
+package main
+
+// Opening the store that --store names. Everything the commands do goes
+// through store.Admin, so each store needs only an opener here.
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+	oredis "github.com/oncemill/oncemill/store/redis"
+)
+
+// backend is an open store and what the commands need beside store.Admin.
+type backend struct {
+	admin store.Admin
+	// where names the store in messages, without secrets.
+	where string
+	// now is the time that the store's record times are compared with:
+	// PostgreSQL's now() (every PostgreSQL time is the database's), the
+	// local clock for Redis (its record times are the workers' clocks).
+	now func(ctx context.Context) (time.Time, error)
+	// migrate applies the store's migrations and says what it changed.
+	migrate func(ctx context.Context) (migration, error)
+	close   func()
+}
+
+// migration is what migrate did.
+type migration struct {
+	Store   string `json:"store"`
+	Target  string `json:"target"`
+	From    int    `json:"from_version"`
+	To      int    `json:"to_version"`
+	Changed bool   `json:"changed"`
+	Note    string `json:"note,omitempty"`
+}
+
+// cleanupLagger is implemented by stores that measure their cleanup lag
+// themselves (store/postgres: the oncemill.store.cleanup.lag gauge).
+type cleanupLagger interface {
+	CleanupLag(ctx context.Context) (time.Duration, error)
+}
+
+// open connects to the store the flags name.
+func (a *app) open() (*backend, error) {
+	ctx, cancel := context.WithTimeout(a.ctx, connectTimeout)
+	defer cancel()
+	switch a.g.Store {
+	case "postgres":
+		return openPostgres(ctx, a.g)
+	case "redis":
+		return openRedis(ctx, a.g)
+	}
+	return nil, usage("--store=%q: use postgres or redis", a.g.Store)
+}
+
+func openPostgres(ctx context.Context, g *globals) (*backend, error) {
+	where := redactURL(g.PostgresDSN)
+	cfg, err := pgxpool.ParseConfig(g.PostgresDSN)
+	if err != nil {
+		return nil, fmt.Errorf("--postgres-dsn %s: %w", where, err)
+	}
+	if !strings.Contains(g.PostgresDSN, "pool_max_conns") {
+		cfg.MaxConns = 2 // one command, one statement at a time
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+		if err != nil {
+			pool.Close()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL at %s is unreachable: %w", where, err)
+	}
+	st, err := postgres.New(pool, postgres.Options{
+		Schema:          g.PostgresSchema,
+		Table:           g.PostgresTable,
+		CleanupInterval: -1, // the workers clean; this tool only looks and deletes what it is told
+	})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	target := g.PostgresSchema + "." + g.PostgresTable // plain identifiers: New validated them
+	return &backend{
+		admin: st,
+		where: "postgres " + target + " at " + where,
+		now: func(ctx context.Context) (time.Time, error) {
+			var now time.Time
+			if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+				return time.Time{}, fmt.Errorf("reading the database clock: %w", err)
+			}
+			return now, nil
+		},
+		migrate: func(ctx context.Context) (migration, error) {
+			m := migration{Store: "postgres", Target: target, To: postgres.SchemaVersion}
+			from, err := schemaVersion(ctx, pool, g.PostgresSchema, g.PostgresTable+"_migrations")
+			if err != nil {
+				return m, err
+			}
+			m.From = from
+			if err := st.Migrate(ctx); err != nil {
+				return m, err
+			}
+			m.Changed = from != m.To
+			return m, nil
+		},
+		close: func() { _ = st.Close(); pool.Close() },
+	}, nil
+}
+
+// schemaVersion reads the newest applied version from the version table
+// that postgres.Store.Migrate keeps (<table>_migrations), 0 when there is none.
+func schemaVersion(ctx context.Context, pool *pgxpool.Pool, schema, versions string) (int, error) {
+	qualified := pgx.Identifier{schema, versions}.Sanitize()
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", qualified).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("reading the schema version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+qualified).Scan(&v); err != nil {
+		return 0, fmt.Errorf("reading the schema version: %w", err)
+	}
+	return v, nil
+}
+
+func openRedis(ctx context.Context, g *globals) (*backend, error) {
+	opts := &goredis.Options{Addr: g.RedisAddr}
+	if strings.Contains(g.RedisAddr, "://") {
+		var err error
+		if opts, err = goredis.ParseURL(g.RedisAddr); err != nil {
+			return nil, fmt.Errorf("--redis-addr %s: %w", redactURL(g.RedisAddr), err)
+		}
+	}
+	where := redactURL(g.RedisAddr)
+	client := goredis.NewClient(opts)
+	if err := client.Ping(ctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("Redis at %s is unreachable: %w", where, err)
+	}
+	st, err := oredis.New(client, oredis.Options{Prefix: g.RedisPrefix})
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return &backend{
+		admin: st,
+		where: "redis prefix " + g.RedisPrefix + " at " + where,
+		now:   func(context.Context) (time.Time, error) { return time.Now(), nil },
+		migrate: func(context.Context) (migration, error) {
+			return migration{Store: "redis", Target: g.RedisPrefix,
+				Note: "Redis has no schema: each record is upgraded to the current layout when it is read"}, nil
+		},
+		close: func() { _ = st.Close(); _ = client.Close() },
+	}, nil
+}
+
+// redactURL hides the password of a URL-shaped address, for messages.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}
+
+// withStore opens the store, runs f with it and closes it.
+func (a *app) withStore(f func(b *backend) error) error {
+	b, err := a.open()
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	return f(b)
+}
+
+// storeNow is the store's time now, for judging expiry and ages.
+func (b *backend) storeNow(ctx context.Context) (time.Time, error) {
+	now, err := b.now(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: %w", b.where, err)
+	}
+	return now, nil
+}

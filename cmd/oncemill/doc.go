@@ -1,0 +1,48 @@
+// Command oncemill is the operator's tool for oncemill's stores: it shows
+// what the store remembers about a key, counts and lists records, frees a
+// stuck or failed key so that its next delivery runs the handler again,
+// deletes records in bulk, and creates the PostgreSQL schema.
+//
+//	oncemill --store=postgres|redis [connection flags] [--json] <command> [args]
+//
+//	inspect SCOPE KEY [--messages]      one record: status, attempt, fencing token,
+//	                                    lease expiry, time left, result size, cached error
+//	list [--scope S] [--status ST] [--older-than D] [--limit N] [--after CURSOR] [--all]
+//	stats [--scope S] [--page-size N]   counts by scope and status, expired backlog,
+//	                                    oldest in-progress lease, cleanup lag
+//	release SCOPE KEY [--force] [--yes] delete the record under the token it shows
+//	purge [--scope S] [--status ST] [--older-than D] [--batch N] [--dry-run=false] [--force]
+//	migrate                             apply the PostgreSQL migrations
+//
+// The store and its connection come from flags or, like the example
+// worker, from ONCEMILL_* variables: --store (ONCEMILL_STORE),
+// --postgres-dsn (ONCEMILL_POSTGRES_DSN), --postgres-schema
+// (ONCEMILL_POSTGRES_SCHEMA, default "oncemill"), --postgres-table
+// (ONCEMILL_POSTGRES_TABLE), --redis-addr (ONCEMILL_REDIS_ADDR: host:port
+// or a redis:// URL) and --redis-prefix (ONCEMILL_REDIS_PREFIX). A flag
+// wins over its variable.
+//
+// Every command works through store.Admin (Get, List, CompareAndDelete),
+// so it behaves the same on every store. Record times are compared with
+// the store's clock: PostgreSQL's now(), or for Redis, whose record times
+// are the workers' clocks, this machine's.
+//
+// release and purge delete a record only under the fencing token they read
+// (CompareAndDelete): a key that another delivery took or finished
+// meanwhile is reported and left alone. Neither touches a live in-progress
+// lease without --force. release asks y/N on standard input unless --yes;
+// purge only prints what it would delete unless --dry-run=false. Both print
+// every record they deleted.
+//
+// Output is an aligned table, or with --json one JSON object (inspect,
+// stats, release, migrate) or JSON lines (list: one record a line; purge:
+// one record a line with its "action", then a "summary" line). Durations
+// are Go duration strings ("3m2s"); a negative expires_in means expired.
+//
+// Exit codes: 0 done; 1 error (the store unreachable or failing, input the
+// store refuses); 2 usage (bad flags or arguments); 3 not found (no live
+// record for the key); 4 refused (a live lease or a success without
+// --force, a declined confirmation, a key that changed since it was read).
+//
+// docs/operations.md describes the commands and a runbook built on them.
+package main

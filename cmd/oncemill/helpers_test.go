@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+	oredis "github.com/oncemill/oncemill/store/redis"
+)
+
+// The services the tests use: the development and CI PostgreSQL and
+// Redis, or the ONCEMILL_* variables. An unreachable service fails the
+// test: these tests never skip.
+const (
+	defaultDSN       = "postgres://postgres@127.0.0.1:5432/test"
+	defaultRedisAddr = "127.0.0.1:6379"
+	startPostgres    = "pg_ctlcluster --skip-systemctl-redirect 15 main start (or set ONCEMILL_POSTGRES_DSN)"
+	startRedis       = `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no (or set ONCEMILL_REDIS_ADDR)`
+)
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func dsn() string       { return envOr("ONCEMILL_POSTGRES_DSN", defaultDSN) }
+func redisAddr() string { return envOr("ONCEMILL_REDIS_ADDR", defaultRedisAddr) }
+
+// adminStore is what the tests drive: the delivery path to create records
+// in every state, and the operator's view to check what the CLI did.
+type adminStore interface {
+	store.Store
+	store.Admin
+}
+
+// fixture is one store under test and the flags that point the CLI at it.
+type fixture struct {
+	name  string
+	st    adminStore
+	flags []string
+	// nativeExpiry: the store drops finished records when they expire
+	// (Redis), so no expired success is ever listed.
+	nativeExpiry bool
+	// age moves the last write of a record d into the past (PostgreSQL
+	// only; nil for Redis, whose record times are written by the workers).
+	age func(t *testing.T, scope, key string, d time.Duration)
+}
+
+var storeNames = []string{"postgres", "redis"}
+
+func newFixture(t *testing.T, name string) *fixture {
+	t.Helper()
+	switch name {
+	case "postgres":
+		return newPostgresFixture(t)
+	case "redis":
+		return newRedisFixture(t)
+	}
+	t.Fatalf("no fixture for store %q", name)
+	return nil
+}
+
+// forEachStore runs f as a parallel subtest on a fresh fixture of each store.
+func forEachStore(t *testing.T, f func(t *testing.T, fx *fixture)) {
+	t.Helper()
+	for _, name := range storeNames {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t, newFixture(t, name))
+		})
+	}
+}
+
+// newPool connects to the test PostgreSQL, failing the test if it cannot.
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn())
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		t.Fatalf("PostgreSQL at %s is unreachable: %v; start it with: %s", redactURL(dsn()), err, startPostgres)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newSchema names a schema for this test alone and drops it when the test
+// ends. Nothing creates it until Migrate.
+func newSchema(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	name := "oncemill_clitest_" + strings.ToLower(rand.Text()[:12])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping test schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+func postgresFlags(schema string) []string {
+	return []string{"--store=postgres", "--postgres-dsn=" + dsn(), "--postgres-schema=" + schema, "--postgres-table=" + postgres.DefaultTable}
+}
+
+func newPostgresFixture(t *testing.T) *fixture {
+	t.Helper()
+	pool := newPool(t)
+	schema := newSchema(t, pool)
+	st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	if err != nil {
+		t.Fatalf("postgres.New: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	qualified := pgx.Identifier{schema, postgres.DefaultTable}.Sanitize()
+	return &fixture{
+		name:  "postgres",
+		st:    st,
+		flags: postgresFlags(schema),
+		age: func(t *testing.T, scope, key string, d time.Duration) {
+			t.Helper()
+			tag, err := pool.Exec(t.Context(), "UPDATE "+qualified+
+				" SET updated_at = updated_at - $3 * interval '1 microsecond' WHERE scope = $1 AND key = $2", scope, key, d.Microseconds())
+			if err != nil || tag.RowsAffected() != 1 {
+				t.Fatalf("ageing %s/%s by %v: %v (%d rows)", scope, key, d, err, tag.RowsAffected())
+			}
+		},
+	}
+}
+
+func newRedisClient(t *testing.T) *goredis.Client {
+	t.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: redisAddr()})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		_ = c.Close()
+		t.Fatalf("Redis at %s is unreachable: %v; start it with: %s", redisAddr(), err, startRedis)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// newRedisPrefix returns a prefix for this test alone and removes its keys
+// when the test ends.
+func newRedisPrefix(t *testing.T, c *goredis.Client) string {
+	t.Helper()
+	prefix := "oncemilltest:cli" + rand.Text()[:12]
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if err := c.Unlink(ctx, iter.Val()).Err(); err != nil {
+				t.Errorf("removing test key %q: %v", iter.Val(), err)
+			}
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("removing the test keys under %q: %v", prefix, err)
+		}
+	})
+	return prefix
+}
+
+func redisFlags(prefix string) []string {
+	return []string{"--store=redis", "--redis-addr=" + redisAddr(), "--redis-prefix=" + prefix}
+}
+
+func newRedisFixture(t *testing.T) *fixture {
+	t.Helper()
+	c := newRedisClient(t)
+	prefix := newRedisPrefix(t, c)
+	st, err := oredis.New(c, oredis.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatalf("redis.New: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return &fixture{name: "redis", st: st, flags: redisFlags(prefix), nativeExpiry: true}
+}
+
+// result is one run of the CLI.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runCLI runs the CLI in process with args and stdin.
+func runCLI(t *testing.T, stdin io.Reader, args ...string) result {
+	t.Helper()
+	if stdin == nil {
+		stdin = strings.NewReader("")
+	}
+	var out, errb bytes.Buffer
+	code := run(t.Context(), args, stdin, &out, &errb)
+	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+// cli runs the CLI against the fixture's store.
+func (fx *fixture) cli(t *testing.T, stdin io.Reader, args ...string) result {
+	t.Helper()
+	return runCLI(t, stdin, append(append([]string{}, fx.flags...), args...)...)
+}
+
+// mustCode fails the test unless r exited with code.
+func (r result) mustCode(t *testing.T, code int) result {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, code, r.stdout, r.stderr)
+	}
+	return r
+}
+
+// jsonObject decodes stdout as one JSON object.
+func jsonObject[T any](t *testing.T, r result) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
+		t.Fatalf("stdout is not one JSON object: %v\n%s", err, r.stdout)
+	}
+	return v
+}
+
+// jsonLines decodes stdout as JSON lines.
+func jsonLines[T any](t *testing.T, r result) []T {
+	t.Helper()
+	var out []T
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	for sc.Scan() {
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("line %q is not JSON: %v", sc.Text(), err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// Durations the seeded records use: long enough never to run out during a
+// test, or short enough to be over at once.
+const (
+	long  = time.Hour
+	short = time.Millisecond
+)
+
+// The keys of seed, one per state.
+const (
+	keyLive           = "live"            // in progress, a live lease
+	keySucceeded      = "succeeded"       // succeeded, with a stored result
+	keyFailed         = "failed"          // a cached (permanent) failure
+	keyRetryable      = "retryable"       // released after a retryable failure
+	keyDeadLease      = "dead-lease"      // in progress, its lease expired: a crashed worker's
+	keyExpiredSuccess = "expired-success" // succeeded and expired (PostgreSQL keeps it until cleanup)
+)
+
+var storedResult = []byte("produced: order-7 shipped")
+
+// seeded is what seed created.
+type seeded struct {
+	scope     string
+	liveLease store.Lease // the lease of keyLive, held by a "worker" that never finishes
+}
+
+// seed creates a record in every state under scope through the store's own
+// delivery path.
+func seed(t *testing.T, st adminStore, scope string) seeded {
+	t.Helper()
+	s := seeded{scope: scope}
+	s.liveLease = begin(t, st, scope, keyLive, long)
+	complete(t, st, begin(t, st, scope, keySucceeded, long), store.Completion{Status: store.StatusSucceeded, Result: storedResult, TTL: long})
+	complete(t, st, begin(t, st, scope, keyFailed, long), store.Completion{Status: store.StatusFailed, ErrorKind: "permanent", ErrorMessage: "card declined: do not honour", TTL: long})
+	if err := st.Release(t.Context(), begin(t, st, scope, keyRetryable, long), long); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	begin(t, st, scope, keyDeadLease, short)
+	complete(t, st, begin(t, st, scope, keyExpiredSuccess, long), store.Completion{Status: store.StatusSucceeded, TTL: short})
+	waitExpired(t, st, scope, keyDeadLease)
+	waitExpired(t, st, scope, keyExpiredSuccess)
+	return s
+}
+
+// begin takes the key with a lease of lease, kept (Retain) for an hour.
+func begin(t *testing.T, st adminStore, scope, key string, lease time.Duration) store.Lease {
+	t.Helper()
+	res, err := st.Begin(t.Context(), store.BeginRequest{Scope: scope, Key: key, Lease: lease, Retain: long})
+	if err != nil {
+		t.Fatalf("Begin %s/%s: %v", scope, key, err)
+	}
+	if res.Decision != store.DecisionExecute {
+		t.Fatalf("Begin %s/%s: decision %v, want execute", scope, key, res.Decision)
+	}
+	return res.Lease
+}
+
+func complete(t *testing.T, st adminStore, l store.Lease, c store.Completion) {
+	t.Helper()
+	if err := st.Complete(t.Context(), l, c); err != nil {
+		t.Fatalf("Complete %s/%s: %v", l.Scope, l.Key, err)
+	}
+}
+
+// waitExpired waits until Get no longer sees the record (it has expired by
+// the store's clock), failing the test after 30 s.
+func waitExpired(t *testing.T, st adminStore, scope, key string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := st.Get(t.Context(), scope, key)
+		if errors.Is(err, store.ErrNotFound) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("Get %s/%s: %v", scope, key, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/%s did not expire within 30s", scope, key)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// decide runs one delivery's Begin, as the next delivery of the key would.
+func decide(t *testing.T, st adminStore, scope, key string) store.BeginResult {
+	t.Helper()
+	res, err := st.Begin(t.Context(), store.BeginRequest{Scope: scope, Key: key, Lease: long, Retain: long})
+	if err != nil {
+		t.Fatalf("Begin %s/%s: %v", scope, key, err)
+	}
+	return res
+}
+
+// listAll reads every record of scope through the store.
+func listAll(t *testing.T, st adminStore, scope string) map[string]store.Record {
+	t.Helper()
+	out := map[string]store.Record{}
+	req := store.ListRequest{Scope: scope}
+	for {
+		page, err := st.List(t.Context(), req)
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		for _, r := range page.Records {
+			out[r.Key] = r
+		}
+		if page.Next == "" {
+			return out
+		}
+		req.After = page.Next
+	}
+}
+
+// storedKeys are the keys seed leaves stored in each store: Redis drops an
+// expired success by itself.
+func (fx *fixture) storedKeys() []string {
+	keys := []string{keyDeadLease, keyFailed, keyLive, keyRetryable, keySucceeded}
+	if !fx.nativeExpiry {
+		keys = append(keys, keyExpiredSuccess)
+	}
+	return keys
+}

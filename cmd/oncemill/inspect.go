@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+type inspectCmd struct {
+	Scope    string `arg:"" help:"The scope (the Watermill handler name unless the receiver sets one)."`
+	Key      string `arg:"" help:"The key. Put -- before a key that starts with a dash."`
+	Messages bool   `help:"Also print the stored result (the encoded produced messages) as raw bytes."`
+}
+
+// inspectView is what inspect prints: the record, and with --messages its
+// stored result.
+type inspectView struct {
+	recordView
+	Now          time.Time `json:"now"`
+	ResultBase64 *string   `json:"result_base64,omitempty"`
+}
+
+// maxDumpBytes bounds the hex dump of a result in the table.
+const maxDumpBytes = 4096
+
+func (c *inspectCmd) Run(a *app) error {
+	return a.withStore(func(b *backend) error {
+		rec, err := b.admin.Get(a.ctx, c.Scope, c.Key)
+		if errors.Is(err, store.ErrNotFound) {
+			return notFound("no live record for %s: it is absent or expired (an expired lease is taken over by the next delivery)", id(c.Scope, c.Key))
+		}
+		if err != nil {
+			return err
+		}
+		now, err := b.storeNow(a.ctx)
+		if err != nil {
+			return err
+		}
+		v := inspectView{recordView: viewOf(rec, now), Now: now}
+		if c.Messages {
+			s := base64.StdEncoding.EncodeToString(rec.Result)
+			v.ResultBase64 = &s
+		}
+		if a.g.JSON {
+			return writeJSONIndented(a.stdout, v)
+		}
+		t := newTable(a.stdout)
+		t.row("scope", shown(v.Scope))
+		t.row("key", shown(v.Key))
+		t.row("status", v.Status)
+		t.row("attempt", v.Attempt)
+		t.row("token", v.Token)
+		if v.Fingerprint != "" {
+			t.row("fingerprint", shown(v.Fingerprint))
+		}
+		t.row("created", fmt.Sprintf("%s (%s ago)", stamp(v.CreatedAt), fmtDuration(now.Sub(v.CreatedAt))))
+		t.row("updated", fmt.Sprintf("%s (%s ago)", stamp(v.UpdatedAt), v.Age))
+		if v.LeaseExpiresAt != nil {
+			t.row("lease expires", stamp(*v.LeaseExpiresAt))
+		} else {
+			t.row("expires", stamp(v.ExpiresAt))
+		}
+		t.row("time left", v.ExpiresIn)
+		t.row("result", fmt.Sprintf("%d bytes", v.ResultBytes))
+		if v.ErrorKind != "" || v.ErrorMessage != "" {
+			t.row("error kind", v.ErrorKind)
+			t.row("error", oneLine(v.ErrorMessage, 200))
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+		if c.Messages {
+			return dumpResult(a, rec.Result)
+		}
+		return nil
+	})
+}
+
+// dumpResult prints the stored result as a hex dump. The encoding of the
+// produced messages is private to package pipeline, so the bytes are shown
+// as they are stored.
+func dumpResult(a *app, result []byte) error {
+	if len(result) == 0 {
+		_, err := fmt.Fprintln(a.stdout, "\nno produced messages stored (a success without output, or a failure)")
+		return err
+	}
+	shownBytes := result[:min(len(result), maxDumpBytes)]
+	fmt.Fprintf(a.stdout, "\nstored result, %d bytes (the produced messages as the pipeline encodes them):\n%s", len(result), hex.Dump(shownBytes))
+	if len(shownBytes) < len(result) {
+		fmt.Fprintf(a.stdout, "... %d more bytes; --json prints them all (result_base64)\n", len(result)-len(shownBytes))
+	}
+	return nil
+}
+
+// stamp prints a store time in UTC to the millisecond.
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }

@@ -1,0 +1,26 @@
+package main
+
+import "fmt"
+
+type migrateCmd struct{}
+
+func (c *migrateCmd) Run(a *app) error {
+	return a.withStore(func(b *backend) error {
+		m, err := b.migrate(a.ctx)
+		if err != nil {
+			return err
+		}
+		if a.g.JSON {
+			return writeJSON(a.stdout, m)
+		}
+		switch {
+		case m.Note != "":
+			_, err = fmt.Fprintf(a.stdout, "%s %s: nothing to migrate: %s\n", m.Store, m.Target, m.Note)
+		case m.Changed:
+			_, err = fmt.Fprintf(a.stdout, "migrated %s %s from schema version %d to %d\n", m.Store, m.Target, m.From, m.To)
+		default:
+			_, err = fmt.Fprintf(a.stdout, "%s %s is at schema version %d already: nothing changed\n", m.Store, m.Target, m.To)
+		}
+		return err
+	})
+}
