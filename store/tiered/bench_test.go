@@ -1,0 +1,123 @@
+package tiered_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/tiered"
+)
+
+// The benchmarks run against the real PostgreSQL and Redis
+// (ONCEMILL_POSTGRES_DSN, ONCEMILL_REDIS_ADDR), on one goroutine:
+//
+//	go test -run='^$' -bench=Replay -benchtime=20000x ./store/tiered
+//
+// A replay is one Begin of a finished key with a 256-byte result:
+//
+//   - local: a hot key, answered by the in-process tier;
+//   - redis: 1,024 keys, answered by Redis (a store with the local tier off);
+//   - postgres: the same keys, answered by the truth alone (postgres.Store).
+//
+// turns takes turns between the three in batches of 500, so that a noisy
+// machine slows them alike, and reports the time per replay of each and
+// redis-vs-postgres, the PostgreSQL time over the Redis time (goal ≥ 5).
+
+const benchKeys = 1024
+
+type benchEnv struct {
+	local, redisOnly *tiered.Store
+	truth            store.Store
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	b.Helper()
+	w := newWorld(b)
+	e := &benchEnv{
+		local:     w.store(b, tiered.Options{MaxLocalAge: time.Hour}),
+		redisOnly: w.store(b, tiered.Options{LocalCapacity: -1}),
+		truth:     w.db.truth,
+	}
+	ctx := context.Background()
+	result := make([]byte, 256)
+	for i := range benchKeys {
+		res, err := e.redisOnly.Begin(ctx, benchReq(i))
+		if err != nil || res.Decision != store.DecisionExecute {
+			b.Fatalf("Begin = %v, %v", res.Decision, err)
+		}
+		if err := e.redisOnly.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := replay(ctx, e.local, 0); err != nil { // from Redis into the local tier
+		b.Fatal(err)
+	}
+	return e
+}
+
+func benchReq(i int) store.BeginRequest {
+	return store.BeginRequest{Scope: "bench", Key: "k-" + strconv.Itoa(i), Fingerprint: "fp", Lease: time.Minute}
+}
+
+func replay(ctx context.Context, s store.Store, i int) error {
+	res, err := s.Begin(ctx, benchReq(i))
+	if err != nil {
+		return err
+	}
+	if res.Decision != store.DecisionReplay {
+		return fmt.Errorf("Begin(k-%d) = %v, want replay", i, res.Decision)
+	}
+	return nil
+}
+
+func BenchmarkReplay(b *testing.B) {
+	e := newBenchEnv(b)
+	ctx := context.Background()
+	tiers := []struct {
+		name string
+		run  func(i int) error
+	}{
+		{"local", func(int) error { return replay(ctx, e.local, 0) }},
+		{"redis", func(i int) error { return replay(ctx, e.redisOnly, i%benchKeys) }},
+		{"postgres", func(i int) error { return replay(ctx, e.truth, i%benchKeys) }},
+	}
+	for _, tt := range tiers {
+		b.Run(tt.name, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if err := tt.run(i); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+		})
+	}
+
+	b.Run("turns", func(b *testing.B) {
+		const batch = 500
+		var spent [3]time.Duration
+		for from := 0; from < b.N; from += batch {
+			to := min(from+batch, b.N)
+			for j := range tiers {
+				tt := tiers[(from/batch+j)%len(tiers)] // a different tier leads each round
+				start := time.Now()
+				for i := from; i < to; i++ {
+					if err := tt.run(i); err != nil {
+						b.Fatal(err)
+					}
+				}
+				spent[(from/batch+j)%len(tiers)] += time.Since(start)
+			}
+		}
+		per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+		b.ReportMetric(per(spent[0]), "local-ns/replay")
+		b.ReportMetric(per(spent[1]), "redis-ns/replay")
+		b.ReportMetric(per(spent[2]), "postgres-ns/replay")
+		b.ReportMetric(per(spent[2])/per(spent[1]), "redis-vs-postgres")
+		b.ReportMetric(per(spent[1])/per(spent[0]), "local-vs-redis")
+	})
+}

@@ -1,0 +1,361 @@
+package tiered_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+	"github.com/oncemill/oncemill/store/tiered"
+)
+
+// These tests run against the real PostgreSQL and Redis, and never skip:
+// an unreachable server fails the run.
+
+const (
+	pgStartHint    = "start it with: pg_ctlcluster --skip-systemctl-redirect 15 main start (or set ONCEMILL_POSTGRES_DSN)"
+	redisStartHint = `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no (or set ONCEMILL_REDIS_ADDR)`
+)
+
+func dsn() string {
+	if v := os.Getenv("ONCEMILL_POSTGRES_DSN"); v != "" {
+		return v
+	}
+	return "postgres://postgres@127.0.0.1:5432/test"
+}
+
+func redisAddr() string {
+	if a := os.Getenv("ONCEMILL_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+func newPool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn())
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		tb.Fatalf("PostgreSQL at %q is unreachable: %v; %s", dsn(), err, pgStartHint)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// truthDB is a migrated records table in a schema of the test's own,
+// dropped when the test ends.
+type truthDB struct {
+	pool   *pgxpool.Pool
+	schema string
+	truth  *postgres.Store
+}
+
+func newTruth(tb testing.TB) *truthDB {
+	tb.Helper()
+	pool := newPool(tb)
+	schema := "oncemill_test_" + strings.ToLower(rand.Text()[:12])
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			tb.Errorf("dropping test schema %s: %v", schema, err)
+		}
+	})
+	st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { st.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := st.Migrate(ctx); err != nil {
+		tb.Fatalf("Migrate: %v", err)
+	}
+	return &truthDB{pool: pool, schema: schema, truth: st}
+}
+
+// advance moves every stored time of the table d earlier, which the
+// truth cannot tell apart from d passing on the database clock.
+func (db *truthDB) advance(tb testing.TB, d time.Duration) {
+	tb.Helper()
+	_, err := db.pool.Exec(context.Background(), fmt.Sprintf(`UPDATE %s SET
+		purge_at = purge_at - $1 * interval '1 microsecond',
+		expires_at = expires_at - $1 * interval '1 microsecond',
+		created_at = created_at - $1 * interval '1 microsecond',
+		updated_at = updated_at - $1 * interval '1 microsecond'`, pgx.Identifier{db.schema, postgres.DefaultTable}.Sanitize()), d.Microseconds())
+	if err != nil {
+		tb.Fatalf("advancing the database clock by %v: %v", d, err)
+	}
+}
+
+// remaining is how long the truth still keeps (scope, key), by the
+// database clock; ok is false when it holds no unexpired record.
+func (db *truthDB) remaining(tb testing.TB, scope, key string) (time.Duration, bool) {
+	tb.Helper()
+	var us int64
+	err := db.pool.QueryRow(context.Background(), fmt.Sprintf(
+		`SELECT (extract(epoch FROM expires_at - now()) * 1000000)::bigint FROM %s WHERE scope = $1 AND key = $2`,
+		pgx.Identifier{db.schema, postgres.DefaultTable}.Sanitize()), scope, key).Scan(&us)
+	if err == pgx.ErrNoRows || err == nil && us <= 0 {
+		return 0, false
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(us) * time.Microsecond, true
+}
+
+func newClient(tb testing.TB, addr string) *goredis.Client {
+	tb.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		c.Close()
+		tb.Fatalf("Redis at %s is unreachable (%v); start it with: %s", addr, err, redisStartHint)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+// testPrefix returns a prefix no other run uses, and removes every key
+// under it when the test ends.
+func testPrefix(tb testing.TB, c *goredis.Client) string {
+	tb.Helper()
+	prefix := "oncemilltest-tiered:" + rand.Text()[:12]
+	tb.Cleanup(func() {
+		ctx := context.Background()
+		for _, k := range redisKeys(tb, c, prefix) {
+			c.Unlink(ctx, k)
+		}
+	})
+	return prefix
+}
+
+func redisKeys(tb testing.TB, c *goredis.Client, prefix string) []string {
+	tb.Helper()
+	var keys []string
+	ctx := context.Background()
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		tb.Errorf("listing the keys under %q: %v", prefix, err)
+	}
+	return keys
+}
+
+// advanceRedis takes d off the TTL of every key under prefix, deleting
+// those that run out: Redis cannot tell it from d passing.
+func advanceRedis(tb testing.TB, c *goredis.Client, prefix string, d time.Duration) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, k := range redisKeys(tb, c, prefix) {
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		switch {
+		case ttl < 0: // gone meanwhile, or no TTL (not a key of the store)
+		case ttl <= d:
+			c.Del(ctx, k)
+		default:
+			c.PExpire(ctx, k, ttl-d)
+		}
+	}
+}
+
+// world is a truth, a Redis and tiered stores over them sharing a prefix.
+type world struct {
+	db     *truthDB
+	client *goredis.Client
+	prefix string
+	stores []*tiered.Store
+}
+
+func newWorld(tb testing.TB) *world {
+	tb.Helper()
+	c := newClient(tb, redisAddr())
+	return &world{db: newTruth(tb), client: c, prefix: testPrefix(tb, c)}
+}
+
+// store builds a tiered store of the world with opts (Prefix filled in).
+// Its RedisTimeout is 5 s unless opts sets one: these tests count which
+// tier answered, and a loaded machine must not turn a slow Redis reply
+// into a fallback.
+func (w *world) store(tb testing.TB, opts tiered.Options) *tiered.Store {
+	tb.Helper()
+	if opts.Prefix == "" {
+		opts.Prefix = w.prefix
+	}
+	if opts.RedisTimeout == 0 {
+		opts.RedisTimeout = 5 * time.Second
+	}
+	s, err := tiered.New(w.db.truth, w.client, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	w.stores = append(w.stores, s)
+	return s
+}
+
+// advance moves time forward by d in every tier of every store: the
+// truth's deadlines, Redis's TTLs, and the local tiers' clocks.
+func (w *world) advance(tb testing.TB, d time.Duration) {
+	tb.Helper()
+	w.db.advance(tb, d)
+	advanceRedis(tb, w.client, w.prefix, d)
+	for _, s := range w.stores {
+		s.AdvanceLocalClock(d)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func waitSubscribed(tb testing.TB, stores ...*tiered.Store) {
+	tb.Helper()
+	for _, s := range stores {
+		waitFor(tb, "the subscription to invalidations", s.Subscribed)
+	}
+}
+
+// redisServer is a redis-server of the test's own, on a free port.
+type redisServer struct {
+	addr string
+	cmd  *exec.Cmd
+	once sync.Once
+}
+
+func startRedis(tb testing.TB) *redisServer {
+	tb.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("starting redis-server (apt-get install redis-server): %v", err)
+	}
+	srv := &redisServer{addr: "127.0.0.1:" + port, cmd: cmd}
+	tb.Cleanup(func() { srv.kill() })
+	c := goredis.NewClient(&goredis.Options{Addr: srv.addr})
+	defer c.Close()
+	waitFor(tb, "redis-server on port "+port, func() bool {
+		return c.Ping(context.Background()).Err() == nil
+	})
+	return srv
+}
+
+// kill ends the server at once (SIGKILL), as a crash would.
+func (r *redisServer) kill() {
+	r.once.Do(func() {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+	})
+}
+
+func (r *redisServer) signal(tb testing.TB, sig syscall.Signal) {
+	tb.Helper()
+	if err := r.cmd.Process.Signal(sig); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// meter is an SDK meter provider whose counters a test reads.
+type meter struct {
+	reader *sdkmetric.ManualReader
+	*sdkmetric.MeterProvider
+}
+
+func newMeter(tb testing.TB) *meter {
+	r := sdkmetric.NewManualReader()
+	m := &meter{reader: r, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))}
+	tb.Cleanup(func() { m.Shutdown(context.Background()) })
+	return m
+}
+
+// count sums the int64 counter name over the points whose attribute key
+// is value (every point when key is "").
+func (m *meter) count(tb testing.TB, name, key, value string) int64 {
+	tb.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := m.reader.Collect(context.Background(), &rm); err != nil {
+		tb.Fatal(err)
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, met := range sm.Metrics {
+			sum, ok := met.Data.(metricdata.Sum[int64])
+			if met.Name != name || !ok {
+				continue
+			}
+			for _, p := range sum.DataPoints {
+				if v, ok := p.Attributes.Value(attribute.Key(key)); key == "" || ok && v.AsString() == value {
+					n += p.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+// begin calls Begin with a minute's lease and fails the test on an error.
+func begin(tb testing.TB, s store.Store, scope, key, fp string) store.BeginResult {
+	tb.Helper()
+	res, err := s.Begin(context.Background(), store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
+	if err != nil {
+		tb.Fatalf("Begin(%q): %v", key, err)
+	}
+	return res
+}
+
+func expect(tb testing.TB, want store.Decision, s store.Store, scope, key, fp string) store.BeginResult {
+	tb.Helper()
+	res := begin(tb, s, scope, key, fp)
+	if res.Decision != want {
+		tb.Fatalf("Begin(%q) = %v, want %v (record %+v)", key, res.Decision, want, res.Record)
+	}
+	return res
+}
+
+func complete(tb testing.TB, s store.Store, l store.Lease, result string, ttl time.Duration) {
+	tb.Helper()
+	if err := s.Complete(context.Background(), l, store.Completion{Status: store.StatusSucceeded, Result: []byte(result), TTL: ttl}); err != nil {
+		tb.Fatalf("Complete(%q): %v", l.Key, err)
+	}
+}

@@ -1,0 +1,113 @@
+package tiered
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/oncemill/oncemill/store"
+)
+
+// Claim implements store.Transactional: a finished record cached locally
+// or in Redis is answered from there, without a transaction; everything
+// else is the truth's claim, whose transaction the handler gets (for
+// store/postgres, postgres.TxFromContext finds it as usual).
+func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+	if s.closed.Load() {
+		return store.ClaimResult{}, closedErr("claim")
+	}
+	if err := req.Validate(); err != nil {
+		return store.ClaimResult{}, fmt.Errorf("oncemill: tiered: claim: %w", err)
+	}
+	k := id{req.Scope, req.Key}
+	seq := s.seq.Load()
+	if res, ok := s.lookup(ctx, k, req.Fingerprint, seq, opClaim); ok {
+		return store.ClaimResult{BeginResult: res}, nil
+	}
+	send := s.now()
+	res, err := s.truth.Claim(ctx, req)
+	if err != nil {
+		return res, err
+	}
+	switch {
+	case res.Decision == store.DecisionExecute && res.Tx != nil:
+		res.Tx = &claimTx{s: s, inner: res.Tx, id: k, fingerprint: req.Fingerprint, ttl: req.SuccessTTL, lease: res.Lease, claimed: send}
+	case finished(res.Record):
+		s.tel.replayed(ctx, tierTruth)
+		s.fillFromTruth(ctx, k, res.Record, seq, send, opClaim)
+	}
+	return res, nil
+}
+
+// RecordRollback implements store.Transactional: the truth, then a cached
+// failure is written through to both caches (to expire out.TTL after the
+// call was sent, less ClockMargin), and a retryable record takes the key
+// out of them.
+func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerprint string, out store.Completion) error {
+	if s.closed.Load() {
+		return closedErr("record rollback")
+	}
+	k := id{lease.Scope, lease.Key}
+	seq := s.seq.Load()
+	send := s.now()
+	if err := s.truth.RecordRollback(ctx, lease, fingerprint, out); err != nil {
+		return err
+	}
+	if out.Status != store.StatusFailed || !plainText(out.ErrorKind, maxPlainKind) || !plainText(out.ErrorMessage, maxPlainMessage) {
+		s.local.remove(k)
+		s.redisForget(context.WithoutCancel(ctx), k, opRecordRollback)
+		return nil
+	}
+	updated := s.truthTime(send)
+	rec := store.Record{
+		Scope: lease.Scope, Key: lease.Key, Fingerprint: fingerprint,
+		Status: store.StatusFailed, Token: lease.Token, Attempt: lease.Attempt,
+		ErrorKind: out.ErrorKind, ErrorMessage: out.ErrorMessage,
+		CreatedAt: updated, UpdatedAt: updated, ExpiresAt: updated.Add(out.TTL),
+	}
+	s.fill(ctx, k, rec, after(send, out.TTL)-int64(s.opts.ClockMargin), seq, send, opRecordRollback)
+	return nil
+}
+
+// claimTx is the truth's transaction, whose successful commit is written
+// through to both caches.
+type claimTx struct {
+	s           *Store
+	inner       store.Tx
+	id          id
+	fingerprint string
+	ttl         time.Duration // the claim's SuccessTTL
+	lease       store.Lease
+	claimed     int64 // local time the claim was sent
+}
+
+var _ store.Tx = (*claimTx)(nil)
+
+// Context implements store.Tx: the truth's.
+func (t *claimTx) Context(ctx context.Context) context.Context { return t.inner.Context(ctx) }
+
+// Commit implements store.Tx. Only after the truth committed is the
+// success cached, to expire SuccessTTL after the commit was sent (the
+// truth replays it SuccessTTL from its commit, a moment after) less
+// ClockMargin.
+func (t *claimTx) Commit(ctx context.Context, result []byte) error {
+	s := t.s
+	seq := s.seq.Load()
+	send := s.now()
+	if err := t.inner.Commit(ctx, result); err != nil {
+		return err
+	}
+	updated := s.truthTime(send)
+	rec := store.Record{
+		Scope: t.id.scope, Key: t.id.key, Fingerprint: t.fingerprint,
+		Status: store.StatusSucceeded, Token: t.lease.Token, Attempt: t.lease.Attempt,
+		Result:    bytes.Clone(result),
+		CreatedAt: s.truthTime(t.claimed), UpdatedAt: updated, ExpiresAt: updated.Add(t.ttl),
+	}
+	s.fill(ctx, t.id, rec, after(send, t.ttl)-int64(s.opts.ClockMargin), seq, send, opCommit)
+	return nil
+}
+
+// Rollback implements store.Tx: the truth's.
+func (t *claimTx) Rollback(ctx context.Context) error { return t.inner.Rollback(ctx) }
