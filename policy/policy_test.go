@@ -22,6 +22,7 @@ type validationError struct{ field string }
 func (e *validationError) Error() string { return "invalid " + e.field }
 
 func TestZeroPolicyIsTheDefaults(t *testing.T) {
+	t.Parallel()
 	var zero policy.Policy
 	if err := zero.Validate(); err != nil {
 		t.Fatal(err)
@@ -42,6 +43,7 @@ func TestZeroPolicyIsTheDefaults(t *testing.T) {
 }
 
 func TestValidateSaysWhatToChange(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		p       policy.Policy
 		setting string
@@ -62,6 +64,7 @@ func TestValidateSaysWhatToChange(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			err := tc.p.Validate()
 			var ce *oncemill.ConfigError
 			if !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Setting != tc.setting || !strings.Contains(err.Error(), tc.says) {
@@ -75,6 +78,7 @@ func TestValidateSaysWhatToChange(t *testing.T) {
 }
 
 func TestClassify(t *testing.T) {
+	t.Parallel()
 	p := policy.Policy{}
 	p.CachedErrors = []error{errNotFound}
 	p.RetryableErrors = []error{errTimeout}
@@ -106,6 +110,7 @@ func TestClassify(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			if got := p.Classify(tc.err); got != tc.want {
 				t.Fatalf("Classify(%v) = %v, want %v", tc.err, got, tc.want)
 			}
@@ -114,6 +119,7 @@ func TestClassify(t *testing.T) {
 }
 
 func TestMarkersKeepTheErrorChain(t *testing.T) {
+	t.Parallel()
 	err := policy.Permanent(fmt.Errorf("charge: %w", errNotFound))
 	if !errors.Is(err, errNotFound) || err.Error() != "charge: not found" {
 		t.Fatalf("marker hides the chain: %v", err)
