@@ -40,6 +40,7 @@ type execution struct {
 	// in flight; stopped, set under it, ends the beats.
 	slot    int32
 	beatAt  atomic.Int64
+	beating atomic.Bool // a beat the stage's heartbeats started is in flight
 	timer   *time.Timer
 	beatMu  sync.Mutex
 	stopped bool

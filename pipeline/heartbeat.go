@@ -73,8 +73,14 @@ func (h *heartbeats) scan() {
 				continue
 			}
 			busy = true
-			if due := e.beatAt.Load(); now >= due && e.beatAt.CompareAndSwap(due, now+h.ticksPerBeat) {
-				go e.beat()
+			// One beat at a time: a store slower than the heartbeat must not
+			// pile beats up behind the one in flight.
+			if due := e.beatAt.Load(); now >= due && e.beating.CompareAndSwap(false, true) {
+				e.beatAt.Store(now + h.ticksPerBeat)
+				go func() {
+					e.beat()
+					e.beating.Store(false)
+				}()
 			}
 		}
 		if !busy {

@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,5 +87,67 @@ func TestHeartbeatBeatsEveryRunningHandler(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // four heartbeat intervals
 	if after := counted.count("mAa"); after != before {
 		t.Fatalf("Extend ran after its handler returned: %d, then %d", before, after)
+	}
+}
+
+// slowExtends answers every Extend after a pause and counts how many of one
+// lease's Extends are in flight at once.
+type slowExtends struct {
+	store.Store
+	pause             time.Duration
+	inFlight, maxSeen atomic.Int32
+	calls             atomic.Int32
+	done              atomic.Bool  // the handler has returned
+	late              atomic.Int32 // Extends that started after it did
+}
+
+func (s *slowExtends) Extend(ctx context.Context, l store.Lease, d time.Duration) (store.Lease, error) {
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for {
+		seen := s.maxSeen.Load()
+		if n <= seen || s.maxSeen.CompareAndSwap(seen, n) {
+			break
+		}
+	}
+	s.calls.Add(1)
+	if s.done.Load() {
+		s.late.Add(1)
+	}
+	time.Sleep(s.pause)
+	return s.Store.Extend(ctx, l, d)
+}
+
+// A store slower than the heartbeat gets one Extend at a time: beats do
+// not pile up behind the one in flight (and the handler's end does not wait
+// for a queue of them).
+func TestHeartbeatsDoNotPileUpOnASlowStore(t *testing.T) {
+	t.Parallel()
+	st, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	slow := &slowExtends{Store: st, pause: 50 * time.Millisecond}
+	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
+		Store: slow, Keys: keygen.UUID(), Scope: "s",
+		Policy: policy.Policy{Lease: time.Minute, Heartbeat: 5 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		waitFor(t, func() bool { return slow.calls.Load() >= 4 })
+		slow.done.Store(true)
+		return nil, nil
+	})
+	if _, err := h(msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if n := slow.maxSeen.Load(); n != 1 {
+		t.Fatalf("%d Extends of one lease were in flight at once, want 1", n)
+	}
+	if n := slow.late.Load(); n > 1 {
+		t.Fatalf("%d Extends started after the handler returned, want at most the one already due: beats piled up", n)
 	}
 }
