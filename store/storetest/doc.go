@@ -16,21 +16,24 @@
 //		})
 //	}
 //
-// Stores judged by a server clock (PostgreSQL now(), Redis TIME) cannot be
+// Stores judged by a server clock (PostgreSQL now(), Redis's TTLs) cannot be
 // handed a fake clock; their Advance moves every stored deadline earlier by
-// d instead, which the suite cannot tell apart from time passing.
+// d instead, which the suite cannot tell apart from time passing. A store
+// that frees expired records by itself sets Harness.NativeExpiry.
 //
 // newHarness is called once per subtest. The store behind it may be shared
 // between subtests (a real database): every subtest uses its own random
 // scope, so records of different subtests and different runs never meet.
-// Subtests run one after another, never in parallel, because Advance moves
-// time for everything in the store. Turn off any background cleanup of the
+// The suite runs its subtests one after another, because Advance moves time
+// for everything in the store; a harness whose subtests each get a store of
+// their own (their own clock, their own key prefix) may call t.Parallel at
+// its start, and the memory and Redis suites do. Turn off any background cleanup of the
 // store under test: the suite checks that an expired lease is taken over with
 // attempt n+1, which a sweep in between would turn into attempt 1.
 //
 // Rules the suite pins down beyond the comments in package store:
 //
-//   - A record is visible (Get, Replay, InProgress) while the store's clock is
+//   - A record is visible (Get, Replay, Held) while the store's clock is
 //     before its ExpiresAt. An in-progress record whose lease has expired is
 //     hidden from Get but still counts attempts: the next Begin takes it over
 //     with attempt n+1, unless DeleteExpired removed it first (then the next
@@ -41,8 +44,8 @@
 //   - Release with keep <= 0 removes the record (the key is absent again).
 //   - Extend with d <= 0 and DeleteExpired with limit <= 0 are invalid
 //     requests.
-//   - Fencing tokens of one (scope, key) strictly increase for as long as the
-//     store lives, across Release, takeover, expiry and Delete.
+//   - Fencing tokens of one (scope, key) strictly increase across Release,
+//     takeover, expiry and Delete.
 //   - Result bytes are copied in and out: changing the slice given to Complete
 //     or the one returned by Begin or Get does not change the stored result.
 package storetest
