@@ -284,3 +284,17 @@ func BenchmarkExecute(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRouterProfile is one router with the builder's receiver and a
+// no-op handler, alone in the process, for a CPU profile of what oncemill
+// costs a router (docs/benchmarks.md: the share of stack growth):
+//
+//	go test -run='^$' -bench=RouterProfile -benchtime=200000x -cpuprofile=cpu.out ./pipeline
+func BenchmarkRouterProfile(b *testing.B) {
+	r := startBenchedRouter(b, "oncemill", benchReceiver(b, false).Middleware)
+	b.ResetTimer()
+	for n := 0; n < b.N; n += 1000 {
+		r.run(b, min(1000, b.N-n))
+	}
+	b.ReportMetric(r.rate(), "msgs/s")
+}
