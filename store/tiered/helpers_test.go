@@ -359,3 +359,11 @@ func complete(tb testing.TB, s store.Store, l store.Lease, result string, ttl ti
 		tb.Fatalf("Complete(%q): %v", l.Key, err)
 	}
 }
+
+// quietRedisLog drops go-redis's own log lines: the tests that kill or stall
+// Redis would print one per failed dial.
+type quietRedisLog struct{}
+
+func (quietRedisLog) Printf(context.Context, string, ...any) {}
+
+func init() { goredis.SetLogger(quietRedisLog{}) }
