@@ -17,6 +17,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/tiered"
 )
 
 // backend is an open store and what the commands need beside store.Admin.
@@ -55,18 +56,21 @@ func (a *app) open() (*backend, error) {
 	defer cancel()
 	switch a.g.Store {
 	case "postgres":
-		return openPostgres(ctx, a.g)
+		b, _, err := openPostgres(ctx, a.g)
+		return b, err
 	case "redis":
 		return openRedis(ctx, a.g)
+	case "tiered":
+		return openTiered(ctx, a.g)
 	}
-	return nil, usage("--store=%q: use postgres or redis", a.g.Store)
+	return nil, usage("--store=%q: use postgres, redis or tiered", a.g.Store)
 }
 
-func openPostgres(ctx context.Context, g *globals) (*backend, error) {
+func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, error) {
 	where := redactURL(g.PostgresDSN)
 	cfg, err := pgxpool.ParseConfig(g.PostgresDSN)
 	if err != nil {
-		return nil, fmt.Errorf("--postgres-dsn %s: %w", where, err)
+		return nil, nil, fmt.Errorf("--postgres-dsn %s: %w", where, err)
 	}
 	if !strings.Contains(g.PostgresDSN, "pool_max_conns") {
 		cfg.MaxConns = 2 // one command, one statement at a time
@@ -79,7 +83,7 @@ func openPostgres(ctx context.Context, g *globals) (*backend, error) {
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("PostgreSQL at %s is unreachable: %w", where, err)
+		return nil, nil, fmt.Errorf("PostgreSQL at %s is unreachable: %w", where, err)
 	}
 	st, err := postgres.New(pool, postgres.Options{
 		Schema:          g.PostgresSchema,
@@ -88,7 +92,7 @@ func openPostgres(ctx context.Context, g *globals) (*backend, error) {
 	})
 	if err != nil {
 		pool.Close()
-		return nil, err
+		return nil, nil, err
 	}
 	target := g.PostgresSchema + "." + g.PostgresTable // plain identifiers: New validated them
 	return &backend{
@@ -115,7 +119,7 @@ func openPostgres(ctx context.Context, g *globals) (*backend, error) {
 			return m, nil
 		},
 		close: func() { _ = st.Close(); pool.Close() },
-	}, nil
+	}, st, nil
 }
 
 // schemaVersion reads the newest applied version from the version table
@@ -137,18 +141,9 @@ func schemaVersion(ctx context.Context, pool *pgxpool.Pool, schema, versions str
 }
 
 func openRedis(ctx context.Context, g *globals) (*backend, error) {
-	opts := &goredis.Options{Addr: g.RedisAddr}
-	if strings.Contains(g.RedisAddr, "://") {
-		var err error
-		if opts, err = goredis.ParseURL(g.RedisAddr); err != nil {
-			return nil, fmt.Errorf("--redis-addr %s: %w", redactURL(g.RedisAddr), err)
-		}
-	}
-	where := redactURL(g.RedisAddr)
-	client := goredis.NewClient(opts)
-	if err := client.Ping(ctx).Err(); err != nil {
-		_ = client.Close()
-		return nil, fmt.Errorf("Redis at %s is unreachable: %w", where, err)
+	client, where, err := redisClient(ctx, g)
+	if err != nil {
+		return nil, err
 	}
 	st, err := oredis.New(client, oredis.Options{Prefix: g.RedisPrefix})
 	if err != nil {
@@ -165,6 +160,55 @@ func openRedis(ctx context.Context, g *globals) (*backend, error) {
 		},
 		close: func() { _ = st.Close(); _ = client.Close() },
 	}, nil
+}
+
+// redisClient connects to --redis-addr. Its calls are bounded by their
+// contexts (ContextTimeoutEnabled), as the tiered store requires.
+func redisClient(ctx context.Context, g *globals) (*goredis.Client, string, error) {
+	opts := &goredis.Options{Addr: g.RedisAddr}
+	if strings.Contains(g.RedisAddr, "://") {
+		var err error
+		if opts, err = goredis.ParseURL(g.RedisAddr); err != nil {
+			return nil, "", fmt.Errorf("--redis-addr %s: %w", redactURL(g.RedisAddr), err)
+		}
+	}
+	opts.ContextTimeoutEnabled = true
+	where := redactURL(g.RedisAddr)
+	client := goredis.NewClient(opts)
+	if err := client.Ping(ctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, "", fmt.Errorf("Redis at %s is unreachable: %w", where, err)
+	}
+	return client, where, nil
+}
+
+// openTiered opens PostgreSQL, the truth, and the tiered store's Redis cache
+// in front of it. Releases and purges go through the tiered store, so that
+// they reach the caches of every worker (a tombstone and an invalidation);
+// with --store=postgres they would not.
+func openTiered(ctx context.Context, g *globals) (*backend, error) {
+	b, pg, err := openPostgres(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	client, where, err := redisClient(ctx, g)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	// The CLI keeps no local tier: it reads the truth, and runs too briefly
+	// to gain from one.
+	st, err := tiered.New(pg, client, tiered.Options{Prefix: g.TieredPrefix, LocalCapacity: -1})
+	if err != nil {
+		_ = client.Close()
+		b.close()
+		return nil, err
+	}
+	closePG := b.close
+	b.admin = st
+	b.where = "tiered " + b.where + ", cache prefix " + g.TieredPrefix + " at " + where
+	b.close = func() { _ = st.Close(); _ = client.Close(); closePG() }
+	return b, nil
 }
 
 // redactURL hides the password of a URL-shaped address, for messages.

@@ -20,6 +20,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/tiered"
 )
 
 // The services the tests use: the development and CI PostgreSQL and
@@ -62,7 +63,7 @@ type fixture struct {
 	age func(t *testing.T, scope, key string, d time.Duration)
 }
 
-var storeNames = []string{"postgres", "redis"}
+var storeNames = []string{"postgres", "redis", "tiered"}
 
 func newFixture(t *testing.T, name string) *fixture {
 	t.Helper()
@@ -71,6 +72,8 @@ func newFixture(t *testing.T, name string) *fixture {
 		return newPostgresFixture(t)
 	case "redis":
 		return newRedisFixture(t)
+	case "tiered":
+		return newTieredFixture(t)
 	}
 	t.Fatalf("no fixture for store %q", name)
 	return nil
@@ -197,6 +200,29 @@ func newRedisFixture(t *testing.T) *fixture {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	return &fixture{name: "redis", st: st, flags: redisFlags(prefix), nativeExpiry: true}
+}
+
+// newTieredFixture is the tiered store: the records in PostgreSQL (as the
+// postgres fixture has them), their cache in Redis. Its store keeps no local
+// tier, so that what the CLI deletes (a tombstone in Redis) is seen by the
+// test's next Begin at once rather than when the invalidation arrives.
+func newTieredFixture(t *testing.T) *fixture {
+	t.Helper()
+	pg := newPostgresFixture(t)
+	c := goredis.NewClient(&goredis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("Redis at %s is unreachable: %v; start it with: %s", redisAddr(), err, startRedis)
+	}
+	prefix := newRedisPrefix(t, c)
+	st, err := tiered.New(pg.st.(*postgres.Store), c, tiered.Options{Prefix: prefix, LocalCapacity: -1})
+	if err != nil {
+		t.Fatalf("tiered.New: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	flags := append([]string{"--store=tiered"}, pg.flags[1:]...)
+	flags = append(flags, "--redis-addr="+redisAddr(), "--tiered-prefix="+prefix)
+	return &fixture{name: "tiered", st: st, flags: flags, age: pg.age}
 }
 
 // result is one run of the CLI.

@@ -46,13 +46,14 @@ type cli struct {
 
 // globals are the flags every command takes: which store, and how to print.
 type globals struct {
-	Store string `enum:"postgres,redis" required:"" env:"ONCEMILL_STORE" placeholder:"postgres|redis" help:"The store that holds the records: postgres or redis."`
+	Store string `enum:"postgres,redis,tiered" required:"" env:"ONCEMILL_STORE" placeholder:"postgres|redis|tiered" help:"The store that holds the records: postgres, redis, or tiered (PostgreSQL with its Redis cache: uses the postgres and redis flags)."`
 
 	PostgresDSN    string `name:"postgres-dsn" env:"ONCEMILL_POSTGRES_DSN" default:"postgres://postgres@127.0.0.1:5432/test" placeholder:"URL" help:"PostgreSQL for --store=postgres (default ${default})."`
 	PostgresSchema string `env:"ONCEMILL_POSTGRES_SCHEMA" default:"oncemill" placeholder:"NAME" help:"Schema of the records table (default ${default}, as the example worker; the library's default is public)."`
 	PostgresTable  string `env:"ONCEMILL_POSTGRES_TABLE" default:"oncemill_records" placeholder:"NAME" help:"The records table (default ${default})."`
 	RedisAddr      string `env:"ONCEMILL_REDIS_ADDR" default:"127.0.0.1:6379" placeholder:"ADDR" help:"Redis for --store=redis: host:port, or a redis:// or rediss:// URL with password and database (default ${default})."`
 	RedisPrefix    string `env:"ONCEMILL_REDIS_PREFIX" default:"oncemill" placeholder:"PREFIX" help:"Prefix of the record keys in Redis (default ${default})."`
+	TieredPrefix   string `env:"ONCEMILL_TIERED_PREFIX" default:"oncemill-tiered" placeholder:"PREFIX" help:"For --store=tiered: the prefix of its Redis cache and invalidations (default ${default})."`
 
 	JSON bool `name:"json" help:"Print JSON instead of a table: one object for inspect, stats, release and migrate; JSON lines for list and purge."`
 }
