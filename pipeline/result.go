@@ -71,6 +71,15 @@ func appendString(buf []byte, s string) []byte {
 	return append(buf, s...)
 }
 
+// DecodeResult reads a success's stored result (store.Record.Result) back
+// into the produced messages a duplicate is answered with, for operators'
+// tools: omitted is true when they were too large to keep, and an error
+// wrapping ErrCorruptResult means the bytes are not a result of this
+// encoding.
+func DecodeResult(b []byte) (msgs []*message.Message, omitted bool, err error) {
+	return decodeResult(b)
+}
+
 // decodeResult returns the stored messages, and omitted=true when the result
 // was too large to keep.
 func decodeResult(b []byte) (msgs []*message.Message, omitted bool, err error) {

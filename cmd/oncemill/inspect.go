@@ -5,23 +5,35 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
+	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/store"
 )
 
 type inspectCmd struct {
 	Scope    string `arg:"" help:"The scope (the Watermill handler name unless the receiver sets one)."`
 	Key      string `arg:"" help:"The key. Put -- before a key that starts with a dash."`
-	Messages bool   `help:"Also print the stored result (the encoded produced messages) as raw bytes."`
+	Messages bool   `help:"Also print the produced messages stored with a success (or the raw bytes, when they do not decode)."`
 }
 
 // inspectView is what inspect prints: the record, and with --messages its
 // stored result.
 type inspectView struct {
 	recordView
-	Now          time.Time `json:"now"`
-	ResultBase64 *string   `json:"result_base64,omitempty"`
+	Now          time.Time      `json:"now"`
+	Messages     []producedView `json:"messages,omitempty"`
+	Omitted      bool           `json:"messages_omitted,omitempty"`
+	ResultBase64 *string        `json:"result_base64,omitempty"`
+}
+
+// producedView is one produced message as the pipeline stored it.
+type producedView struct {
+	UUID     string            `json:"uuid"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	Payload  string            `json:"payload"`
 }
 
 // maxDumpBytes bounds the hex dump of a result in the table.
@@ -44,6 +56,12 @@ func (c *inspectCmd) Run(a *app) error {
 		if c.Messages {
 			s := base64.StdEncoding.EncodeToString(rec.Result)
 			v.ResultBase64 = &s
+			if msgs, omitted, err := pipeline.DecodeResult(rec.Result); err == nil {
+				v.Omitted = omitted
+				for _, m := range msgs {
+					v.Messages = append(v.Messages, producedView{UUID: m.UUID, Metadata: m.Metadata, Payload: string(m.Payload)})
+				}
+			}
 		}
 		if a.g.JSON {
 			return writeJSONIndented(a.stdout, v)
@@ -74,15 +92,34 @@ func (c *inspectCmd) Run(a *app) error {
 			return err
 		}
 		if c.Messages {
-			return dumpResult(a, rec.Result)
+			return printProduced(a, v, rec.Result)
 		}
 		return nil
 	})
 }
 
-// dumpResult prints the stored result as a hex dump. The encoding of the
-// produced messages is private to package pipeline, so the bytes are shown
-// as they are stored.
+// printProduced prints the produced messages a success stored, or the raw
+// bytes when they are not a result of the pipeline's encoding.
+func printProduced(a *app, v inspectView, result []byte) error {
+	switch {
+	case v.Omitted:
+		_, err := fmt.Fprintln(a.stdout, "\nthe produced messages were too large to store: a duplicate re-publishes nothing")
+		return err
+	case len(v.Messages) > 0:
+		fmt.Fprintf(a.stdout, "\n%d produced messages, re-published to each duplicate:\n", len(v.Messages))
+		for _, m := range v.Messages {
+			fmt.Fprintf(a.stdout, "  uuid %s, %d bytes: %s\n", shown(m.UUID), len(m.Payload), oneLine(m.Payload, 200))
+			for _, k := range slices.Sorted(maps.Keys(m.Metadata)) {
+				fmt.Fprintf(a.stdout, "    %s: %s\n", shown(k), oneLine(m.Metadata[k], 200))
+			}
+		}
+		return nil
+	}
+	return dumpResult(a, result)
+}
+
+// dumpResult prints the stored result as a hex dump, for bytes that do not
+// decode as produced messages.
 func dumpResult(a *app, result []byte) error {
 	if len(result) == 0 {
 		_, err := fmt.Fprintln(a.stdout, "\nno produced messages stored (a success without output, or a failure)")

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	oredis "github.com/oncemill/oncemill/store/redis"
 )
@@ -526,3 +528,31 @@ func TestEnvironment(t *testing.T) {
 }
 
 var _ io.Reader = (*onceReader)(nil)
+
+// inspect --messages shows the produced messages a success stored, as the
+// pipeline encoded them, on every store.
+func TestInspectShowsProducedMessages(t *testing.T) {
+	t.Parallel()
+	forEachStore(t, func(t *testing.T, fx *fixture) {
+		r, err := receiver.New(fx.st).WithScope("orders").Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := r.Middleware(func(m *message.Message) ([]*message.Message, error) {
+			out := message.NewMessage("invoice-7", []byte(`{"invoice":7}`))
+			out.Metadata.Set("order", m.UUID)
+			return []*message.Message{out}, nil
+		})
+		if _, err := h(message.NewMessage("order-7", []byte("{}"))); err != nil {
+			t.Fatal(err)
+		}
+		v := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--messages", "orders", "order-7").mustCode(t, exitOK))
+		if len(v.Messages) != 1 || v.Messages[0].UUID != "invoice-7" || v.Messages[0].Payload != `{"invoice":7}` || v.Messages[0].Metadata["order"] != "order-7" {
+			t.Fatalf("inspect --json --messages: %+v", v.Messages)
+		}
+		table := fx.cli(t, nil, "inspect", "--messages", "orders", "order-7").mustCode(t, exitOK).stdout
+		if !strings.Contains(table, `uuid invoice-7, 13 bytes: {"invoice":7}`) || !strings.Contains(table, "order: order-7") {
+			t.Fatalf("inspect --messages does not show the produced message:\n%s", table)
+		}
+	})
+}
