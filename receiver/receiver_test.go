@@ -2,6 +2,7 @@ package receiver_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
@@ -198,5 +200,32 @@ func TestBuildRefusesAScopeNoStoreHolds(t *testing.T) {
 		if r != nil || !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "store.MaxScopeLen") {
 			t.Errorf("%s: Build = %v, %v; want ErrInvalidConfig saying what a scope may be", name, r, err)
 		}
+	}
+}
+
+// keygen.NoFingerprint turns mismatch detection off: the same key with
+// another payload is a duplicate, not a mismatch.
+func TestNoFingerprintTurnsMismatchDetectionOff(t *testing.T) {
+	t.Parallel()
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	var outcomes []pipeline.Outcome
+	for _, fingerprint := range []func(*message.Message) string{nil, keygen.NoFingerprint} {
+		b := receiver.New(st).WithScope(fmt.Sprintf("fp-%v", fingerprint == nil)).
+			WithEventHandler(func(e pipeline.Event) { outcomes = append(outcomes, e.Outcome) })
+		if fingerprint != nil {
+			b = b.WithFingerprint(fingerprint)
+		}
+		r, err := b.Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+		_, _ = h(message.NewMessage("order-1", []byte(`{"amount":1}`)))
+		_, _ = h(message.NewMessage("order-1", []byte(`{"amount":2}`)))
+	}
+	want := []pipeline.Outcome{pipeline.OutcomeExecuted, pipeline.OutcomeRejected, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed}
+	if fmt.Sprint(outcomes) != fmt.Sprint(want) {
+		t.Fatalf("outcomes %v, want %v: a mismatch with the payload fingerprint, a replay without it", outcomes, want)
 	}
 }
