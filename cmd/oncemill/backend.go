@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
@@ -107,7 +106,7 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 		},
 		migrate: func(ctx context.Context) (migration, error) {
 			m := migration{Store: "postgres", Target: target, To: postgres.SchemaVersion}
-			from, err := schemaVersion(ctx, pool, g.PostgresSchema, g.PostgresTable+"_migrations")
+			from, err := st.AppliedVersion(ctx)
 			if err != nil {
 				return m, err
 			}
@@ -120,24 +119,6 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 		},
 		close: func() { _ = st.Close(); pool.Close() },
 	}, st, nil
-}
-
-// schemaVersion reads the newest applied version from the version table
-// that postgres.Store.Migrate keeps (<table>_migrations), 0 when there is none.
-func schemaVersion(ctx context.Context, pool *pgxpool.Pool, schema, versions string) (int, error) {
-	qualified := pgx.Identifier{schema, versions}.Sanitize()
-	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", qualified).Scan(&exists); err != nil {
-		return 0, fmt.Errorf("reading the schema version: %w", err)
-	}
-	if !exists {
-		return 0, nil
-	}
-	var v int
-	if err := pool.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+qualified).Scan(&v); err != nil {
-		return 0, fmt.Errorf("reading the schema version: %w", err)
-	}
-	return v, nil
 }
 
 func openRedis(ctx context.Context, g *globals) (*backend, error) {

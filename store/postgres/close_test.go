@@ -98,3 +98,24 @@ func TestCloseWaitsForOperationsWithinTheirBound(t *testing.T) {
 		t.Fatal("Close did not return after the bounded Begin gave up")
 	}
 }
+
+// AppliedVersion is 0 before the first Migrate and SchemaVersion after it.
+func TestAppliedVersion(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, nil)
+	schema := newSchema(t, pool)
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v, err := s.AppliedVersion(t.Context()); err != nil || v != 0 {
+		t.Fatalf("AppliedVersion before Migrate = %d, %v; want 0", v, err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.AppliedVersion(t.Context()); err != nil || v != postgres.SchemaVersion {
+		t.Fatalf("AppliedVersion after Migrate = %d, %v; want %d", v, err, postgres.SchemaVersion)
+	}
+}

@@ -75,6 +75,29 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 // and the others then find nothing to do.
 func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, SchemaVersion) }
 
+// AppliedVersion is the newest schema version Migrate has applied to the
+// store's table: 0 before the first Migrate, SchemaVersion after one of
+// this build.
+func (s *Store) AppliedVersion(ctx context.Context) (int, error) {
+	ctx, cancel, err := s.enter(ctx, "applied version", 0)
+	if err != nil {
+		return 0, err
+	}
+	defer s.leave(cancel)
+	var exists bool
+	if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.names.versions).Scan(&exists); err != nil {
+		return 0, wrap("applied version", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := s.pool.QueryRow(ctx, s.names.render(`SELECT coalesce(max(version), 0) FROM {{VERSIONS}}`)).Scan(&v); err != nil {
+		return 0, wrap("applied version", err)
+	}
+	return v, nil
+}
+
 // migrateTo applies the migrations up to version (tests stop short of the
 // newest to check an upgrade).
 func (s *Store) migrateTo(ctx context.Context, version int) error {
