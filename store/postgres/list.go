@@ -34,20 +34,7 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	if err != nil {
 		return store.ListPage{}, wrap("list", err)
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.Record, error) {
-		var (
-			rec     store.Record
-			status  int16
-			attempt int32
-		)
-		err := row.Scan(&rec.Scope, &rec.Key, &rec.Fingerprint, &status, &rec.Token, &attempt,
-			&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
-		rec.Status, rec.Attempt = store.Status(status), int(attempt)
-		if rec.Status == store.StatusInProgress {
-			rec.LeaseExpiresAt = rec.ExpiresAt
-		}
-		return rec, err
-	})
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.Record, error) { return scanRecord(row) })
 	if err != nil {
 		return store.ListPage{}, wrap("list", err)
 	}

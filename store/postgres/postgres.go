@@ -428,24 +428,30 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 		return store.Record{}, err
 	}
 	defer s.leave(cancel)
-	rec := store.Record{Scope: scope, Key: key}
-	var (
-		status  int16
-		attempt int32
-	)
-	err = s.pool.QueryRow(ctx, s.sql.get, scope, key).Scan(&rec.Fingerprint, &status, &rec.Token, &attempt,
-		&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
+	rec, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, scope, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Record{}, fmt.Errorf("oncemill: postgres: get %q/%q: %w", scope, key, store.ErrNotFound)
 	}
 	if err != nil {
 		return store.Record{}, wrap("get", err)
 	}
+	return rec, nil
+}
+
+// scanRecord reads a row of recordColumns.
+func scanRecord(row pgx.Row) (store.Record, error) {
+	var (
+		rec     store.Record
+		status  int16
+		attempt int32
+	)
+	err := row.Scan(&rec.Scope, &rec.Key, &rec.Fingerprint, &status, &rec.Token, &attempt,
+		&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
 	rec.Status, rec.Attempt = store.Status(status), int(attempt)
 	if rec.Status == store.StatusInProgress {
 		rec.LeaseExpiresAt = rec.ExpiresAt
 	}
-	return rec, nil
+	return rec, err
 }
 
 // CompareAndDelete implements store.Admin: one statement, which deletes

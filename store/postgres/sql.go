@@ -275,18 +275,20 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}}`
 
 // sqlGet returns the record while it is visible.
 const sqlGet = `
-SELECT fingerprint, status, token, attempt, result,
-	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at
+SELECT ` + recordColumns + `
 FROM {{TABLE}}
 WHERE scope = $1 AND key = $2 AND expires_at > now()`
+
+// recordColumns are a row as scanRecord reads it.
+const recordColumns = `scope, key, fingerprint, status, token, attempt, result,
+	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at`
 
 // sqlList is one page of Admin.List: rows after ($4, $5) in primary key
 // order, filtered by scope ($1, ” for all), status ($2, 0 for all) and
 // last update ($3, NULL for all). It walks the primary key: an operator's
 // statement, not the delivery path's.
 const sqlList = `
-SELECT scope, key, fingerprint, status, token, attempt, result,
-	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at
+SELECT ` + recordColumns + `
 FROM {{TABLE}}
 WHERE (scope, key) > ($4::text, $5::text)
 	AND ($1::text = '' OR scope = $1::text)
