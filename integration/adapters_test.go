@@ -8,7 +8,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -62,12 +61,7 @@ func TestKafkaMessageContextCarriesPartitionAndOffset(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, brokerKinds[0], storeKinds[1])
 	topic := h.ns + "-offsets"
-	c := sarama.NewConfig()
-	c.Version = sarama.V2_8_0_0
-	admin, err := sarama.NewClusterAdmin([]string{env.kafkaAddr}, c)
-	must(t, err)
-	must(t, admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
-	_ = admin.Close()
+	createKafkaTopic(t, topic)
 
 	sub := h.broker.subscriber(t, h.ns+"-offsets")
 	defer sub.Close()

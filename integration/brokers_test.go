@@ -159,6 +159,17 @@ func sqsConfig() (aws.Config, []func(*sqs.Options), wsqs.QueueConfigAttributes) 
 
 // kafkaGroupReady reports whether the consumer group has n members that
 // each hold at least one partition.
+// createKafkaTopic creates topic with one partition on the test cluster.
+func createKafkaTopic(t *testing.T, topic string) {
+	t.Helper()
+	c := sarama.NewConfig()
+	c.Version = sarama.V2_8_0_0
+	admin, err := sarama.NewClusterAdmin([]string{env.kafkaAddr}, c)
+	must(t, err)
+	defer admin.Close()
+	must(t, admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
+}
+
 func kafkaGroupReady(t *testing.T, group string, n int) bool {
 	c := sarama.NewConfig()
 	c.Version = sarama.V2_8_0_0

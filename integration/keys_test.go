@@ -8,7 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wsqs "github.com/ThreeDotsLabs/watermill-aws/sqs"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -96,12 +95,7 @@ func TestKafkaOffsetKeys(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, brokerKinds[0], storeKinds[1])
 	topic := h.ns + "-offsets"
-	c := sarama.NewConfig()
-	c.Version = sarama.V2_8_0_0
-	admin, err := sarama.NewClusterAdmin([]string{env.kafkaAddr}, c)
-	must(t, err)
-	must(t, admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
-	_ = admin.Close()
+	createKafkaTopic(t, topic)
 	sub := h.broker.subscriber(t, h.ns+"-offsets")
 	run := startKeyRun(t, sub, topic, kafkakeys.Offset())
 
