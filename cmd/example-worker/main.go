@@ -100,37 +100,19 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	switch cfg.Mode {
 	case "produce":
 		err = worker.Produce(ctx, cfg, demoPlan(cfg), worker.Hooks{}, stdout, stderr)
-		return exitCode(err, stderr)
+		return worker.ExitCode(stderr, "example-worker", err)
 	case "consume":
-		return exitCode(worker.Consume(ctx, cfg, worker.Hooks{}, stdout, stderr), stderr)
+		return worker.ExitCode(stderr, "example-worker", worker.Consume(ctx, cfg, worker.Hooks{}, stdout, stderr))
 	}
 
 	plan := demoPlan(cfg)
 	sum, err := worker.Run(ctx, cfg, plan, stderr)
 	var problems []string
-	if err != nil {
-		problems = append(problems, err.Error())
-	}
 	if sum != nil {
 		fmt.Fprintf(stdout, "duplicates: redelivered=%d resent_new_uuid=%d invalid_amount=%d; elapsed %v\n",
 			plan.Redelivered, plan.Resent, plan.Invalids, sum.Elapsed.Round(time.Millisecond))
 		fmt.Fprintln(stdout, sum.Line())
-		problems = append(problems, sum.Problems()...)
+		problems = sum.Problems()
 	}
-	for _, p := range problems {
-		fmt.Fprintf(stderr, "example-worker: FAIL: %s\n", p)
-	}
-	if len(problems) > 0 {
-		return 1
-	}
-	return 0
-}
-
-// exitCode reports err of the produce or consume mode: 0 for none, else 1.
-func exitCode(err error, stderr io.Writer) int {
-	if err != nil {
-		fmt.Fprintf(stderr, "example-worker: FAIL: %v\n", err)
-		return 1
-	}
-	return 0
+	return worker.ExitCode(stderr, "example-worker", err, problems...)
 }

@@ -169,33 +169,15 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		w.markFaults()
 		hooks := cfg.hooks(nil, stdout)
 		hooks.Copies = w.copies(nil, 0) // no acks are seen here: copies go back to back
-		return exitCode(worker.Produce(ctx, cfg.Config, w.Plan, hooks, stdout, stderr), stderr)
+		return worker.ExitCode(stderr, "oncemill-soak", worker.Produce(ctx, cfg.Config, w.Plan, hooks, stdout, stderr))
 	case "consume":
-		return exitCode(worker.Consume(ctx, cfg.Config, cfg.hooks(nil, stdout), stdout, stderr), stderr)
+		return worker.ExitCode(stderr, "oncemill-soak", worker.Consume(ctx, cfg.Config, cfg.hooks(nil, stdout), stdout, stderr))
 	}
 
 	sum, err := run(ctx, cfg, stdout, stderr)
 	var problems []string
-	if err != nil {
-		problems = append(problems, err.Error())
-	}
 	if sum != nil && (err == nil || sum.Deliveries > 0) {
-		problems = append(problems, sum.problems()...)
+		problems = sum.problems()
 	}
-	for _, p := range problems {
-		fmt.Fprintf(stderr, "oncemill-soak: FAIL: %s\n", p)
-	}
-	if len(problems) > 0 {
-		return 1
-	}
-	return 0
-}
-
-// exitCode reports err of the produce or consume mode: 0 for none, else 1.
-func exitCode(err error, stderr io.Writer) int {
-	if err != nil {
-		fmt.Fprintf(stderr, "oncemill-soak: FAIL: %v\n", err)
-		return 1
-	}
-	return 0
+	return worker.ExitCode(stderr, "oncemill-soak", err, problems...)
 }

@@ -4,6 +4,7 @@ package worker
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"time"
 )
@@ -68,4 +69,20 @@ func (s *Summary) Problems() []string {
 		out = append(out, fmt.Sprintf("unique=%d but published=%d: the key generator does not map each command to exactly one key", s.Unique, s.Published))
 	}
 	return out
+}
+
+// ExitCode reports what went wrong on stderr, one "<prog>: FAIL:" line per
+// problem (err first, when not nil), and returns the process's exit code:
+// 0 when there is nothing to report, else 1.
+func ExitCode(stderr io.Writer, prog string, err error, problems ...string) int {
+	if err != nil {
+		problems = append([]string{err.Error()}, problems...)
+	}
+	for _, p := range problems {
+		fmt.Fprintf(stderr, "%s: FAIL: %s\n", prog, p)
+	}
+	if len(problems) > 0 {
+		return 1
+	}
+	return 0
 }
