@@ -65,8 +65,10 @@ type IdempotencyConfig struct {
 	Policy policy.Policy
 	// Logger defaults to watermill.NopLogger.
 	Logger watermill.LoggerAdapter
-	// ReplayLogLevel is the level at which each replay is logged, with its
-	// scope, key, original outcome and age. Zero means DebugLogLevel.
+	// ReplayLogLevel, when set, is the level at which each replay is
+	// logged, with its scope, key, original outcome and age. Zero logs no
+	// replays: the line costs an allocation per duplicate, which a logger
+	// that drops the level would still pay.
 	ReplayLogLevel watermill.LogLevel
 	// OnEvent, when set, is called once per delivery, after the decision and
 	// before the router acks or nacks. It must be quick and safe for
@@ -144,10 +146,12 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		deadLetter:  cfg.DeadLetter,
 		tel:         cfg.Telemetry,
 		maxKeyLen:   limits.MaxKeyLen,
-		beats:       newHeartbeats(cfg.Policy.Heartbeat, cfg.Policy.Lease),
 	}
 	if s.tel == nil {
 		s.tel = defaultTelemetry()
+	}
+	if cfg.Store != nil { // the one-transaction mode has no lease to keep alive
+		s.beats = newHeartbeats(cfg.Policy.Heartbeat, cfg.Policy.Lease)
 	}
 	if s.fingerprint == nil {
 		keys := cfg.Keys
@@ -155,7 +159,7 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 	}
 	if s.logger == nil {
 		s.logger = watermill.NopLogger{}
-	} else {
+	} else if cfg.ReplayLogLevel != 0 {
 		s.replayLog = logAt(s.logger, cfg.ReplayLogLevel)
 	}
 	return s, nil
@@ -574,7 +578,7 @@ func (s *Idempotency) fields(d *delivery) watermill.LogFields {
 	}
 }
 
-// logAt returns l's method for level (DebugLogLevel for zero).
+// logAt returns l's method for level.
 func logAt(l watermill.LoggerAdapter, level watermill.LogLevel) func(string, watermill.LogFields) {
 	switch level {
 	case watermill.TraceLogLevel:

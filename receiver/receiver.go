@@ -111,7 +111,7 @@ func (b *Builder) WithLogger(l watermill.LoggerAdapter) *Builder {
 
 // WithReplayLogLevel sets the level at which each replay is logged through
 // WithLogger's logger, with its scope, key, original outcome (succeeded or
-// failed) and age (default watermill.DebugLogLevel). A replay rate that
+// failed) and age (default: replays are not logged). A replay rate that
 // never falls, or ages far beyond the broker's redelivery horizon, point to
 // a key that does not identify what it should (docs/operations.md).
 func (b *Builder) WithReplayLogLevel(level watermill.LogLevel) *Builder {
