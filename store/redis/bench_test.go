@@ -22,8 +22,8 @@ import (
 //	go test -run='^$' -bench=. -benchtime=100000x ./store/redis
 //	redis-benchmark -h 127.0.0.1 -p 6379 -n 200000 -c N -r 1000000 SET oncemillbench:__rand_int__ v NX EX 60
 //
-// msgs/s counts messages: one Begin and one Complete each (a SET NX GET and
-// a script).
+// msgs/s counts messages: one Begin and one Complete each (a SET NX and a
+// script).
 
 var benchOutcome = store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
 

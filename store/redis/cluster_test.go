@@ -267,7 +267,7 @@ func TestClusterContract(t *testing.T) {
 				// Each subtest has a Store on a prefix of its own, and Advance
 				// touches only that prefix's records: the subtests may run in parallel.
 				t.Parallel()
-				s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: ap})
+				s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: ap})
 				return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
 			})
 		})

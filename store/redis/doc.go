@@ -18,8 +18,8 @@
 //
 // # Commands
 //
-// Begin of a new key, and a duplicate of a finished one, is one
-// SET NX GET: it writes the lease, or returns the record to replay. A key
+// Begin of a new key is one SET NX PX that writes the lease; a duplicate of
+// a finished one is that SET NX and a GET of the record to replay. A key
 // held by an in-progress or released record goes to a short script that
 // takes it once the lease has run out. Complete and Release are one
 // compare-and-set script each (GET, compare the record's head with the
@@ -27,7 +27,7 @@
 // Extend succeed only while the record is in progress under the caller's
 // token; otherwise they return store.ErrLeaseLost and change nothing. With
 // Options.AutoPipeline the commands of concurrent calls share round trips
-// (go-redis's AutoPipeliner).
+// (go-redis's AutoPipeliner) while more than 4 calls are under way.
 //
 // A key's fencing token rises with every lease while its record lives
 // (previous token + 1, or the worker's clock in microseconds, whichever is

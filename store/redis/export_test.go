@@ -49,3 +49,7 @@ func SlotTag(n int) string { return slotTags()[n] }
 func CRC16(s string) uint16 { return crc16(0, s) }
 
 const NumSlots = numSlots
+
+// SetPipeAbove sets how many calls must be under way before commands go
+// through the AutoPipeliner (Options.AutoPipeline).
+func SetPipeAbove(s *Store, n int) { s.pipeAbove = int32(n) }

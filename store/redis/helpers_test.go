@@ -112,3 +112,15 @@ func newStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options) *or
 	}
 	return s
 }
+
+// newTestStore is newStore for the tests: with Options.AutoPipeline every
+// call goes through the pipeliner, not only those beyond the first few
+// under way, so that the tests cover that path.
+func newTestStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options) *oredis.Store {
+	tb.Helper()
+	s := newStore(tb, c, opts)
+	if opts.AutoPipeline {
+		oredis.SetPipeAbove(s, 0)
+	}
+	return s
+}

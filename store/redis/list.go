@@ -70,7 +70,7 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 		for i, cmd := range cmds {
 			v, err := cmd.(*goredis.StringCmd).Result()
 			if isWrongType(err) { // layout 0: migrate it and read it again
-				if err = s.migrate(ctx, chunk[i].redisKey); err == nil {
+				if err = migrate(ctx, s.client, chunk[i].redisKey); err == nil {
 					v, err = s.client.Get(ctx, chunk[i].redisKey).Result()
 				}
 			}

@@ -91,14 +91,16 @@ func stable(b []byte, created time.Time, fingerprint string) []byte {
 	b = strconv.AppendInt(b, created.UnixMicro(), 10)
 	b = append(b, '|')
 	b = append(b, fingerprint...)
-	return fmt.Appendf(b, "%04x", len(b)-start)
+	n := len(b) - start // at most maxStableLen: Begin bounds the fingerprint
+	const hex = "0123456789abcdef"
+	return append(b, hex[n>>12&0xf], hex[n>>8&0xf], hex[n>>4&0xf], hex[n&0xf])
 }
 
 // encode returns r's value.
-func encode(r *record) string {
+func encode(r *record) []byte {
 	b := head(r)
 	b = body(b, r.ErrorKind, r.ErrorMessage, r.Result)
-	return string(stable(b, r.CreatedAt, r.Fingerprint))
+	return stable(b, r.CreatedAt, r.Fingerprint)
 }
 
 func appendField(b []byte, s string) []byte {

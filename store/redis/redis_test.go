@@ -42,7 +42,7 @@ func TestContractAutoPipeline(t *testing.T) {
 		// Each subtest has a Store on a prefix of its own, and Advance
 		// touches only that prefix's records: the subtests may run in parallel.
 		t.Parallel()
-		s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
+		s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
 		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
 	})
 }
@@ -430,7 +430,7 @@ func TestScriptCacheFlushed(t *testing.T) {
 
 func testScriptCacheFlushed(t *testing.T, autoPipeline bool) {
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
+	s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
 	ctx := t.Context()
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,8 @@ import goredis "github.com/redis/go-redis/v9"
 // The scripts work on one record (record.go) and touch one key, so they
 // run on any Redis Cluster slot. Every redis.call costs a few
 // microseconds, more than the Lua around it, so each makes as few as it
-// can; Begin of a new key and a replay make none (a plain SET NX GET).
+// can; Begin of a new key and a replay make none (a plain SET NX, then a
+// GET for a key that exists).
 // They never read the clock: a lease is live while the key's PTTL is above
 // its tail, and the times in the value come from the worker.
 //

@@ -218,6 +218,13 @@ func (w *world) store(tb testing.TB, opts tiered.Options) *tiered.Store {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { s.Close() })
+	// The local tier fills only once invalidations are heard: wait for
+	// that, so that the tests see it from the first call.
+	for deadline := time.Now().Add(10 * time.Second); !s.Subscribed(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatal("the tiered store did not subscribe to invalidations within 10s")
+		}
+	}
 	w.stores = append(w.stores, s)
 	return s
 }

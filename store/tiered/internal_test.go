@@ -92,8 +92,9 @@ func TestRemoteClock(t *testing.T) {
 	}
 }
 
-// The local tier drops an entry at its deadline, and a fill that an
-// invalidation overtook takes its entry out again.
+// The local tier drops an entry at its deadline; a fill that an
+// invalidation overtook takes its entry out again, and nothing is filled
+// before invalidations are heard.
 func TestLocalTier(t *testing.T) {
 	l, err := newLocalTier(10, 100)
 	if err != nil {
@@ -122,6 +123,12 @@ func TestLocalTier(t *testing.T) {
 
 	// A fill that read its record before an invalidation does not stay.
 	s := &Store{local: l, opts: Options{MaxLocalAge: time.Hour}, base: time.Now()}
+	l.remove(k)
+	s.fillLocal(k, store.Record{Status: store.StatusSucceeded}, 1<<62, s.seq.Load())
+	if l.get(k, s.now()) != nil {
+		t.Fatal("a fill before the subscription to invalidations was confirmed stayed in the local tier")
+	}
+	s.subscribed.Store(true)
 	seq := s.seq.Load()
 	s.invalidateLocal(id{"s", "other"})
 	s.fillLocal(k, store.Record{Status: store.StatusSucceeded}, 1<<62, seq)

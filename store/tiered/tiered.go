@@ -240,7 +240,9 @@ func (s *Store) lookup(ctx context.Context, k id, fingerprint string, seq uint64
 // rec was read: if an invalidation came since, the entry is taken out
 // again (the invalidation may have missed it).
 func (s *Store) fillLocal(k id, rec store.Record, deadline int64, seq uint64) {
-	if !s.local.fits(&rec) {
+	// Until the subscription is confirmed no invalidation reaches the
+	// local tier, and the confirmation empties it anyway.
+	if !s.subscribed.Load() || !s.local.fits(&rec) {
 		return
 	}
 	now := s.now()
