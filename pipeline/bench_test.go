@@ -61,7 +61,10 @@ func BenchmarkRouterThroughput(b *testing.B) {
 // BenchmarkRouterThroughputBusyHandler is BenchmarkRouterThroughput's bare
 // and builder routers around a handler that does about 50 µs of CPU work, as
 // a handler that parses, validates and computes does: what oncemill costs a
-// handler with real work, reported as oncemill/bare.
+// handler with real work, reported as oncemill/bare. A third router with a
+// middleware that only calls the handler (passthrough/bare) shows how far
+// apart two routers doing the same work land in the same run: the
+// resolution of oncemill/bare.
 //
 //	go test -run='^$' -bench=RouterThroughputBusyHandler -benchtime=20000x -count=3 ./pipeline
 func BenchmarkRouterThroughputBusyHandler(b *testing.B) {
@@ -69,7 +72,13 @@ func BenchmarkRouterThroughputBusyHandler(b *testing.B) {
 	takeTurns(b, []*benchedRouter{
 		startBenchedRouter(b, "bare", nil, work),
 		startBenchedRouter(b, "oncemill", benchReceiver(b, false).Middleware, work),
+		startBenchedRouter(b, "passthrough", passthrough, work),
 	})
+}
+
+// passthrough is a middleware that only calls the handler.
+func passthrough(h message.HandlerFunc) message.HandlerFunc {
+	return func(m *message.Message) ([]*message.Message, error) { return h(m) }
 }
 
 // cpuWork returns a function that hashes the bench payload for about d,
@@ -101,9 +110,6 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	nop, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: keepNothing{}, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Policy{}.WithDefaults()})
 	if err != nil {
 		b.Fatal(err)
-	}
-	passthrough := func(h message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) { return h(m) }
 	}
 	takeTurns(b, []*benchedRouter{
 		startBenchedRouter(b, "bare", nil),
