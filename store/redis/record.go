@@ -62,27 +62,24 @@ func statusLetter(s store.Status) byte {
 // takes 4 hex digits.
 const maxStableLen = 0xffff
 
-// head returns the part of r's value before its error fields.
-func head(r *record) []byte {
-	b := make([]byte, 0, 96)
+// unstable returns r's value up to its stable part: the head, the error
+// fields and the result, in one allocation with room for extra bytes more.
+func unstable(r *record, errorKind, errorMessage string, result []byte, extra int) []byte {
+	b := make([]byte, 0, 96+2*(20+1)+len(errorKind)+len(errorMessage)+len(result)+extra)
 	b = append(b, layoutVersion, '|', statusLetter(r.Status))
 	for _, n := range [...]int64{r.Token, int64(r.Attempt), r.tail.Milliseconds(), r.ExpiresAt.UnixMicro(), r.UpdatedAt.UnixMicro()} {
 		b = append(b, '|')
 		b = strconv.AppendInt(b, n, 10)
 	}
-	return append(b, '|')
+	b = append(b, '|')
+	b = appendField(b, errorKind)
+	b = appendField(b, errorMessage)
+	return append(b, result...)
 }
 
 // leaseHead is what an in-progress record under token starts with.
 func leaseHead(token int64) string {
 	return "1|p|" + strconv.FormatInt(token, 10) + "|"
-}
-
-// body is what follows the head: the error fields and the result.
-func body(b []byte, errorKind, errorMessage string, result []byte) []byte {
-	b = appendField(b, errorKind)
-	b = appendField(b, errorMessage)
-	return append(b, result...)
 }
 
 // stable is the part that never changes while the record lives.
@@ -98,8 +95,7 @@ func stable(b []byte, created time.Time, fingerprint string) []byte {
 
 // encode returns r's value.
 func encode(r *record) []byte {
-	b := head(r)
-	b = body(b, r.ErrorKind, r.ErrorMessage, r.Result)
+	b := unstable(r, r.ErrorKind, r.ErrorMessage, r.Result, 20+1+len(r.Fingerprint)+4)
 	return stable(b, r.CreatedAt, r.Fingerprint)
 }
 
