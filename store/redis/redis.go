@@ -100,8 +100,8 @@ type Store struct {
 	client goredis.UniversalClient
 	// pipe is the AutoPipeliner, nil with Options.AutoPipeline off.
 	pipe *goredis.AutoPipeliner
-	// inflight counts the calls under way; with more than pipeAbove of
-	// them, commands go through pipe.
+	// inflight counts the calls under way (enter, leave); with more than
+	// pipeAbove of them, commands go through pipe.
 	inflight       atomic.Int32
 	pipeAbove      int32
 	prefix         string
@@ -128,9 +128,8 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	var pipe *goredis.AutoPipeliner
 	if opts.AutoPipeline {
 		// Full duplex: one held connection that a writer and a reader
-		// stream on. On loopback with 16 handlers it did 20-30% more
-		// messages per second than go-redis's default half-duplex batches
-		// (docs/benchmarks.md).
+		// stream on, which did more for 16 handlers than go-redis's
+		// default half-duplex batches (docs/benchmarks.md).
 		pipe, err = client.AutoPipelineWithOptions(&goredis.AutoPipelineOptions{FullDuplex: true})
 		if err != nil {
 			return nil, oncemill.InvalidConfig("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
@@ -167,24 +166,27 @@ func (s *Store) Close() error {
 }
 
 // defaultPipeAbove is how many calls must be under way before commands share
-// round trips. With few calls a command's own round trip is quicker: at 4
-// handlers the pipeliner cost 5-25% of the throughput, at 16 it added
-// 30-50% (BenchmarkVersusSetNX).
+// round trips. With few calls a command's own round trip is quicker: with 4
+// handlers a pipeliner cost throughput, with 16 it added 30-50%
+// (docs/benchmarks.md, BenchmarkVersusSetNX).
 const defaultPipeAbove = 4
 
-// cmds returns what sends the commands of one call, and the func that ends
-// the call.
-func (s *Store) cmds() (goredis.Cmdable, func()) {
+// enter starts a call and returns what sends its commands; leave ends it.
+func (s *Store) enter() goredis.Cmdable {
 	if s.pipe == nil {
-		return s.client, func() {}
+		return s.client
 	}
 	if s.inflight.Add(1) > s.pipeAbove {
-		return s.pipe, s.leave
+		return s.pipe
 	}
-	return s.client, s.leave
+	return s.client
 }
 
-func (s *Store) leave() { s.inflight.Add(-1) }
+func (s *Store) leave() {
+	if s.pipe != nil {
+		s.inflight.Add(-1)
+	}
+}
 
 func (s *Store) checkOpen(op string) error {
 	if s.closed.Load() {
@@ -261,14 +263,14 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 		cur  string // the value Begin found, when it has one to decide on
 		have bool
 	)
-	c, done := s.cmds()
-	defer done()
+	c := s.enter()
+	defer s.leave()
 	for range maxBeginRounds {
 		if !have {
 			// SET NX answers OK for a new key. Its GET option would save
 			// the round trip of a duplicate, but go-redis takes the nil
-			// reply of every new key down its error path (a dozen
-			// errors.As, about 25 allocations): new keys come first.
+			// reply it gives every new key down its error path, 23
+			// allocations more (BenchmarkNewKeyReply): new keys come first.
 			set, err := c.SetNX(ctx, key, value, time.Duration(px)*time.Millisecond).Result()
 			switch {
 			case err != nil:
@@ -370,8 +372,8 @@ func migrate(ctx context.Context, c goredis.Cmdable, key string) error {
 // run runs a script on one record, migrating a layout-0 record first if the
 // script meets one.
 func (s *Store) run(ctx context.Context, script *goredis.Script, key string, args ...any) *goredis.Cmd {
-	c, done := s.cmds()
-	defer done()
+	c := s.enter()
+	defer s.leave()
 	cmd := script.Run(ctx, c, []string{key}, args...)
 	if isWrongType(cmd.Err()) && migrate(ctx, c, key) == nil {
 		cmd = script.Run(ctx, c, []string{key}, args...)
