@@ -64,17 +64,17 @@ const maxStableLen = 0xffff
 
 // unstable returns r's value up to its stable part: the head, the error
 // fields and the result, in one allocation with room for extra bytes more.
-func unstable(r *record, errorKind, errorMessage string, result []byte, extra int) []byte {
-	b := make([]byte, 0, 96+2*(20+1)+len(errorKind)+len(errorMessage)+len(result)+extra)
+func unstable(r *record, extra int) []byte {
+	b := make([]byte, 0, 96+2*(20+1)+len(r.ErrorKind)+len(r.ErrorMessage)+len(r.Result)+extra)
 	b = append(b, layoutVersion, '|', statusLetter(r.Status))
 	for _, n := range [...]int64{r.Token, int64(r.Attempt), r.tail.Milliseconds(), r.ExpiresAt.UnixMicro(), r.UpdatedAt.UnixMicro()} {
 		b = append(b, '|')
 		b = strconv.AppendInt(b, n, 10)
 	}
 	b = append(b, '|')
-	b = appendField(b, errorKind)
-	b = appendField(b, errorMessage)
-	return append(b, result...)
+	b = appendField(b, r.ErrorKind)
+	b = appendField(b, r.ErrorMessage)
+	return append(b, r.Result...)
 }
 
 // leaseHead is what an in-progress record under token starts with.
@@ -95,7 +95,7 @@ func stable(b []byte, created time.Time, fingerprint string) []byte {
 
 // encode returns r's value.
 func encode(r *record) []byte {
-	b := unstable(r, r.ErrorKind, r.ErrorMessage, r.Result, 20+1+len(r.Fingerprint)+4)
+	b := unstable(r, 20+1+len(r.Fingerprint)+4)
 	return stable(b, r.CreatedAt, r.Fingerprint)
 }
 

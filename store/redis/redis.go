@@ -395,8 +395,11 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 	}
 	now := time.Now()
 	ttl := min(out.TTL, maxDuration)
-	next := record{Record: store.Record{Status: out.Status, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(ttl), UpdatedAt: now}}
-	value := unstable(&next, out.ErrorKind, out.ErrorMessage, out.Result, 0)
+	next := record{Record: store.Record{
+		Status: out.Status, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(ttl), UpdatedAt: now,
+		ErrorKind: out.ErrorKind, ErrorMessage: out.ErrorMessage, Result: out.Result,
+	}}
+	value := unstable(&next, 0)
 	code, err := s.run(ctx, finishScript, keysFor(s.prefix, lease.Scope, lease.Key), leaseHead(lease.Token), value, millis(ttl)).Int64()
 	if err != nil {
 		return fail("complete", lease.Scope, lease.Key, err)
@@ -418,7 +421,7 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 	}
 	now := time.Now()
 	next := record{Record: store.Record{Status: store.StatusRetryable, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(min(keep, maxDuration)), UpdatedAt: now}}
-	value := unstable(&next, "", "", nil, 0)
+	value := unstable(&next, 0)
 	code, err := s.run(ctx, finishScript, keysFor(s.prefix, lease.Scope, lease.Key), leaseHead(lease.Token), value, keepMS).Int64()
 	if err != nil {
 		return fail("release", lease.Scope, lease.Key, err)
