@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -366,26 +367,22 @@ func ListCursor(scope, key string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(scope + "\x00" + key))
 }
 
-// ParseListCursor reads a ListCursor back. An empty cursor is the start,
-// before every (scope, key).
-func ParseListCursor(after string) (scope, key string, err error) {
-	b, err := base64.RawURLEncoding.DecodeString(after)
-	if err != nil {
-		return "", "", fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, after)
-	}
-	scope, key, ok := strings.Cut(string(b), "\x00")
-	if !ok && after != "" {
-		return "", "", fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, after)
-	}
-	return scope, key, nil
-}
-
-// Validate reports a request no store can serve.
-func (r ListRequest) Validate() error {
+// Page validates r and returns where its page starts, after (afterScope,
+// afterKey) in (scope, key) order (both empty: from the first record), and
+// how many records it holds at most.
+func (r ListRequest) Page() (afterScope, afterKey string, limit int, err error) {
 	if r.Limit < 0 {
-		return fmt.Errorf("%w: list limit %d is negative; use 0 for %d", ErrInvalidRequest, r.Limit, DefaultListLimit)
+		return "", "", 0, fmt.Errorf("%w: list limit %d is negative; use 0 for %d", ErrInvalidRequest, r.Limit, DefaultListLimit)
 	}
-	return nil
+	b, err := base64.RawURLEncoding.DecodeString(r.After)
+	if err != nil {
+		return "", "", 0, fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, r.After)
+	}
+	afterScope, afterKey, ok := strings.Cut(string(b), "\x00")
+	if !ok && r.After != "" {
+		return "", "", 0, fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, r.After)
+	}
+	return afterScope, afterKey, cmp.Or(r.Limit, DefaultListLimit), nil
 }
 
 // Matches reports whether rec is selected by r's filters (not its page).

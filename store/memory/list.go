@@ -12,17 +12,13 @@ import (
 // List implements store.Admin. It reads every shard for each page: it is
 // for operators and tests, not for the delivery path.
 func (s *Store) List(_ context.Context, req store.ListRequest) (store.ListPage, error) {
-	if err := req.Validate(); err != nil {
-		return store.ListPage{}, fmt.Errorf("oncemill: memory: list: %w", err)
-	}
-	afterScope, afterKey, err := store.ParseListCursor(req.After)
+	afterScope, afterKey, limit, err := req.Page()
 	if err != nil {
 		return store.ListPage{}, fmt.Errorf("oncemill: memory: list: %w", err)
 	}
 	if err := s.checkOpen("list"); err != nil {
 		return store.ListPage{}, err
 	}
-	limit := cmp.Or(req.Limit, store.DefaultListLimit)
 	var found []store.Record
 	for i := range s.shards {
 		sh := &s.shards[i]

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 
@@ -13,10 +12,7 @@ import (
 // List implements store.Admin: one statement per page, in primary key
 // order, bounded by Options.StatementTimeout.
 func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage, error) {
-	if err := req.Validate(); err != nil {
-		return store.ListPage{}, fmt.Errorf("oncemill: postgres: list: %w", err)
-	}
-	afterScope, afterKey, err := store.ParseListCursor(req.After)
+	afterScope, afterKey, limit, err := req.Page()
 	if err != nil {
 		return store.ListPage{}, fmt.Errorf("oncemill: postgres: list: %w", err)
 	}
@@ -25,7 +21,6 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 		return store.ListPage{}, err
 	}
 	defer s.leave(cancel)
-	limit := cmp.Or(req.Limit, store.DefaultListLimit)
 	var before any // NULL: no bound
 	if !req.UpdatedBefore.IsZero() {
 		before = req.UpdatedBefore

@@ -17,10 +17,7 @@ import (
 // the keys of every node (SCAN), sorts the identities, and reads the
 // records of the page: it is for operators, not for the delivery path.
 func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage, error) {
-	if err := req.Validate(); err != nil {
-		return store.ListPage{}, fmt.Errorf("oncemill: redis: list: %w", err)
-	}
-	afterScope, afterKey, err := store.ParseListCursor(req.After)
+	afterScope, afterKey, limit, err := req.Page()
 	if err != nil {
 		return store.ListPage{}, fmt.Errorf("oncemill: redis: list: %w", err)
 	}
@@ -53,7 +50,6 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	slices.SortFunc(ids, func(a, b id) int { return cmp.Or(cmp.Compare(a.scope, b.scope), cmp.Compare(a.key, b.key)) })
 	ids = slices.CompactFunc(ids, func(a, b id) bool { return a.redisKey == b.redisKey }) // SCAN may repeat a key
 
-	limit := cmp.Or(req.Limit, store.DefaultListLimit)
 	var page store.ListPage
 	for len(ids) > 0 && len(page.Records) <= limit {
 		chunk := ids[:min(len(ids), limit+1)]
