@@ -64,8 +64,8 @@ func TestCRC16(t *testing.T) {
 	}
 }
 
-// TestSlotTags: the tag of slot n hashes to slot n, for every slot, so the
-// counters cover the slots one to one.
+// TestSlotTags: the tag of slot n hashes to slot n, for every slot, so a
+// record lands in the slot its identity points to.
 func TestSlotTags(t *testing.T) {
 	t.Parallel()
 	for n := range oredis.NumSlots {

@@ -10,19 +10,17 @@ import (
 // its hash tag: the part between the first '{' and the next '}'. A script
 // may only touch keys of one slot.
 //
-// Every record key and the token counter it uses carry the same hash tag,
-// and that tag is picked so that the pair lands in the slot that the CRC16 of
-// the record's identity points to:
+// A record's key carries a hash tag picked so that the key lands in the slot
+// that the CRC16 of the record's identity points to:
 //
-//	<prefix>:{<tag>}:r:<len(scope)>:<scope>:<key>   the record (a hash)
-//	<prefix>:{<tag>}:t                               the slot's token counter
+//	<prefix>:{<tag>}:r:<len(scope)>:<scope>:<key>   the record (a string, record.go)
 //
 // <tag> is slotTag(crc16(identity) mod 16384), where identity is
 // "<len(scope)>:<scope>:<key>" and slotTag(n) is the first string in the
 // sequence "0", "1", ..., "z", "10", ... (base 36) whose own slot is n. So
-// records spread over all slots as evenly as CRC16 spreads identities, and
-// each slot holds exactly one token counter: at most 16384 small keys in all,
-// however many records come and go.
+// records spread over all slots as evenly as CRC16 spreads identities.
+// (Layout 0 kept a token counter per slot, <prefix>:{<tag>}:t, which the tag
+// put beside the slot's records; layout 1 reads none.)
 //
 // The tags and the layout are part of the stored format: workers of every
 // version must compute the same key for the same (scope, key), so none of
@@ -96,7 +94,7 @@ func keysFor(prefix, scope, key string) string {
 }
 
 // recordPattern is the SCAN pattern matching every record key under prefix
-// (and no counter key). The prefix holds no glob characters (see
+// (and no layout-0 counter key). The prefix holds no glob characters (see
 // validPrefix).
 func recordPattern(prefix string) string { return prefix + ":{*}:r:*" }
 
