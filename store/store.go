@@ -315,6 +315,12 @@ type Lease struct {
 	// ExpiresAt is the lease expiry by the store's clock, for information:
 	// callers must not compare it with their own clock to decide anything.
 	ExpiresAt time.Time
+	// Version is opaque to callers: what the store last wrote for the lease,
+	// kept by a store that can finish the lease with one compare-and-set
+	// on it (store/redis on a server with SET IFEQ). Empty, or out of date
+	// after an Extend, it costs such a store its slower path, never a
+	// wrong answer.
+	Version string
 }
 
 // Completion is the outcome Complete stores.

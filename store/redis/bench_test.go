@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -172,38 +171,12 @@ func BenchmarkNewKeyReply(b *testing.B) {
 	})
 }
 
-// commandStats is INFO commandstats: the calls and µs of each command.
-type commandStats map[string]struct{ calls, usec int64 }
-
-func readCommandStats(b *testing.B, c *goredis.Client) commandStats {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stats := commandStats{}
-	for _, line := range strings.Split(info, "\n") {
-		name, fields, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_")), ":calls=")
-		if !ok {
-			continue
-		}
-		calls, rest, _ := strings.Cut(fields, ",usec=")
-		usec, _, _ := strings.Cut(rest, ",")
-		n, err1 := strconv.ParseInt(calls, 10, 64)
-		u, err2 := strconv.ParseInt(usec, 10, 64)
-		if err := errors.Join(err1, err2); err != nil {
-			b.Fatalf("INFO commandstats line %q: %v", line, err)
-		}
-		stats[name] = struct{ calls, usec int64 }{n, u}
-	}
-	return stats
-}
-
 // messageUsec is the server's CPU, in µs, for the commands that Begin and
 // Complete of new keys sent between two readings: a SET NX and an EVALSHA
-// each. Redis counts a command that a script calls twice, within the
-// script's time and again on its own, so the finish script's own SETs are
-// taken out at the average cost of a SET, and its GETs (the only GETs:
-// every key is new) left out.
+// each (two SETs where Complete is a SET IFEQ). Redis counts a command that
+// a script calls twice, within the script's time and again on its own, so
+// the finish script's own SETs are taken out at the average cost of a SET,
+// and its GETs (the only GETs: every key is new) left out.
 func messageUsec(before, after commandStats) float64 {
 	delta := func(name string) (calls, usec float64) {
 		return float64(after[name].calls - before[name].calls), float64(after[name].usec - before[name].usec)

@@ -53,3 +53,7 @@ const NumSlots = numSlots
 // SetPipeAbove sets how many calls must be under way before commands go
 // through the AutoPipeliner (Options.AutoPipeline).
 func SetPipeAbove(s *Store, n int) { s.pipeAbove = int32(n) }
+
+// SetIfEqRefused reports whether s's server refused SET ... IFEQ, so that s
+// finishes leases with the script only.
+func SetIfEqRefused(s *Store) bool { return s.noSetIfEq.Load() }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,16 +28,37 @@ func redisAddr() string {
 // it is never skipped.
 func newClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
 	tb.Helper()
+	return connect(tb, redisAddr(), opts, "Start it with:\n  "+startRedis+"\nor point ONCEMILL_REDIS_ADDR at a running Redis 7.")
+}
+
+// valkeyAddr is the Valkey 8.1 the tests of SET IFEQ use:
+// ONCEMILL_VALKEY_ADDR, or 127.0.0.1:6391 (scripts/valkey).
+func valkeyAddr() string {
+	if a := os.Getenv("ONCEMILL_VALKEY_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6391"
+}
+
+// newValkeyClient connects to the test Valkey, a server with SET IFEQ. An
+// unreachable one fails the test: it is never skipped.
+func newValkeyClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
+	tb.Helper()
+	return connect(tb, valkeyAddr(), opts, "Start it with:\n  scripts/valkey start\nor point ONCEMILL_VALKEY_ADDR at a running Valkey 8.1 or Redis 8.4.")
+}
+
+func connect(tb testing.TB, addr string, opts *goredis.Options, howToStart string) *goredis.Client {
+	tb.Helper()
 	if opts == nil {
 		opts = &goredis.Options{}
 	}
-	opts.Addr = redisAddr()
+	opts.Addr = addr
 	c := goredis.NewClient(opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
-		tb.Fatalf("Redis at %s is unreachable (%v).\nStart it with:\n  %s\nor point ONCEMILL_REDIS_ADDR at a running Redis 7.", redisAddr(), err, startRedis)
+		tb.Fatalf("%s is unreachable (%v).\n%s", addr, err, howToStart)
 	}
 	tb.Cleanup(func() { c.Close() })
 	return c
@@ -123,4 +146,42 @@ func newTestStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options)
 		oredis.SetPipeAbove(s, 0)
 	}
 	return s
+}
+
+// commandStats is INFO commandstats: what each command has cost so far.
+type commandStats map[string]struct{ calls, usec, failed int64 }
+
+func readCommandStats(tb testing.TB, c *goredis.Client) commandStats {
+	tb.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stats := commandStats{}
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_")), ":")
+		if !ok || !strings.HasPrefix(fields, "calls=") {
+			continue
+		}
+		var st struct{ calls, usec, failed int64 }
+		for _, field := range strings.Split(fields, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			var dst *int64
+			switch k {
+			case "calls":
+				dst = &st.calls
+			case "usec":
+				dst = &st.usec
+			case "failed_calls":
+				dst = &st.failed
+			default:
+				continue
+			}
+			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
+				tb.Fatalf("INFO commandstats line %q: %v", line, err)
+			}
+		}
+		stats[name] = st
+	}
+	return stats
 }

@@ -93,6 +93,23 @@ func stable(b []byte, created time.Time, fingerprint string) []byte {
 	return append(b, hex[n>>12&0xf], hex[n>>8&0xf], hex[n>>4&0xf], hex[n&0xf])
 }
 
+// leaseStable returns the part of l.Version that never changes while the
+// record lives (stable), and false unless l.Version is an in-progress value
+// of layout 1 under l.Token: a Version is trusted only with its own token.
+func leaseStable(l store.Lease) (string, bool) {
+	v := l.Version
+	var buf [32]byte
+	head := strconv.AppendInt(append(buf[:0], layoutVersion, '|', letterInProgress, '|'), l.Token, 10)
+	if len(v) < len(head)+5 || v[:len(head)] != string(head) || v[len(head)] != '|' {
+		return "", false
+	}
+	n, err := strconv.ParseUint(v[len(v)-4:], 16, 16)
+	if err != nil || int(n)+4 > len(v)-len(head) {
+		return "", false
+	}
+	return v[len(v)-4-int(n):], true
+}
+
 // encode returns r's value.
 func encode(r *record) []byte {
 	b := unstable(r, 20+1+len(r.Fingerprint)+4)

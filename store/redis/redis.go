@@ -102,8 +102,11 @@ type Store struct {
 	pipe *goredis.AutoPipeliner
 	// inflight counts the calls under way (enter, leave); with more than
 	// pipeAbove of them, commands go through pipe.
-	inflight       atomic.Int32
-	pipeAbove      int32
+	inflight  atomic.Int32
+	pipeAbove int32
+	// noSetIfEq is set when the server refused SET ... IFEQ (Redis before
+	// 8.4, Valkey before 8.1): leases are then finished by the script only.
+	noSetIfEq      atomic.Bool
 	prefix         string
 	maxKeyLen      int
 	maxResultBytes int
@@ -171,8 +174,14 @@ func (s *Store) Close() error {
 // (docs/benchmarks.md, BenchmarkVersusSetNX).
 const defaultPipeAbove = 4
 
+// commander sends commands: the client, or the AutoPipeliner.
+type commander interface {
+	goredis.Cmdable
+	Process(ctx context.Context, cmd goredis.Cmder) error
+}
+
 // enter starts a call and returns what sends its commands; leave ends it.
-func (s *Store) enter() goredis.Cmdable {
+func (s *Store) enter() commander {
 	if s.pipe == nil {
 		return s.client
 	}
@@ -276,7 +285,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 			case err != nil:
 				return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
 			case set:
-				return execute(&fresh, false), nil
+				return s.execute(&fresh, value, false), nil
 			}
 			v, err := c.Get(ctx, key).Result()
 			switch {
@@ -311,15 +320,16 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 		if next.Fingerprint == "" {
 			next.Fingerprint = old.Fingerprint
 		}
+		nextValue := encode(&next)
 		reply, err := claimScript.Run(ctx, c, []string{key},
-			old.Token, string(statusLetter(old.Status)), old.tail.Milliseconds(), encode(&next), px).Result()
+			old.Token, string(statusLetter(old.Status)), old.tail.Milliseconds(), nextValue, px).Result()
 		if err != nil {
 			return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
 		}
 		switch reply := reply.(type) {
 		case int64:
 			if reply == 1 {
-				return execute(&next, old.Status == store.StatusInProgress), nil
+				return s.execute(&next, nextValue, old.Status == store.StatusInProgress), nil
 			}
 			// 0: the key is gone; SET NX again.
 		case string:
@@ -337,10 +347,16 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 		fmt.Errorf("the key changed under %d rounds of Begin; other deliveries keep taking it", maxBeginRounds))
 }
 
-func execute(r *record, takeover bool) store.BeginResult {
+// execute is the answer of a Begin that wrote value, r's record. The lease
+// keeps value for finish unless the server has no SET IFEQ.
+func (s *Store) execute(r *record, value []byte, takeover bool) store.BeginResult {
+	var version string
+	if !s.noSetIfEq.Load() {
+		version = string(value)
+	}
 	return store.BeginResult{
 		Decision: store.DecisionExecute,
-		Lease:    store.Lease{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt},
+		Lease:    store.Lease{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt, Version: version},
 		Takeover: takeover,
 	}
 }
@@ -357,6 +373,12 @@ func fail(op, scope, key string, err error) error {
 // leaseLost is the error of a lease that is not current.
 func leaseLost(op string, l store.Lease, why string) error {
 	return fmt.Errorf("oncemill: redis: %s %q/%q with token %d: %s: %w", op, l.Scope, l.Key, l.Token, why, store.ErrLeaseLost)
+}
+
+// isSyntaxError reports a server that does not know an option: SET IFEQ on
+// Redis before 8.4 or Valkey before 8.1.
+func isSyntaxError(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "ERR syntax error")
 }
 
 // isWrongType reports a command that met a key of layout 0 (a hash).
@@ -399,15 +421,49 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 		Status: out.Status, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(ttl), UpdatedAt: now,
 		ErrorKind: out.ErrorKind, ErrorMessage: out.ErrorMessage, Result: out.Result,
 	}}
-	value := unstable(&next, 0)
-	code, err := s.run(ctx, finishScript, keysFor(s.prefix, lease.Scope, lease.Key), leaseHead(lease.Token), value, millis(ttl)).Int64()
+	return s.finish(ctx, "complete", lease, &next, millis(ttl))
+}
+
+// finish ends lease with next, to live px ms, or removes the record with
+// px 0 (Complete, Release). With the value the lease wrote (Lease.Version)
+// on a server that has SET IFEQ, that is one compare-and-set of the whole
+// value. When it misses (an Extend rewrote the value, or the lease is
+// lost), or the server has no IFEQ, the finish script compares the
+// lease's head instead and decides.
+func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *record, px int64) error {
+	key := keysFor(s.prefix, lease.Scope, lease.Key)
+	if keep, ok := leaseStable(lease); ok && px > 0 && !s.noSetIfEq.Load() {
+		done, err := s.setIfEq(ctx, key, append(unstable(next, len(keep)), keep...), lease.Version, px)
+		switch {
+		case done:
+			return nil
+		case isSyntaxError(err):
+			s.noSetIfEq.Store(true)
+		case err != nil && !isWrongType(err):
+			return fail(op, lease.Scope, lease.Key, err)
+		}
+	}
+	code, err := s.run(ctx, finishScript, key, leaseHead(lease.Token), unstable(next, 0), px).Int64()
 	if err != nil {
-		return fail("complete", lease.Scope, lease.Key, err)
+		return fail(op, lease.Scope, lease.Key, err)
 	}
 	if code == codeLeaseLost {
-		return leaseLost("complete", lease, "not the current lease")
+		return leaseLost(op, lease, "not the current lease")
 	}
 	return nil
+}
+
+// setIfEq sets key to value for px ms if it holds old, and reports whether
+// it did.
+func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old string, px int64) (bool, error) {
+	c := s.enter()
+	defer s.leave()
+	cmd := goredis.NewStatusCmd(ctx, "set", key, value, "ifeq", old, "px", px)
+	err := c.Process(ctx, cmd)
+	if errors.Is(err, goredis.Nil) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.
@@ -421,15 +477,7 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 	}
 	now := time.Now()
 	next := record{Record: store.Record{Status: store.StatusRetryable, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(min(keep, maxDuration)), UpdatedAt: now}}
-	value := unstable(&next, 0)
-	code, err := s.run(ctx, finishScript, keysFor(s.prefix, lease.Scope, lease.Key), leaseHead(lease.Token), value, keepMS).Int64()
-	if err != nil {
-		return fail("release", lease.Scope, lease.Key, err)
-	}
-	if code == codeLeaseLost {
-		return leaseLost("release", lease, "not the current lease")
-	}
-	return nil
+	return s.finish(ctx, "release", lease, &next, keepMS)
 }
 
 // Extend implements store.Store. It refuses a lease that has run out, even
@@ -455,6 +503,7 @@ func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) 
 		return store.Lease{}, leaseLost("extend", lease, "not the current lease")
 	}
 	lease.ExpiresAt = now.Add(d)
+	lease.Version = "" // the script rewrote the value
 	return lease, nil
 }
 

@@ -1,0 +1,229 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/oncemill/oncemill/store"
+	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/storetest"
+)
+
+// TestContractValkey runs the contract suite on a server with SET IFEQ
+// (Valkey 8.1, scripts/valkey), where a lease is finished by one
+// compare-and-set of the value it wrote, with and without AutoPipeline.
+func TestContractValkey(t *testing.T) {
+	t.Parallel()
+	c := newValkeyClient(t, &goredis.Options{PoolSize: 4})
+	for _, autoPipeline := range []bool{false, true} {
+		name := "direct"
+		if autoPipeline {
+			name = "autopipeline"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			storetest.Run(t, func(t *testing.T) storetest.Harness {
+				t.Parallel()
+				s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
+				return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
+			})
+		})
+	}
+}
+
+// sent counts the commands a client sends, by name ("set ifeq" for a SET
+// with IFEQ, "script" for a script call: its EVALSHA, not the EVAL that
+// follows when the server's script cache is cold): what the tests expect of
+// the store, whoever else uses the server.
+type sent struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func countCommands(c *goredis.Client) *sent {
+	h := &sent{counts: map[string]int{}}
+	c.AddHook(h)
+	return h
+}
+
+func (h *sent) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h *sent) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *sent) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *sent) count(cmd goredis.Cmder) {
+	name := cmd.Name()
+	switch {
+	case name == "set" && slices.Contains(cmd.Args(), any("ifeq")):
+		name = "set ifeq"
+	case name == "evalsha":
+		name = "script"
+	case name == "eval":
+		return // the same script again, the server's cache being cold
+	}
+	h.mu.Lock()
+	h.counts[name]++
+	h.mu.Unlock()
+}
+
+// during returns what the client sent while f ran.
+func (h *sent) during(f func()) map[string]int {
+	h.mu.Lock()
+	clear(h.counts)
+	h.mu.Unlock()
+	f()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.counts)
+}
+
+// begin begins key and returns its lease.
+func begin(t *testing.T, s *oredis.Store, key string) store.Lease {
+	t.Helper()
+	res, err := s.Begin(t.Context(), store.BeginRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute})
+	if err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("Begin(%s) = %v, %v; want execute", key, res.Decision, err)
+	}
+	return res.Lease
+}
+
+// TestFinishIsOneSetIfEq: on a server with SET IFEQ, Complete and Release
+// (keeping a record) are one SET each, with no script, and leave the record
+// they should.
+func TestFinishIsOneSetIfEq(t *testing.T) {
+	t.Parallel()
+	c := newValkeyClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	cmds := countCommands(c)
+	ctx := t.Context()
+	for _, tt := range []struct {
+		finish string
+		call   func(l store.Lease) error
+		want   store.Status
+	}{
+		{"complete", func(l store.Lease) error {
+			return s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour})
+		}, store.StatusSucceeded},
+		{"release", func(l store.Lease) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
+	} {
+		l := begin(t, s, tt.finish)
+		var err error
+		got := cmds.during(func() { err = tt.call(l) })
+		if err != nil {
+			t.Fatalf("%s: %v", tt.finish, err)
+		}
+		if want := map[string]int{"set ifeq": 1}; !maps.Equal(got, want) {
+			t.Errorf("%s sent %v, want %v", tt.finish, got, want)
+		}
+		rec, err := s.Get(ctx, "s", tt.finish)
+		if err != nil || rec.Status != tt.want || rec.Fingerprint != "fp" {
+			t.Errorf("after %s: %v %q %v, want %v with fingerprint fp", tt.finish, rec.Status, rec.Fingerprint, err, tt.want)
+		}
+	}
+	if oredis.SetIfEqRefused(s) {
+		t.Error("the store thinks Valkey refused SET IFEQ")
+	}
+}
+
+// TestFinishAfterExtend: an Extend rewrites the value a lease wrote, so the
+// lease Begin returned no longer matches it. Its Complete misses the
+// compare-and-set and the script finishes it: one round trip more, the
+// same answer. The lease Extend returns goes to the script at once, and a
+// lease lost to a takeover misses too and is refused.
+func TestFinishAfterExtend(t *testing.T) {
+	t.Parallel()
+	c := newValkeyClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	cmds := countCommands(c)
+	ctx := t.Context()
+	for _, useExtended := range []bool{false, true} {
+		key := "begun"
+		if useExtended {
+			key = "extended"
+		}
+		l := begin(t, s, key)
+		extended, err := s.Extend(ctx, l, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if extended.Version != "" {
+			t.Errorf("Extend returned a lease with Version %q, want none: the value changed", extended.Version)
+		}
+		want := map[string]int{"set ifeq": 1, "script": 1}
+		if useExtended {
+			l, want = extended, map[string]int{"script": 1}
+		}
+		got := cmds.during(func() { err = s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}) })
+		if err != nil {
+			t.Fatalf("Complete(%s): %v", key, err)
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("Complete(%s) sent %v, want %v", key, got, want)
+		}
+		if rec, err := s.Get(ctx, "s", key); err != nil || rec.Status != store.StatusSucceeded {
+			t.Errorf("%s after Complete: %v %v, want succeeded", key, rec.Status, err)
+		}
+	}
+
+	stale := begin(t, s, "taken")
+	oredis.AdvanceClock(s, 2*time.Minute+time.Second) // past the lease and its tail
+	newer := begin(t, s, "taken")
+	if err := s.Complete(ctx, stale, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Complete of a lease taken over: %v, want ErrLeaseLost", err)
+	}
+	if rec, err := s.Get(ctx, "s", "taken"); err != nil || rec.Status != store.StatusInProgress || rec.Token != newer.Token {
+		t.Fatalf("after the stale Complete: %v token %d %v, want in progress under token %d", rec.Status, rec.Token, err, newer.Token)
+	}
+}
+
+// TestSetIfEqRefused: Redis 7.0 has no SET IFEQ. The first Complete learns
+// that from its syntax error and finishes with the script; later ones send
+// no SET IFEQ.
+func TestSetIfEqRefused(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, nil)
+	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	cmds := countCommands(c)
+	ctx := t.Context()
+	for i, key := range []string{"first", "second", "third"} {
+		l := begin(t, s, key)
+		var err error
+		got := cmds.during(func() { err = s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}) })
+		if err != nil {
+			t.Fatalf("Complete(%s) on Redis 7: %v", key, err)
+		}
+		want := map[string]int{"script": 1}
+		if i == 0 {
+			want["set ifeq"] = 1
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("Complete(%s) sent %v, want %v", key, got, want)
+		}
+		if rec, err := s.Get(ctx, "s", key); err != nil || rec.Status != store.StatusSucceeded {
+			t.Fatalf("%s after Complete: %v %v, want succeeded", key, rec.Status, err)
+		}
+		if !oredis.SetIfEqRefused(s) {
+			t.Fatalf("after Complete(%s) the store still tries SET IFEQ", key)
+		}
+	}
+}
