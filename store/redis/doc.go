@@ -2,7 +2,8 @@
 // worker that talks to the same Redis with the same key prefix: the fast
 // shared store. It is not transactional with your business data, and it
 // keeps what Redis keeps: see "Durability" below. It needs Redis 7.0 or
-// later and is tested on Redis 7.0 and on a Redis Cluster.
+// later and is tested on Redis 7.0, on a Redis Cluster, and on Valkey 8.1,
+// which like Redis 8.4 has SET IFEQ.
 //
 // # Records
 //
@@ -22,8 +23,12 @@
 // a finished one is that SET NX and a GET of the record to replay. A key
 // held by an in-progress or released record goes to a short script that
 // takes it once the lease has run out. Complete and Release are one
-// compare-and-set script each (GET, compare the record's head with the
-// lease's token, SET); Extend and Get are scripts too. Complete, Release and
+// compare-and-set each: on a server with SET IFEQ, a SET of the new value
+// if the record still holds the value the lease wrote (store.Lease.Version);
+// otherwise, or when that misses because an Extend rewrote the value, a
+// script (GET, compare the record's head with the lease's token, SET). The
+// store learns that a server has no IFEQ from its first refusal. Extend and
+// Get are scripts. Complete, Release and
 // Extend succeed only while the record is in progress under the caller's
 // token; otherwise they return store.ErrLeaseLost and change nothing. With
 // Options.AutoPipeline the commands of concurrent calls share round trips
