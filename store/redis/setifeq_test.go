@@ -47,10 +47,12 @@ type sent struct {
 	counts map[string]int
 }
 
-func countCommands(c *goredis.Client) *sent {
+// countingStore returns a store over c, and what counts the commands c sends.
+func countingStore(t *testing.T, c *goredis.Client) (*oredis.Store, *sent) {
+	t.Helper()
 	h := &sent{counts: map[string]int{}}
 	c.AddHook(h)
-	return h
+	return newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)}), h
 }
 
 func (h *sent) DialHook(next goredis.DialHook) goredis.DialHook { return next }
@@ -112,9 +114,7 @@ func begin(t *testing.T, s *oredis.Store, key string) store.Lease {
 // they should.
 func TestFinishIsOneSetIfEq(t *testing.T) {
 	t.Parallel()
-	c := newValkeyClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
-	cmds := countCommands(c)
+	s, cmds := countingStore(t, newValkeyClient(t, nil))
 	ctx := t.Context()
 	for _, tt := range []struct {
 		finish string
@@ -152,9 +152,7 @@ func TestFinishIsOneSetIfEq(t *testing.T) {
 // lease lost to a takeover misses too and is refused.
 func TestFinishAfterExtend(t *testing.T) {
 	t.Parallel()
-	c := newValkeyClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
-	cmds := countCommands(c)
+	s, cmds := countingStore(t, newValkeyClient(t, nil))
 	ctx := t.Context()
 	for _, useExtended := range []bool{false, true} {
 		key := "begun"
@@ -201,9 +199,7 @@ func TestFinishAfterExtend(t *testing.T) {
 // no SET IFEQ.
 func TestSetIfEqRefused(t *testing.T) {
 	t.Parallel()
-	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
-	cmds := countCommands(c)
+	s, cmds := countingStore(t, newClient(t, nil))
 	ctx := t.Context()
 	for i, key := range []string{"first", "second", "third"} {
 		l := begin(t, s, key)
