@@ -17,12 +17,7 @@ import (
 const startRedis = `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no`
 
 // redisAddr is the Redis the tests use: ONCEMILL_REDIS_ADDR, or 127.0.0.1:6379.
-func redisAddr() string {
-	if a := os.Getenv("ONCEMILL_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
+func redisAddr() string { return envOr("ONCEMILL_REDIS_ADDR", "127.0.0.1:6379") }
 
 // newClient connects to the test Redis. An unreachable Redis fails the test:
 // it is never skipped.
@@ -31,20 +26,20 @@ func newClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
 	return connect(tb, redisAddr(), opts, "Start it with:\n  "+startRedis+"\nor point ONCEMILL_REDIS_ADDR at a running Redis 7.")
 }
 
-// valkeyAddr is the Valkey 8.1 the tests of SET IFEQ use:
-// ONCEMILL_VALKEY_ADDR, or 127.0.0.1:6391 (scripts/valkey).
-func valkeyAddr() string {
-	if a := os.Getenv("ONCEMILL_VALKEY_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6391"
-}
-
-// newValkeyClient connects to the test Valkey, a server with SET IFEQ. An
-// unreachable one fails the test: it is never skipped.
+// newValkeyClient connects to the test Valkey, a server with SET IFEQ:
+// ONCEMILL_VALKEY_ADDR, or 127.0.0.1:6391 (scripts/valkey). An unreachable
+// one fails the test: it is never skipped.
 func newValkeyClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
 	tb.Helper()
-	return connect(tb, valkeyAddr(), opts, "Start it with:\n  scripts/valkey start\nor point ONCEMILL_VALKEY_ADDR at a running Valkey 8.1 or Redis 8.4.")
+	return connect(tb, envOr("ONCEMILL_VALKEY_ADDR", "127.0.0.1:6391"), opts,
+		"Start it with:\n  scripts/valkey start\nor point ONCEMILL_VALKEY_ADDR at a running Valkey 8.1 or Redis 8.4.")
+}
+
+func envOr(name, otherwise string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return otherwise
 }
 
 func connect(tb testing.TB, addr string, opts *goredis.Options, howToStart string) *goredis.Client {
