@@ -19,7 +19,6 @@ import (
 
 	"github.com/oncemill/oncemill/store"
 	oredis "github.com/oncemill/oncemill/store/redis"
-	"github.com/oncemill/oncemill/store/storetest"
 )
 
 // crc16 is CRC-16/XMODEM written out bit by bit from the Redis Cluster
@@ -263,13 +262,7 @@ func TestClusterContract(t *testing.T) {
 	for _, ap := range []bool{false, true} {
 		t.Run(fmt.Sprintf("AutoPipeline=%v", ap), func(t *testing.T) {
 			t.Parallel()
-			storetest.Run(t, func(t *testing.T) storetest.Harness {
-				// Each subtest has a Store on a prefix of its own, and Advance
-				// touches only that prefix's records: the subtests may run in parallel.
-				t.Parallel()
-				s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: ap})
-				return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
-			})
+			runContract(t, c, ap)
 		})
 	}
 }

@@ -432,8 +432,10 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 // lease's head instead and decides.
 func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *record, px int64) error {
 	key := keysFor(s.prefix, lease.Scope, lease.Key)
-	if keep, ok := leaseStable(lease); ok && px > 0 && !s.noSetIfEq.Load() {
-		done, err := s.setIfEq(ctx, key, append(unstable(next, len(keep)), keep...), lease.Version, px)
+	keep, ok := leaseStable(lease)
+	value := unstable(next, len(keep)) // room for keep: the script takes value alone
+	if ok && px > 0 && !s.noSetIfEq.Load() {
+		done, err := s.setIfEq(ctx, key, append(value, keep...), lease.Version, px)
 		switch {
 		case done:
 			return nil
@@ -443,7 +445,7 @@ func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *
 			return fail(op, lease.Scope, lease.Key, err)
 		}
 	}
-	code, err := s.run(ctx, finishScript, key, leaseHead(lease.Token), unstable(next, 0), px).Int64()
+	code, err := s.run(ctx, finishScript, key, leaseHead(lease.Token), value, px).Int64()
 	if err != nil {
 		return fail(op, lease.Scope, lease.Key, err)
 	}

@@ -23,28 +23,14 @@ import (
 // Advance takes time off the TTLs of its records (export_test.go).
 func TestContract(t *testing.T) {
 	t.Parallel()
-	c := newClient(t, &goredis.Options{PoolSize: 4})
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		// Each subtest has a Store on a prefix of its own, and Advance
-		// touches only that prefix's records: the subtests may run in parallel.
-		t.Parallel()
-		s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
-		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
-	})
+	runContract(t, newClient(t, &goredis.Options{PoolSize: 4}), false)
 }
 
 // The suite again with Options.AutoPipeline: the commands of concurrent
 // calls travel in shared pipelines.
 func TestContractAutoPipeline(t *testing.T) {
 	t.Parallel()
-	c := newClient(t, &goredis.Options{PoolSize: 4})
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		// Each subtest has a Store on a prefix of its own, and Advance
-		// touches only that prefix's records: the subtests may run in parallel.
-		t.Parallel()
-		s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
-		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
-	})
+	runContract(t, newClient(t, &goredis.Options{PoolSize: 4}), true)
 }
 
 func TestOptionsValidation(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/oncemill/oncemill/store"
 	oredis "github.com/oncemill/oncemill/store/redis"
-	"github.com/oncemill/oncemill/store/storetest"
 )
 
 // TestContractValkey runs the contract suite on a server with SET IFEQ
@@ -29,11 +28,7 @@ func TestContractValkey(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			storetest.Run(t, func(t *testing.T) storetest.Harness {
-				t.Parallel()
-				s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
-				return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
-			})
+			runContract(t, c, autoPipeline)
 		})
 	}
 }
