@@ -157,23 +157,26 @@ func sqsConfig() (aws.Config, []func(*sqs.Options), wsqs.QueueConfigAttributes) 
 	return cfg, opts, wsqs.QueueConfigAttributes{VisibilityTimeout: strconv.Itoa(int(sqsVisibility.Seconds()))}
 }
 
-// kafkaGroupReady reports whether the consumer group has n members that
-// each hold at least one partition.
+// kafkaAdmin connects an admin client to the test cluster.
+func kafkaAdmin() (sarama.ClusterAdmin, error) {
+	c := sarama.NewConfig()
+	c.Version = sarama.V2_8_0_0
+	return sarama.NewClusterAdmin([]string{env.kafkaAddr}, c)
+}
+
 // createKafkaTopic creates topic with one partition on the test cluster.
 func createKafkaTopic(t *testing.T, topic string) {
 	t.Helper()
-	c := sarama.NewConfig()
-	c.Version = sarama.V2_8_0_0
-	admin, err := sarama.NewClusterAdmin([]string{env.kafkaAddr}, c)
+	admin, err := kafkaAdmin()
 	must(t, err)
 	defer admin.Close()
 	must(t, admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false))
 }
 
+// kafkaGroupReady reports whether the consumer group has n members that
+// each hold at least one partition.
 func kafkaGroupReady(t *testing.T, group string, n int) bool {
-	c := sarama.NewConfig()
-	c.Version = sarama.V2_8_0_0
-	admin, err := sarama.NewClusterAdmin([]string{env.kafkaAddr}, c)
+	admin, err := kafkaAdmin()
 	if err != nil {
 		t.Logf("kafka admin: %v", err)
 		return false
