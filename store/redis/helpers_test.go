@@ -156,18 +156,39 @@ func runContract(t *testing.T, c goredis.UniversalClient, autoPipeline bool) {
 	})
 }
 
+// serverStats is what INFO commandstats and INFO cpu say so far: what each
+// command has cost, and the server process's CPU time (user and system,
+// its I/O included).
+type serverStats struct {
+	commands commandStats
+	cpu      time.Duration
+}
+
 // commandStats is INFO commandstats: what each command has cost so far.
 type commandStats map[string]struct{ calls, usec int64 }
 
-func readCommandStats(tb testing.TB, c *goredis.Client) commandStats {
+func readServerStats(tb testing.TB, c *goredis.Client) serverStats {
 	tb.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	info, err := c.Info(context.Background(), "commandstats", "cpu").Result()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	stats := commandStats{}
+	stats := serverStats{commands: commandStats{}}
 	for _, line := range strings.Split(info, "\n") {
-		name, fields, ok := strings.Cut(strings.TrimSpace(strings.TrimPrefix(line, "cmdstat_")), ":")
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "used_cpu_user", "used_cpu_sys":
+			sec, err := strconv.ParseFloat(fields, 64)
+			if err != nil {
+				tb.Fatalf("INFO cpu line %q: %v", line, err)
+			}
+			stats.cpu += time.Duration(sec * float64(time.Second))
+			continue
+		}
+		name, ok = strings.CutPrefix(name, "cmdstat_")
 		if !ok || !strings.HasPrefix(fields, "calls=") {
 			continue
 		}
@@ -187,7 +208,10 @@ func readCommandStats(tb testing.TB, c *goredis.Client) commandStats {
 				tb.Fatalf("INFO commandstats line %q: %v", line, err)
 			}
 		}
-		stats[name] = st
+		stats.commands[name] = st
+	}
+	if stats.cpu == 0 {
+		tb.Fatalf("INFO cpu has no used_cpu_user or used_cpu_sys:\n%s", info)
 	}
 	return stats
 }
