@@ -55,5 +55,19 @@ const NumSlots = numSlots
 func SetPipeAbove(s *Store, n int) { s.pipeAbove = int32(n) }
 
 // SetIfEqRefused reports whether s's server refused SET ... IFEQ, so that s
-// finishes leases with the script only.
+// sends setIfEqScript instead.
 func SetIfEqRefused(s *Store) bool { return s.noSetIfEq.Load() }
+
+// ScriptName names the store's script whose SHA1 is sha ("finish script"),
+// or returns "" for none of them.
+func ScriptName(sha string) string {
+	for name, script := range map[string]*goredis.Script{
+		"claim": claimScript, "finish": finishScript, "setIfEq": setIfEqScript, "extend": extendScript,
+		"compareAndDelete": compareAndDeleteScript, "get": getScript, "migrate": migrateScript,
+	} {
+		if script.Hash() == sha {
+			return name + " script"
+		}
+	}
+	return ""
+}

@@ -105,7 +105,7 @@ type Store struct {
 	inflight  atomic.Int32
 	pipeAbove int32
 	// noSetIfEq is set when the server refused SET ... IFEQ (Redis before
-	// 8.4, Valkey before 8.1): leases are then finished by the script only.
+	// 8.4, Valkey before 8.1): setIfEq then runs setIfEqScript instead.
 	noSetIfEq      atomic.Bool
 	prefix         string
 	maxKeyLen      int
@@ -348,15 +348,11 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 }
 
 // execute is the answer of a Begin that wrote value, r's record. The lease
-// keeps value for finish unless the server has no SET IFEQ.
+// keeps value for finish.
 func (s *Store) execute(r *record, value []byte, takeover bool) store.BeginResult {
-	var version string
-	if !s.noSetIfEq.Load() {
-		version = string(value)
-	}
 	return store.BeginResult{
 		Decision: store.DecisionExecute,
-		Lease:    store.Lease{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt, Version: version},
+		Lease:    store.Lease{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt, Version: string(value)},
 		Takeover: takeover,
 	}
 }
@@ -425,16 +421,15 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 }
 
 // finish ends lease with next, to live px ms, or removes the record with
-// px 0 (Complete, Release). With the value the lease wrote (Lease.Version)
-// on a server that has SET IFEQ, that is one compare-and-set of the whole
-// value. When it misses (an Extend rewrote the value, or the lease is
-// lost), or the server has no IFEQ, the finish script compares the
-// lease's head instead and decides.
+// px 0 (Complete, Release). With the value the lease wrote (Lease.Version),
+// that is one compare-and-set of the whole value (setIfEq). When it misses
+// (an Extend rewrote the value, or the lease is lost), or there is no
+// Version, the finish script compares the lease's head instead and decides.
 func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *record, px int64) error {
 	key := keysFor(s.prefix, lease.Scope, lease.Key)
 	keep, ok := leaseStable(lease)
 	value := unstable(next, len(keep)) // room for keep: the script takes value alone
-	if ok && px > 0 && !s.noSetIfEq.Load() {
+	if ok && px > 0 {
 		done, err := s.setIfEq(ctx, key, append(value, keep...), lease.Version, px)
 		switch {
 		case done:
@@ -456,10 +451,14 @@ func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *
 }
 
 // setIfEq sets key to value for px ms if it holds old, and reports whether
-// it did.
+// it did: SET ... IFEQ, or setIfEqScript on a server without it.
 func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old string, px int64) (bool, error) {
 	c := s.enter()
 	defer s.leave()
+	if s.noSetIfEq.Load() {
+		n, err := setIfEqScript.Run(ctx, c, []string{key}, old, value, px).Int64()
+		return n == 1, err
+	}
 	cmd := goredis.NewStatusCmd(ctx, "set", key, value, "ifeq", old, "px", px)
 	err := c.Process(ctx, cmd)
 	if errors.Is(err, goredis.Nil) {

@@ -57,6 +57,19 @@ return 8
 
 var finishScript = goredis.NewScript(finishSrc)
 
+// setIfEqSrc is SET ... IFEQ for a server without it: KEYS[1] the record,
+// ARGV[1] the value it must hold, ARGV[2] the new value, ARGV[3] its PX.
+// Reply: 1 set, 0 the record holds another value or none. A comparison of
+// the whole value, as IFEQ makes it, is the cheapest script that finishes a
+// lease: no pattern, no splice.
+const setIfEqSrc = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+`
+
+var setIfEqScript = goredis.NewScript(setIfEqSrc)
+
 // extendSrc: KEYS[1] the record. ARGV[1] the head of the lease's record
 // ("1|p|<token>|"), ARGV[2] the new lease in ms, ARGV[3] its expiry µs,
 // ARGV[4] now µs. Reply: codeOK, codeLeaseLost, or codeExpired when the

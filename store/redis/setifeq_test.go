@@ -34,9 +34,9 @@ func TestContractValkey(t *testing.T) {
 }
 
 // sent counts the commands a client sends, by name ("set ifeq" for a SET
-// with IFEQ, "script" for a script call: its EVALSHA, not the EVAL that
-// follows when the server's script cache is cold): what the tests expect of
-// the store, whoever else uses the server.
+// with IFEQ, "finish script" and the like for a script call: its EVALSHA,
+// not the EVAL that follows when the server's script cache is cold): what
+// the tests expect of the store, whoever else uses the server.
 type sent struct {
 	mu     sync.Mutex
 	counts map[string]int
@@ -74,7 +74,10 @@ func (h *sent) count(cmd goredis.Cmder) {
 	case name == "set" && slices.Contains(cmd.Args(), any("ifeq")):
 		name = "set ifeq"
 	case name == "evalsha":
-		name = "script"
+		sha, _ := cmd.Args()[1].(string)
+		if name = oredis.ScriptName(sha); name == "" {
+			name = "unknown script"
+		}
 	case name == "eval":
 		return // the same script again, the server's cache being cold
 	}
@@ -140,81 +143,121 @@ func TestFinishIsOneSetIfEq(t *testing.T) {
 	}
 }
 
+// finishCommands are what the store sends to finish a lease by
+// compare-and-set, on Valkey and on Redis 7.0.
+var finishCommands = []struct {
+	server string
+	client func(testing.TB, *goredis.Options) *goredis.Client
+	cas    string
+}{
+	{"valkey", newValkeyClient, "set ifeq"},
+	{"redis7", newClient, "setIfEq script"},
+}
+
 // TestFinishAfterExtend: an Extend rewrites the value a lease wrote, so the
 // lease Begin returned no longer matches it. Its Complete misses the
-// compare-and-set and the script finishes it: one round trip more, the
-// same answer. The lease Extend returns goes to the script at once, and a
-// lease lost to a takeover misses too and is refused.
+// compare-and-set and the finish script finishes it: one round trip more,
+// the same answer. The lease Extend returns goes to the finish script at
+// once, and a lease lost to a takeover misses too and is refused. On Redis
+// 7.0 the compare-and-set is setIfEqScript, once the store has learned that
+// the server has no SET IFEQ.
 func TestFinishAfterExtend(t *testing.T) {
 	t.Parallel()
-	s, cmds := countingStore(t, newValkeyClient(t, nil))
-	ctx := t.Context()
-	for _, useExtended := range []bool{false, true} {
-		key := "begun"
-		if useExtended {
-			key = "extended"
-		}
-		l := begin(t, s, key)
-		extended, err := s.Extend(ctx, l, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if extended.Version != "" {
-			t.Errorf("Extend returned a lease with Version %q, want none: the value changed", extended.Version)
-		}
-		want := map[string]int{"set ifeq": 1, "script": 1}
-		if useExtended {
-			l, want = extended, map[string]int{"script": 1}
-		}
-		got := cmds.during(func() { err = s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}) })
-		if err != nil {
-			t.Fatalf("Complete(%s): %v", key, err)
-		}
-		if !maps.Equal(got, want) {
-			t.Errorf("Complete(%s) sent %v, want %v", key, got, want)
-		}
-		if rec, err := s.Get(ctx, "s", key); err != nil || rec.Status != store.StatusSucceeded {
-			t.Errorf("%s after Complete: %v %v, want succeeded", key, rec.Status, err)
-		}
-	}
+	for _, server := range finishCommands {
+		t.Run(server.server, func(t *testing.T) {
+			t.Parallel()
+			s, cmds := countingStore(t, server.client(t, nil))
+			ctx := t.Context()
+			if err := s.Complete(ctx, begin(t, s, "first"), store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+				t.Fatal(err) // on Redis 7.0, learns that there is no SET IFEQ
+			}
+			for _, useExtended := range []bool{false, true} {
+				key := "begun"
+				if useExtended {
+					key = "extended"
+				}
+				l := begin(t, s, key)
+				extended, err := s.Extend(ctx, l, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if extended.Version != "" {
+					t.Errorf("Extend returned a lease with Version %q, want none: the value changed", extended.Version)
+				}
+				want := map[string]int{server.cas: 1, "finish script": 1}
+				if useExtended {
+					l, want = extended, map[string]int{"finish script": 1}
+				}
+				got := cmds.during(func() { err = s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}) })
+				if err != nil {
+					t.Fatalf("Complete(%s): %v", key, err)
+				}
+				if !maps.Equal(got, want) {
+					t.Errorf("Complete(%s) sent %v, want %v", key, got, want)
+				}
+				if rec, err := s.Get(ctx, "s", key); err != nil || rec.Status != store.StatusSucceeded {
+					t.Errorf("%s after Complete: %v %v, want succeeded", key, rec.Status, err)
+				}
+			}
 
-	stale := begin(t, s, "taken")
-	oredis.AdvanceClock(s, 2*time.Minute+time.Second) // past the lease and its tail
-	newer := begin(t, s, "taken")
-	if err := s.Complete(ctx, stale, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); !errors.Is(err, store.ErrLeaseLost) {
-		t.Fatalf("Complete of a lease taken over: %v, want ErrLeaseLost", err)
-	}
-	if rec, err := s.Get(ctx, "s", "taken"); err != nil || rec.Status != store.StatusInProgress || rec.Token != newer.Token {
-		t.Fatalf("after the stale Complete: %v token %d %v, want in progress under token %d", rec.Status, rec.Token, err, newer.Token)
+			stale := begin(t, s, "taken")
+			oredis.AdvanceClock(s, 2*time.Minute+time.Second) // past the lease and its tail
+			newer := begin(t, s, "taken")
+			var err error
+			got := cmds.during(func() { err = s.Complete(ctx, stale, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}) })
+			if !errors.Is(err, store.ErrLeaseLost) {
+				t.Fatalf("Complete of a lease taken over: %v, want ErrLeaseLost", err)
+			}
+			if want := map[string]int{server.cas: 1, "finish script": 1}; !maps.Equal(got, want) {
+				t.Errorf("Complete of a lease taken over sent %v, want %v", got, want)
+			}
+			if rec, err := s.Get(ctx, "s", "taken"); err != nil || rec.Status != store.StatusInProgress || rec.Token != newer.Token {
+				t.Fatalf("after the stale Complete: %v token %d %v, want in progress under token %d", rec.Status, rec.Token, err, newer.Token)
+			}
+		})
 	}
 }
 
 // TestSetIfEqRefused: Redis 7.0 has no SET IFEQ. The first Complete learns
-// that from its syntax error and finishes with the script; later ones send
-// no SET IFEQ.
+// that from its syntax error and finishes with the finish script; later
+// ones and Release (keeping a record) send setIfEqScript, the same
+// compare-and-set of the whole value in one script, and no SET IFEQ.
 func TestSetIfEqRefused(t *testing.T) {
 	t.Parallel()
 	s, cmds := countingStore(t, newClient(t, nil))
 	ctx := t.Context()
-	for i, key := range []string{"first", "second", "third"} {
-		l := begin(t, s, key)
-		var err error
-		got := cmds.during(func() { err = s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}) })
-		if err != nil {
-			t.Fatalf("Complete(%s) on Redis 7: %v", key, err)
+	for i, tt := range []struct {
+		key  string
+		call func(l store.Lease) error
+		want store.Status
+	}{
+		{"first", nil, store.StatusSucceeded},
+		{"second", nil, store.StatusSucceeded},
+		{"released", func(l store.Lease) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
+	} {
+		if tt.call == nil {
+			tt.call = func(l store.Lease) error {
+				return s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
+			}
 		}
-		want := map[string]int{"script": 1}
+		l := begin(t, s, tt.key)
+		var err error
+		got := cmds.during(func() { err = tt.call(l) })
+		if err != nil {
+			t.Fatalf("finishing %s on Redis 7: %v", tt.key, err)
+		}
+		want := map[string]int{"setIfEq script": 1}
 		if i == 0 {
-			want["set ifeq"] = 1
+			want = map[string]int{"set ifeq": 1, "finish script": 1}
 		}
 		if !maps.Equal(got, want) {
-			t.Errorf("Complete(%s) sent %v, want %v", key, got, want)
+			t.Errorf("finishing %s sent %v, want %v", tt.key, got, want)
 		}
-		if rec, err := s.Get(ctx, "s", key); err != nil || rec.Status != store.StatusSucceeded {
-			t.Fatalf("%s after Complete: %v %v, want succeeded", key, rec.Status, err)
+		if rec, err := s.Get(ctx, "s", tt.key); err != nil || rec.Status != tt.want || rec.Fingerprint != "fp" {
+			t.Fatalf("%s after finishing: %v %q %v, want %v with fingerprint fp", tt.key, rec.Status, rec.Fingerprint, err, tt.want)
 		}
 		if !oredis.SetIfEqRefused(s) {
-			t.Fatalf("after Complete(%s) the store still tries SET IFEQ", key)
+			t.Fatalf("after finishing %s the store still tries SET IFEQ", tt.key)
 		}
 	}
 }
