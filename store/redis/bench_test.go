@@ -175,8 +175,8 @@ func BenchmarkNewKeyReply(b *testing.B) {
 // Complete of new keys sent between two readings: a SET NX and an EVALSHA
 // each (two SETs where Complete is a SET IFEQ). Redis counts a command that
 // a script calls twice, within the script's time and again on its own, so
-// the finish script's own SETs are taken out at the average cost of a SET,
-// and its GETs (the only GETs: every key is new) left out.
+// the scripts' own SETs (one each) are taken out at the average cost of a
+// SET, and their GETs (the only GETs: every key is new) left out.
 func messageUsec(before, after commandStats) float64 {
 	delta := func(name string) (calls, usec float64) {
 		return float64(after[name].calls - before[name].calls), float64(after[name].usec - before[name].usec)

@@ -23,12 +23,14 @@
 // a finished one is that SET NX and a GET of the record to replay. A key
 // held by an in-progress or released record goes to a short script that
 // takes it once the lease has run out. Complete and Release are one
-// compare-and-set each: on a server with SET IFEQ, a SET of the new value
-// if the record still holds the value the lease wrote (store.Lease.Version);
-// otherwise, or when that misses because an Extend rewrote the value, a
-// script (GET, compare the record's head with the lease's token, SET). The
-// store learns that a server has no IFEQ from its first refusal. Extend and
-// Get are scripts. Complete, Release and
+// compare-and-set each: a SET of the new value if the record still holds
+// the value the lease wrote (store.Lease.Version), with SET IFEQ on a
+// server that has it and otherwise a script that does the same (GET,
+// compare, SET). The store learns that a server has no IFEQ from its first
+// refusal. When the compare misses, because an Extend rewrote the value or
+// the lease is lost, the finish script (GET, compare the record's head
+// with the lease's token, SET) decides. Extend and Get are scripts.
+// Complete, Release and
 // Extend succeed only while the record is in progress under the caller's
 // token; otherwise they return store.ErrLeaseLost and change nothing. With
 // Options.AutoPipeline the commands of concurrent calls share round trips
