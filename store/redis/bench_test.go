@@ -190,7 +190,9 @@ func messageUsec(before, after commandStats) float64 {
 }
 
 // minimalCompleteScript is the minimal lease's Complete: one GET, a
-// comparison with the value its Begin wrote, one SET PX.
+// comparison with the value its Begin wrote, one SET PX. It is what the
+// store's own compare-and-set script does today, written out here so that
+// the reference stays put when the store changes.
 var minimalCompleteScript = goredis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
