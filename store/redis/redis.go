@@ -434,8 +434,6 @@ func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *
 		switch {
 		case done:
 			return nil
-		case isSyntaxError(err):
-			s.noSetIfEq.Store(true)
 		case err != nil && !isWrongType(err):
 			return fail(op, lease.Scope, lease.Key, err)
 		}
@@ -451,20 +449,24 @@ func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *
 }
 
 // setIfEq sets key to value for px ms if it holds old, and reports whether
-// it did: SET ... IFEQ, or setIfEqScript on a server without it.
+// it did: SET ... IFEQ, or setIfEqScript on a server without it, which the
+// first refusal tells.
 func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old string, px int64) (bool, error) {
 	c := s.enter()
 	defer s.leave()
-	if s.noSetIfEq.Load() {
-		n, err := setIfEqScript.Run(ctx, c, []string{key}, old, value, px).Int64()
-		return n == 1, err
+	if !s.noSetIfEq.Load() {
+		cmd := goredis.NewStatusCmd(ctx, "set", key, value, "ifeq", old, "px", px)
+		err := c.Process(ctx, cmd)
+		switch {
+		case errors.Is(err, goredis.Nil):
+			return false, nil
+		case !isSyntaxError(err):
+			return err == nil, err
+		}
+		s.noSetIfEq.Store(true)
 	}
-	cmd := goredis.NewStatusCmd(ctx, "set", key, value, "ifeq", old, "px", px)
-	err := c.Process(ctx, cmd)
-	if errors.Is(err, goredis.Nil) {
-		return false, nil
-	}
-	return err == nil, err
+	n, err := setIfEqScript.Run(ctx, c, []string{key}, old, value, px).Int64()
+	return n == 1, err
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.

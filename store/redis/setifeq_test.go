@@ -219,27 +219,25 @@ func TestFinishAfterExtend(t *testing.T) {
 }
 
 // TestSetIfEqRefused: Redis 7.0 has no SET IFEQ. The first Complete learns
-// that from its syntax error and finishes with the finish script; later
-// ones and Release (keeping a record) send setIfEqScript, the same
-// compare-and-set of the whole value in one script, and no SET IFEQ.
+// that from its syntax error and sends setIfEqScript, the same
+// compare-and-set of the whole value in one script; later ones and Release
+// (keeping a record) send that script alone, and no SET IFEQ.
 func TestSetIfEqRefused(t *testing.T) {
 	t.Parallel()
 	s, cmds := countingStore(t, newClient(t, nil))
 	ctx := t.Context()
+	complete := func(l store.Lease) error {
+		return s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
+	}
 	for i, tt := range []struct {
 		key  string
 		call func(l store.Lease) error
 		want store.Status
 	}{
-		{"first", nil, store.StatusSucceeded},
-		{"second", nil, store.StatusSucceeded},
+		{"first", complete, store.StatusSucceeded},
+		{"second", complete, store.StatusSucceeded},
 		{"released", func(l store.Lease) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
 	} {
-		if tt.call == nil {
-			tt.call = func(l store.Lease) error {
-				return s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
-			}
-		}
 		l := begin(t, s, tt.key)
 		var err error
 		got := cmds.during(func() { err = tt.call(l) })
@@ -248,7 +246,7 @@ func TestSetIfEqRefused(t *testing.T) {
 		}
 		want := map[string]int{"setIfEq script": 1}
 		if i == 0 {
-			want = map[string]int{"set ifeq": 1, "finish script": 1}
+			want = map[string]int{"set ifeq": 1, "setIfEq script": 1}
 		}
 		if !maps.Equal(got, want) {
 			t.Errorf("finishing %s sent %v, want %v", tt.key, got, want)
