@@ -48,7 +48,10 @@ type Options struct {
 	// v9.23) instead of taking a connection each. It raises throughput with
 	// many concurrent handlers (16 and more) and changes nothing for a few.
 	// Each command or script stays one atomic step with its own reply, so
-	// the contract is the same either way. Not available on a *redis.Ring.
+	// the contract is the same either way. go-redis keeps one AutoPipeliner
+	// per client, shared by every store on the client and by the client's
+	// own AutoPipeline callers; the first to ask decides its options, and it
+	// ends with the client. Not available on a *redis.Ring.
 	AutoPipeline bool
 }
 
@@ -98,7 +101,8 @@ func validPrefix(p string) error {
 // client: close the client when done.
 type Store struct {
 	client goredis.UniversalClient
-	// pipe is the AutoPipeliner, nil with Options.AutoPipeline off.
+	// pipe is the client's AutoPipeliner, nil with Options.AutoPipeline
+	// off. The client owns it: go-redis shares it among all its users.
 	pipe *goredis.AutoPipeliner
 	// inflight counts the calls under way (enter, leave); with more than
 	// pipeAbove of them, commands go through pipe.
@@ -155,16 +159,11 @@ func (s *Store) Limits() store.Limits {
 	return store.Limits{MaxKeyLen: s.maxKeyLen, MaxResultBytes: s.maxResultBytes}
 }
 
-// Close makes every later operation return store.ErrClosed and stops the
-// AutoPipeliner, if Options.AutoPipeline started one. The client stays the
-// caller's to close. Close is idempotent.
+// Close makes every later operation return store.ErrClosed. It leaves the
+// client and its AutoPipeliner running: other stores and callers may share
+// them, and they end when the caller closes the client. Close is idempotent.
 func (s *Store) Close() error {
-	if s.closed.Swap(true) {
-		return nil
-	}
-	if s.pipe != nil {
-		return s.pipe.Close()
-	}
+	s.closed.Store(true)
 	return nil
 }
 

@@ -538,3 +538,34 @@ func TestForeverTTL(t *testing.T) {
 		t.Fatalf("native TTL %v, want about 100 years", d)
 	}
 }
+
+// TestCloseLeavesTheClientsPipelinerAlone: go-redis keeps one AutoPipeliner
+// per client, which every store on the client and the client's other users
+// share, so closing one store must not close it.
+func TestCloseLeavesTheClientsPipelinerAlone(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, nil)
+	closed := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
+	open := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
+	pipe, err := c.AutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := closed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	res, err := open.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	if err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("Begin on the store left open = %v, %v; want execute", res.Decision, err)
+	}
+	if err := open.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+		t.Fatalf("Complete on the store left open: %v", err)
+	}
+	if err := pipe.Ping(ctx).Err(); err != nil {
+		t.Fatalf("the client's own AutoPipeliner after a store closed: %v", err)
+	}
+	if _, err := closed.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k2", Lease: time.Minute}); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Begin on the closed store: %v, want store.ErrClosed", err)
+	}
+}
