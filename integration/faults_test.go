@@ -126,6 +126,13 @@ func runFault(t *testing.T, kind string, f fault) *faultRun {
 	var raw [5]byte
 	_, _ = rand.Read(raw[:])
 	ns := "it_fault_" + hex.EncodeToString(raw[:])
+	for _, s := range storeKinds {
+		if s.name == kind {
+			// Registered first, so it runs last: after the store and its
+			// pool or client are closed.
+			t.Cleanup(func() { s.cleanup(t, ns) })
+		}
+	}
 	r := &faultRun{}
 	p := policy.Policy{
 		Lease: 2 * time.Second, Heartbeat: 600 * time.Millisecond,
@@ -151,8 +158,6 @@ func runFault(t *testing.T, kind string, f fault) *faultRun {
 		must(t, err)
 		t.Cleanup(pool.Close)
 		direct := pgPool(t)
-		schema := pgx.Identifier{ns}.Sanitize()
-		t.Cleanup(func() { _, _ = direct.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") })
 		st, err := postgres.New(pool, postgres.Options{Schema: ns, StatementTimeout: 500 * time.Millisecond, CleanupInterval: -1})
 		must(t, err)
 		t.Cleanup(func() { st.Close() })
