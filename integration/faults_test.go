@@ -82,8 +82,8 @@ type faultRun struct {
 func TestStoreFaults(t *testing.T) {
 	var rows []string
 	for _, f := range faults {
-		for _, kind := range []string{"postgres", "redis"} {
-			t.Run(kind+"/"+f.name, func(t *testing.T) {
+		for _, kind := range storeKinds {
+			t.Run(kind.name+"/"+f.name, func(t *testing.T) {
 				r := runFault(t, kind, f)
 				effects := r.effects()
 				doubles, lost := 0, 0
@@ -95,7 +95,7 @@ func TestStoreFaults(t *testing.T) {
 						doubles++
 					}
 				}
-				rows = append(rows, fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %d | %d |", f.name, kind,
+				rows = append(rows, fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %d | %d |", f.name, kind.name,
 					r.deliveries.Load(), r.acks.Load(), r.nacks.Load(), len(effects), doubles, lost, r.takeovers.Load()))
 				if lost != 0 || doubles != 0 {
 					t.Errorf("%d lost, %d doubled", lost, doubles)
@@ -122,17 +122,13 @@ const (
 
 // runFault delivers faultMessages messages through a receiver over a store
 // behind a proxy, with the fault applied a little after the start.
-func runFault(t *testing.T, kind string, f fault) *faultRun {
+func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 	var raw [5]byte
 	_, _ = rand.Read(raw[:])
 	ns := "it_fault_" + hex.EncodeToString(raw[:])
-	for _, s := range storeKinds {
-		if s.name == kind {
-			// Registered first, so it runs last: after the store and its
-			// pool or client are closed.
-			t.Cleanup(func() { s.cleanup(t, ns) })
-		}
-	}
+	// Registered first, so it runs last: after the store and its pool or
+	// client are closed.
+	t.Cleanup(func() { kind.cleanup(t, ns) })
 	r := &faultRun{}
 	p := policy.Policy{
 		Lease: 2 * time.Second, Heartbeat: 600 * time.Millisecond,
@@ -141,7 +137,7 @@ func runFault(t *testing.T, kind string, f fault) *faultRun {
 	}
 	var b *receiver.Builder
 	var handler message.HandlerFunc
-	switch kind {
+	switch kind.name {
 	case "postgres":
 		u, err := url.Parse(env.postgresDSN)
 		must(t, err)
@@ -211,6 +207,8 @@ func runFault(t *testing.T, kind string, f fault) *faultRun {
 			return out
 		}
 		defer runFaultLoop(t, r, b, handler, p, proxy, f)
+	default:
+		t.Fatalf("no fault run for store kind %q: add one to runFault", kind.name)
 	}
 	return r
 }

@@ -227,9 +227,9 @@ func minimalLease(ctx context.Context, c goredis.Cmdable, prefix string) func(i 
 // alike. It reports the rates, oncemill's ratio to SET NX, and the ratio of
 // the two SETs to one: the most that any store taking two round trips per
 // message could reach in the same run. With AutoPipeline it also sends the
-// two SETs through the store's own full-duplex AutoPipeliner (go-redis keeps
-// one per client) (two-setnx-pipelined-ratio): what two plain commands per message reach on
-// the transport that oncemill uses. It reports the Redis server's CPU per
+// two SETs through the store's own AutoPipeliner, which go-redis keeps one
+// of per client (two-setnx-pipelined-ratio): what two plain commands per
+// message reach on the transport that oncemill uses. It reports the Redis server's CPU per
 // message too (server-µs/msg, from INFO commandstats around oncemill's
 // batches, messageUsec). b.N is the number of messages (and of SETs).
 //
@@ -292,9 +292,9 @@ func BenchmarkVersusSetNX(b *testing.B) {
 			}
 			if tt.autoPipeline {
 				// The same two SETs, and the minimal lease, through the
-				// store's pipeliner: go-redis keeps one per client, and
-				// it ends with the client.
-				pipe, err := c.AutoPipelineWithOptions(&goredis.AutoPipelineOptions{FullDuplex: true})
+				// store's pipeliner: go-redis keeps one per client, made
+				// with the store's options, and it ends with the client.
+				pipe, err := c.AutoPipeline()
 				if err != nil {
 					b.Fatal(err)
 				}
