@@ -40,7 +40,7 @@ func newChainHarness(t *testing.T, o chainOptions) *chainHarness {
 	h := &chainHarness{st: newTxStore(), tm: &fakeTxManager{}, events: make(chan pipeline.Event, 100)}
 	t.Cleanup(func() { _ = h.st.Close() })
 	p := policy.Policy{}.WithDefaults()
-	p.NackDelay = -1 // no pause
+	p.NackDelay, p.AttemptDelay = -1, -1 // no pauses
 	if o.maxAttempts > 0 {
 		p.MaxAttempts = o.maxAttempts
 	}

@@ -10,12 +10,15 @@ const (
 	OutcomeExecuted Outcome = iota + 1
 	// Replayed: a duplicate of a success; the stored messages were returned. Acked.
 	OutcomeReplayed
-	// FailureCached: the handler failed permanently (or ran out of attempts)
-	// and the failure is stored. Acked.
+	// FailureCached: the handler failed permanently, or ran out of attempts
+	// and was dead-lettered or dropped (Event.Exhausted); the failure is
+	// stored. Acked.
 	OutcomeFailureCached
 	// FailureReplayed: a duplicate of a cached failure; not run. Acked.
 	OutcomeFailureReplayed
-	// Released: the handler failed retryably; the key was released. Nacked.
+	// Released: the handler failed retryably; the key was released, and the
+	// message is nacked after the attempt's pause (policy.AttemptDelay).
+	// Nacked.
 	OutcomeReleased
 	// InProgressNacked: another delivery held the key past the wait. Nacked.
 	OutcomeHeldKeyNacked
@@ -89,6 +92,11 @@ type Event struct {
 	// one-transaction mode it comes from store.ClaimResult.Contended: a wait
 	// that ended in an execution (the holder rolled back) is not seen.
 	Contended bool
+	// Exhausted is true when the handler failed retryably on an attempt at
+	// or past policy.MaxAttempts: the message was dead-lettered, dropped
+	// (policy.ExhaustedDrop; Outcome FailureCached) or kept (nacked; Outcome
+	// Released).
+	Exhausted bool
 	// Err is the handler's error, or why the delivery was rejected.
 	Err error
 }

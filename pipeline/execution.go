@@ -35,6 +35,11 @@ type execution struct {
 	inner  atomic.Pointer[cancelable]
 	innerM sync.Mutex
 
+	// confirmed is when the lease was last known to be ours, by
+	// monotonicNow: Begin's answer, or the sending of an Extend the store
+	// accepted. The lease runs policy.Lease from then (heldFor).
+	confirmed atomic.Int64
+
 	// The heartbeat: a slot of the stage's heartbeats (slot, beatAt), or,
 	// when they are all taken, a timer of its own. beatMu is held by a beat
 	// in flight; stopped, set under it, ends the beats.
@@ -61,6 +66,23 @@ func newExecution(parent context.Context, lease store.Lease, stage *Idempotency)
 	e := &execution{parent: parent, lease: lease, stage: stage}
 	e.detached.parent = parent
 	return e
+}
+
+// clockBase makes monotonicNow a reading of the monotonic clock that fits
+// an atomic.Int64.
+var clockBase = time.Now()
+
+func monotonicNow() int64 { return int64(time.Since(clockBase)) }
+
+// confirmedAt notes that the lease was ours at t (a monotonicNow reading).
+func (e *execution) confirmedAt(t int64) { e.confirmed.Store(t) }
+
+// heldFor is how long the lease is still ours by the local clock, less a
+// tenth of the lease for the time Begin's answer was on its way and for the
+// two clocks' drift: the store judges expiry by its own clock.
+func (e *execution) heldFor() time.Duration {
+	lease := e.stage.policy.Lease
+	return lease - lease/10 - time.Duration(monotonicNow()-e.confirmed.Load())
 }
 
 // current is the context the handler's context delegates to.
@@ -153,10 +175,14 @@ func (e *execution) beat() {
 // extend pushes the lease expiry out; when the lease is gone, the handler's
 // context is canceled.
 func (e *execution) extend(ctx context.Context) error {
+	sent := monotonicNow()
 	ctx, m := e.stage.tel.startStore(ctx, opExtend)
 	_, err := e.stage.store.Extend(ctx, e.lease, e.stage.policy.Lease)
 	m.end(ctx, err)
-	if errors.Is(err, store.ErrLeaseLost) {
+	switch {
+	case err == nil:
+		e.confirmedAt(sent)
+	case errors.Is(err, store.ErrLeaseLost):
 		e.lose()
 		return ErrLeaseLost
 	}
@@ -192,8 +218,9 @@ func (d *detached) Value(key any) any        { return d.parent.Value(key) }
 // cannot take part in a transaction with the record (an HTTP call, an
 // e-mail): a worker paused past its lease (GC, a stopped VM) then learns that
 // another delivery took over instead of acting a second time. It returns an
-// error wrapping ErrLeaseLost when the lease is gone, and nil outside the
-// idempotency stage's handler.
+// error wrapping ErrLeaseLost when the lease is gone (also when a heartbeat
+// found it gone while CheckLease's own extend was in flight, which cancels
+// ctx under it), and nil outside the idempotency stage's handler.
 //
 // In the one-transaction mode it returns nil at once: the claim is held by
 // the handler's open transaction, which no other delivery can take over; a
@@ -203,5 +230,9 @@ func CheckLease(ctx context.Context) error {
 	if !ok || e.claim != nil {
 		return nil
 	}
-	return e.extend(ctx)
+	err := e.extend(ctx)
+	if err != nil && errors.Is(context.Cause(ctx), ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
+		return fmt.Errorf("%w (the extend in flight ended with: %w)", ErrLeaseLost, err)
+	}
+	return err
 }

@@ -63,12 +63,14 @@ type IdempotencyConfig struct {
 	// Policy decides TTLs, leases and classification; validated here. Its
 	// zero fields mean their defaults.
 	Policy policy.Policy
-	// Logger defaults to watermill.NopLogger.
+	// Logger defaults to watermill.NewSlogLogger(nil), log/slog's default
+	// logger: a message acked without running (rejected, dropped) is never
+	// silent.
 	Logger watermill.LoggerAdapter
 	// ReplayLogLevel, when set, is the level at which each replay is
-	// logged, with its scope, key, original outcome and age. Zero logs no
-	// replays: the line costs an allocation per duplicate, which a logger
-	// that drops the level would still pay.
+	// logged through Logger, with its scope, key, original outcome and age.
+	// Zero logs no replays: the line costs an allocation per duplicate,
+	// which a logger that drops the level would still pay.
 	ReplayLogLevel watermill.LogLevel
 	// OnEvent, when set, is called once per delivery, after the decision and
 	// before the router acks or nacks. It must be quick and safe for
@@ -158,8 +160,9 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		s.fingerprint = func(m *message.Message) string { return keygen.FingerprintOf(keys, m) }
 	}
 	if s.logger == nil {
-		s.logger = watermill.NopLogger{}
-	} else if cfg.ReplayLogLevel != 0 {
+		s.logger = watermill.NewSlogLogger(nil)
+	}
+	if cfg.ReplayLogLevel != 0 {
 		s.replayLog = logAt(s.logger, cfg.ReplayLogLevel)
 	}
 	return s, nil
@@ -310,8 +313,9 @@ func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, e
 }
 
 // maxStorePauseDoublings bounds the pause before a store-failure nack at
-// 32 × NackDelay.
-const maxStorePauseDoublings = 5
+// 8 × NackDelay: long enough to calm a storm of redeliveries, short enough
+// that a store back from an outage is used again within seconds.
+const maxStorePauseDoublings = 3
 
 // storePause counts one more store failure in a row and returns the pause
 // before its nack.
@@ -435,6 +439,7 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 
 	orig := d.msg.Context()
 	e := newExecution(orig, lease, s)
+	e.confirmedAt(monotonicNow())
 	d.msg.SetContext(e)
 	e.startHeartbeat()
 	started := s.tel.leaseTaken(orig)
@@ -452,11 +457,11 @@ func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.Beg
 
 func (s *Idempotency) succeed(ctx context.Context, d *delivery, e *execution, msgs []*message.Message) ([]*message.Message, error) {
 	d.event.Outcome = OutcomeExecuted
-	if err := s.finish(ctx, e.lease, s.successOutcome(msgs)); err != nil {
+	if err := s.finish(ctx, e, s.successOutcome(msgs)); err != nil {
 		// The effect happened: nacking now would run it again after the lease
 		// expires. Ack, and let the router publish what the handler produced.
 		d.event.Err = err
-		s.logger.Error("Handler succeeded but the success could not be recorded; a later duplicate may run again", err, s.fields(d))
+		s.logger.Error("Handler succeeded but the success could not be recorded while the lease was held; a duplicate delivered after the lease expires runs again", err, s.fields(d))
 	}
 	return msgs, nil
 }
@@ -471,25 +476,23 @@ func (s *Idempotency) successOutcome(msgs []*message.Message) store.Completion {
 	return store.Completion{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL}
 }
 
-// fail decides what a failed execution leaves behind: a retryable failure
-// gives the key back (keeping the attempt count) and nacks; a cached one is
-// dead-lettered, recorded and acked.
+// fail decides what a failed execution leaves behind. A retryable failure
+// with attempts left gives the key back (keeping the attempt count) and
+// nacks after the attempt's pause. A cached failure, and a retryable one
+// that used the last attempt, is dead-lettered if a dead letter is set,
+// recorded and acked; without a dead letter, an exhausted message is
+// dropped only under policy.ExhaustedDrop, and kept otherwise.
 func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr error) ([]*message.Message, error) {
 	d.event.Err = herr
-	kind := ""
-	switch {
-	case s.policy.Classify(herr) == policy.ClassCached:
-		kind = KindPermanent
-	case e.lease.Attempt >= s.policy.MaxAttempts:
-		kind = KindAttemptsExhausted
-	}
-	if kind == "" {
-		d.event.Outcome = OutcomeReleased
-		if err := s.giveBack(ctx, e); err != nil && !errors.Is(err, store.ErrLeaseLost) {
-			// The lease will expire on its own; the redelivery then takes over.
-			s.logger.Error("Could not release the key after a retryable failure", err, s.fields(d))
+	kind := KindPermanent
+	if s.policy.Classify(herr) != policy.ClassCached {
+		if e.lease.Attempt < s.policy.MaxAttempts {
+			return s.retryLater(ctx, d, e, herr)
 		}
-		return nil, herr
+		d.event.Exhausted, kind = true, KindAttemptsExhausted
+		if s.deadLetter == nil && s.policy.Exhausted == policy.ExhaustedKeep {
+			return s.keep(ctx, d, e, herr)
+		}
 	}
 	// Forwarded before it is recorded: a failed forward releases the key and
 	// nacks, so the failure is decided again and forwarded on redelivery.
@@ -504,7 +507,7 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 	if e.claim != nil {
 		err = s.recordRollback(ctx, e, out)
 	} else {
-		err = s.finish(ctx, e.lease, out)
+		err = s.finish(ctx, e, out)
 	}
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		// Not recorded: nack, so the failure is decided again on redelivery
@@ -512,8 +515,67 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 		d.event.Outcome = OutcomeStoreFailed
 		return nil, fmt.Errorf("oncemill: recording failure %q: %w", herr.Error(), err)
 	}
-	s.logger.Error("Handler failed permanently; the failure is cached and the message acked", herr, s.fields(d))
+	switch {
+	case !d.event.Exhausted:
+		s.logger.Error("Handler failed permanently; the failure is cached and the message acked", herr, s.fields(d))
+	case s.deadLetter != nil:
+		s.tel.exhausted(d.msg.Context(), exhaustedDeadLettered)
+		s.logger.Error("Handler failed on its last attempt; the message is dead-lettered and acked", herr, s.fields(d))
+	default:
+		s.tel.exhausted(d.msg.Context(), exhaustedDropped)
+		s.logger.Error("Handler failed on its last attempt; the message is DROPPED (policy.ExhaustedDrop): acked without a dead letter", herr, s.fields(d))
+	}
 	return nil, nil
+}
+
+// retryLater gives the key back after a retryable failure and nacks, after
+// the attempt's pause (attemptPause).
+func (s *Idempotency) retryLater(ctx context.Context, d *delivery, e *execution, herr error) ([]*message.Message, error) {
+	d.event.Outcome = OutcomeReleased
+	if err := s.giveBack(ctx, e); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		// The lease will expire on its own; the redelivery then takes over.
+		s.logger.Error("Could not release the key after a retryable failure", err, s.fields(d))
+	}
+	if serr := sleep(d.msg.Context(), s.attemptPause(e.lease.Attempt)); serr != nil {
+		return nil, errors.Join(herr, serr)
+	}
+	return nil, herr
+}
+
+// keep nacks a message whose attempts ran out, under policy.ExhaustedKeep
+// without a dead letter: it is never acked, and comes back at the pace of
+// the attempt schedule's cap.
+func (s *Idempotency) keep(ctx context.Context, d *delivery, e *execution, herr error) ([]*message.Message, error) {
+	s.tel.exhausted(d.msg.Context(), exhaustedKept)
+	s.logger.Error("Handler failed on its last attempt and no dead letter is set; the message is nacked, not acked, and runs again after the pause (policy.ExhaustedKeep)", herr, s.fields(d))
+	return s.retryLater(ctx, d, e, herr)
+}
+
+// Jitter of the pause before the nack of a retryable failure: ±20%.
+const attemptPauseJitter = 0.2
+
+// attemptPause is the pause before the nack of the given attempt's
+// retryable failure: policy.AttemptDelay doubling per attempt, capped by
+// MaxAttemptDelay, with jitter, so that a failing key comes back at a pace
+// that spans an outage (the default 5 attempts: 45 s nominal) rather than
+// the broker's (AMQP requeues at once, Kafka resends after 100 ms). It is
+// the attempt-th wait of backoff/v5's exponential schedule.
+func (s *Idempotency) attemptPause(attempt int) time.Duration {
+	if s.policy.AttemptDelay == 0 {
+		return 0
+	}
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     s.policy.AttemptDelay,
+		RandomizationFactor: attemptPauseJitter,
+		Multiplier:          2,
+		MaxInterval:         s.policy.MaxAttemptDelay,
+	}
+	b.Reset()
+	// The 64th doubling of any positive delay is past any cap.
+	for range min(attempt, 64) - 1 {
+		b.NextBackOff()
+	}
+	return b.NextBackOff()
 }
 
 // giveBack frees the key after a retryable failure, keeping its attempt
@@ -525,24 +587,37 @@ func (s *Idempotency) giveBack(ctx context.Context, e *execution) error {
 	return s.release(ctx, e.lease)
 }
 
-// finish completes the lease, retrying transient store errors briefly. A lost
-// lease is final: another delivery has taken over. The first try is made
-// directly so the common path pays nothing for the retry machinery.
-func (s *Idempotency) finish(ctx context.Context, lease store.Lease, out store.Completion) error {
-	err := s.complete(ctx, lease, out)
+// finish completes the lease. A store that does not answer is tried again,
+// with backoff, for as long as the lease is still ours by the local clock
+// (execution.heldFor): a success recorded late still answers its
+// duplicates, where one given up on leaves the key to expire and a later
+// duplicate to run again. A lost lease or a refused request is final. The
+// first try is made directly so the common path pays nothing for the retry
+// machinery.
+func (s *Idempotency) finish(ctx context.Context, e *execution, out store.Completion) error {
+	err := s.complete(ctx, e.lease, out)
 	if err == nil || isFinal(err) {
 		return err
 	}
-	_, err = backoff.Retry(ctx, func() (struct{}, error) {
-		err := s.complete(ctx, lease, out)
+	held := e.heldFor()
+	if held <= 0 {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, held)
+	defer cancel()
+	_, rerr := backoff.Retry(ctx, func() (struct{}, error) {
+		err := s.complete(ctx, e.lease, out)
 		if isFinal(err) {
 			return struct{}{}, backoff.Permanent(err)
 		}
 		return struct{}{}, err
-	}, backoff.WithMaxTries(2), backoff.WithBackOff(&backoff.ExponentialBackOff{
-		InitialInterval: 20 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 3, MaxInterval: time.Second,
+	}, backoff.WithMaxElapsedTime(held), backoff.WithBackOff(&backoff.ExponentialBackOff{
+		InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: time.Second,
 	}))
-	return err
+	if rerr != nil && ctx.Err() != nil && !isFinal(rerr) {
+		return fmt.Errorf("%w (gave up as the lease ran out: %w)", err, rerr)
+	}
+	return rerr
 }
 
 func (s *Idempotency) complete(ctx context.Context, lease store.Lease, out store.Completion) error {

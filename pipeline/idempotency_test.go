@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -56,7 +57,7 @@ func newHarness(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *harness
 			h.mu.Unlock()
 		},
 	}
-	cfg.Policy.NackDelay = -1 // no pause
+	cfg.Policy.NackDelay, cfg.Policy.AttemptDelay = -1, -1 // no pauses
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -215,9 +216,14 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 	}
 }
 
-func TestAttemptCapCachesTheFailure(t *testing.T) {
+// Under policy.ExhaustedDrop, without a dead letter, the attempt that
+// reaches the cap caches the failure and acks, and says so at error level.
+func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxAttempts = 3 })
+	logs := watermill.NewCaptureLogger()
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Policy.MaxAttempts, c.Policy.Exhausted, c.Logger = 3, policy.ExhaustedDrop, logs
+	})
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls.Add(1)
@@ -244,6 +250,12 @@ func TestAttemptCapCachesTheFailure(t *testing.T) {
 	rec, _ := h.store.Get(context.Background(), "test", "m1")
 	if rec.ErrorKind != pipeline.KindAttemptsExhausted {
 		t.Fatalf("error kind %q, want %q", rec.ErrorKind, pipeline.KindAttemptsExhausted)
+	}
+	if e := h.events[2]; !e.Exhausted {
+		t.Fatalf("the capped attempt's event %+v must say Exhausted", e)
+	}
+	if errs := logs.Captured()[watermill.ErrorLogLevel]; len(errs) != 1 || !strings.Contains(errs[0].Msg, "DROPPED") {
+		t.Fatalf("error lines %+v, want one saying the message was dropped", errs)
 	}
 }
 
@@ -586,7 +598,11 @@ func TestStoreDownOnBeginNacks(t *testing.T) {
 
 func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failComplete: true} })
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Store = &failingStore{Store: c.Store, failComplete: true}
+		// The completion is retried while the lease is held: keep it short.
+		c.Policy.Lease, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
+	})
 	var calls atomic.Int32
 	out, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
 	if err != nil || len(out) != 1 {
@@ -599,7 +615,11 @@ func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
 
 func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failComplete: true} })
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Store = &failingStore{Store: c.Store, failComplete: true}
+		// The completion is retried while the lease is held: keep it short.
+		c.Policy.Lease, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
+	})
 	_, err := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, policy.Permanent(errDeclined)
 	})(msg("m1", "x"))

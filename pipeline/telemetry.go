@@ -67,7 +67,7 @@ type Telemetry struct {
 	idleMP metric.MeterProvider
 
 	decisions, outcomes, retries, invalids, deadLetters metric.Int64Counter
-	storeErrors                                         metric.Int64Counter
+	storeErrors, exhaustions                            metric.Int64Counter
 	storeDuration, handlerDuration, replayAge           metric.Float64Histogram
 	liveLeases                                          metric.Int64UpDownCounter
 	breaker                                             metric.Int64Gauge
@@ -80,7 +80,18 @@ type Telemetry struct {
 	storeErrAttrs [storeOps][]metric.AddOption
 	replayAttrs   map[store.Status][]metric.RecordOption
 	reasonAttrs   map[string][]metric.AddOption
+	exhaustAttrs  map[exhaustedAction][]metric.AddOption
 }
+
+// exhaustedAction is what became of a message whose attempts ran out: the
+// action attribute of oncemill.attempts.exhausted.
+type exhaustedAction string
+
+const (
+	exhaustedDeadLettered exhaustedAction = "dead_lettered"
+	exhaustedDropped      exhaustedAction = "dropped"
+	exhaustedKept         exhaustedAction = "kept"
+)
 
 // Store operations measured by oncemill.store.duration.
 type storeOp int
@@ -147,7 +158,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		outcomeAttrs:  map[Outcome][]metric.AddOption{},
 		reasonAttrs:   map[string][]metric.AddOption{},
 	}
-	var errs [11]error
+	var errs [12]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries by the idempotency decision: execute, takeover, replay, cached_failure, in_progress, mismatch."))
 	t.outcomes, errs[1] = m.Int64Counter("oncemill.outcomes", metric.WithUnit("{delivery}"),
@@ -168,6 +179,8 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		metric.WithDescription("Age of the outcome a duplicate was answered with, by original outcome: succeeded or failed."), ageBuckets)
 	t.storeErrors, errs[9] = m.Int64Counter("oncemill.store.errors", metric.WithUnit("{call}"),
 		metric.WithDescription("Store calls that failed (a lost lease is an answer, not counted), by operation."))
+	t.exhaustions, errs[11] = m.Int64Counter("oncemill.attempts.exhausted", metric.WithUnit("{delivery}"),
+		metric.WithDescription("Deliveries whose handler failed retryably on the last attempt (policy.MaxAttempts) or past it, by action: dead_lettered, dropped (acked without a dead letter), kept (nacked)."))
 	t.breaker, errs[8] = m.Int64Gauge("oncemill.breaker.state", metric.WithUnit("{state}"),
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
 	for _, err := range errs {
@@ -194,6 +207,10 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	}
 	for _, r := range []string{ReasonInvalid, ReasonCachedFailure, ReasonMismatch, ReasonRejected} {
 		t.reasonAttrs[r] = []metric.AddOption{set("reason", r)}
+	}
+	t.exhaustAttrs = map[exhaustedAction][]metric.AddOption{}
+	for _, a := range []exhaustedAction{exhaustedDeadLettered, exhaustedDropped, exhaustedKept} {
+		t.exhaustAttrs[a] = []metric.AddOption{set("action", string(a))}
 	}
 	return t, nil
 }
@@ -393,6 +410,10 @@ func (t *Telemetry) retried(ctx context.Context) { t.retries.Add(ctx, 1) }
 func (t *Telemetry) invalid(ctx context.Context) {
 	t.invalids.Add(ctx, 1)
 	t.outcomes.Add(ctx, 1, t.outcomeAttrs[OutcomeInvalid]...)
+}
+
+func (t *Telemetry) exhausted(ctx context.Context, a exhaustedAction) {
+	t.exhaustions.Add(ctx, 1, t.exhaustAttrs[a]...)
 }
 
 func (t *Telemetry) deadLettered(ctx context.Context, reason string) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -491,9 +492,11 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 		{"begin", telFailStore{begin: true}, telNoop, "oncemill.store.begin", "oncemill.store.begin", "store_failed", true},
 		{"release", telFailStore{release: true}, retryable, "oncemill.store.release", "oncemill.store.begin,oncemill.store.release", "released", true},
 		// The success is acked although it could not be recorded; the
-		// stage tries Complete once and then twice more (its finish retry).
+		// stage tries Complete again while the lease is held (its finish
+		// retry): for a 300 ms lease, at 50, 100 and 200 ms ±30%, less a
+		// tenth of the lease.
 		{"complete", telFailStore{complete: true}, telNoop, "oncemill.store.complete",
-			"oncemill.store.begin,oncemill.store.complete,oncemill.store.complete,oncemill.store.complete", "executed", false},
+			"oncemill.store.begin,oncemill.store.complete,oncemill.store.complete,oncemill.store.complete(,oncemill.store.complete)?", "executed", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -502,6 +505,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 				c.Telemetry = k.tel
 				tc.fail.Store = c.Store
 				c.Store = tc.fail
+				c.Policy.Lease, c.Policy.Heartbeat = 300*time.Millisecond, 100*time.Millisecond
 			})
 			err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(tc.handler), msg("m1", "x"))
 			if (err != nil) != tc.deliveryErr {
@@ -511,7 +515,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 			if len(delivery) != 1 {
 				t.Fatalf("%d delivery spans", len(delivery))
 			}
-			if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != tc.wantSpans {
+			if names := k.storeSpanNames(delivery[0].SpanContext()); !regexp.MustCompile("^" + tc.wantSpans + "$").MatchString(strings.Join(names, ",")) {
 				t.Fatalf("store spans %v, want %s", names, tc.wantSpans)
 			}
 			for _, s := range k.spans.Ended() {
@@ -548,7 +552,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 			}
 			wantErrors := map[string]int64{op: 1}
 			if op == "complete" {
-				wantErrors[op] = 3 // tried three times
+				wantErrors[op] = int64(len(k.named(tc.failingSpan))) // one per try
 			}
 			if got := telSums(t, ms, "oncemill.store.errors", "operation"); !telEqualMaps(got, wantErrors) {
 				t.Errorf("store errors %v, want %v", got, wantErrors)

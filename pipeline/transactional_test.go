@@ -23,7 +23,7 @@ func txChain(t *testing.T) (*fakeTxStore, pipeline.Chain, chan pipeline.Event) {
 	t.Cleanup(func() { _ = st.Close() })
 	events := make(chan pipeline.Event, 100)
 	p := policy.Policy{}.WithDefaults()
-	p.NackDelay = -1 // no pause
+	p.NackDelay, p.AttemptDelay = -1, -1 // no pauses
 	var c pipeline.Chain
 	var err error
 	if c.Idempotency, err = pipeline.NewIdempotency(pipeline.IdempotencyConfig{

@@ -16,6 +16,8 @@ const (
 	DefaultMaxAttempts     = 5
 	DefaultHeldKeyTimeout  = 5 * time.Second
 	DefaultNackDelay       = time.Second
+	DefaultAttemptDelay    = 3 * time.Second
+	DefaultMaxAttemptDelay = time.Minute
 	DefaultMaxResultBytes  = 1 << 20
 	DefaultMaxPayloadBytes = 4 << 20
 )
@@ -63,6 +65,37 @@ const (
 	MissingKeyRunUnguarded
 )
 
+// ExhaustedMode says what happens to a message whose last attempt
+// (Policy.MaxAttempts) failed retryably, when no dead letter is set. With a
+// dead letter, the message is forwarded there and acked, whatever the mode.
+type ExhaustedMode int
+
+const (
+	// ExhaustedKeep never acks the message: it is nacked again after
+	// MaxAttemptDelay, and each later delivery runs it once more at that
+	// pace, so it stays in the broker until it succeeds, the broker's own
+	// limit moves it (an SQS redrive policy, a RabbitMQ quorum queue's
+	// delivery limit), or an operator acts. Every such delivery is logged at
+	// error level and counted. On Kafka, where a partition is processed in
+	// order, it holds up the partition: the receiver refuses it there
+	// without a dead letter. The zero value.
+	ExhaustedKeep ExhaustedMode = iota
+	// ExhaustedDrop caches the failure and acks the message, with an
+	// error-level log line and a count: the message is gone. Choose it only
+	// where losing a poison message is better than keeping it.
+	ExhaustedDrop
+)
+
+func (m ExhaustedMode) String() string {
+	switch m {
+	case ExhaustedKeep:
+		return "keep"
+	case ExhaustedDrop:
+		return "drop"
+	}
+	return fmt.Sprintf("ExhaustedMode(%d)", int(m))
+}
+
 func (m MissingKeyMode) String() string {
 	switch m {
 	case MissingKeyReject:
@@ -96,9 +129,24 @@ type Policy struct {
 	// two missed beats.
 	Heartbeat time.Duration
 	// MaxAttempts caps executions of one key across redeliveries. When the
-	// attempt that reaches the cap fails retryably, the failure is cached.
-	// Zero means DefaultMaxAttempts (5).
+	// attempt that reaches the cap fails retryably, the message goes to the
+	// dead letter if one is set, else as Exhausted says. Zero means
+	// DefaultMaxAttempts (5).
 	MaxAttempts int
+	// AttemptDelay is the pause after a first attempt that failed
+	// retryably, before its nack: the next attempt comes no sooner than
+	// that, even from a broker that redelivers at once. It doubles with
+	// each attempt, with ±20% jitter, up to MaxAttemptDelay, so that the
+	// default attempts span an outage of the handler's dependencies: 3, 6,
+	// 12 and 24 s, 45 s in all (36–54 s). Zero means DefaultAttemptDelay
+	// (3s); a negative value means no pause, the broker's pace.
+	AttemptDelay time.Duration
+	// MaxAttemptDelay caps the pause before the nack of a retryable
+	// failure. Zero means DefaultMaxAttemptDelay (1m).
+	MaxAttemptDelay time.Duration
+	// Exhausted is what happens, without a dead letter, to a message whose
+	// attempts ran out. Zero is ExhaustedKeep: never acked.
+	Exhausted ExhaustedMode
 
 	// HeldKey is what a duplicate does while another delivery holds its
 	// key. Zero is HeldKeyWait.
@@ -151,6 +199,11 @@ func (p Policy) WithDefaults() Policy {
 	if p.NackDelay < 0 {
 		p.NackDelay = 0
 	}
+	set(&p.AttemptDelay, DefaultAttemptDelay)
+	set(&p.MaxAttemptDelay, max(DefaultMaxAttemptDelay, p.AttemptDelay))
+	if p.AttemptDelay < 0 {
+		p.AttemptDelay = 0
+	}
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = DefaultMaxAttempts
 	}
@@ -187,6 +240,12 @@ func (p Policy) Validate() error {
 		return bad("Heartbeat", "%v is not shorter than Lease %v, so the lease would expire between beats; use at most Lease/2, or leave it 0 for %v", raw.Heartbeat, p.Lease, p.Lease/3)
 	case p.MaxAttempts < 0:
 		return bad("MaxAttempts", "%d is negative; set 1 or more, or leave it 0 for %d", p.MaxAttempts, DefaultMaxAttempts)
+	case raw.MaxAttemptDelay < 0:
+		return bad("MaxAttemptDelay", "%v is negative; leave it 0 for %v, or set AttemptDelay negative for no pause", raw.MaxAttemptDelay, DefaultMaxAttemptDelay)
+	case p.MaxAttemptDelay < p.AttemptDelay:
+		return bad("MaxAttemptDelay", "%v is below AttemptDelay %v; raise it, or leave it 0", p.MaxAttemptDelay, p.AttemptDelay)
+	case p.Exhausted != ExhaustedKeep && p.Exhausted != ExhaustedDrop:
+		return bad("Exhausted", "%v is not a mode; use policy.ExhaustedKeep or ExhaustedDrop", p.Exhausted)
 	case p.HeldKey < HeldKeyWait || p.HeldKey > HeldKeyReject:
 		return bad("HeldKey", "%v is not a mode; use policy.HeldKeyWait, HeldKeyNack or HeldKeyReject", p.HeldKey)
 	case p.HeldKeyTimeout < 0:

@@ -35,6 +35,17 @@ func TestZeroPolicyIsTheDefaults(t *testing.T) {
 		p.MissingKey != policy.MissingKeyReject || p.MaxAttempts != 5 || p.MaxResultBytes != 1<<20 || p.MaxPayloadBytes != 4<<20 {
 		t.Fatalf("defaults %+v", p)
 	}
+	if p.AttemptDelay != 3*time.Second || p.MaxAttemptDelay != time.Minute || p.Exhausted != policy.ExhaustedKeep {
+		t.Fatalf("attempt defaults %+v", p)
+	}
+	// A first pause above the default cap raises the cap with it; a
+	// negative one means no pause.
+	if p := (policy.Policy{AttemptDelay: 2 * time.Minute}).WithDefaults(); p.MaxAttemptDelay != 2*time.Minute {
+		t.Fatalf("AttemptDelay 2m: cap %v", p.MaxAttemptDelay)
+	}
+	if p := (policy.Policy{AttemptDelay: -1}).WithDefaults(); p.AttemptDelay != 0 {
+		t.Fatalf("AttemptDelay -1: %v, want 0 (no pause)", p.AttemptDelay)
+	}
 	// A set field is kept, and the heartbeat follows the lease.
 	p = policy.Policy{Lease: 3 * time.Second, NackDelay: -1}.WithDefaults()
 	if p.Heartbeat != time.Second || p.NackDelay != 0 || p.SuccessTTL != policy.DefaultSuccessTTL {
@@ -61,6 +72,9 @@ func TestValidateSaysWhatToChange(t *testing.T) {
 		"missing key":     {policy.Policy{MissingKey: 3}, "policy.MissingKey", "policy.MissingKeyReject"},
 		"result size":     {policy.Policy{MaxResultBytes: -1}, "policy.MaxResultBytes", "negative"},
 		"payload size":    {policy.Policy{MaxPayloadBytes: -1}, "policy.MaxPayloadBytes", "negative"},
+		"attempt cap":     {policy.Policy{MaxAttemptDelay: -1}, "policy.MaxAttemptDelay", "negative"},
+		"attempt delays":  {policy.Policy{AttemptDelay: 2 * time.Minute, MaxAttemptDelay: time.Minute}, "policy.MaxAttemptDelay", "below AttemptDelay"},
+		"exhausted mode":  {policy.Policy{Exhausted: 4}, "policy.Exhausted", "policy.ExhaustedKeep"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

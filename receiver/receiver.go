@@ -188,8 +188,19 @@ func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
 	return b
 }
 
-// WithMessagingSystem sets the messaging.system span attribute ("kafka",
-// "rabbitmq", "aws_sqs"); Watermill does not know which broker it reads.
+// The messaging systems WithMessagingSystem names (OpenTelemetry's
+// messaging.system values); any other value is accepted as well.
+const (
+	MessagingSystemKafka    = "kafka"
+	MessagingSystemRabbitMQ = "rabbitmq"
+	MessagingSystemSQS      = "aws_sqs"
+)
+
+// WithMessagingSystem says which broker the receiver reads from
+// (MessagingSystemKafka, MessagingSystemRabbitMQ, MessagingSystemSQS):
+// Watermill does not know. It is the messaging.system span attribute, and on
+// Kafka Build refuses a policy that would hold up a partition for good
+// (policy.ExhaustedKeep without WithDeadLetter).
 func (b *Builder) WithMessagingSystem(system string) *Builder {
 	b.telemetry.MessagingSystem = system
 	return b
@@ -219,6 +230,11 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 	var c pipeline.Chain
 	if b.tx != nil && b.cfg.TxStore != nil {
 		return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
+	}
+	if b.telemetry.MessagingSystem == MessagingSystemKafka && !b.deadLetter && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
+		// A Kafka partition is processed in order: a message nacked for good
+		// would hold up every message behind it.
+		return c, oncemill.InvalidConfig("policy.Exhausted", "is ExhaustedKeep on Kafka without a dead letter, so a message whose attempts run out would hold up its partition for good; set WithDeadLetter(pub, topic), or policy.ExhaustedDrop to ack such messages with an error log")
 	}
 	tel, err := pipeline.NewTelemetry(b.telemetry)
 	if err != nil {

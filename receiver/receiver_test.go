@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
@@ -43,6 +45,9 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		{"unknown held-key mode", func() *receiver.Builder { return withPolicy(st, receiver.Policy{HeldKey: 9}) }, "policy.HeldKeyWait"},
 		{"unknown missing-key mode", func() *receiver.Builder { return withPolicy(st, receiver.Policy{MissingKey: 7}) }, "policy.MissingKeyReject"},
 		{"negative payload size", func() *receiver.Builder { return withPolicy(st, receiver.Policy{MaxPayloadBytes: -1}) }, "policy.MaxPayloadBytes"},
+		{"kafka keeping exhausted messages without a dead letter", func() *receiver.Builder {
+			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
+		}, "hold up its partition"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -227,5 +232,27 @@ func TestNoFingerprintTurnsMismatchDetectionOff(t *testing.T) {
 	want := []pipeline.Outcome{pipeline.OutcomeExecuted, pipeline.OutcomeRejected, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed}
 	if fmt.Sprint(outcomes) != fmt.Sprint(want) {
 		t.Fatalf("outcomes %v, want %v: a mismatch with the payload fingerprint, a replay without it", outcomes, want)
+	}
+}
+
+// On Kafka the receiver is built once a poison message has somewhere to go
+// other than back to its partition: a dead letter, or the explicit drop.
+func TestBuildOnKafkaTakesADeadLetterOrTheDrop(t *testing.T) {
+	t.Parallel()
+	st, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	defer pubSub.Close()
+	for name, b := range map[string]*receiver.Builder{
+		"dead letter": receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithDeadLetter(pubSub, "dead"),
+		"drop":        receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithPolicy(receiver.Policy{Exhausted: policy.ExhaustedDrop}),
+		"rabbitmq":    receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ),
+	} {
+		if _, err := b.Build(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

@@ -90,11 +90,19 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 
+	pc := kafka.DefaultSaramaSyncPublisherConfig()
+	pc.Version = sarama.V2_8_0_0
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: cfg.Brokers, Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: pc}, wlog)
+	if err != nil {
+		return err
+	}
+	defer pub.Close() // the dead letter's, and the demo's
 	r, err := receiver.NewTransactional(st).
 		// Longer than Kafka could redeliver: consumer lag, or a group rewound.
 		WithPolicy(receiver.Policy{SuccessTTL: 7 * 24 * time.Hour}).
 		WithLogger(wlog).
-		WithMessagingSystem("kafka").
+		WithMessagingSystem(receiver.MessagingSystemKafka).
+		WithDeadLetter(pub, cfg.Topic+"-dead"). // nacked for good, a poison message would hold up its partition
 		WithEventHandler(func(e receiver.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).
@@ -159,7 +167,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("router: %w", err)
 	}
 	if cfg.PublishDemo {
-		if err := publishDemo(cfg, wlog); err != nil {
+		if err := publishDemo(cfg.Topic, pub); err != nil {
 			return err
 		}
 	}
@@ -182,18 +190,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 }
 
 // publishDemo publishes three payments, the first twice (a producer's retry).
-func publishDemo(cfg config, wlog watermill.LoggerAdapter) error {
-	pc := kafka.DefaultSaramaSyncPublisherConfig()
-	pc.Version = sarama.V2_8_0_0
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{
-		Brokers: cfg.Brokers, Marshaler: kafka.DefaultMarshaler{}, OverwriteSaramaConfig: pc,
-	}, wlog)
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
+func publishDemo(topic string, pub message.Publisher) error {
 	alice := message.NewMessage(watermill.NewUUID(), []byte(`{"account":"alice","cents":100}`))
 	bob := message.NewMessage(watermill.NewUUID(), []byte(`{"account":"bob","cents":200}`))
 	carol := message.NewMessage(watermill.NewUUID(), []byte(`{"account":"carol","cents":300}`))
-	return pub.Publish(cfg.Topic, alice, alice, bob, carol)
+	return pub.Publish(topic, alice, alice, bob, carol)
 }

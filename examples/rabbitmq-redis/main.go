@@ -83,7 +83,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			Lease:      30 * time.Second, // longer than the slowest handler; the heartbeat extends it
 		}).
 		WithLogger(wlog).
-		WithMessagingSystem("rabbitmq").
+		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).
 		WithEventHandler(func(e receiver.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).

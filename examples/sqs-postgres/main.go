@@ -94,7 +94,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		// SQS keeps a message up to 14 days (MessageRetentionPeriod): remember longer.
 		WithPolicy(receiver.Policy{SuccessTTL: 15 * 24 * time.Hour}).
 		WithLogger(wlog).
-		WithMessagingSystem("aws_sqs").
+		WithMessagingSystem(receiver.MessagingSystemSQS).
 		WithEventHandler(func(e receiver.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).
