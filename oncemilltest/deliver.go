@@ -228,8 +228,10 @@ func DeliverConcurrently(t testing.TB, b *receiver.Builder, h message.HandlerFun
 	return ds
 }
 
-// errCrash is what the crashed worker's store writes fail with.
-var errCrash = fmt.Errorf("%w: the worker crashed before the outcome was recorded", ErrInjected)
+// errCrash is what the crashed worker's store writes fail with. A dead
+// process's store is closed to it (store.ErrClosed), so the receiver does
+// not try the write again.
+var errCrash = fmt.Errorf("%w: the worker crashed before the outcome was recorded (%w)", ErrInjected, store.ErrClosed)
 
 // DeliverAfterCrash delivers msg to a worker that crashes between the
 // handler's effect and the ack, and then again once the broker redelivers

@@ -78,19 +78,32 @@ func TestDeliverTwiceCachedFailure(t *testing.T) {
 	}
 }
 
-// A retryable failure is nacked and runs again on each redelivery, until
-// the policy's attempts are spent and the failure is cached.
+// A retryable failure is nacked and runs again on each redelivery. Past
+// the policy's attempts it is still nacked, without a dead letter (the
+// default, policy.ExhaustedKeep); under policy.ExhaustedDrop the failure is
+// cached and acked.
 func TestDeliverInSequenceRetryable(t *testing.T) {
 	p := testPolicy()
 	p.MaxAttempts = 3
 	h := func(*message.Message) error { return errTimeout }
 	ds := oncemilltest.DeliverInSequence(t, receiver.New(newStore(t)).WithPolicy(p), oncemilltest.NoPublish(h),
 		message.NewMessage("pay-4", nil), 4)
-	ds.RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeReleased, receiver.OutcomeFailureCached, receiver.OutcomeFailureReplayed)
-	ds.RequireRuns(t, 3)
+	ds.RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeReleased, receiver.OutcomeReleased, receiver.OutcomeReleased)
+	ds.RequireRuns(t, 4)
 	for i, d := range ds {
+		if d.Acked() || d.Event.Exhausted != (i >= 2) {
+			t.Errorf("delivery %d acked %v, exhausted %v; want nacked, exhausted from the third:%v", i+1, d.Acked(), d.Event.Exhausted, ds)
+		}
+	}
+
+	p.Exhausted = policy.ExhaustedDrop
+	dropped := oncemilltest.DeliverInSequence(t, receiver.New(newStore(t)).WithPolicy(p), oncemilltest.NoPublish(h),
+		message.NewMessage("pay-4", nil), 4)
+	dropped.RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeReleased, receiver.OutcomeFailureCached, receiver.OutcomeFailureReplayed)
+	dropped.RequireRuns(t, 3)
+	for i, d := range dropped {
 		if want := i >= 2; d.Acked() != want {
-			t.Errorf("delivery %d acked %v, want %v:%v", i+1, d.Acked(), want, ds)
+			t.Errorf("ExhaustedDrop: delivery %d acked %v, want %v:%v", i+1, d.Acked(), want, dropped)
 		}
 	}
 	if ds[0].Err == nil || !errors.Is(ds[0].Err, errTimeout) {

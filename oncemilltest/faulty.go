@@ -98,8 +98,10 @@ func orInjected(err error) error {
 // implements store.Store only; FaultyAdminStore adds store.Admin.
 //
 // A failed Begin makes oncemill nack after policy.NackDelay, growing with
-// every failure in a row (1s and more by default): give a test's policy a
-// negative NackDelay to nack at once.
+// every failure in a row (1s and more by default), and a handler's
+// retryable failure nacks after policy.AttemptDelay, growing with the
+// attempt (3s and more): give a test's policy a negative NackDelay and
+// AttemptDelay to nack at once.
 type FaultyStore struct {
 	st store.Store
 

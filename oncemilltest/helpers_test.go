@@ -47,7 +47,7 @@ func (p *payments) handle(msg *message.Message) ([]*message.Message, error) {
 
 func testPolicy() receiver.Policy {
 	// No pause before a nack: a test does not wait for a broker.
-	return receiver.Policy{CachedErrors: []error{errDeclined}, NackDelay: -1}
+	return receiver.Policy{CachedErrors: []error{errDeclined}, NackDelay: -1, AttemptDelay: -1}
 }
 
 // failing runs f with a testing.TB that records failures instead of

@@ -627,9 +627,10 @@ func (s *Idempotency) complete(ctx context.Context, lease store.Lease, out store
 	return err
 }
 
-// isFinal reports store errors that retrying cannot change.
+// isFinal reports store errors that retrying cannot change: a lost lease,
+// a refused request, a closed store.
 func isFinal(err error) bool {
-	return errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalidRequest)
+	return errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrInvalidRequest) || errors.Is(err, store.ErrClosed)
 }
 
 // logReplay logs a replay at the configured level, with what a reader needs

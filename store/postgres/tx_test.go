@@ -191,12 +191,13 @@ func TestTransactionalPanicRollsBack(t *testing.T) {
 	}
 }
 
-// Attempts are counted across deliveries; the failure of the last allowed
-// one is cached and acked, and a permanent failure is cached at once.
+// Attempts are counted across deliveries; under policy.ExhaustedDrop the
+// failure of the last allowed one is cached and acked, and a permanent
+// failure is cached at once.
 func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 	t.Parallel()
 	p := policy.Policy{}.WithDefaults()
-	p.MaxAttempts = 2
+	p.MaxAttempts, p.Exhausted, p.AttemptDelay = 2, policy.ExhaustedDrop, -1
 	f := newLedgerFixture(t, p)
 	ctx := t.Context()
 	f.after = func(*message.Message) error { return errors.New("still down") }
