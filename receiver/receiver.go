@@ -199,7 +199,8 @@ const (
 // WithMessagingSystem says which broker the receiver reads from
 // (MessagingSystemKafka, MessagingSystemRabbitMQ, MessagingSystemSQS):
 // Watermill does not know. It is the messaging.system span attribute, and on
-// Kafka Build refuses a policy that would hold up a partition for good
+// Kafka and RabbitMQ, whose consumers take messages in order, Build refuses
+// a policy that would hold up the messages behind a poison message for good
 // (policy.ExhaustedKeep without WithDeadLetter).
 func (b *Builder) WithMessagingSystem(system string) *Builder {
 	b.telemetry.MessagingSystem = system
@@ -231,10 +232,8 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 	if b.tx != nil && b.cfg.TxStore != nil {
 		return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
 	}
-	if b.telemetry.MessagingSystem == MessagingSystemKafka && !b.deadLetter && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
-		// A Kafka partition is processed in order: a message nacked for good
-		// would hold up every message behind it.
-		return c, oncemill.InvalidConfig("policy.Exhausted", "is ExhaustedKeep on Kafka without a dead letter, so a message whose attempts run out would hold up its partition for good; set WithDeadLetter(pub, topic), or policy.ExhaustedDrop to ack such messages with an error log")
+	if inOrder(b.telemetry.MessagingSystem) && !b.deadLetter && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
+		return c, oncemill.InvalidConfig("policy.Exhausted", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; set WithDeadLetter(pub, topic), or policy.ExhaustedDrop to ack such messages with an error log", b.telemetry.MessagingSystem)
 	}
 	tel, err := pipeline.NewTelemetry(b.telemetry)
 	if err != nil {
@@ -285,6 +284,15 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 		}
 	}
 	return c, nil
+}
+
+// inOrder reports the brokers whose consumer is handed the next message only
+// after the current one is acked or nacked, and which redeliver a nacked
+// message first: a Kafka partition, and a RabbitMQ queue (a requeued
+// message goes back to its place at the head). There a message nacked for
+// good holds up every message behind it.
+func inOrder(system string) bool {
+	return system == MessagingSystemKafka || system == MessagingSystemRabbitMQ
 }
 
 // Receiver is a built pipeline.

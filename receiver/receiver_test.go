@@ -47,7 +47,10 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		{"negative payload size", func() *receiver.Builder { return withPolicy(st, receiver.Policy{MaxPayloadBytes: -1}) }, "policy.MaxPayloadBytes"},
 		{"kafka keeping exhausted messages without a dead letter", func() *receiver.Builder {
 			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
-		}, "hold up its partition"},
+		}, "hold up the messages behind it"},
+		{"rabbitmq keeping exhausted messages without a dead letter", func() *receiver.Builder {
+			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ)
+		}, "ExhaustedKeep on rabbitmq"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -235,9 +238,11 @@ func TestNoFingerprintTurnsMismatchDetectionOff(t *testing.T) {
 	}
 }
 
-// On Kafka the receiver is built once a poison message has somewhere to go
-// other than back to its partition: a dead letter, or the explicit drop.
-func TestBuildOnKafkaTakesADeadLetterOrTheDrop(t *testing.T) {
+// On Kafka and RabbitMQ the receiver is built once a poison message has
+// somewhere to go other than back in front of the others: a dead letter, or
+// the explicit drop. On SQS a nacked message steps aside (its visibility
+// timeout) and the queue's redrive policy is the broker's own limit.
+func TestBuildOnInOrderBrokersTakesADeadLetterOrTheDrop(t *testing.T) {
 	t.Parallel()
 	st, err := memory.New(memory.Options{})
 	if err != nil {
@@ -247,9 +252,10 @@ func TestBuildOnKafkaTakesADeadLetterOrTheDrop(t *testing.T) {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	defer pubSub.Close()
 	for name, b := range map[string]*receiver.Builder{
-		"dead letter": receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithDeadLetter(pubSub, "dead"),
-		"drop":        receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithPolicy(receiver.Policy{Exhausted: policy.ExhaustedDrop}),
-		"rabbitmq":    receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ),
+		"dead letter":           receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithDeadLetter(pubSub, "dead"),
+		"drop":                  receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithPolicy(receiver.Policy{Exhausted: policy.ExhaustedDrop}),
+		"rabbitmq, dead letter": receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ).WithDeadLetter(pubSub, "dead"),
+		"sqs":                   receiver.New(st).WithMessagingSystem(receiver.MessagingSystemSQS),
 	} {
 		if _, err := b.Build(); err != nil {
 			t.Errorf("%s: %v", name, err)

@@ -229,7 +229,7 @@ func TestReceiverTelemetryUsesTheBuilderProviders(t *testing.T) {
 	r, err := receiver.New(telStore(t)).
 		WithTracerProvider(own.tp).
 		WithMeterProvider(own.mp).
-		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).
+		WithMessagingSystem(receiver.MessagingSystemSQS).
 		WithValidation(telValidate).
 		WithRetry(telRetry()).
 		WithCircuitBreaker(telBreaker()).
@@ -264,7 +264,7 @@ func TestReceiverTelemetryUsesTheBuilderProviders(t *testing.T) {
 		for _, kv := range spans[i].Attributes() {
 			attrs[string(kv.Key)] = kv.Value.Emit()
 		}
-		if spans[i].SpanKind() != trace.SpanKindConsumer || attrs["messaging.system"] != "rabbitmq" ||
+		if spans[i].SpanKind() != trace.SpanKindConsumer || attrs["messaging.system"] != "aws_sqs" ||
 			attrs["messaging.destination.name"] != "orders" || attrs["messaging.message.id"] != want.id ||
 			attrs["messaging.operation.name"] != "process" || attrs["messaging.operation.type"] != "process" {
 			t.Errorf("delivery %d: kind %v attributes %v", i, spans[i].SpanKind(), attrs)
@@ -637,7 +637,7 @@ func Example_observability() {
 		WithScope("payments").
 		WithTracerProvider(tp).
 		WithMeterProvider(mp).
-		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).
+		WithMessagingSystem(receiver.MessagingSystemSQS).
 		WithLogger(watermill.NewSlogLogger(slog.Default())).
 		Build()
 	if err != nil {

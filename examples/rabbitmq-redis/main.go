@@ -77,6 +77,13 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	defer st.Close()
 
+	// Durable queue, persistent messages; a nack requeues at once.
+	amqpConfig := amqp.NewDurableQueueConfig(cfg.AMQPURL)
+	pub, err := amqp.NewPublisher(amqpConfig, wlog)
+	if err != nil {
+		return err
+	}
+	defer pub.Close() // the dead letter's, and the demo's
 	r, err := receiver.New(st).
 		WithPolicy(receiver.Policy{
 			SuccessTTL: 24 * time.Hour,   // longer than a message can wait in the queue
@@ -84,6 +91,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		}).
 		WithLogger(wlog).
 		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).
+		WithDeadLetter(pub, cfg.Queue+"-dead"). // requeued for good, a poison message would hold up the queue
 		WithEventHandler(func(e receiver.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).
@@ -92,8 +100,6 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 
-	// Durable queue, persistent messages; a nack requeues at once.
-	amqpConfig := amqp.NewDurableQueueConfig(cfg.AMQPURL)
 	sub, err := amqp.NewSubscriber(amqpConfig, wlog)
 	if err != nil {
 		return err
@@ -132,7 +138,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("router: %w", err)
 	}
 	if cfg.PublishDemo {
-		if err := publishDemo(amqpConfig, cfg.Queue, wlog); err != nil {
+		if err := publishDemo(pub, cfg.Queue); err != nil {
 			return err
 		}
 	}
@@ -153,12 +159,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 }
 
 // publishDemo publishes three purchases, the first twice (a publisher's retry).
-func publishDemo(c amqp.Config, queue string, wlog watermill.LoggerAdapter) error {
-	pub, err := amqp.NewPublisher(c, wlog)
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
+func publishDemo(pub message.Publisher, queue string) error {
 	ann := message.NewMessage(watermill.NewUUID(), []byte(`{"customer":"ann","points":10}`))
 	ben := message.NewMessage(watermill.NewUUID(), []byte(`{"customer":"ben","points":20}`))
 	cat := message.NewMessage(watermill.NewUUID(), []byte(`{"customer":"cat","points":30}`))
