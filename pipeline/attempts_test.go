@@ -16,6 +16,7 @@ import (
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/memory"
 )
 
 // Without a dead letter, the default (policy.ExhaustedKeep) never acks a
@@ -247,5 +248,37 @@ func TestCheckLeaseWhileAHeartbeatLosesTheLease(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("CheckLease did not return")
+	}
+}
+
+// lostReply writes the first Complete and then reports it failed, as a cut
+// between the commit and its reply does.
+type lostReply struct {
+	*memory.Store
+	tries atomic.Int32
+}
+
+func (l *lostReply) Complete(ctx context.Context, lease store.Lease, o store.Completion) error {
+	if err := l.Store.Complete(ctx, lease, o); err != nil || l.tries.Add(1) > 1 {
+		return err
+	}
+	return errors.New("connection reset by peer")
+}
+
+// A completion retried after a write whose answer was lost finds the lease
+// finished by itself, not taken over: the success is recorded, and the
+// event says nothing went wrong.
+func TestCompletionRetryFindsItsOwnLostWrite(t *testing.T) {
+	t.Parallel()
+	lr := &lostReply{}
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		lr.Store = c.Store.(*memory.Store)
+		c.Store = lr
+	})
+	if _, err := h.stage.Middleware(produce(new(atomic.Int32)))(msg("m1", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted || e.Err != nil || lr.tries.Load() != 1 {
+		t.Fatalf("event %+v after %d written completions: want executed without an error", e, lr.tries.Load())
 	}
 }

@@ -607,6 +607,9 @@ func (s *Idempotency) finish(ctx context.Context, e *execution, out store.Comple
 	defer cancel()
 	_, rerr := backoff.Retry(ctx, func() (struct{}, error) {
 		err := s.complete(ctx, e.lease, out)
+		if errors.Is(err, store.ErrLeaseLost) && s.wroteBefore(ctx, e.lease, out) {
+			return struct{}{}, nil
+		}
 		if isFinal(err) {
 			return struct{}{}, backoff.Permanent(err)
 		}
@@ -618,6 +621,25 @@ func (s *Idempotency) finish(ctx context.Context, e *execution, out store.Comple
 		return fmt.Errorf("%w (gave up as the lease ran out: %w)", err, rerr)
 	}
 	return rerr
+}
+
+// recordReader reads a record back (store.Admin's Get; every store of this
+// module has it).
+type recordReader interface {
+	Get(ctx context.Context, scope, key string) (store.Record, error)
+}
+
+// wroteBefore reports whether an earlier Complete of this lease was written
+// although its answer was lost (a cut between the commit and the reply):
+// a retry then finds the lease finished, and only the record tells that
+// from a takeover. The record holds the lease's own token and status.
+func (s *Idempotency) wroteBefore(ctx context.Context, lease store.Lease, out store.Completion) bool {
+	r, ok := s.store.(recordReader)
+	if !ok {
+		return false
+	}
+	rec, err := r.Get(ctx, lease.Scope, lease.Key)
+	return err == nil && rec.Token == lease.Token && rec.Status == out.Status
 }
 
 func (s *Idempotency) complete(ctx context.Context, lease store.Lease, out store.Completion) error {
