@@ -51,14 +51,11 @@ import (
 // In the lease modes (redis, memory, tiered) the ledger row commits in a
 // statement of its own, apart from oncemill's record: when the cut falls
 // between that commit and its reply, the handler sees an error for a row
-// that exists, and the retry books it again. Nothing can tell the two
-// apart (docs: the one-transaction mode exists for this), so a double
-// there is reported, not failed, when the handler's insert for that
-// message failed after it was sent (pgconn.SafeToRetry false). Any other
-// double fails, as does any double in the one-transaction mode.
+// that exists. So the handler checks its attempt, as docs/operations.md
+// advises (bookOnPool), and every double fails the run in every mode.
 //
 // Each run logs one row of a markdown table (outageTableHeader), and the
-// test all the rows at the end.
+// test logs all the rows at the end.
 func TestOutage(t *testing.T) {
 	var mu sync.Mutex
 	var rows []outageRow
