@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/url"
 	"sort"
 	"strings"
@@ -182,11 +183,7 @@ type windowRun struct {
 func (r *windowRun) effectsCopy() map[string]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(map[string]int, len(r.effects))
-	for k, v := range r.effects {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(r.effects)
 }
 
 func (r *windowRun) onEvent(e pipeline.Event) {
