@@ -1131,3 +1131,35 @@ func TestTelemetryAllocatesNothingWithoutAnSDK(t *testing.T) {
 		})
 	}
 }
+
+// oncemill.attempts.exhausted counts each delivery that failed retryably on
+// its last attempt or later, by what became of it.
+func TestTelemetryAttemptsExhausted(t *testing.T) {
+	t.Parallel()
+	k := newTelKit(t)
+	dead := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = dead.Close() })
+	deadLetter, err := pipeline.NewDeadLetter(dead, "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("down") }
+	for _, mutate := range []func(*pipeline.IdempotencyConfig){
+		func(c *pipeline.IdempotencyConfig) {}, // kept: two deliveries past the cap
+		func(c *pipeline.IdempotencyConfig) { c.Policy.Exhausted = policy.ExhaustedDrop },
+		func(c *pipeline.IdempotencyConfig) { c.DeadLetter = deadLetter },
+	} {
+		h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+			c.Telemetry, c.Policy.MaxAttempts = k.tel, 1
+			mutate(c)
+		})
+		for range 2 {
+			_, _ = h.stage.Middleware(failing)(msg("m1", "x"))
+		}
+	}
+	// Kept twice; dropped and dead-lettered once each (the second delivery
+	// replays the cached failure).
+	if got := telSums(t, k.collect(t), "oncemill.attempts.exhausted", "action"); !telEqualMaps(got, map[string]int64{"kept": 2, "dropped": 1, "dead_lettered": 1}) {
+		t.Errorf("attempts.exhausted %v", got)
+	}
+}

@@ -423,13 +423,14 @@ func TestReceiverPrometheusNames(t *testing.T) {
 		WithRetry(telRetry()).
 		WithCircuitBreaker(telBreaker()).
 		WithDeadLetter(dead, "dead").
+		WithPolicy(receiver.Policy{MaxAttempts: 1}).
 		Build()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
-	h := r.Middleware(func(*message.Message) ([]*message.Message, error) {
-		if calls.Add(1) == 1 {
+	h := r.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		if calls.Add(1) == 1 || string(m.Payload) == "poison" {
 			return nil, errors.New("database briefly unavailable")
 		}
 		return nil, nil
@@ -439,6 +440,7 @@ func TestReceiverPrometheusNames(t *testing.T) {
 		message.NewMessage("o1", []byte("ok")),
 		message.NewMessage("o1", []byte("changed")), // mismatch: dead-lettered
 		message.NewMessage("o2", []byte("bad")),     // invalid
+		message.NewMessage("o3", []byte("poison")),  // its one attempt fails: dead-lettered
 	} {
 		if _, err := h(m); err != nil {
 			t.Fatal(err)
@@ -461,6 +463,7 @@ func TestReceiverPrometheusNames(t *testing.T) {
 		"oncemill_retries_total":            {dto.MetricType_COUNTER, ""},
 		"oncemill_validation_invalid_total": {dto.MetricType_COUNTER, ""},
 		"oncemill_dead_letters_total":       {dto.MetricType_COUNTER, "reason"},
+		"oncemill_attempts_exhausted_total": {dto.MetricType_COUNTER, "action"},
 		"oncemill_store_duration_seconds":   {dto.MetricType_HISTOGRAM, "operation"},
 		"oncemill_handler_duration_seconds": {dto.MetricType_HISTOGRAM, ""},
 		"oncemill_leases_live":              {dto.MetricType_GAUGE, ""},
