@@ -80,7 +80,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--mode=produce"}, "--mode=produce with --broker=gochannel"},
 		{[]string{"--sqs-visibility-timeout=1500ms"}, "whole seconds"},
 		{[]string{"--kafka-partitions=0"}, "--kafka-partitions=0"},
-		{[]string{"--kafka-session-timeout=30s"}, "below sarama's 30s"},
+		{[]string{"--kafka-session-timeout=30s"}, "must be below 30s"},
 		{[]string{"--drain-timeout=0s"}, "--drain-timeout=0s"},
 		{[]string{"--log-level=loud"}, `--log-level="loud"`},
 		{[]string{"--count=ten"}, "invalid value"},

@@ -114,6 +114,14 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	sc := kafka.DefaultSaramaSubscriberConfig()
 	sc.Version = sarama.V2_8_0_0
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what came before it
+	// A rebalance waits at most the session timeout for the members to
+	// rejoin (sarama's default, 60 s, outlasts its own read timeout), and a
+	// response that never comes costs at most 5 s more than that
+	// (docs/kafka.md, "A rebalance during an outage").
+	sc.Consumer.Group.Session.Timeout = 10 * time.Second
+	sc.Consumer.Group.Heartbeat.Interval = sc.Consumer.Group.Session.Timeout / 4
+	sc.Consumer.Group.Rebalance.Timeout = sc.Consumer.Group.Session.Timeout
+	sc.Net.ReadTimeout = sc.Consumer.Group.Rebalance.Timeout + 5*time.Second
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 		Brokers: cfg.Brokers, Unmarshaler: kafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: sc, ConsumerGroup: cfg.Group,

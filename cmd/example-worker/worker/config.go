@@ -210,7 +210,7 @@ func (c Config) Validate() error {
 	case c.KafkaSessionTimeout <= 0:
 		return fmt.Errorf("--kafka-session-timeout=%v: must be above zero", c.KafkaSessionTimeout)
 	case c.KafkaSessionTimeout >= 30*time.Second:
-		return fmt.Errorf("--kafka-session-timeout=%v: must be below sarama's 30s network read timeout, which also bounds the rebalance (set to the session timeout)", c.KafkaSessionTimeout)
+		return fmt.Errorf("--kafka-session-timeout=%v: must be below 30s: it is also the rebalance timeout, and sarama's network read timeout is set 5s above it", c.KafkaSessionTimeout)
 	case c.SQSVisibilityTimeout < time.Second || c.SQSVisibilityTimeout%time.Second != 0:
 		return fmt.Errorf("--sqs-visibility-timeout=%v: SQS takes whole seconds, at least 1s", c.SQSVisibilityTimeout)
 	case c.SQSWorkers < 1:
