@@ -142,7 +142,8 @@ type Policy struct {
 	// (3s); a negative value means no pause, the broker's pace.
 	AttemptDelay time.Duration
 	// MaxAttemptDelay caps the pause before the nack of a retryable
-	// failure. Zero means DefaultMaxAttemptDelay (1m).
+	// failure (the jitter applies on top). Zero means DefaultMaxAttemptDelay
+	// (1m), or AttemptDelay when that is longer.
 	MaxAttemptDelay time.Duration
 	// Exhausted is what happens, without a dead letter, to a message whose
 	// attempts ran out. Zero is ExhaustedKeep: never acked.
