@@ -27,7 +27,7 @@
 // failure), not a duplicate. FingerprintOf picks it: a generator that
 // implements Fingerprinter decides (ContentHash returns "", meaning "do not
 // check", since its key is the content), any other generator gets
-// PayloadFingerprint, the SHA-256 of the payload bytes.
+// PayloadFingerprint, the XXH64 of the payload bytes in hex.
 //
 // Errors: every reason a message has no usable key wraps ErrNoKey, and a
 // sentinel per reason (ErrEmptyUUID, ErrMissingMetadata, ErrNotJSON,

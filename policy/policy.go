@@ -238,7 +238,7 @@ func (p Policy) Validate() error {
 	case p.Heartbeat == 0:
 		return bad("Lease", "%v is too short to beat within; use a lease of a millisecond or more", p.Lease)
 	case p.Heartbeat >= p.Lease:
-		return bad("Heartbeat", "%v is not shorter than Lease %v, so the lease would expire between beats; use at most Lease/2, or leave it 0 for %v", raw.Heartbeat, p.Lease, p.Lease/3)
+		return bad("Heartbeat", "%v is not shorter than Lease %v, so the lease would expire between beats; use less than Lease, or leave it 0 for %v (a third of Lease, room for two missed beats)", raw.Heartbeat, p.Lease, p.Lease/3)
 	case p.MaxAttempts < 0:
 		return bad("MaxAttempts", "%d is negative; set 1 or more, or leave it 0 for %d", p.MaxAttempts, DefaultMaxAttempts)
 	case raw.MaxAttemptDelay < 0:

@@ -81,5 +81,5 @@ func ExampleBuilder_Build_error() {
 	fmt.Println(err)
 	// Output:
 	// true
-	// oncemill: invalid configuration: policy.Heartbeat: 2s is not shorter than Lease 1s, so the lease would expire between beats; use at most Lease/2, or leave it 0 for 333.333333ms
+	// oncemill: invalid configuration: policy.Heartbeat: 2s is not shorter than Lease 1s, so the lease would expire between beats; use less than Lease, or leave it 0 for 333.333333ms (a third of Lease, room for two missed beats)
 }

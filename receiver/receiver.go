@@ -73,7 +73,8 @@ func (b *Builder) WithKeyGenerator(g keygen.Generator) *Builder {
 }
 
 // WithFingerprint sets how the payload is fingerprinted for mismatch
-// detection (default: the generator's own, else SHA-256 of the payload).
+// detection (default: the generator's own, else keygen.PayloadFingerprint, the
+// XXH64 of the payload).
 func (b *Builder) WithFingerprint(f func(*message.Message) string) *Builder {
 	if f == nil {
 		return b.invalid("WithFingerprint", "nil; pass keygen.NoFingerprint to turn mismatch detection off")
