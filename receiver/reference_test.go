@@ -1,0 +1,41 @@
+package receiver_test
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/oncemill/oncemill/receiver"
+)
+
+// docs/reference.md lists every field of Policy and Event and every
+// Outcome: a field or an outcome added without a line there fails here.
+func TestEventFieldsAreDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/reference.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(name string) bool { return strings.Contains(string(doc), "| `"+name+"` |") }
+	for _, typ := range []reflect.Type{reflect.TypeFor[receiver.Policy](), reflect.TypeFor[receiver.Event]()} {
+		for f := range typ.Fields() {
+			if f.IsExported() && !row(f.Name) {
+				t.Errorf("docs/reference.md has no row for %s.%s", typ.Name(), f.Name)
+			}
+		}
+	}
+	n := 0
+	for o := receiver.OutcomeExecuted; o.String() != "unknown"; o++ {
+		name := "Outcome"
+		for word := range strings.SplitSeq(o.String(), "_") {
+			name += strings.ToUpper(word[:1]) + word[1:]
+		}
+		if !row(name) {
+			t.Errorf("docs/reference.md has no row for %s", name)
+		}
+		n++
+	}
+	if n < 11 {
+		t.Errorf("%d outcomes found, want at least 11", n)
+	}
+}
