@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/url"
 	"sort"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
@@ -206,23 +206,36 @@ func (r *windowRun) onEvent(e pipeline.Event) {
 	}
 }
 
-// windowLogger counts the error logs of given-up completions per message.
+// windowLogger is a slog.Handler that counts the error logs of given-up
+// completions per message.
 type windowLogger struct {
-	watermill.NopLogger
 	r *windowRun
 }
 
-func (l windowLogger) Error(msg string, _ error, fields watermill.LogFields) {
-	if !strings.HasPrefix(msg, windowGivenUpLog) {
-		return
+func (l windowLogger) Enabled(_ context.Context, level slog.Level) bool {
+	return level >= slog.LevelError
+}
+
+func (l windowLogger) Handle(_ context.Context, rec slog.Record) error {
+	if !strings.HasPrefix(rec.Message, windowGivenUpLog) {
+		return nil
 	}
-	id, _ := fields["message_uuid"].(string)
+	var id string
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == "message_uuid" {
+			id = a.Value.String()
+			return false
+		}
+		return true
+	})
 	l.r.mu.Lock()
 	l.r.logged[id]++
 	l.r.mu.Unlock()
+	return nil
 }
 
-func (l windowLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+func (l windowLogger) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l windowLogger) WithGroup(string) slog.Handler      { return l }
 
 // windowStore is the record store of kind name in namespace ns, behind a
 // proxy, with short timeouts so that a cut fails its calls fast.
@@ -274,7 +287,7 @@ func runWindow(t *testing.T, name string, p policy.Policy) *windowRun {
 
 	st, proxy := windowStore(t, name, ns)
 	rc, err := receiver.New(st).WithScope("window").WithPolicy(p).WithEventHandler(r.onEvent).
-		WithLogger(windowLogger{r: r}).Build()
+		WithLogger(slog.New(windowLogger{r: r})).Build()
 	must(t, err)
 	h := rc.Middleware(func(m *message.Message) ([]*message.Message, error) {
 		time.Sleep(windowHandlerTime)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -109,46 +110,38 @@ func poisonVisibility(p policy.Policy) time.Duration {
 	return longest.Truncate(time.Second) + time.Second
 }
 
-// logSink keeps the lines a captureLogger writes.
+// logSink is a slog.Handler that keeps every line.
 type logSink struct {
 	mu    sync.Mutex
 	lines []logLine
 }
 
 type logLine struct {
-	level  watermill.LogLevel
+	level  slog.Level
 	msg    string
 	err    error
-	fields watermill.LogFields
+	fields map[string]any
 }
 
-// captureLogger is a watermill.LoggerAdapter that keeps every line.
-type captureLogger struct {
-	sink   *logSink
-	fields watermill.LogFields
+func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
+
+func (s *logSink) Handle(_ context.Context, r slog.Record) error {
+	l := logLine{level: r.Level, msg: r.Message, fields: map[string]any{}}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "error" {
+			l.err, _ = a.Value.Any().(error)
+		}
+		l.fields[a.Key] = a.Value.Any()
+		return true
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lines = append(s.lines, l)
+	return nil
 }
 
-func (l captureLogger) log(level watermill.LogLevel, msg string, err error, fields watermill.LogFields) {
-	l.sink.mu.Lock()
-	defer l.sink.mu.Unlock()
-	l.sink.lines = append(l.sink.lines, logLine{level, msg, err, l.fields.Add(fields)})
-}
-
-func (l captureLogger) Error(msg string, err error, fields watermill.LogFields) {
-	l.log(watermill.ErrorLogLevel, msg, err, fields)
-}
-func (l captureLogger) Info(msg string, fields watermill.LogFields) {
-	l.log(watermill.InfoLogLevel, msg, nil, fields)
-}
-func (l captureLogger) Debug(msg string, fields watermill.LogFields) {
-	l.log(watermill.DebugLogLevel, msg, nil, fields)
-}
-func (l captureLogger) Trace(msg string, fields watermill.LogFields) {
-	l.log(watermill.TraceLogLevel, msg, nil, fields)
-}
-func (l captureLogger) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return captureLogger{sink: l.sink, fields: l.fields.Add(fields)}
-}
+func (s *logSink) WithAttrs([]slog.Attr) slog.Handler { return s }
+func (s *logSink) WithGroup(string) slog.Handler      { return s }
 
 // errorLines are the error-level lines about the message uuid.
 func (s *logSink) errorLines(uuid string) []logLine {
@@ -156,7 +149,7 @@ func (s *logSink) errorLines(uuid string) []logLine {
 	defer s.mu.Unlock()
 	var out []logLine
 	for _, l := range s.lines {
-		if l.level == watermill.ErrorLogLevel && l.fields["message_uuid"] == uuid {
+		if l.level == slog.LevelError && l.fields["message_uuid"] == uuid {
 			out = append(out, l)
 		}
 	}
@@ -245,7 +238,7 @@ func runPoison(t *testing.T, bk brokerKind, p policy.Policy, withDeadLetter bool
 	poison := watermill.NewUUID()
 	r := &poisonRun{charges: map[string]int{}, chargedAt: map[string]time.Time{}}
 	logs := &logSink{}
-	b := receiver.New(st).WithScope("poison").WithPolicy(p).WithLogger(captureLogger{sink: logs}).
+	b := receiver.New(st).WithScope("poison").WithPolicy(p).WithLogger(slog.New(logs)).
 		WithMessagingSystem(map[string]string{"kafka": receiver.MessagingSystemKafka, "amqp-v3": receiver.MessagingSystemRabbitMQ, "sqs": receiver.MessagingSystemSQS}[bk.name]).
 		WithEventHandler(func(e pipeline.Event) {
 			if e.MessageUUID != poison || !e.Exhausted {

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/keygen"
@@ -25,8 +25,8 @@ import (
 // recorded as usual.
 func TestAttemptCapKeepsTheMessageWithoutADeadLetter(t *testing.T) {
 	t.Parallel()
-	logs := watermill.NewCaptureLogger()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxAttempts, c.Logger = 2, logs })
+	logs, logger := newLogCapture()
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxAttempts, c.Logger = 2, logger })
 	var calls atomic.Int32
 	healed := false
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -49,7 +49,7 @@ func TestAttemptCapKeepsTheMessageWithoutADeadLetter(t *testing.T) {
 	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 3 {
 		t.Fatalf("record %+v, %v: want the key released after attempt 3, nothing cached", rec, err)
 	}
-	if errs := logs.Captured()[watermill.ErrorLogLevel]; len(errs) != 2 || !strings.Contains(errs[0].Msg, "no dead letter") {
+	if errs := logs.at(slog.LevelError); len(errs) != 2 || !strings.Contains(errs[0].Msg, "no dead letter") {
 		t.Fatalf("error lines %+v, want one per exhausted attempt (2)", errs)
 	}
 	healed = true

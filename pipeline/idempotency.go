@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/cenkalti/backoff/v5"
@@ -63,15 +63,17 @@ type IdempotencyConfig struct {
 	// Policy decides TTLs, leases and classification; validated here. Its
 	// zero fields mean their defaults.
 	Policy policy.Policy
-	// Logger defaults to watermill.NewSlogLogger(nil), log/slog's default
-	// logger: a message acked without running (rejected, dropped) is never
-	// silent.
-	Logger watermill.LoggerAdapter
+	// Logger receives the stage's lines; nil means slog.Default(), so a
+	// message acked without running (rejected, dropped), a dead letter that
+	// could not be forwarded and a store that could not decide a delivery
+	// are never silent.
+	Logger *slog.Logger
 	// ReplayLogLevel, when set, is the level at which each replay is
-	// logged through Logger, with its scope, key, original outcome and age.
-	// Zero logs no replays: the line costs an allocation per duplicate,
-	// which a logger that drops the level would still pay.
-	ReplayLogLevel watermill.LogLevel
+	// logged through Logger, with its scope, key, original outcome and age:
+	// a slog.Level (slog.LevelInfo) or a *slog.LevelVar. Nil logs no
+	// replays, and costs the replay path nothing: the line allocates per
+	// duplicate when the logger takes its level.
+	ReplayLogLevel slog.Leveler
 	// OnEvent, when set, is called once per delivery, after the decision and
 	// before the router acks or nacks. It must be quick and safe for
 	// concurrent use.
@@ -93,8 +95,8 @@ type Idempotency struct {
 	fingerprint func(*message.Message) string
 	scope       string
 	policy      policy.Policy
-	logger      watermill.LoggerAdapter
-	replayLog   func(msg string, fields watermill.LogFields) // nil without a logger
+	logger      *slog.Logger
+	replayLevel slog.Leveler // nil: replays are not logged
 	onEvent     func(Event)
 	deadLetter  *DeadLetter
 	tel         *Telemetry
@@ -114,8 +116,6 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		return nil, oncemill.InvalidConfig("IdempotencyConfig.TxStore", "set together with Store; set Store for the lease mode or TxStore for the one-transaction mode")
 	case cfg.Keys == nil:
 		return nil, oncemill.InvalidConfig("IdempotencyConfig.Keys", "nil; pass a key generator such as keygen.UUID()")
-	case cfg.ReplayLogLevel > watermill.ErrorLogLevel:
-		return nil, oncemill.InvalidConfig("IdempotencyConfig.ReplayLogLevel", "%d is not a level; use watermill.TraceLogLevel, DebugLogLevel, InfoLogLevel or ErrorLogLevel", cfg.ReplayLogLevel)
 	case !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen:
 		return nil, oncemill.InvalidConfig("scope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)
 	}
@@ -144,6 +144,7 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		scope:       cfg.Scope,
 		policy:      cfg.Policy,
 		logger:      cfg.Logger,
+		replayLevel: cfg.ReplayLogLevel,
 		onEvent:     cfg.OnEvent,
 		deadLetter:  cfg.DeadLetter,
 		tel:         cfg.Telemetry,
@@ -160,10 +161,7 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		s.fingerprint = func(m *message.Message) string { return keygen.FingerprintOf(keys, m) }
 	}
 	if s.logger == nil {
-		s.logger = watermill.NewSlogLogger(nil)
-	}
-	if cfg.ReplayLogLevel != 0 {
-		s.replayLog = logAt(s.logger, cfg.ReplayLogLevel)
+		s.logger = slog.Default()
 	}
 	return s, nil
 }
@@ -306,6 +304,7 @@ func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, e
 	}
 	d.event.Outcome, d.event.Err = OutcomeStoreFailed, err
 	err = fmt.Errorf("oncemill: store begin: %w", err)
+	s.logError(d, "The store could not decide the delivery; it is nacked to come back after a pause", err)
 	if serr := sleep(d.msg.Context(), s.storePause()); serr != nil {
 		return nil, errors.Join(err, serr)
 	}
@@ -378,7 +377,7 @@ func (s *Idempotency) reject(d *delivery, reason string, err error) ([]*message.
 		d.event.Outcome = OutcomeStoreFailed
 		return nil, ferr
 	}
-	s.logger.Error("Message rejected as a permanent failure; it is acked and not run", err, s.fields(d))
+	s.logError(d, "Message rejected as a permanent failure; it is acked and not run", err)
 	return nil, nil
 }
 
@@ -387,6 +386,7 @@ func (s *Idempotency) toDeadLetter(d *delivery, reason string, err error) error 
 		return nil
 	}
 	if ferr := s.deadLetter.forward(d.msg, reason, err); ferr != nil {
+		s.logError(d, "Forwarding to the dead-letter topic failed; the message is nacked to come back", ferr)
 		return ferr
 	}
 	s.tel.deadLettered(d.msg.Context(), reason)
@@ -413,7 +413,7 @@ func (s *Idempotency) release(ctx context.Context, lease store.Lease) error {
 
 func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message, error) {
 	s.tel.replayed(d.msg.Context(), rec)
-	if s.replayLog != nil {
+	if s.replayLevel != nil {
 		s.logReplay(d, rec)
 	}
 	if rec.Status == store.StatusFailed {
@@ -426,9 +426,9 @@ func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message
 	switch {
 	case err != nil:
 		d.event.Err = err
-		s.logger.Error("Stored result cannot be decoded; the duplicate is acked without re-publishing", err, s.fields(d))
+		s.logError(d, "Stored result cannot be decoded; the duplicate is acked without re-publishing", err)
 	case omitted:
-		s.logger.Info("Duplicate of a success whose produced messages were too large to store; nothing is re-published", s.fields(d))
+		s.logger.LogAttrs(d.msg.Context(), slog.LevelInfo, "Duplicate of a success whose produced messages were too large to store; nothing is re-published", s.attrs(d)...)
 	}
 	return msgs, nil
 }
@@ -461,7 +461,7 @@ func (s *Idempotency) succeed(ctx context.Context, d *delivery, e *execution, ms
 		// The effect happened: nacking now would run it again after the lease
 		// expires. Ack, and let the router publish what the handler produced.
 		d.event.Err = err
-		s.logger.Error("Handler succeeded but the success could not be recorded while the lease was held; a duplicate delivered after the lease expires runs again", err, s.fields(d))
+		s.logError(d, "Handler succeeded but the success could not be recorded while the lease was held; a duplicate delivered after the lease expires runs again", err)
 	}
 	return msgs, nil
 }
@@ -471,7 +471,7 @@ func (s *Idempotency) succeed(ctx context.Context, d *delivery, e *execution, ms
 func (s *Idempotency) successOutcome(msgs []*message.Message) store.Completion {
 	result, err := encodeResult(msgs, s.policy.MaxResultBytes)
 	if err != nil {
-		s.logger.Error("Produced messages are not stored; a duplicate will not re-publish them", err, nil)
+		s.logger.LogAttrs(context.Background(), slog.LevelError, "Produced messages are not stored; a duplicate will not re-publish them", slog.Any("error", err))
 	}
 	return store.Completion{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL}
 }
@@ -517,13 +517,13 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 	}
 	switch {
 	case !d.event.Exhausted:
-		s.logger.Error("Handler failed permanently; the failure is cached and the message acked", herr, s.fields(d))
+		s.logError(d, "Handler failed permanently; the failure is cached and the message acked", herr)
 	case s.deadLetter != nil:
 		s.tel.exhausted(d.msg.Context(), exhaustedDeadLettered)
-		s.logger.Error("Handler failed on its last attempt; the message is dead-lettered and acked", herr, s.fields(d))
+		s.logError(d, "Handler failed on its last attempt; the message is dead-lettered and acked", herr)
 	default:
 		s.tel.exhausted(d.msg.Context(), exhaustedDropped)
-		s.logger.Error("Handler failed on its last attempt; the message is DROPPED (policy.ExhaustedDrop): acked without a dead letter", herr, s.fields(d))
+		s.logError(d, "Handler failed on its last attempt; the message is DROPPED (policy.ExhaustedDrop): acked without a dead letter", herr)
 	}
 	return nil, nil
 }
@@ -534,7 +534,7 @@ func (s *Idempotency) retryLater(ctx context.Context, d *delivery, e *execution,
 	d.event.Outcome = OutcomeReleased
 	if err := s.giveBack(ctx, e); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		// The lease will expire on its own; the redelivery then takes over.
-		s.logger.Error("Could not release the key after a retryable failure", err, s.fields(d))
+		s.logError(d, "Could not release the key after a retryable failure", err)
 	}
 	if serr := sleep(d.msg.Context(), s.attemptPause(e.lease.Attempt)); serr != nil {
 		return nil, errors.Join(herr, serr)
@@ -547,7 +547,7 @@ func (s *Idempotency) retryLater(ctx context.Context, d *delivery, e *execution,
 // the attempt schedule's cap.
 func (s *Idempotency) keep(ctx context.Context, d *delivery, e *execution, herr error) ([]*message.Message, error) {
 	s.tel.exhausted(d.msg.Context(), exhaustedKept)
-	s.logger.Error("Handler failed on its last attempt and no dead letter is set; the message is nacked, not acked, and runs again after the pause (policy.ExhaustedKeep)", herr, s.fields(d))
+	s.logError(d, "Handler failed on its last attempt and no dead letter is set; the message is nacked, not acked, and runs again after the pause (policy.ExhaustedKeep)", herr)
 	return s.retryLater(ctx, d, e, herr)
 }
 
@@ -660,33 +660,34 @@ func isFinal(err error) bool {
 //
 //go:noinline
 func (s *Idempotency) logReplay(d *delivery, rec *store.Record) {
-	f := s.fields(d)
-	f["original"] = rec.Status.String()
-	f["original_attempt"] = rec.Attempt
-	f["age"] = time.Since(rec.UpdatedAt).Round(time.Millisecond).String()
-	s.replayLog("Duplicate replayed; the handler did not run", f)
+	ctx, level := d.msg.Context(), s.replayLevel.Level()
+	if !s.logger.Enabled(ctx, level) {
+		return
+	}
+	s.logger.LogAttrs(ctx, level, "Duplicate replayed; the handler did not run",
+		slog.String("message_uuid", d.event.MessageUUID),
+		slog.String("scope", d.event.Scope),
+		slog.String("key", d.event.Key),
+		slog.Int("attempt", d.event.Attempt),
+		slog.String("original", rec.Status.String()),
+		slog.Int("original_attempt", rec.Attempt),
+		slog.String("age", time.Since(rec.UpdatedAt).Round(time.Millisecond).String()),
+	)
 }
 
-func (s *Idempotency) fields(d *delivery) watermill.LogFields {
-	return watermill.LogFields{
-		"message_uuid": d.event.MessageUUID,
-		"scope":        d.event.Scope,
-		"key":          d.event.Key,
-		"attempt":      d.event.Attempt,
-	}
+// logError logs msg at error level with the delivery's fields and err.
+func (s *Idempotency) logError(d *delivery, msg string, err error) {
+	s.logger.LogAttrs(d.msg.Context(), slog.LevelError, msg, append(s.attrs(d), slog.Any("error", err))...)
 }
 
-// logAt returns l's method for level.
-func logAt(l watermill.LoggerAdapter, level watermill.LogLevel) func(string, watermill.LogFields) {
-	switch level {
-	case watermill.TraceLogLevel:
-		return l.Trace
-	case watermill.InfoLogLevel:
-		return l.Info
-	case watermill.ErrorLogLevel:
-		return func(msg string, f watermill.LogFields) { l.Error(msg, nil, f) }
-	}
-	return l.Debug
+// attrs are the delivery's fields, with room for one more.
+func (s *Idempotency) attrs(d *delivery) []slog.Attr {
+	return append(make([]slog.Attr, 0, 5),
+		slog.String("message_uuid", d.event.MessageUUID),
+		slog.String("scope", d.event.Scope),
+		slog.String("key", d.event.Key),
+		slog.Int("attempt", d.event.Attempt),
+	)
 }
 
 // runHandler turns a panic into an error the way middleware.Recoverer does.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
@@ -220,9 +220,9 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 // reaches the cap caches the failure and acks, and says so at error level.
 func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	t.Parallel()
-	logs := watermill.NewCaptureLogger()
+	logs, logger := newLogCapture()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Policy.MaxAttempts, c.Policy.Exhausted, c.Logger = 3, policy.ExhaustedDrop, logs
+		c.Policy.MaxAttempts, c.Policy.Exhausted, c.Logger = 3, policy.ExhaustedDrop, logger
 	})
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -254,7 +254,7 @@ func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	if e := h.events[2]; !e.Exhausted {
 		t.Fatalf("the capped attempt's event %+v must say Exhausted", e)
 	}
-	if errs := logs.Captured()[watermill.ErrorLogLevel]; len(errs) != 1 || !strings.Contains(errs[0].Msg, "DROPPED") {
+	if errs := logs.at(slog.LevelError); len(errs) != 1 || !strings.Contains(errs[0].Msg, "DROPPED") {
 		t.Fatalf("error lines %+v, want one saying the message was dropped", errs)
 	}
 }

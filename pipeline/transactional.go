@@ -3,9 +3,9 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/policy"
@@ -143,7 +143,7 @@ func (s *Idempotency) rollback(ctx context.Context, e *execution) {
 	tx := e.tx
 	e.tx = nil
 	if err := tx.Rollback(ctx); err != nil {
-		s.logger.Error("Rolling back the handler's transaction failed", err, watermill.LogFields{"scope": e.lease.Scope, "key": e.lease.Key})
+		s.logger.LogAttrs(ctx, slog.LevelError, "Rolling back the handler's transaction failed", slog.String("scope", e.lease.Scope), slog.String("key", e.lease.Key), slog.Any("error", err))
 	}
 }
 

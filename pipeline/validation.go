@@ -2,8 +2,8 @@ package pipeline
 
 import (
 	"fmt"
+	"log/slog"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill"
@@ -15,7 +15,9 @@ type ValidationConfig struct {
 	Validate func(*message.Message) error
 	// DeadLetter, when set, receives each invalid message once.
 	DeadLetter *DeadLetter
-	Logger     watermill.LoggerAdapter
+	// Logger receives an info line per invalid message, and an error line
+	// per dead letter that could not be forwarded; nil means slog.Default().
+	Logger *slog.Logger
 	// OnEvent is called with an Invalid event for each invalid message.
 	OnEvent   func(Event)
 	Telemetry *Telemetry
@@ -33,7 +35,7 @@ func NewValidation(cfg ValidationConfig) (*Validation, error) {
 		return nil, oncemill.InvalidConfig("ValidationConfig.Validate", "nil; pass a func(*message.Message) error")
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = slog.Default()
 	}
 	if cfg.Telemetry == nil {
 		cfg.Telemetry = defaultTelemetry()
@@ -60,12 +62,14 @@ func (v *Validation) refuse(msg *message.Message, err error) ([]*message.Message
 	if v.cfg.DeadLetter != nil {
 		if ferr := v.cfg.DeadLetter.forward(msg, ReasonInvalid, invalid); ferr != nil {
 			// Not forwarded: nack, so the message is not lost.
+			v.cfg.Logger.LogAttrs(msg.Context(), slog.LevelError, "Forwarding to the dead-letter topic failed; the message is nacked to come back",
+				slog.String("message_uuid", msg.UUID), slog.String("reason", err.Error()), slog.Any("error", ferr))
 			return nil, ferr
 		}
 		v.cfg.Telemetry.deadLettered(msg.Context(), ReasonInvalid)
 	}
 	v.cfg.Telemetry.invalid(msg.Context())
-	v.cfg.Logger.Info("Invalid message acked without processing", watermill.LogFields{"message_uuid": msg.UUID, "reason": err.Error()})
+	v.cfg.Logger.LogAttrs(msg.Context(), slog.LevelInfo, "Invalid message acked without processing", slog.String("message_uuid", msg.UUID), slog.String("reason", err.Error()))
 	if v.cfg.OnEvent != nil {
 		v.cfg.OnEvent(Event{MessageUUID: msg.UUID, Outcome: OutcomeInvalid, Err: invalid})
 	}

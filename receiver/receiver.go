@@ -2,8 +2,8 @@ package receiver
 
 import (
 	"errors"
+	"log/slog"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -103,9 +103,12 @@ func (b *Builder) WithPolicy(p policy.Policy) *Builder {
 	return b
 }
 
-// WithLogger sets the Watermill logger (default: none). For log/slog, pass
-// watermill.NewSlogLogger(logger).
-func (b *Builder) WithLogger(l watermill.LoggerAdapter) *Builder {
+// WithLogger sets the logger of every stage, the same *slog.Logger the
+// stores take. Nil, or no WithLogger at all, means slog.Default(): a
+// rejected or dropped message, a dead letter that could not be forwarded
+// and a store that could not decide a delivery are logged at error level
+// either way, never silent.
+func (b *Builder) WithLogger(l *slog.Logger) *Builder {
 	b.cfg.Logger = l
 	return b
 }
@@ -115,7 +118,7 @@ func (b *Builder) WithLogger(l watermill.LoggerAdapter) *Builder {
 // failed) and age (default: replays are not logged). A replay rate that
 // never falls, or ages far beyond the broker's redelivery horizon, point to
 // a key that does not identify what it should (docs/operations.md).
-func (b *Builder) WithReplayLogLevel(level watermill.LogLevel) *Builder {
+func (b *Builder) WithReplayLogLevel(level slog.Level) *Builder {
 	b.cfg.ReplayLogLevel = level
 	return b
 }

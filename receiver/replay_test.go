@@ -3,9 +3,9 @@ package receiver_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -25,13 +25,13 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 	}
 	defer st.Close()
 	sdk := newTelSDK(t)
-	logs := watermill.NewCaptureLogger()
+	logs := &logCapture{}
 	declined := errors.New("card declined")
 	r, err := receiver.New(st).
 		WithScope("payments").
 		WithPolicy(receiver.Policy{CachedErrors: []error{declined}}).
-		WithLogger(logs).
-		WithReplayLogLevel(watermill.InfoLogLevel).
+		WithLogger(slog.New(logs)).
+		WithReplayLogLevel(slog.LevelInfo).
 		WithMeterProvider(sdk.mp).
 		Build()
 	if err != nil {
@@ -47,16 +47,16 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 		_, _ = h(message.NewMessage(uuid, []byte("{}")))
 	}
 
-	infos := logs.Captured()[watermill.InfoLogLevel]
+	infos := logs.at(slog.LevelInfo)
 	byOriginal := map[string]int{}
 	for _, m := range infos {
 		if m.Msg != "Duplicate replayed; the handler did not run" {
 			continue
 		}
-		if m.Fields["scope"] != "payments" || m.Fields["age"] == "" || m.Fields["original_attempt"] != 1 {
-			t.Errorf("replay logged with fields %v", m.Fields)
+		if m.Attrs["scope"] != "payments" || m.Attrs["age"] == "" || m.Attrs["original_attempt"] != int64(1) {
+			t.Errorf("replay logged with fields %v", m.Attrs)
 		}
-		byOriginal[m.Fields["original"].(string)+"/"+m.Fields["key"].(string)]++
+		byOriginal[m.Attrs["original"].(string)+"/"+m.Attrs["key"].(string)]++
 	}
 	if byOriginal["succeeded/pay-ok"] != 1 || byOriginal["failed/pay-declined"] != 2 || len(byOriginal) != 2 {
 		t.Fatalf("replays logged by original outcome and key: %v, want 1 succeeded/pay-ok and 2 failed/pay-declined", byOriginal)
@@ -83,11 +83,25 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 	}
 }
 
-func TestReplayLogLevelMustBeALevel(t *testing.T) {
+// Without WithReplayLogLevel, a replay writes no line, at any level.
+func TestReplaysAreNotLoggedByDefault(t *testing.T) {
 	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
-	if _, err := receiver.New(st).WithReplayLogLevel(9).Build(); !errors.Is(err, receiver.ErrInvalidConfig) {
-		t.Fatalf("Build with replay log level 9 = %v, want ErrInvalidConfig", err)
+	logs := &logCapture{}
+	r, err := receiver.New(st).WithLogger(slog.New(logs)).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for range 2 {
+		if _, err := h(message.NewMessage("pay-1", []byte("{}"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs.mu.Lock()
+	defer logs.mu.Unlock()
+	if len(logs.records) != 0 {
+		t.Fatalf("lines %+v, want none", logs.records)
 	}
 }

@@ -547,7 +547,7 @@ func TestReceiverLogsThroughSlog(t *testing.T) {
 	t.Parallel()
 	var out telSyncBuffer
 	logger := slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(watermill.NewSlogLogger(logger)).Build()
+	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(logger).Build()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -581,11 +581,12 @@ func TestReceiverLogsThroughSlog(t *testing.T) {
 	}
 }
 
-// WithLogger: the same lines through a Watermill LoggerAdapter.
-func TestReceiverLogsThroughAWatermillLogger(t *testing.T) {
+// WithLogger: the same line through any slog.Handler, with the attempt as
+// an int and the error as the handler's error.
+func TestReceiverLogsTheHandlersError(t *testing.T) {
 	t.Parallel()
-	logger := watermill.NewCaptureLogger()
-	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(logger).Build()
+	logs := &logCapture{}
+	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(slog.New(logs)).Build()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,13 +595,14 @@ func TestReceiverLogsThroughAWatermillLogger(t *testing.T) {
 	if _, err := h(message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
 		t.Fatal(err)
 	}
-	errs := logger.Captured()[watermill.ErrorLogLevel]
+	errs := logs.at(slog.LevelError)
 	if len(errs) != 1 {
 		t.Fatalf("captured errors %v, want 1", errs)
 	}
 	e := errs[0]
-	if e.Msg != "Handler failed permanently; the failure is cached and the message acked" || !errors.Is(e.Err, declined) ||
-		e.Fields["message_uuid"] != "pay-1" || e.Fields["scope"] != "payments" || e.Fields["key"] != "pay-1" || e.Fields["attempt"] != 1 {
+	lerr, _ := e.Attrs["error"].(error)
+	if e.Msg != "Handler failed permanently; the failure is cached and the message acked" || !errors.Is(lerr, declined) ||
+		e.Attrs["message_uuid"] != "pay-1" || e.Attrs["scope"] != "payments" || e.Attrs["key"] != "pay-1" || e.Attrs["attempt"] != int64(1) {
 		t.Fatalf("captured %+v", e)
 	}
 }
@@ -641,7 +643,7 @@ func Example_observability() {
 		WithTracerProvider(tp).
 		WithMeterProvider(mp).
 		WithMessagingSystem(receiver.MessagingSystemSQS).
-		WithLogger(watermill.NewSlogLogger(slog.Default())).
+		WithLogger(slog.Default()).
 		Build()
 	if err != nil {
 		panic(err)

@@ -6,7 +6,8 @@ package main
 // the throughput benchmark.
 
 import (
-	"github.com/ThreeDotsLabs/watermill"
+	"log/slog"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/cmd/example-worker/worker"
@@ -19,7 +20,10 @@ import (
 // be redelivered forever); any other failure is nacked and redelivered. It
 // reports the same events as oncemill, so the accounting is shared.
 func withoutIdempotency(_ worker.Config, d worker.GuardDeps) (message.HandlerMiddleware, error) {
-	logger := watermill.NewSlogLogger(d.Log)
+	logger := d.Log
+	if logger == nil {
+		logger = slog.Default()
+	}
 	var classify receiver.Policy
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -29,7 +33,7 @@ func withoutIdempotency(_ worker.Config, d worker.GuardDeps) (message.HandlerMid
 			case err == nil:
 			case classify.IsPermanent(err):
 				ev.Outcome = receiver.OutcomeFailureCached
-				logger.Error("Handler failed permanently; the message is acked", err, watermill.LogFields{"message_uuid": msg.UUID})
+				logger.Error("Handler failed permanently; the message is acked", "message_uuid", msg.UUID, "error", err)
 				msgs, err = nil, nil
 			default:
 				ev.Outcome = receiver.OutcomeReleased

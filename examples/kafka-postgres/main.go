@@ -99,7 +99,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer pub.Close() // the dead letter's, and the demo's
 	r, err := receiver.NewTransactional(st).
 		WithPolicy(receiver.Policy{SuccessTTL: 7 * 24 * time.Hour}). // longer than Kafka could redeliver: lag, a group rewound
-		WithLogger(wlog).
+		WithLogger(logger).
 		WithMessagingSystem(receiver.MessagingSystemKafka).
 		WithDeadLetter(pub, cfg.Topic+"-dead"). // nacked for good, a poison message would hold up its partition
 		WithEventHandler(func(e receiver.Event) {

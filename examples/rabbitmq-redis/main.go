@@ -89,7 +89,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			SuccessTTL: 24 * time.Hour,   // longer than a message can wait in the queue
 			Lease:      30 * time.Second, // longer than the slowest handler; the heartbeat extends it
 		}).
-		WithLogger(wlog).
+		WithLogger(logger).
 		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).
 		WithDeadLetter(pub, cfg.Queue+"-dead"). // requeued for good, a poison message would hold up the queue
 		WithEventHandler(func(e receiver.Event) {

@@ -93,7 +93,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	r, err := receiver.NewTransactional(st).
 		// SQS keeps a message up to 14 days (MessageRetentionPeriod): remember longer.
 		WithPolicy(receiver.Policy{SuccessTTL: 15 * 24 * time.Hour}).
-		WithLogger(wlog).
+		WithLogger(logger).
 		WithMessagingSystem(receiver.MessagingSystemSQS).
 		WithEventHandler(func(e receiver.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())

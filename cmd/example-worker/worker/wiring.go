@@ -71,7 +71,7 @@ func NewReceiver(cfg Config, d GuardDeps) (message.HandlerMiddleware, error) {
 			// handler also marks it receiver.Permanent; either alone would do.)
 			CachedErrors: []error{ErrInvalidAmount},
 		}).
-		WithLogger(watermill.NewSlogLogger(d.Log)).
+		WithLogger(d.Log).
 		WithEventHandler(d.OnEvent)
 	if d.DeadPub != nil {
 		b = b.WithDeadLetter(d.DeadPub, d.DeadTopic)

@@ -1,0 +1,166 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+)
+
+// logCapture is a slog.Handler that keeps every record, at every level.
+type logCapture struct {
+	mu      sync.Mutex
+	records []logLine
+}
+
+// logLine is one captured record: its level, message and attributes.
+type logLine struct {
+	Level slog.Level
+	Msg   string
+	Attrs map[string]any
+}
+
+// newLogCapture returns a capture and a logger writing to it.
+func newLogCapture() (*logCapture, *slog.Logger) {
+	c := &logCapture{}
+	return c, slog.New(c)
+}
+
+func (c *logCapture) Enabled(context.Context, slog.Level) bool { return true }
+
+func (c *logCapture) Handle(_ context.Context, r slog.Record) error {
+	l := logLine{Level: r.Level, Msg: r.Message, Attrs: map[string]any{}}
+	r.Attrs(func(a slog.Attr) bool {
+		l.Attrs[a.Key] = a.Value.Any()
+		return true
+	})
+	c.mu.Lock()
+	c.records = append(c.records, l)
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *logCapture) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *logCapture) WithGroup(string) slog.Handler      { return c }
+
+// at returns the lines logged at level.
+func (c *logCapture) at(level slog.Level) []logLine {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []logLine
+	for _, l := range c.records {
+		if l.Level == level {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// A Begin that fails logs one error line per delivery, with the store's
+// error and the delivery's fields, before the nack.
+func TestStoreFailureIsLogged(t *testing.T) {
+	t.Parallel()
+	logs, logger := newLogCapture()
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.Store, c.Logger = &failingStore{Store: c.Store, failBegin: true}, logger
+	})
+	handler := h.stage.Middleware(produce(new(atomic.Int32)))
+	for range 2 {
+		if _, err := handler(msg("m1", "x")); !errors.Is(err, errStoreDown) {
+			t.Fatalf("got %v, want a nack wrapping the store error", err)
+		}
+	}
+	errs := logs.at(slog.LevelError)
+	if len(errs) != 2 {
+		t.Fatalf("error lines %+v, want one per failed delivery (2)", errs)
+	}
+	for _, l := range errs {
+		err, _ := l.Attrs["error"].(error)
+		if !strings.Contains(l.Msg, "store could not decide") || !errors.Is(err, errStoreDown) ||
+			l.Attrs["message_uuid"] != "m1" || l.Attrs["scope"] != "test" || l.Attrs["key"] != "m1" {
+			t.Fatalf("error line %+v, want the store failure with its error and the delivery's fields", l)
+		}
+	}
+}
+
+// A dead letter that cannot be forwarded is logged at error level, with the
+// publisher's error, whether the message was rejected or failed for good.
+func TestDeadLetterFailureIsLogged(t *testing.T) {
+	t.Parallel()
+	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	defer pubSub.Close()
+	pub := &failingPublisher{Publisher: pubSub}
+	pub.fail.Store(2)
+	dl, err := pipeline.NewDeadLetter(pub, "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, logger := newLogCapture()
+	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+		c.DeadLetter, c.Logger = dl, logger
+		c.Policy.MaxPayloadBytes = 4
+	})
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		return nil, policy.Permanent(errDeclined)
+	})
+	if _, err := handler(msg("m1", "too large")); err == nil {
+		t.Fatal("a rejection whose forward failed must nack")
+	}
+	if _, err := handler(msg("m2", "x")); err == nil {
+		t.Fatal("a cached failure whose forward failed must nack")
+	}
+	errs := logs.at(slog.LevelError)
+	if len(errs) != 2 {
+		t.Fatalf("error lines %+v, want one per failed forward (2)", errs)
+	}
+	for i, uuid := range []string{"m1", "m2"} {
+		l := errs[i]
+		err, _ := l.Attrs["error"].(error)
+		if !strings.Contains(l.Msg, "dead-letter topic failed") || err == nil || !strings.Contains(err.Error(), "broker unavailable") ||
+			l.Attrs["message_uuid"] != uuid {
+			t.Fatalf("error line %d: %+v, want the failed forward of %s with the publisher's error", i, l, uuid)
+		}
+	}
+}
+
+// The validation stage logs a dead letter it could not forward, too.
+func TestValidationDeadLetterFailureIsLogged(t *testing.T) {
+	t.Parallel()
+	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	defer pubSub.Close()
+	pub := &failingPublisher{Publisher: pubSub}
+	pub.fail.Store(1)
+	dl, err := pipeline.NewDeadLetter(pub, "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, logger := newLogCapture()
+	v, err := pipeline.NewValidation(pipeline.ValidationConfig{
+		Validate:   func(*message.Message) error { return errors.New("no amount") },
+		DeadLetter: dl,
+		Logger:     logger,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Middleware(produce(new(atomic.Int32)))(msg("m1", "x")); err == nil {
+		t.Fatal("an invalid message whose forward failed must nack")
+	}
+	errs := logs.at(slog.LevelError)
+	if len(errs) != 1 {
+		t.Fatalf("error lines %+v, want 1", errs)
+	}
+	if l := errs[0]; !strings.Contains(l.Msg, "dead-letter topic failed") || l.Attrs["message_uuid"] != "m1" || l.Attrs["reason"] != "no amount" {
+		t.Fatalf("error line %+v", l)
+	}
+}
