@@ -270,10 +270,11 @@ func (s *Idempotency) keyFailed(d *delivery, h message.HandlerFunc, err error) (
 		return s.noKey(d, h, err)
 	}
 	if s.policy.Classify(err) == policy.ClassCached {
-		return s.reject(d, ReasonRejected, fmt.Errorf("cannot compute the idempotency key: %w", err))
+		return s.reject(d, ReasonRejected, fmt.Errorf("oncemill: cannot compute the idempotency key: %w", err))
 	}
 	err = fmt.Errorf("oncemill: computing the idempotency key failed; the message is nacked to come back: %w", err)
 	d.event.Outcome, d.event.Err = OutcomeKeyFailed, err
+	s.logError(d, "The key generator failed; the message is nacked to come back after a pause", err)
 	if serr := sleep(d.msg.Context(), s.policy.NackDelay); serr != nil {
 		return nil, errors.Join(err, serr)
 	}
@@ -285,7 +286,8 @@ func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 		d.event.Outcome, d.event.Err = OutcomeUnguarded, err
 		return runHandler(h, d.msg)
 	}
-	return s.reject(d, ReasonRejected, fmt.Errorf("cannot compute the idempotency key: %w", err))
+	// err says it already: "oncemill: no key: <why>".
+	return s.reject(d, ReasonRejected, err)
 }
 
 // storeFailed nacks a delivery the store could not decide, so it comes
@@ -513,7 +515,9 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 		// Not recorded: nack, so the failure is decided again on redelivery
 		// rather than forgotten.
 		d.event.Outcome = OutcomeStoreFailed
-		return nil, fmt.Errorf("oncemill: recording failure %q: %w", herr.Error(), err)
+		err = fmt.Errorf("oncemill: recording failure %q: %w", herr.Error(), err)
+		s.logError(d, "The handler's failure could not be recorded; the message is nacked to be decided again", err)
+		return nil, err
 	}
 	switch {
 	case !d.event.Exhausted:
