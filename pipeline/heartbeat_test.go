@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -72,7 +73,7 @@ func TestHeartbeatBeatsEveryRunningHandler(t *testing.T) {
 		})
 	}
 	started.Wait()
-	waitFor(t, func() bool {
+	testenv.WaitFor(t, 10*time.Second, "every handler's lease to be extended twice", func() bool {
 		for i := range handlers {
 			if counted.count("m"+string(rune('A'+i%26))+string(rune('a'+i/26))) < 2 {
 				return false
@@ -137,7 +138,7 @@ func TestHeartbeatsDoNotPileUpOnASlowStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := stage.Middleware(func(*message.Message) ([]*message.Message, error) {
-		waitFor(t, func() bool { return slow.calls.Load() >= 4 })
+		testenv.WaitFor(t, 10*time.Second, "four heartbeat extends", func() bool { return slow.calls.Load() >= 4 })
 		slow.done.Store(true)
 		return nil, nil
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -531,7 +532,7 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 	// real heartbeats extend it between steps.
 	for i := 0; i < 10; i++ {
 		h.clock.Advance(20 * time.Second)
-		waitFor(t, func() bool {
+		testenv.WaitFor(t, 10*time.Second, "a heartbeat to extend the lease past the advanced clock", func() bool {
 			rec, err := h.store.Get(context.Background(), "test", "m1")
 			return err == nil && rec.LeaseExpiresAt.After(h.clock.Now().Add(50*time.Second))
 		})
@@ -546,18 +547,6 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 	}
 	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted {
 		t.Fatalf("event %+v", e)
-	}
-}
-
-// waitFor polls cond for up to 10s; it guards against a hang, not a speed.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

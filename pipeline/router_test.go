@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -67,7 +68,7 @@ func (rr *routerRun) publish(topic string, msgs ...*message.Message) {
 
 func (rr *routerRun) waitAcks(n int32) {
 	rr.t.Helper()
-	waitFor(rr.t, func() bool { return rr.acks.Load() >= n })
+	testenv.WaitFor(rr.t, 10*time.Second, "the router to ack the deliveries", func() bool { return rr.acks.Load() >= n })
 }
 
 func newStage(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *pipeline.Idempotency {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"runtime/debug"
 	"strings"
@@ -18,63 +19,41 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/oncemill/oncemill/internal/teltest"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
 
-// telKit is an OpenTelemetry SDK reduced to what a test reads: a span
-// recorder behind a TracerProvider, a manual reader behind a MeterProvider,
-// and oncemill's Telemetry over both.
+// telKit is teltest's SDK with oncemill's Telemetry over it.
 type telKit struct {
-	spans  *tracetest.SpanRecorder
-	reader *sdkmetric.ManualReader
-	tp     *sdktrace.TracerProvider
-	tel    *pipeline.Telemetry
+	*teltest.Kit
+	tel *pipeline.Telemetry
 }
 
 func newTelKit(t *testing.T) *telKit {
 	t.Helper()
-	k := &telKit{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(k.spans))
-	k.tp = tp
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(k.reader))
-	t.Cleanup(func() {
-		_ = tp.Shutdown(context.Background())
-		_ = mp.Shutdown(context.Background())
-	})
+	k := &telKit{Kit: teltest.New(t)}
 	var err error
-	k.tel, err = pipeline.NewTelemetry(pipeline.TelemetryConfig{TracerProvider: tp, MeterProvider: mp, MessagingSystem: "kafka"})
+	k.tel, err = pipeline.NewTelemetry(pipeline.TelemetryConfig{TracerProvider: k.TracerProvider, MeterProvider: k.MeterProvider, MessagingSystem: "kafka"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return k
 }
 
-// named returns the ended spans called name, in the order they ended.
-func (k *telKit) named(name string) []sdktrace.ReadOnlySpan {
-	var out []sdktrace.ReadOnlySpan
-	for _, s := range k.spans.Ended() {
-		if s.Name() == name {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
 // deliveries returns the ended delivery spans (kind Consumer). Outside a
 // router the topic is empty, so they are found by kind, not by name.
 func (k *telKit) deliveries() []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan
-	for _, s := range k.spans.Ended() {
+	for _, s := range k.Spans.Ended() {
 		if s.SpanKind() == trace.SpanKindConsumer {
 			out = append(out, s)
 		}
@@ -86,7 +65,7 @@ func (k *telKit) deliveries() []sdktrace.ReadOnlySpan {
 // with context parent, in the order they ended.
 func (k *telKit) storeSpanNames(parent trace.SpanContext) []string {
 	var out []string
-	for _, s := range k.spans.Ended() {
+	for _, s := range k.Spans.Ended() {
 		if strings.HasPrefix(s.Name(), "oncemill.store.") && s.Parent().SpanID() == parent.SpanID() && s.Parent().TraceID() == parent.TraceID() {
 			out = append(out, s.Name())
 		}
@@ -94,104 +73,17 @@ func (k *telKit) storeSpanNames(parent trace.SpanContext) []string {
 	return out
 }
 
-// collect reads every metric, by name.
+// collect reads every metric, by name, and checks that each comes from
+// oncemill's instrumentation scope.
 func (k *telKit) collect(t *testing.T) map[string]metricdata.Metrics {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := k.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]metricdata.Metrics{}
+	rm := k.Collect(t)
 	for _, sm := range rm.ScopeMetrics {
 		if sm.Scope.Name != pipeline.InstrumentationName {
 			t.Errorf("instrumentation scope %q, want %q", sm.Scope.Name, pipeline.InstrumentationName)
 		}
-		for _, m := range sm.Metrics {
-			out[m.Name] = m
-		}
 	}
-	return out
-}
-
-// telAttr is a data point's value of attribute key ("" when absent).
-func telAttr(set attribute.Set, key string) string {
-	v, _ := set.Value(attribute.Key(key))
-	return v.Emit()
-}
-
-// telSums returns an int64 sum's data points by the value of key; a metric
-// never recorded gives an empty map.
-func telSums(t *testing.T, ms map[string]metricdata.Metrics, name, key string) map[string]int64 {
-	t.Helper()
-	out := map[string]int64{}
-	m, ok := ms[name]
-	if !ok {
-		return out
-	}
-	sum, ok := m.Data.(metricdata.Sum[int64])
-	if !ok {
-		t.Fatalf("%s is a %T, want an int64 sum", name, m.Data)
-	}
-	for _, dp := range sum.DataPoints {
-		out[telAttr(dp.Attributes, key)] += dp.Value
-	}
-	return out
-}
-
-// telHistCounts returns a float64 histogram's counts by the value of key.
-func telHistCounts(t *testing.T, ms map[string]metricdata.Metrics, name, key string) map[string]uint64 {
-	t.Helper()
-	out := map[string]uint64{}
-	m, ok := ms[name]
-	if !ok {
-		return out
-	}
-	h, ok := m.Data.(metricdata.Histogram[float64])
-	if !ok {
-		t.Fatalf("%s is a %T, want a float64 histogram", name, m.Data)
-	}
-	for _, dp := range h.DataPoints {
-		out[telAttr(dp.Attributes, key)] += dp.Count
-	}
-	return out
-}
-
-// telGauge returns an int64 gauge's last values by the value of key.
-func telGauge(t *testing.T, ms map[string]metricdata.Metrics, name, key string) map[string]int64 {
-	t.Helper()
-	out := map[string]int64{}
-	m, ok := ms[name]
-	if !ok {
-		return out
-	}
-	g, ok := m.Data.(metricdata.Gauge[int64])
-	if !ok {
-		t.Fatalf("%s is a %T, want an int64 gauge", name, m.Data)
-	}
-	for _, dp := range g.DataPoints {
-		out[telAttr(dp.Attributes, key)] = dp.Value
-	}
-	return out
-}
-
-func telSpanAttrs(s sdktrace.ReadOnlySpan) map[string]attribute.Value {
-	out := map[string]attribute.Value{}
-	for _, kv := range s.Attributes() {
-		out[string(kv.Key)] = kv.Value
-	}
-	return out
-}
-
-func telEqualMaps[V comparable](got, want map[string]V) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for k, v := range want {
-		if g, ok := got[k]; !ok || g != v {
-			return false
-		}
-	}
-	return true
+	return teltest.ByName(rm)
 }
 
 // telRun delivers m through h and returns the error the router would see.
@@ -221,10 +113,10 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 	deliveries := []*message.Message{msg("m1", "x"), msg("m1", "x"), msg(long, "x")}
 	for i, m := range deliveries {
 		rr.publish("payments.in", m)
-		waitFor(t, func() bool { return len(k.named("process payments.in")) == i+1 })
+		testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("delivery span %d", i+1), func() bool { return len(k.Named("process payments.in")) == i+1 })
 	}
 
-	spans := k.named("process payments.in")
+	spans := k.Named("process payments.in")
 	hashed := keygen.StorableKey(long, 128)
 	if !strings.HasPrefix(hashed, keygen.HashedKeyPrefix) || len(hashed) != 78 {
 		t.Fatalf("keygen.StorableKey(500 bytes, 128) = %q", hashed)
@@ -252,7 +144,7 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 		if s.InstrumentationScope().Name != pipeline.InstrumentationName {
 			t.Errorf("delivery %d: scope %q", i, s.InstrumentationScope().Name)
 		}
-		attrs := telSpanAttrs(s)
+		attrs := teltest.SpanAttrs(s)
 		wantAttrs := map[string]string{
 			"messaging.system":           "kafka",
 			"messaging.destination.name": "payments.in",
@@ -283,12 +175,12 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 			t.Errorf("delivery %d: store child spans %v, want %v", i, names, w.storeSpans)
 		}
 	}
-	for _, s := range k.spans.Ended() {
+	for _, s := range k.Spans.Ended() {
 		if strings.HasPrefix(s.Name(), "oncemill.store.") && s.SpanKind() != trace.SpanKindClient {
 			t.Errorf("%s: kind %v, want client", s.Name(), s.SpanKind())
 		}
 	}
-	if n := len(k.spans.Ended()); n != 3+2+1+2 {
+	if n := len(k.Spans.Ended()); n != 3+2+1+2 {
 		t.Errorf("%d spans in all, want 3 delivery spans and 5 store spans", n)
 	}
 }
@@ -316,12 +208,12 @@ func TestTelemetryReleaseSpan(t *testing.T) {
 	if st := delivery[0].Status(); st.Code != codes.Error || !strings.Contains(st.Description, errDown.Error()) {
 		t.Fatalf("delivery span status %+v, want Error with the handler's error", st)
 	}
-	attrs := telSpanAttrs(delivery[0])
+	attrs := teltest.SpanAttrs(delivery[0])
 	if attrs["idempotency.decision"].AsString() != "execute" || attrs["idempotency.outcome"].AsString() != "released" || attrs["idempotency.attempt"].AsInt64() != 1 {
 		t.Fatalf("attributes %v", attrs)
 	}
 	ms := k.collect(t)
-	if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{"released": 1}) {
+	if got := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"); !maps.Equal(got, map[string]int64{"released": 1}) {
 		t.Fatalf("outcomes %v", got)
 	}
 }
@@ -338,7 +230,7 @@ func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
 	})
 	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(*message.Message) ([]*message.Message, error) {
 		// Wait a bit: until at least one heartbeat has fired and ended.
-		waitFor(t, func() bool { return len(k.named("oncemill.store.extend")) > 0 })
+		testenv.WaitFor(t, 10*time.Second, "an ended extend span", func() bool { return len(k.Named("oncemill.store.extend")) > 0 })
 		return nil, nil
 	})
 	if err := telRun(handler, msg("m1", "x")); err != nil {
@@ -357,13 +249,13 @@ func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
 			t.Fatalf("store spans %v, want only extends between begin and complete", names)
 		}
 	}
-	for _, s := range k.named("oncemill.store.extend") {
+	for _, s := range k.Named("oncemill.store.extend") {
 		if s.Status().Code != codes.Unset {
 			t.Fatalf("extend span status %+v", s.Status())
 		}
 	}
 	ms := k.collect(t)
-	if got := telHistCounts(t, ms, "oncemill.store.duration", "operation")["extend"]; got != uint64(len(names)-2) {
+	if got := teltest.HistCounts(t, ms, "oncemill.store.duration", "operation")["extend"]; got != uint64(len(names)-2) {
 		t.Fatalf("store.duration{operation=extend} count %d, want one per extend span (%d)", got, len(names)-2)
 	}
 }
@@ -396,18 +288,18 @@ func TestTelemetryStageUsesTheSpanInTheMessageContext(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
-	ctx, upstream := k.tp.Tracer("upstream").Start(context.Background(), "upstream")
+	ctx, upstream := k.TracerProvider.Tracer("upstream").Start(context.Background(), "upstream")
 	m := msg("m1", "x")
 	m.SetContext(ctx)
 	if err := telRun(h.stage.Middleware(telNoop), m); err != nil {
 		t.Fatal(err)
 	}
 	upstream.End()
-	spans := k.named("upstream")
+	spans := k.Named("upstream")
 	if len(spans) != 1 {
 		t.Fatalf("%d upstream spans", len(spans))
 	}
-	attrs := telSpanAttrs(spans[0])
+	attrs := teltest.SpanAttrs(spans[0])
 	if attrs["idempotency.key"].AsString() != "m1" || attrs["idempotency.scope"].AsString() != "test" ||
 		attrs["idempotency.decision"].AsString() != "execute" || attrs["idempotency.outcome"].AsString() != "executed" ||
 		attrs["idempotency.attempt"].AsInt64() != 1 {
@@ -441,7 +333,7 @@ func TestTelemetryOneTransactionSpans(t *testing.T) {
 		t.Fatalf("store spans %v, want claim then commit", names)
 	}
 	ms := k.collect(t)
-	if got := telHistCounts(t, ms, "oncemill.store.duration", "operation"); !telEqualMaps(got, map[string]uint64{"claim": 1, "commit": 1}) {
+	if got := teltest.HistCounts(t, ms, "oncemill.store.duration", "operation"); !maps.Equal(got, map[string]uint64{"claim": 1, "commit": 1}) {
 		t.Fatalf("store.duration counts %v", got)
 	}
 }
@@ -518,7 +410,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 			if names := k.storeSpanNames(delivery[0].SpanContext()); !regexp.MustCompile("^" + tc.wantSpans + "$").MatchString(strings.Join(names, ",")) {
 				t.Fatalf("store spans %v, want %s", names, tc.wantSpans)
 			}
-			for _, s := range k.spans.Ended() {
+			for _, s := range k.Spans.Ended() {
 				if !strings.HasPrefix(s.Name(), "oncemill.store.") {
 					continue
 				}
@@ -539,32 +431,32 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 			if got := delivery[0].Status().Code; (got == codes.Error) != tc.deliveryErr {
 				t.Errorf("delivery span status %v, want Error %v", delivery[0].Status(), tc.deliveryErr)
 			}
-			if got := telSpanAttrs(delivery[0])["idempotency.outcome"].AsString(); got != tc.outcome {
+			if got := teltest.SpanAttrs(delivery[0])["idempotency.outcome"].AsString(); got != tc.outcome {
 				t.Errorf("idempotency.outcome %q, want %q", got, tc.outcome)
 			}
 			ms := k.collect(t)
 			op := strings.TrimPrefix(tc.failingSpan, "oncemill.store.")
-			if got := telHistCounts(t, ms, "oncemill.store.duration", "operation")[op]; got == 0 {
+			if got := teltest.HistCounts(t, ms, "oncemill.store.duration", "operation")[op]; got == 0 {
 				t.Errorf("a failed %s is not timed", op)
 			}
-			if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{tc.outcome: 1}) {
+			if got := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"); !maps.Equal(got, map[string]int64{tc.outcome: 1}) {
 				t.Errorf("outcomes %v", got)
 			}
 			wantErrors := map[string]int64{op: 1}
 			if op == "complete" {
-				wantErrors[op] = int64(len(k.named(tc.failingSpan))) // one per try
+				wantErrors[op] = int64(len(k.Named(tc.failingSpan))) // one per try
 			}
-			if got := telSums(t, ms, "oncemill.store.errors", "operation"); !telEqualMaps(got, wantErrors) {
+			if got := teltest.Sums(t, ms, "oncemill.store.errors", "operation"); !maps.Equal(got, wantErrors) {
 				t.Errorf("store errors %v, want %v", got, wantErrors)
 			}
 			wantDecisions := map[string]int64{"execute": 1}
 			if tc.fail.begin {
 				wantDecisions = map[string]int64{} // the store never decided
 			}
-			if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, wantDecisions) {
+			if got := teltest.Sums(t, ms, "oncemill.decisions", "decision"); !maps.Equal(got, wantDecisions) {
 				t.Errorf("decisions %v, want %v", got, wantDecisions)
 			}
-			if _, ok := telSpanAttrs(delivery[0])["idempotency.decision"]; ok == tc.fail.begin {
+			if _, ok := teltest.SpanAttrs(delivery[0])["idempotency.decision"]; ok == tc.fail.begin {
 				t.Errorf("idempotency.decision present %v, want %v", ok, !tc.fail.begin)
 			}
 		})
@@ -589,7 +481,7 @@ func TestTelemetryUnguarded(t *testing.T) {
 	if len(delivery) != 1 {
 		t.Fatalf("%d delivery spans", len(delivery))
 	}
-	attrs := telSpanAttrs(delivery[0])
+	attrs := teltest.SpanAttrs(delivery[0])
 	if attrs["idempotency.outcome"].AsString() != "unguarded" || attrs["idempotency.key"].AsString() != "" {
 		t.Errorf("attributes %v", attrs)
 	}
@@ -602,13 +494,13 @@ func TestTelemetryUnguarded(t *testing.T) {
 		t.Errorf("store spans %v", names)
 	}
 	ms := k.collect(t)
-	if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{"unguarded": 1}) {
+	if got := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"); !maps.Equal(got, map[string]int64{"unguarded": 1}) {
 		t.Errorf("outcomes %v", got)
 	}
-	if got := telSums(t, ms, "oncemill.decisions", "decision"); len(got) != 0 {
+	if got := teltest.Sums(t, ms, "oncemill.decisions", "decision"); len(got) != 0 {
 		t.Errorf("decisions %v, want none", got)
 	}
-	if got := telHistCounts(t, ms, "oncemill.handler.duration", ""); len(got) != 0 {
+	if got := teltest.HistCounts(t, ms, "oncemill.handler.duration", ""); len(got) != 0 {
 		t.Errorf("handler.duration %v, want none", got)
 	}
 }
@@ -622,12 +514,12 @@ func TestTelemetryNoStoreSpansWithoutADeliverySpan(t *testing.T) {
 	if err := telRun(h.stage.Middleware(telNoop), msg("m1", "x")); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(k.spans.Ended()); n != 0 {
+	if n := len(k.Spans.Ended()); n != 0 {
 		t.Fatalf("%d spans without a delivery span, want 0", n)
 	}
 	// The metrics are recorded all the same.
 	ms := k.collect(t)
-	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1}) {
+	if got := teltest.Sums(t, ms, "oncemill.decisions", "decision"); !maps.Equal(got, map[string]int64{"execute": 1}) {
 		t.Fatalf("decisions %v", got)
 	}
 }
@@ -683,7 +575,7 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 		}, msg("m4", "a"))
 	}()
 	<-started
-	if got := telSums(t, k.collect(t), "oncemill.leases.live", ""); !telEqualMaps(got, map[string]int64{"": 1}) {
+	if got := teltest.Sums(t, k.collect(t), "oncemill.leases.live", ""); !maps.Equal(got, map[string]int64{"": 1}) {
 		t.Errorf("leases.live while one handler runs: %v, want 1", got)
 	}
 	if err := run(telNoop, msg("m4", "a")); !errors.Is(err, pipeline.ErrKeyHeld) {
@@ -699,29 +591,29 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 	_ = run(telNoop, msg("m6", strings.Repeat("x", 65)))
 
 	ms := k.collect(t)
-	if got, want := telSums(t, ms, "oncemill.decisions", "decision"), map[string]int64{
+	if got, want := teltest.Sums(t, ms, "oncemill.decisions", "decision"), map[string]int64{
 		"execute": 4, "takeover": 1, "replay": 1, "cached_failure": 1, "held": 1, "mismatch": 1,
-	}; !telEqualMaps(got, want) {
+	}; !maps.Equal(got, want) {
 		t.Errorf("decisions %v, want %v", got, want)
 	}
-	if got, want := telSums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
+	if got, want := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
 		"executed": 3, "replayed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "held_key_nacked": 1, "released": 1,
-	}; !telEqualMaps(got, want) {
+	}; !maps.Equal(got, want) {
 		t.Errorf("outcomes %v, want %v", got, want)
 	}
 	// Begin once per delivery that reached the store (all but m6: 9),
 	// Complete for the three successes and the cached failure, Release for
 	// the retryable failure.
-	if got, want := telHistCounts(t, ms, "oncemill.store.duration", "operation"), map[string]uint64{
+	if got, want := teltest.HistCounts(t, ms, "oncemill.store.duration", "operation"), map[string]uint64{
 		"begin": 9, "complete": 4, "release": 1,
-	}; !telEqualMaps(got, want) {
+	}; !maps.Equal(got, want) {
 		t.Errorf("store.duration counts %v, want %v", got, want)
 	}
 	// The handler ran once per execute or takeover decision.
-	if got := telHistCounts(t, ms, "oncemill.handler.duration", ""); !telEqualMaps(got, map[string]uint64{"": 5}) {
+	if got := teltest.HistCounts(t, ms, "oncemill.handler.duration", ""); !maps.Equal(got, map[string]uint64{"": 5}) {
 		t.Errorf("handler.duration counts %v, want 5 (one per execution)", got)
 	}
-	if got := telSums(t, ms, "oncemill.leases.live", ""); !telEqualMaps(got, map[string]int64{"": 0}) {
+	if got := teltest.Sums(t, ms, "oncemill.leases.live", ""); !maps.Equal(got, map[string]int64{"": 0}) {
 		t.Errorf("leases.live after the handlers finished: %v, want 0", got)
 	}
 }
@@ -755,15 +647,15 @@ func TestTelemetryInProgressRejected(t *testing.T) {
 	if len(delivery) != 1 {
 		t.Fatalf("%d delivery spans", len(delivery))
 	}
-	attrs := telSpanAttrs(delivery[0])
+	attrs := teltest.SpanAttrs(delivery[0])
 	if attrs["idempotency.decision"].AsString() != "held" || attrs["idempotency.outcome"].AsString() != "rejected" {
 		t.Fatalf("attributes %v", attrs)
 	}
 	ms := k.collect(t)
-	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1, "held": 1}) {
+	if got := teltest.Sums(t, ms, "oncemill.decisions", "decision"); !maps.Equal(got, map[string]int64{"execute": 1, "held": 1}) {
 		t.Errorf("decisions %v", got)
 	}
-	if got := telSums(t, ms, "oncemill.outcomes", "outcome"); !telEqualMaps(got, map[string]int64{"executed": 1, "rejected": 1}) {
+	if got := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"); !maps.Equal(got, map[string]int64{"executed": 1, "rejected": 1}) {
 		t.Errorf("outcomes %v", got)
 	}
 }
@@ -880,16 +772,16 @@ func TestTelemetryRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	ms := k.collect(t)
-	if got := telSums(t, ms, "oncemill.retries", ""); !telEqualMaps(got, map[string]int64{"": 2}) {
+	if got := teltest.Sums(t, ms, "oncemill.retries", ""); !maps.Equal(got, map[string]int64{"": 2}) {
 		t.Errorf("retries %v, want 2", got)
 	}
-	if got := telSums(t, ms, "oncemill.decisions", "decision"); !telEqualMaps(got, map[string]int64{"execute": 1}) {
+	if got := teltest.Sums(t, ms, "oncemill.decisions", "decision"); !maps.Equal(got, map[string]int64{"execute": 1}) {
 		t.Errorf("decisions %v", got)
 	}
-	if got := telHistCounts(t, ms, "oncemill.handler.duration", ""); !telEqualMaps(got, map[string]uint64{"": 1}) {
+	if got := teltest.HistCounts(t, ms, "oncemill.handler.duration", ""); !maps.Equal(got, map[string]uint64{"": 1}) {
 		t.Errorf("handler.duration %v, want one execution (retries included)", got)
 	}
-	if got := telSums(t, ms, "oncemill.leases.live", ""); !telEqualMaps(got, map[string]int64{"": 0}) {
+	if got := teltest.Sums(t, ms, "oncemill.leases.live", ""); !maps.Equal(got, map[string]int64{"": 0}) {
 		t.Errorf("leases.live %v", got)
 	}
 }
@@ -909,15 +801,17 @@ func TestTelemetryBreakerState(t *testing.T) {
 	cfg.OnStateChange = func(_ string, _, to gobreaker.State) {
 		if to == gobreaker.StateHalfOpen {
 			// The gauge is recorded before this callback runs.
-			halfOpen.Store(telGauge(t, k.collect(t), "oncemill.breaker.state", "breaker")["payments-db"])
+			halfOpen.Store(teltest.Gauge[int64](t, k.collect(t), "oncemill.breaker.state", "breaker")["payments-db"])
 		}
 	}
 	b, err := pipeline.NewBreaker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	state := func() map[string]int64 { return telGauge(t, k.collect(t), "oncemill.breaker.state", "breaker") }
-	if got := state(); !telEqualMaps(got, map[string]int64{"payments-db": 0}) {
+	state := func() map[string]int64 {
+		return teltest.Gauge[int64](t, k.collect(t), "oncemill.breaker.state", "breaker")
+	}
+	if got := state(); !maps.Equal(got, map[string]int64{"payments-db": 0}) {
 		t.Fatalf("after NewBreaker: %v, want closed (0)", got)
 	}
 	var fail atomic.Bool
@@ -933,15 +827,15 @@ func TestTelemetryBreakerState(t *testing.T) {
 	if b.State() != gobreaker.StateOpen {
 		t.Fatalf("breaker %v after two failures", b.State())
 	}
-	if got := state(); !telEqualMaps(got, map[string]int64{"payments-db": 2}) {
+	if got := state(); !maps.Equal(got, map[string]int64{"payments-db": 2}) {
 		t.Fatalf("after opening: %v, want open (2)", got)
 	}
 	fail.Store(false)
-	waitFor(t, func() bool { return telRun(handler, msg("m3", "x")) == nil })
+	testenv.WaitFor(t, 10*time.Second, "a probe through the half-open breaker to succeed", func() bool { return telRun(handler, msg("m3", "x")) == nil })
 	if b.State() != gobreaker.StateClosed {
 		t.Fatalf("breaker %v after a successful probe", b.State())
 	}
-	if got := state(); !telEqualMaps(got, map[string]int64{"payments-db": 0}) {
+	if got := state(); !maps.Equal(got, map[string]int64{"payments-db": 0}) {
 		t.Fatalf("after closing: %v, want closed (0)", got)
 	}
 	if halfOpen.Load() != 1 {
@@ -1010,17 +904,17 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 			t.Fatalf("dead letters received: %v, want 4", got)
 		}
 	}
-	if want := map[string]string{"invalid": "m1", "mismatch": "m2", "cached_failure": "m3", "rejected": "m4"}; !telEqualMaps(got, want) {
+	if want := map[string]string{"invalid": "m1", "mismatch": "m2", "cached_failure": "m3", "rejected": "m4"}; !maps.Equal(got, want) {
 		t.Fatalf("dead letters by reason %v, want %v", got, want)
 	}
 	ms := k.collect(t)
-	if got := telSums(t, ms, "oncemill.validation.invalid", ""); !telEqualMaps(got, map[string]int64{"": 1}) {
+	if got := teltest.Sums(t, ms, "oncemill.validation.invalid", ""); !maps.Equal(got, map[string]int64{"": 1}) {
 		t.Errorf("validation.invalid %v, want 1", got)
 	}
-	deadLetters := telSums(t, ms, "oncemill.dead_letters", "reason")
+	deadLetters := teltest.Sums(t, ms, "oncemill.dead_letters", "reason")
 	if got, want := map[string]int64{
 		"mismatch": deadLetters["mismatch"], "cached_failure": deadLetters["cached_failure"], "rejected": deadLetters["rejected"],
-	}, map[string]int64{"mismatch": 1, "cached_failure": 1, "rejected": 1}; !telEqualMaps(got, want) {
+	}, map[string]int64{"mismatch": 1, "cached_failure": 1, "rejected": 1}; !maps.Equal(got, want) {
 		t.Errorf("dead_letters %v, want %v", deadLetters, want)
 	}
 	if deadLetters["invalid"] != 1 {
@@ -1028,14 +922,14 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 	}
 	// The invalid message never reached the store: no decision for it, and
 	// the outcome "invalid".
-	if got, want := telSums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
+	if got, want := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
 		"executed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "invalid": 1,
-	}; !telEqualMaps(got, want) {
+	}; !maps.Equal(got, want) {
 		t.Errorf("outcomes %v, want %v", got, want)
 	}
-	if got, want := telSums(t, ms, "oncemill.decisions", "decision"), map[string]int64{
+	if got, want := teltest.Sums(t, ms, "oncemill.decisions", "decision"), map[string]int64{
 		"execute": 2, "mismatch": 1, "cached_failure": 1,
-	}; !telEqualMaps(got, want) {
+	}; !maps.Equal(got, want) {
 		t.Errorf("decisions %v, want %v", got, want)
 	}
 }
@@ -1159,7 +1053,7 @@ func TestTelemetryAttemptsExhausted(t *testing.T) {
 	}
 	// Kept twice; dropped and dead-lettered once each (the second delivery
 	// replays the cached failure).
-	if got := telSums(t, k.collect(t), "oncemill.attempts.exhausted", "action"); !telEqualMaps(got, map[string]int64{"kept": 2, "dropped": 1, "dead_lettered": 1}) {
+	if got := teltest.Sums(t, k.collect(t), "oncemill.attempts.exhausted", "action"); !maps.Equal(got, map[string]int64{"kept": 2, "dropped": 1, "dead_lettered": 1}) {
 		t.Errorf("attempts.exhausted %v", got)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/oncemill/oncemill/internal/testenv"
 )
 
 // The run ends only once every publication is acked and no handler still
@@ -25,7 +27,7 @@ func TestTrackerIgnoresBrokerRedeliveriesAndWaitsForRunningHandlers(t *testing.T
 	})
 	stalled := make(chan struct{})
 	go func() { _, _ = h(message.NewMessage("a", nil)); close(stalled) }()
-	waitFor(t, func() bool { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.running == 1 })
+	testenv.WaitFor(t, 30*time.Second, "one running delivery", func() bool { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.running == 1 })
 	if _, err := h(message.NewMessage("a", nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -45,16 +47,5 @@ func TestTrackerIgnoresBrokerRedeliveriesAndWaitsForRunningHandlers(t *testing.T
 	defer tr.mu.Unlock()
 	if !tr.done(1) {
 		t.Fatal("the run does not end once every publication is acked and nothing runs")
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30 s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

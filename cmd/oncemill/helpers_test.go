@@ -8,40 +8,23 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 	oredis "github.com/oncemill/oncemill/store/redis"
 	"github.com/oncemill/oncemill/store/tiered"
 )
 
-// The services the tests use: the development and CI PostgreSQL and
-// Redis, or the ONCEMILL_* variables. An unreachable service fails the
-// test: these tests never skip.
-const (
-	defaultDSN       = "postgres://postgres@127.0.0.1:5432/test"
-	defaultRedisAddr = "127.0.0.1:6379"
-	startPostgres    = "pg_ctlcluster --skip-systemctl-redirect 15 main start (or set ONCEMILL_POSTGRES_DSN)"
-	startRedis       = `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no (or set ONCEMILL_REDIS_ADDR)`
-)
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func dsn() string       { return envOr("ONCEMILL_POSTGRES_DSN", defaultDSN) }
-func redisAddr() string { return envOr("ONCEMILL_REDIS_ADDR", defaultRedisAddr) }
+// The services the tests use are internal/testenv's: the development and
+// CI PostgreSQL and Redis, or the ONCEMILL_* variables. An unreachable
+// service fails the test: these tests never skip.
 
 // adminStore is what the tests drive: the delivery path to create records
 // in every state, and the operator's view to check what the CLI did.
@@ -90,45 +73,14 @@ func forEachStore(t *testing.T, f func(t *testing.T, fx *fixture)) {
 	}
 }
 
-// newPool connects to the test PostgreSQL, failing the test if it cannot.
-func newPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, dsn())
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		t.Fatalf("PostgreSQL at %s is unreachable: %v; start it with: %s", redactURL(dsn()), err, startPostgres)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-// newSchema names a schema for this test alone and drops it when the test
-// ends. Nothing creates it until Migrate.
-func newSchema(t *testing.T, pool *pgxpool.Pool) string {
-	t.Helper()
-	name := "oncemill_clitest_" + strings.ToLower(rand.Text()[:12])
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("dropping test schema %s: %v", name, err)
-		}
-	})
-	return name
-}
-
 func postgresFlags(schema string) []string {
-	return []string{"--store=postgres", "--postgres-dsn=" + dsn(), "--postgres-schema=" + schema, "--postgres-table=" + postgres.DefaultTable}
+	return []string{"--store=postgres", "--postgres-dsn=" + testenv.PostgresDSN(), "--postgres-schema=" + schema, "--postgres-table=" + postgres.DefaultTable}
 }
 
 func newPostgresFixture(t *testing.T) *fixture {
 	t.Helper()
-	pool := newPool(t)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 	if err != nil {
 		t.Fatalf("postgres.New: %v", err)
@@ -155,12 +107,12 @@ func newPostgresFixture(t *testing.T) *fixture {
 
 func newRedisClient(t *testing.T) *goredis.Client {
 	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: redisAddr()})
+	c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr()})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		_ = c.Close()
-		t.Fatalf("Redis at %s is unreachable: %v; start it with: %s", redisAddr(), err, startRedis)
+		t.Fatalf("Redis at %s is unreachable: %v; start it with: %s", testenv.RedisAddr(), err, testenv.StartRedis)
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
@@ -187,7 +139,7 @@ func newRedisPrefix(t *testing.T, c *goredis.Client) string {
 }
 
 func redisFlags(prefix string) []string {
-	return []string{"--store=redis", "--redis-addr=" + redisAddr(), "--redis-prefix=" + prefix}
+	return []string{"--store=redis", "--redis-addr=" + testenv.RedisAddr(), "--redis-prefix=" + prefix}
 }
 
 func newRedisFixture(t *testing.T) *fixture {
@@ -209,10 +161,10 @@ func newRedisFixture(t *testing.T) *fixture {
 func newTieredFixture(t *testing.T) *fixture {
 	t.Helper()
 	pg := newPostgresFixture(t)
-	c := goredis.NewClient(&goredis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(t.Context()).Err(); err != nil {
-		t.Fatalf("Redis at %s is unreachable: %v; start it with: %s", redisAddr(), err, startRedis)
+		t.Fatalf("Redis at %s is unreachable: %v; start it with: %s", testenv.RedisAddr(), err, testenv.StartRedis)
 	}
 	prefix := newRedisPrefix(t, c)
 	st, err := tiered.New(pg.st.(*postgres.Store), c, tiered.Options{Prefix: prefix, LocalCapacity: -1})
@@ -221,7 +173,7 @@ func newTieredFixture(t *testing.T) *fixture {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	flags := append([]string{"--store=tiered"}, pg.flags[1:]...)
-	flags = append(flags, "--redis-addr="+redisAddr(), "--tiered-prefix="+prefix)
+	flags = append(flags, "--redis-addr="+testenv.RedisAddr(), "--tiered-prefix="+prefix)
 	return &fixture{name: "tiered", st: st, flags: flags, age: pg.age}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	oredis "github.com/oncemill/oncemill/store/redis"
@@ -442,8 +443,8 @@ func TestMigrate(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		pool := newPool(t)
-		flags := postgresFlags(newSchema(t, pool))
+		pool := testenv.Pool(t)
+		flags := postgresFlags(testenv.Schema(t, pool))
 		r := runCLI(t, nil, append(flags, "list")...).mustCode(t, exitError)
 		if !strings.Contains(r.stderr, "Migrate") {
 			t.Errorf("list before migrate: %q", r.stderr)
@@ -513,7 +514,7 @@ func TestEnvironment(t *testing.T) {
 	begin(t, fx.st, scope, "from-flags", long)
 
 	t.Setenv("ONCEMILL_STORE", "redis")
-	t.Setenv("ONCEMILL_REDIS_ADDR", redisAddr())
+	t.Setenv("ONCEMILL_REDIS_ADDR", testenv.RedisAddr())
 	t.Setenv("ONCEMILL_REDIS_PREFIX", prefix)
 	r := runCLI(t, nil, "--json", "list").mustCode(t, exitOK)
 	if r.stdout != "" {

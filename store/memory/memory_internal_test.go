@@ -7,6 +7,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/storetest"
 )
@@ -59,7 +60,7 @@ func TestSweeperRemovesExpired(t *testing.T) {
 	}
 
 	clock.Advance(2 * time.Minute)
-	waitFor(t, "the sweeper to leave one record", func() bool { return s.len() == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the sweeper to leave one record", func() bool { return s.len() == 1 })
 	if _, err := s.Get(ctx, "", "live"); err != nil {
 		t.Fatalf("the sweeper removed a live record: %v", err)
 	}
@@ -116,19 +117,6 @@ func TestShardPadding(t *testing.T) {
 	t.Parallel()
 	if size := unsafe.Sizeof(shard{}); size < 64 {
 		t.Fatalf("shard is %d bytes; neighbouring shards would share a cache line", size)
-	}
-}
-
-// waitFor polls cond for up to ten seconds. It never judges speed: a slow
-// machine only waits longer.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

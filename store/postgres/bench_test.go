@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -32,7 +33,7 @@ func BenchmarkBeginComplete(b *testing.B) {
 	} {
 		for _, handlers := range []int{1, 4, 16, 64} {
 			b.Run(fmt.Sprintf("%s/handlers=%d", mode.name, handlers), func(b *testing.B) {
-				pool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = 16 })
+				pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 })
 				s := newStore(b, pool, mode.opts)
 				runHandlers(b, handlers, func(ctx context.Context, key string) error {
 					res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute})
@@ -108,8 +109,8 @@ func BenchmarkCleanup1M(b *testing.B) {
 
 func benchCleanup(b *testing.B, duty float64, expiry string) {
 	const rows = 1_000_000
-	pool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = 16 })
-	schema := newSchema(b, pool)
+	pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 })
+	schema := testenv.Schema(b, pool)
 	s := newStore(b, pool, postgres.Options{Schema: schema, CleanupDuty: duty})
 	ctx := b.Context()
 	for range b.N {

@@ -9,6 +9,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -29,8 +30,8 @@ func fill(t *testing.T, s *postgres.Store, scope string, n int, ttl time.Duratio
 
 func TestBackgroundCleaner(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	seed := newStore(t, pool, postgres.Options{Schema: schema})
 	fill(t, seed, "short", 25, time.Minute)
 	fill(t, seed, "long", 5, 24*time.Hour)
@@ -44,7 +45,7 @@ func TestBackgroundCleaner(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the background cleaner to remove the expired rows", func() bool { return rows() == 5 })
+	testenv.WaitFor(t, 30*time.Second, "the background cleaner to remove the expired rows", func() bool { return rows() == 5 })
 	if _, err := s.Get(t.Context(), "long", "0"); err != nil {
 		t.Fatalf("a live record was removed: %v", err)
 	}
@@ -57,8 +58,8 @@ func TestBackgroundCleaner(t *testing.T) {
 // cleaner's advisory lock, a pass does nothing.
 func TestOneCleanerAtATime(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema, CleanupBatch: 7})
 	fill(t, s, "x", 20, time.Minute)
 	advance(t, pool, table(schema, ""), 2*time.Minute)
@@ -94,8 +95,8 @@ func TestOneCleanerAtATime(t *testing.T) {
 // it never queues behind a Begin.
 func TestDeleteExpiredSkipsLockedRows(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	fill(t, s, "x", 10, time.Minute)
 	advance(t, pool, table(schema, ""), 2*time.Minute)
@@ -111,8 +112,8 @@ func TestDeleteExpiredSkipsLockedRows(t *testing.T) {
 
 func TestCleanupLagMetric(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	reader := sdkmetric.NewManualReader()
 	s := newStore(t, pool, postgres.Options{Schema: schema, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	ctx := t.Context()

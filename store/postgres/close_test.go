@@ -6,13 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
 func TestClose(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{CleanupInterval: time.Millisecond})
 	ctx := t.Context()
 	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
@@ -56,8 +57,8 @@ func TestClose(t *testing.T) {
 // a Begin blocked on a row lock gives up after Options.StatementTimeout,
 // and Close returns then.
 func TestCloseWaitsForOperationsWithinTheirBound(t *testing.T) {
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	const timeout = 300 * time.Millisecond
 	s := newStore(t, pool, postgres.Options{Schema: schema, StatementTimeout: timeout})
 	ctx := t.Context()
@@ -102,8 +103,8 @@ func TestCloseWaitsForOperationsWithinTheirBound(t *testing.T) {
 // AppliedVersion is 0 before the first Migrate and SchemaVersion after it.
 func TestAppliedVersion(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)

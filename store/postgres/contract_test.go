@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/storetest"
 )
@@ -13,8 +14,8 @@ import (
 // every stored deadline earlier; the background cleaner is off.
 func TestContract(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	newStore(t, pool, postgres.Options{Schema: schema}) // migrates
 	qualified := table(schema, "")
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
@@ -36,8 +37,8 @@ func TestContract(t *testing.T) {
 // not depend on it.
 func TestContractAsyncBegin(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	newStore(t, pool, postgres.Options{Schema: schema})
 	qualified := table(schema, "")
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
@@ -57,8 +58,8 @@ func TestContractAsyncBegin(t *testing.T) {
 // against the real database.
 func TestTransactionalContract(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	qualified := table(schema, "")
 	storetest.RunTransactional(t, func(t *testing.T) storetest.TxHarness {

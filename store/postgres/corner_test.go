@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -21,8 +22,8 @@ type beginOutcome struct {
 // and answers from the committed state.
 func TestBeginReadCommittedCorner(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	qualified := table(schema, "")
 	seq := schema + "." + postgres.DefaultTable + "_token_seq"

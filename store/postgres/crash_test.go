@@ -17,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -51,8 +52,8 @@ func TestCrashRecovery(t *testing.T) {
 	if os.Getenv(crashChildEnv) != "" {
 		return // a child runs TestCrashChild only
 	}
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	newStore(t, pool, postgres.Options{Schema: schema})
 	ctx := t.Context()
 	messages := pgx.Identifier{schema, "messages"}.Sanitize()
@@ -170,7 +171,7 @@ func crashChild(schema string, seed int, kill bool) *exec.Cmd {
 		crashSchema+"="+schema,
 		crashSeed+"="+strconv.Itoa(seed),
 		crashKill+"="+k,
-		"ONCEMILL_POSTGRES_DSN="+dsn(),
+		"ONCEMILL_POSTGRES_DSN="+testenv.PostgresDSN(),
 	)
 	return cmd
 }
@@ -211,7 +212,7 @@ func TestCrashChild(t *testing.T) {
 		}
 	}
 
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)

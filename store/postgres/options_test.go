@@ -12,13 +12,14 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
 func TestOptionsValidation(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	tests := []struct {
 		name string
 		opts postgres.Options
@@ -100,8 +101,8 @@ func TestOptionsValidation(t *testing.T) {
 // database: the canary table survives, and no table of that name appears.
 func TestHostileTableNameRefused(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	ctx := t.Context()
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		t.Fatal(err)
@@ -134,7 +135,7 @@ func TestHostileTableNameRefused(t *testing.T) {
 // Identifiers are quoted, so a reserved word works as the table name.
 func TestReservedWordTable(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{Table: "select"})
 	ctx := t.Context()
 	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
@@ -148,8 +149,8 @@ func TestReservedWordTable(t *testing.T) {
 
 func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool) // does not exist yet: Migrate creates it
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool) // does not exist yet: Migrate creates it
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -218,8 +219,8 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 
 func TestMigrateRefusesNewerSchema(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	ctx := t.Context()
 	if _, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, postgres.DefaultTable + "_migrations"}.Sanitize()+" (version, name) VALUES (999, 'future')"); err != nil {
@@ -233,8 +234,8 @@ func TestMigrateRefusesNewerSchema(t *testing.T) {
 
 func TestBeforeMigrateSaysSo(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -250,8 +251,8 @@ func TestBeforeMigrateSaysSo(t *testing.T) {
 // its records keep their outcome and stay readable, and a claim works on it.
 func TestMigrateUpgradesTheFirstLayout(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
@@ -35,8 +36,8 @@ var planArgs = map[string]string{
 // invite a sequential scan) and at 100k rows.
 func TestPlansUseIndexes(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	ctx := t.Context()
 	qualified := table(schema, "")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
@@ -20,8 +21,8 @@ import (
 // as parameters and come back unchanged.
 func TestHostileValuesRoundTrip(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	ctx := t.Context()
 
@@ -78,7 +79,7 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 // fail a statement shared with other requests.
 func TestUnstorableTextRefused(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{})
 	ctx := t.Context()
 
@@ -134,7 +135,7 @@ func TestUnstorableTextRefused(t *testing.T) {
 // overlong message is cut at a character boundary.
 func TestErrorTextMadeStorable(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{})
 	ctx := t.Context()
 	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
@@ -164,7 +165,7 @@ func TestErrorTextMadeStorable(t *testing.T) {
 
 func TestResultSizeBounded(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{MaxResultBytes: 1000})
 	ctx := t.Context()
 	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
@@ -186,8 +187,8 @@ func TestResultSizeBounded(t *testing.T) {
 // one.
 func TestLimitsApplyToNewRecords(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
 	wide := newStore(t, pool, postgres.Options{Schema: schema, MaxKeyLen: 1024})
 	narrow := newStore(t, pool, postgres.Options{Schema: schema, MaxKeyLen: 16})
 	ctx := t.Context()
@@ -218,7 +219,7 @@ func TestLimitsApplyToNewRecords(t *testing.T) {
 // duplicate replays, as on every other store; nothing is nacked forever.
 func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{})
 	for _, mode := range []struct {
 		name  string
@@ -255,7 +256,7 @@ func TestUnstorableKeysAreHashedNotRefused(t *testing.T) {
 // in both modes: the handler runs once and its duplicate is acked.
 func TestResultLimitsAgreeWithTheStore(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{})
 	for _, b := range []*receiver.Builder{receiver.New(s), receiver.NewTransactional(s)} {
 		if _, err := b.WithPolicy(receiver.Policy{MaxResultBytes: 8 << 20}).Build(); !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "above the store's limit") {

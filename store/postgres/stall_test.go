@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -22,7 +23,7 @@ import (
 // database and returns it with a DSN that goes through it.
 func proxied(t *testing.T) (*toxiproxy.Proxy, string) {
 	t.Helper()
-	u, err := url.Parse(dsn())
+	u, err := url.Parse(testenv.PostgresDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,8 +55,8 @@ func stall(t *testing.T, p *toxiproxy.Proxy) {
 // to end.
 func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 	t.Parallel()
-	direct := newPool(t, nil)
-	schema := newSchema(t, direct)
+	direct := testenv.Pool(t)
+	schema := testenv.Schema(t, direct)
 	newStore(t, direct, postgres.Options{Schema: schema}) // migrated
 
 	p, through := proxied(t)

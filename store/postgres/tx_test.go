@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
@@ -46,8 +47,8 @@ type ledgerFixture struct {
 
 func newLedgerFixture(t *testing.T, p policy.Policy, configure ...func(*receiver.Builder)) *ledgerFixture {
 	t.Helper()
-	f := &ledgerFixture{pool: newPool(t, func(c *pgxpool.Config) { c.MaxConns = 16 }), events: make(chan pipeline.Event, 1024)}
-	f.schema = newSchema(t, f.pool)
+	f := &ledgerFixture{pool: testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 16 }), events: make(chan pipeline.Event, 1024)}
+	f.schema = testenv.Schema(t, f.pool)
 	f.s = newStore(t, f.pool, postgres.Options{Schema: f.schema})
 	f.ledger = pgx.Identifier{f.schema, "ledger"}.Sanitize()
 	if _, err := f.pool.Exec(t.Context(), "CREATE TABLE "+f.ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL, amount int NOT NULL)"); err != nil {
@@ -391,7 +392,7 @@ func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
 	t.Parallel()
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
-	small := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
+	small := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	s, err := postgres.New(small, postgres.Options{Schema: f.schema, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -547,7 +548,7 @@ func TestTransactionalAbortedTransactionIsNotASuccess(t *testing.T) {
 
 func TestTxManager(t *testing.T) {
 	t.Parallel()
-	pool := newPool(t, nil)
+	pool := testenv.Pool(t)
 	ctx := t.Context()
 	if _, err := postgres.NewTxManager(nil, pgx.TxOptions{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Fatalf("NewTxManager(nil) = %v", err)
@@ -570,7 +571,7 @@ func TestTxManager(t *testing.T) {
 	if !ok {
 		t.Fatal("TxFromContext found no transaction")
 	}
-	schema := newSchema(t, pool)
+	schema := testenv.Schema(t, pool)
 	tbl := pgx.Identifier{schema, "t"}.Sanitize()
 	for _, q := range []string{"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(), "CREATE TABLE " + tbl + " (v int)"} {
 		if _, err := pool.Exec(ctx, q); err != nil {
@@ -635,8 +636,8 @@ func hotUpdates(t *testing.T, conn *pgxpool.Conn, schema string) (updates, hot i
 // updates: the lease mode's Complete, and the one-transaction commit that
 // stores produced messages.
 func TestCompletionsAreHOTUpdates(t *testing.T) {
-	pool := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 1 }) // one backend: its own counts
-	schema := newSchema(t, pool)
+	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 1 }) // one backend: its own counts
+	schema := testenv.Schema(t, pool)
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	ctx := t.Context()
 	const n = 200

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -60,10 +61,10 @@ const (
 
 func versusPlain(b *testing.B, handlers int) {
 	ctx := b.Context()
-	pool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
-	plainPool := newPool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
-	stats := newPool(b, func(c *pgxpool.Config) { c.MaxConns = 1 })
-	schema := newSchema(b, pool)
+	pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
+	plainPool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
+	stats := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 1 })
+	schema := testenv.Schema(b, pool)
 	st := newStore(b, pool, postgres.Options{Schema: schema})
 	plainTable := pgx.Identifier{schema, "plain_ledger"}.Sanitize()
 	onceTable := pgx.Identifier{schema, "oncemill_ledger"}.Sanitize()

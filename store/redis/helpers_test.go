@@ -1,6 +1,7 @@
 package redis_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"os"
@@ -11,20 +12,16 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	oredis "github.com/oncemill/oncemill/store/redis"
 	"github.com/oncemill/oncemill/store/storetest"
 )
-
-const startRedis = `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no`
-
-// redisAddr is the Redis the tests use: ONCEMILL_REDIS_ADDR, or 127.0.0.1:6379.
-func redisAddr() string { return envOr("ONCEMILL_REDIS_ADDR", "127.0.0.1:6379") }
 
 // newClient connects to the test Redis. An unreachable Redis fails the test:
 // it is never skipped.
 func newClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
 	tb.Helper()
-	return connect(tb, redisAddr(), opts, "Start it with:\n  "+startRedis+"\nor point ONCEMILL_REDIS_ADDR at a running Redis 7.")
+	return connect(tb, testenv.RedisAddr(), opts, "Start Redis 7 or later with:\n  "+testenv.StartRedis)
 }
 
 // newValkeyClient connects to the test Valkey, a server with SET IFEQ:
@@ -32,15 +29,8 @@ func newClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
 // one fails the test: it is never skipped.
 func newValkeyClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
 	tb.Helper()
-	return connect(tb, envOr("ONCEMILL_VALKEY_ADDR", "127.0.0.1:6391"), opts,
+	return connect(tb, cmp.Or(os.Getenv("ONCEMILL_VALKEY_ADDR"), "127.0.0.1:6391"), opts,
 		"Start it with:\n  scripts/valkey start\nor point ONCEMILL_VALKEY_ADDR at a running Valkey 8.1 or Redis 8.4.")
-}
-
-func envOr(name, otherwise string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return otherwise
 }
 
 func connect(tb testing.TB, addr string, opts *goredis.Options, howToStart string) *goredis.Client {

@@ -12,6 +12,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	oredis "github.com/oncemill/oncemill/store/redis"
 	"github.com/oncemill/oncemill/store/storetest"
@@ -75,7 +76,7 @@ func TestOptionsValidation(t *testing.T) {
 		})
 	}
 
-	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": redisAddr()}})
+	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": testenv.RedisAddr()}})
 	defer ring.Close()
 	if _, err := oredis.New(ring, oredis.Options{AutoPipeline: true}); err == nil || !strings.Contains(err.Error(), "redis.Options.AutoPipeline") {
 		t.Errorf("New(ring, AutoPipeline) = %v, want an error about AutoPipeline", err)
@@ -397,7 +398,7 @@ func TestMigratesLayoutZero(t *testing.T) {
 
 func TestClosedClient(t *testing.T) {
 	t.Parallel()
-	c := goredis.NewClient(&goredis.Options{Addr: redisAddr()})
+	c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr()})
 	s := newStore(t, c, oredis.Options{})
 	c.Close()
 	_, err := s.Begin(t.Context(), store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})

@@ -5,10 +5,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,47 +19,14 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/tiered"
 )
 
-// These tests run against the real PostgreSQL and Redis, and never skip:
-// an unreachable server fails the run.
-
-const (
-	pgStartHint    = "start it with: pg_ctlcluster --skip-systemctl-redirect 15 main start (or set ONCEMILL_POSTGRES_DSN)"
-	redisStartHint = `redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no (or set ONCEMILL_REDIS_ADDR)`
-)
-
-func dsn() string {
-	if v := os.Getenv("ONCEMILL_POSTGRES_DSN"); v != "" {
-		return v
-	}
-	return "postgres://postgres@127.0.0.1:5432/test"
-}
-
-func redisAddr() string {
-	if a := os.Getenv("ONCEMILL_REDIS_ADDR"); a != "" {
-		return a
-	}
-	return "127.0.0.1:6379"
-}
-
-func newPool(tb testing.TB) *pgxpool.Pool {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, dsn())
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		tb.Fatalf("PostgreSQL at %q is unreachable: %v; %s", dsn(), err, pgStartHint)
-	}
-	tb.Cleanup(pool.Close)
-	return pool
-}
+// These tests run against the real PostgreSQL and Redis (internal/testenv),
+// and never skip: an unreachable server fails the run.
 
 // truthDB is a migrated records table in a schema of the test's own,
 // dropped when the test ends.
@@ -73,15 +38,8 @@ type truthDB struct {
 
 func newTruth(tb testing.TB) *truthDB {
 	tb.Helper()
-	pool := newPool(tb)
-	schema := "oncemill_test_" + strings.ToLower(rand.Text()[:12])
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			tb.Errorf("dropping test schema %s: %v", schema, err)
-		}
-	})
+	pool := testenv.Pool(tb)
+	schema := testenv.Schema(tb, pool)
 	st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 	if err != nil {
 		tb.Fatal(err)
@@ -133,7 +91,7 @@ func newClient(tb testing.TB, addr string) *goredis.Client {
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
-		tb.Fatalf("Redis at %s is unreachable (%v); start it with: %s", addr, err, redisStartHint)
+		tb.Fatalf("Redis at %s is unreachable (%v); start it with: %s", addr, err, testenv.StartRedis)
 	}
 	tb.Cleanup(func() { c.Close() })
 	return c
@@ -197,7 +155,7 @@ type world struct {
 
 func newWorld(tb testing.TB) *world {
 	tb.Helper()
-	c := newClient(tb, redisAddr())
+	c := newClient(tb, testenv.RedisAddr())
 	return &world{db: newTruth(tb), client: c, prefix: testPrefix(tb, c)}
 }
 
@@ -240,22 +198,10 @@ func (w *world) advance(tb testing.TB, d time.Duration) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after 10 s.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func waitSubscribed(tb testing.TB, stores ...*tiered.Store) {
 	tb.Helper()
 	for _, s := range stores {
-		waitFor(tb, "the subscription to invalidations", s.Subscribed)
+		testenv.WaitFor(tb, 10*time.Second, "the subscription to invalidations", s.Subscribed)
 	}
 }
 
@@ -282,7 +228,7 @@ func startRedis(tb testing.TB) *redisServer {
 	tb.Cleanup(func() { srv.kill() })
 	c := goredis.NewClient(&goredis.Options{Addr: srv.addr})
 	defer c.Close()
-	waitFor(tb, "redis-server on port "+port, func() bool {
+	testenv.WaitFor(tb, 10*time.Second, "redis-server on port "+port, func() bool {
 		return c.Ping(context.Background()).Err() == nil
 	})
 	return srv

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/tiered"
 )
@@ -191,7 +192,7 @@ func TestDeleteReachesEveryTier(t *testing.T) {
 	if v := redisValue(t, w, a, "k"); v != "T" {
 		t.Errorf("Redis holds %q after the Delete, want the tombstone", v)
 	}
-	waitFor(t, "b's local tier to drop the record", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "b's local tier to drop the record", func() bool {
 		_, ok := b.LocalRemaining(scope, "k")
 		return !ok
 	})
@@ -222,7 +223,7 @@ func TestDeleteReachesEveryTier(t *testing.T) {
 	if err := a.CompareAndDelete(context.Background(), scope, "k", rec.Token); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b's local tier to drop the record", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "b's local tier to drop the record", func() bool {
 		_, ok := b.LocalRemaining(scope, "k")
 		return !ok
 	})
@@ -395,7 +396,7 @@ func TestRedisDownAndStalled(t *testing.T) {
 
 func TestOptions(t *testing.T) {
 	db := newTruth(t)
-	client := newClient(t, redisAddr())
+	client := newClient(t, testenv.RedisAddr())
 	for name, opts := range map[string]tiered.Options{
 		"prefix with a space":   {Prefix: "a b"},
 		"prefix with a brace":   {Prefix: "a{b}"},
@@ -414,7 +415,7 @@ func TestOptions(t *testing.T) {
 	if _, err := tiered.New(db.truth, nil, tiered.Options{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Errorf("New without a cache = %v, want ErrInvalidConfig", err)
 	}
-	unbounded := goredis.NewClient(&goredis.Options{Addr: redisAddr()})
+	unbounded := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr()})
 	defer unbounded.Close()
 	if _, err := tiered.New(db.truth, unbounded, tiered.Options{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Errorf("New with a client that ignores context deadlines = %v, want ErrInvalidConfig", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
 )
@@ -63,7 +64,7 @@ func startServe(t *testing.T, cfg Config, hooks Hooks) *consumeTest {
 	c.stop = stop
 	t.Cleanup(stop)
 	go func() { c.done <- serve(ctx, cfg, hooks, log, c.b, ss, tel, &c.stdout) }()
-	waitFor(t, func() bool { return strings.Contains(c.stdout.String(), "consuming:") })
+	testenv.WaitFor(t, 30*time.Second, `the worker to print "consuming:"`, func() bool { return strings.Contains(c.stdout.String(), "consuming:") })
 	return c
 }
 
@@ -130,7 +131,7 @@ func TestServeLogsProgress(t *testing.T) {
 	c := startServe(t, cfg, Hooks{})
 	c.publish("p-1")
 	c.publish("p-2")
-	waitFor(t, func() bool { return strings.Contains(c.logs.String(), `"executed":2`) })
+	testenv.WaitFor(t, 30*time.Second, "a log line with \"executed\":2", func() bool { return strings.Contains(c.logs.String(), `"executed":2`) })
 	c.shutdown()
 
 	var progress, draining map[string]any
@@ -172,17 +173,6 @@ func TestConsumeModeDefaults(t *testing.T) {
 	cfg.ApplyModeDefaults(map[string]bool{})
 	if cfg.InFlight != 32 {
 		t.Errorf("run mode on a shared store: inflight %d, want 32", cfg.InFlight)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30 s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
