@@ -162,6 +162,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		_, err = direct.Exec(context.Background(), "CREATE TABLE "+ledger+" (id bigserial PRIMARY KEY, uuid text NOT NULL)")
 		must(t, err)
 		b = receiver.NewTransactional(st)
+		p.Lease, p.Heartbeat = 0, 0 // the claim is held by the handler's transaction
 		handler = func(m *message.Message) ([]*message.Message, error) {
 			tx, _ := postgres.TxFromContext(m.Context())
 			_, err := tx.Exec(m.Context(), "INSERT INTO "+ledger+" (uuid) VALUES ($1)", m.UUID)

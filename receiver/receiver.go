@@ -233,8 +233,17 @@ func (b *Builder) Build() (*Receiver, error) {
 // chain builds every configured stage; pipeline.Chain fixes their order.
 func (b *Builder) chain() (pipeline.Chain, error) {
 	var c pipeline.Chain
-	if b.tx != nil && b.cfg.TxStore != nil {
-		return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
+	if b.cfg.TxStore != nil {
+		// Settings the one-transaction mode has no use for: refused, not
+		// ignored, so that nobody tunes what does nothing.
+		switch {
+		case b.tx != nil:
+			return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
+		case b.cfg.Policy.Lease != 0:
+			return c, oncemill.InvalidConfig("policy.Lease", "has no effect in the one-transaction mode (NewTransactional): the claim is held by the handler's open transaction; leave it 0")
+		case b.cfg.Policy.Heartbeat != 0:
+			return c, oncemill.InvalidConfig("policy.Heartbeat", "has no effect in the one-transaction mode (NewTransactional): there is no lease to extend; leave it 0")
+		}
 	}
 	if inOrder(b.telemetry.MessagingSystem) && !b.deadLetter && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
 		return c, oncemill.InvalidConfig("policy.Exhausted", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; set WithDeadLetter(pub, topic), or policy.ExhaustedDrop to ack such messages with an error log", b.telemetry.MessagingSystem)

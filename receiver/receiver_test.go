@@ -48,6 +48,12 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		{"kafka keeping exhausted messages without a dead letter", func() *receiver.Builder {
 			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
 		}, "hold up the messages behind it"},
+		{"a lease in the one-transaction mode", func() *receiver.Builder {
+			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(receiver.Policy{Lease: time.Minute})
+		}, "policy.Lease: has no effect in the one-transaction mode"},
+		{"a heartbeat in the one-transaction mode", func() *receiver.Builder {
+			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(receiver.Policy{Heartbeat: time.Second})
+		}, "policy.Heartbeat: has no effect"},
 		{"rabbitmq keeping exhausted messages without a dead letter", func() *receiver.Builder {
 			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ)
 		}, "ExhaustedKeep on rabbitmq"},

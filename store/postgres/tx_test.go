@@ -54,6 +54,7 @@ func newLedgerFixture(t *testing.T, p policy.Policy, configure ...func(*receiver
 	if _, err := f.pool.Exec(t.Context(), "CREATE TABLE "+f.ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL, amount int NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
+	p.Lease, p.Heartbeat = 0, 0 // the one-transaction mode has no lease
 	b := receiver.NewTransactional(f.s).
 		WithScope("ledger").
 		WithPolicy(p).

@@ -52,25 +52,27 @@ type GuardDeps struct {
 func NewReceiver(cfg Config, d GuardDeps) (message.HandlerMiddleware, error) {
 	// With PostgreSQL, the one-transaction mode: the ledger row and the
 	// "processed" record commit in one transaction. Otherwise the lease mode.
+	p := receiver.Policy{
+		Lease: cfg.Lease, // the heartbeat renews it every Lease/3
+		// A duplicate of a running command waits for it (HeldKeyWait,
+		// the default) and then replays; the wait outlasts a handler
+		// that takes longer than the lease.
+		HeldKeyTimeout: 3 * cfg.Lease,
+		// gochannel and AMQP redeliver a nack at once; pause so a waiter
+		// does not spin.
+		NackDelay: cfg.Lease / 10,
+		// An invalid amount never becomes valid: cache the failure. (The
+		// handler also marks it receiver.Permanent; either alone would do.)
+		CachedErrors: []error{ErrInvalidAmount},
+	}
 	b := receiver.New(d.Store)
 	if d.Tx != nil {
 		b = receiver.NewTransactional(d.Tx)
+		p.Lease = 0 // the claim is held by the handler's transaction
 	}
 	b = b.WithKeyGenerator(d.Keys).
 		WithScope(cfg.Scope).
-		WithPolicy(receiver.Policy{
-			Lease: cfg.Lease, // the heartbeat renews it every Lease/3
-			// A duplicate of a running command waits for it (HeldKeyWait,
-			// the default) and then replays; the wait outlasts a handler
-			// that takes longer than the lease.
-			HeldKeyTimeout: 3 * cfg.Lease,
-			// gochannel and AMQP redeliver a nack at once; pause so a waiter
-			// does not spin.
-			NackDelay: cfg.Lease / 10,
-			// An invalid amount never becomes valid: cache the failure. (The
-			// handler also marks it receiver.Permanent; either alone would do.)
-			CachedErrors: []error{ErrInvalidAmount},
-		}).
+		WithPolicy(p).
 		WithLogger(d.Log).
 		WithEventHandler(d.OnEvent)
 	if d.DeadPub != nil {
