@@ -1,15 +1,13 @@
 package receiver_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
@@ -24,7 +22,7 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	sdk := newTelSDK(t)
+	sdk := teltest.New(t)
 	logs := &logCapture{}
 	declined := errors.New("card declined")
 	r, err := receiver.New(st).
@@ -32,7 +30,7 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 		WithPolicy(receiver.Policy{CachedErrors: []error{declined}}).
 		WithLogger(slog.New(logs)).
 		WithReplayLogLevel(slog.LevelInfo).
-		WithMeterProvider(sdk.mp).
+		WithMeterProvider(sdk.MeterProvider).
 		Build()
 	if err != nil {
 		t.Fatal(err)
@@ -62,22 +60,7 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 		t.Fatalf("replays logged by original outcome and key: %v, want 1 succeeded/pay-ok and 2 failed/pay-declined", byOriginal)
 	}
 
-	var rm metricdata.ResourceMetrics
-	if err := sdk.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	counts := map[string]uint64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "oncemill.replay.age" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
-				v, _ := dp.Attributes.Value(attribute.Key("original"))
-				counts[v.Emit()] += dp.Count
-			}
-		}
-	}
+	counts := teltest.HistCounts(t, sdk.Metrics(t), "oncemill.replay.age", "original")
 	if counts["succeeded"] != 1 || counts["failed"] != 2 {
 		t.Fatalf("oncemill.replay.age counts by original: %v, want succeeded 1 and failed 2", counts)
 	}

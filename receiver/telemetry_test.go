@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -20,111 +21,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
-
-// telSDK is an OpenTelemetry SDK reduced to what a test reads.
-type telSDK struct {
-	spans  *tracetest.SpanRecorder
-	reader *sdkmetric.ManualReader
-	tp     *sdktrace.TracerProvider
-	mp     *sdkmetric.MeterProvider
-}
-
-func newTelSDK(t *testing.T) *telSDK {
-	t.Helper()
-	s := &telSDK{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
-	s.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(s.spans))
-	s.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.reader))
-	t.Cleanup(func() {
-		_ = s.tp.Shutdown(context.Background())
-		_ = s.mp.Shutdown(context.Background())
-	})
-	return s
-}
-
-func (s *telSDK) named(name string) []sdktrace.ReadOnlySpan {
-	var out []sdktrace.ReadOnlySpan
-	for _, sp := range s.spans.Ended() {
-		if sp.Name() == name {
-			out = append(out, sp)
-		}
-	}
-	return out
-}
-
-// sums returns an int64 sum's (or gauge's) values by the value of key;
-// absent metrics give an empty map.
-func (s *telSDK) sums(t *testing.T, name, key string) map[string]int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := s.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			var dps []metricdata.DataPoint[int64]
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				dps = d.DataPoints
-			case metricdata.Gauge[int64]:
-				dps = d.DataPoints
-			default:
-				t.Fatalf("%s is a %T", name, m.Data)
-			}
-			for _, dp := range dps {
-				v, _ := dp.Attributes.Value(attribute.Key(key))
-				out[v.Emit()] += dp.Value
-			}
-		}
-	}
-	return out
-}
-
-// metricNames lists every metric the reader holds.
-func (s *telSDK) metricNames(t *testing.T) []string {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := s.reader.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			out = append(out, m.Name)
-		}
-	}
-	return out
-}
-
-func telSameMap[V comparable](got, want map[string]V) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for k, v := range want {
-		if g, ok := got[k]; !ok || g != v {
-			return false
-		}
-	}
-	return true
-}
 
 func telStore(t *testing.T) *memory.Store {
 	t.Helper()
@@ -189,11 +99,11 @@ func (tr *telRouter) deliver(topic string, m *message.Message) {
 
 // installGlobalSDK makes a fresh SDK the global providers for the test, and
 // puts no-op providers back afterwards.
-func installGlobalSDK(t *testing.T) *telSDK {
+func installGlobalSDK(t *testing.T) *teltest.Kit {
 	t.Helper()
-	g := newTelSDK(t)
-	otel.SetTracerProvider(g.tp)
-	otel.SetMeterProvider(g.mp)
+	g := teltest.New(t)
+	otel.SetTracerProvider(g.TracerProvider)
+	otel.SetMeterProvider(g.MeterProvider)
 	t.Cleanup(func() {
 		otel.SetTracerProvider(tracenoop.NewTracerProvider())
 		otel.SetMeterProvider(metricnoop.NewMeterProvider())
@@ -225,10 +135,10 @@ func telValidate(m *message.Message) error {
 // messaging system given to WithMessagingSystem.
 func TestReceiverTelemetryUsesTheBuilderProviders(t *testing.T) {
 	global := installGlobalSDK(t)
-	own := newTelSDK(t)
+	own := teltest.New(t)
 	r, err := receiver.New(telStore(t)).
-		WithTracerProvider(own.tp).
-		WithMeterProvider(own.mp).
+		WithTracerProvider(own.TracerProvider).
+		WithMeterProvider(own.MeterProvider).
 		WithMessagingSystem(receiver.MessagingSystemSQS).
 		WithValidation(telValidate).
 		WithRetry(telRetry()).
@@ -248,14 +158,14 @@ func TestReceiverTelemetryUsesTheBuilderProviders(t *testing.T) {
 	tr.deliver("orders", message.NewMessage("o1", []byte("ok")))
 	tr.deliver("orders", message.NewMessage("o2", []byte("bad")))
 
-	if n := len(global.spans.Ended()); n != 0 {
+	if n := len(global.Spans.Ended()); n != 0 {
 		t.Errorf("%d spans reached the global provider, want 0", n)
 	}
-	if names := global.metricNames(t); len(names) != 0 {
+	if names := global.MetricNames(t); len(names) != 0 {
 		t.Errorf("metrics reached the global provider: %v", names)
 	}
 
-	spans := own.named("process orders")
+	spans := own.Named("process orders")
 	if len(spans) != 3 {
 		t.Fatalf("%d delivery spans in the builder's provider, want 3", len(spans))
 	}
@@ -284,16 +194,16 @@ func TestReceiverTelemetryUsesTheBuilderProviders(t *testing.T) {
 			}
 		}
 	}
-	if got := own.sums(t, "oncemill.decisions", "decision"); !telSameMap(got, map[string]int64{"execute": 1, "replay": 1}) {
+	if got := teltest.Sums(t, own.Metrics(t), "oncemill.decisions", "decision"); !maps.Equal(got, map[string]int64{"execute": 1, "replay": 1}) {
 		t.Errorf("decisions %v", got)
 	}
-	if got := own.sums(t, "oncemill.retries", ""); !telSameMap(got, map[string]int64{"": 1}) {
+	if got := teltest.Sums(t, own.Metrics(t), "oncemill.retries", ""); !maps.Equal(got, map[string]int64{"": 1}) {
 		t.Errorf("retries %v, want 1", got)
 	}
-	if got := own.sums(t, "oncemill.validation.invalid", ""); !telSameMap(got, map[string]int64{"": 1}) {
+	if got := teltest.Sums(t, own.Metrics(t), "oncemill.validation.invalid", ""); !maps.Equal(got, map[string]int64{"": 1}) {
 		t.Errorf("validation.invalid %v, want 1", got)
 	}
-	if got := own.sums(t, "oncemill.breaker.state", "breaker"); !telSameMap(got, map[string]int64{"orders-db": 0}) {
+	if got := teltest.Gauge[int64](t, own.Metrics(t), "oncemill.breaker.state", "breaker"); !maps.Equal(got, map[string]int64{"orders-db": 0}) {
 		t.Errorf("breaker.state %v, want orders-db closed", got)
 	}
 }
@@ -313,12 +223,12 @@ func TestReceiverTelemetryDefaultsToTheGlobalProviders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := global.sums(t, "oncemill.decisions", "decision"); !telSameMap(got, map[string]int64{"execute": 1, "replay": 1}) {
+	if got := teltest.Sums(t, global.Metrics(t), "oncemill.decisions", "decision"); !maps.Equal(got, map[string]int64{"execute": 1, "replay": 1}) {
 		t.Errorf("global decisions %v", got)
 	}
 	// Two delivery spans; begin+complete under the first, begin under the replay.
 	var deliveries, stores int
-	for _, sp := range global.spans.Ended() {
+	for _, sp := range global.Spans.Ended() {
 		switch {
 		case sp.Name() == "process":
 			deliveries++
@@ -347,10 +257,10 @@ func (telTxManager) Rollback(context.Context) error { return nil }
 // span.
 func TestReceiverTelemetrySeparateTransaction(t *testing.T) {
 	t.Parallel()
-	own := newTelSDK(t)
+	own := teltest.New(t)
 	r, err := receiver.New(telStore(t)).
-		WithTracerProvider(own.tp).
-		WithMeterProvider(own.mp).
+		WithTracerProvider(own.TracerProvider).
+		WithMeterProvider(own.MeterProvider).
 		WithSeparateTransaction(telTxManager{}).
 		Build()
 	if err != nil {
@@ -358,12 +268,12 @@ func TestReceiverTelemetrySeparateTransaction(t *testing.T) {
 	}
 	tr := startTelRouter(t, r, "orders-handler", "orders", func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	tr.deliver("orders", message.NewMessage("o1", []byte("ok")))
-	delivery := own.named("process orders")
+	delivery := own.Named("process orders")
 	if len(delivery) != 1 {
 		t.Fatalf("%d delivery spans", len(delivery))
 	}
 	var children []string
-	for _, s := range own.spans.Ended() {
+	for _, s := range own.Spans.Ended() {
 		if s.Parent().SpanID() == delivery[0].SpanContext().SpanID() {
 			children = append(children, s.Name())
 		}

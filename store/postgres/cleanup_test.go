@@ -6,9 +6,7 @@ import (
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -114,32 +112,18 @@ func TestCleanupLagMetric(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	reader := sdkmetric.NewManualReader()
-	s := newStore(t, pool, postgres.Options{Schema: schema, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	k := teltest.New(t)
+	s := newStore(t, pool, postgres.Options{Schema: schema, MeterProvider: k.MeterProvider})
 	ctx := t.Context()
 
 	observe := func() (lag float64, deleted int64) {
 		t.Helper()
-		var rm metricdata.ResourceMetrics
-		if err := reader.Collect(ctx, &rm); err != nil {
-			t.Fatal(err)
-		}
+		ms := k.Metrics(t)
 		lag = -1
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				switch m.Name {
-				case postgres.MetricCleanupLag:
-					for _, dp := range m.Data.(metricdata.Gauge[float64]).DataPoints {
-						lag = dp.Value
-					}
-				case postgres.MetricCleanupDeleted:
-					for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-						deleted += dp.Value
-					}
-				}
-			}
+		for _, v := range teltest.Gauge[float64](t, ms, postgres.MetricCleanupLag, "") {
+			lag = v
 		}
-		return lag, deleted
+		return lag, teltest.Sums(t, ms, postgres.MetricCleanupDeleted, "")[""]
 	}
 
 	if lag, _ := observe(); lag != 0 {

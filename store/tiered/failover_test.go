@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/oncemilltest"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/tiered"
@@ -40,8 +41,8 @@ func testRedisKilledMidRun(t *testing.T, transactional bool, opts tiered.Options
 	srv := startRedis(t)
 	client := goredis.NewClient(&goredis.Options{Addr: srv.addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
-	m := newMeter(t)
-	opts.MeterProvider = m
+	m := teltest.New(t)
+	opts.MeterProvider = m.MeterProvider
 	s, err := tiered.New(db.truth, client, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -120,11 +121,11 @@ func testRedisKilledMidRun(t *testing.T, transactional bool, opts tiered.Options
 	if truth == 0 {
 		t.Error("no replay came from the truth after Redis died")
 	}
-	if n := m.count(t, tiered.MetricFallbacks, "", ""); n == 0 {
+	if n := count(t, m, tiered.MetricFallbacks, "", ""); n == 0 {
 		t.Error("no fallback was counted")
 	}
 	t.Logf("replays: local %d, redis %d, truth %d; fallbacks: begin %d, claim %d, complete %d, commit %d",
 		local, redis, truth,
-		m.count(t, tiered.MetricFallbacks, "operation", "begin"), m.count(t, tiered.MetricFallbacks, "operation", "claim"),
-		m.count(t, tiered.MetricFallbacks, "operation", "complete"), m.count(t, tiered.MetricFallbacks, "operation", "commit"))
+		count(t, m, tiered.MetricFallbacks, "operation", "begin"), count(t, m, tiered.MetricFallbacks, "operation", "claim"),
+		count(t, m, tiered.MetricFallbacks, "operation", "complete"), count(t, m, tiered.MetricFallbacks, "operation", "commit"))
 }

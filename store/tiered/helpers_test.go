@@ -15,10 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
-	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -249,42 +247,11 @@ func (r *redisServer) signal(tb testing.TB, sig syscall.Signal) {
 	}
 }
 
-// meter is an SDK meter provider whose counters a test reads.
-type meter struct {
-	reader *sdkmetric.ManualReader
-	*sdkmetric.MeterProvider
-}
-
-func newMeter(tb testing.TB) *meter {
-	r := sdkmetric.NewManualReader()
-	m := &meter{reader: r, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))}
-	tb.Cleanup(func() { m.Shutdown(context.Background()) })
-	return m
-}
-
-// count sums the int64 counter name over the points whose attribute key
-// is value (every point when key is "").
-func (m *meter) count(tb testing.TB, name, key, value string) int64 {
+// count sums the int64 counter name of m over the points whose attribute
+// key is value (every point when key is "").
+func count(tb testing.TB, m *teltest.Kit, name, key, value string) int64 {
 	tb.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := m.reader.Collect(context.Background(), &rm); err != nil {
-		tb.Fatal(err)
-	}
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, met := range sm.Metrics {
-			sum, ok := met.Data.(metricdata.Sum[int64])
-			if met.Name != name || !ok {
-				continue
-			}
-			for _, p := range sum.DataPoints {
-				if v, ok := p.Attributes.Value(attribute.Key(key)); key == "" || ok && v.AsString() == value {
-					n += p.Value
-				}
-			}
-		}
-	}
-	return n
+	return teltest.Sums(tb, m.Metrics(tb), name, key)[value]
 }
 
 // begin calls Begin with a minute's lease and fails the test on an error.

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/tiered"
@@ -19,14 +20,14 @@ import (
 const scope = "tiers"
 
 // replays reads how many replays each tier answered.
-func replays(t *testing.T, m *meter) (local, redis, truth int64) {
+func replays(t *testing.T, m *teltest.Kit) (local, redis, truth int64) {
 	t.Helper()
-	return m.count(t, tiered.MetricReplays, "tier", "local"),
-		m.count(t, tiered.MetricReplays, "tier", "redis"),
-		m.count(t, tiered.MetricReplays, "tier", "truth")
+	return count(t, m, tiered.MetricReplays, "tier", "local"),
+		count(t, m, tiered.MetricReplays, "tier", "redis"),
+		count(t, m, tiered.MetricReplays, "tier", "truth")
 }
 
-func wantReplays(t *testing.T, m *meter, local, redis, truth int64) {
+func wantReplays(t *testing.T, m *teltest.Kit, local, redis, truth int64) {
 	t.Helper()
 	if l, r, tr := replays(t, m); l != local || r != redis || tr != truth {
 		t.Fatalf("replays by tier: local %d, redis %d, truth %d; want %d, %d, %d", l, r, tr, local, redis, truth)
@@ -51,9 +52,9 @@ func redisValue(t *testing.T, w *world, s *tiered.Store, key string) string {
 // own local tier; a miss everywhere from the truth.
 func TestReplaysFromTheNearestTier(t *testing.T) {
 	w := newWorld(t)
-	ma, mb := newMeter(t), newMeter(t)
-	a := w.store(t, tiered.Options{MeterProvider: ma})
-	b := w.store(t, tiered.Options{MeterProvider: mb})
+	ma, mb := teltest.New(t), teltest.New(t)
+	a := w.store(t, tiered.Options{MeterProvider: ma.MeterProvider})
+	b := w.store(t, tiered.Options{MeterProvider: mb.MeterProvider})
 
 	l := expect(t, store.DecisionExecute, a, scope, "k", "fp").Lease
 	complete(t, a, l, "result", time.Hour)
@@ -323,8 +324,8 @@ func TestReleaseAndRollbackLeaveNoReplay(t *testing.T) {
 // leaves nothing, a committed one is replayed from the caches.
 func TestCommitFillsTheCachesOnlyAfterTheCommit(t *testing.T) {
 	w := newWorld(t)
-	m := newMeter(t)
-	a := w.store(t, tiered.Options{MeterProvider: m})
+	m := teltest.New(t)
+	a := w.store(t, tiered.Options{MeterProvider: m.MeterProvider})
 	ctx := context.Background()
 	req := store.ClaimRequest{Scope: scope, Key: "k", Fingerprint: "fp", SuccessTTL: time.Hour, Wait: time.Second}
 
@@ -353,9 +354,9 @@ func TestRedisDownAndStalled(t *testing.T) {
 	db := newTruth(t)
 	srv := startRedis(t)
 	client := newClient(t, srv.addr)
-	m := newMeter(t)
+	m := teltest.New(t)
 	newStore := func(opts tiered.Options) *tiered.Store {
-		opts.MeterProvider = m
+		opts.MeterProvider = m.MeterProvider
 		s, err := tiered.New(db.truth, client, opts)
 		if err != nil {
 			t.Fatal(err)
@@ -374,7 +375,7 @@ func TestRedisDownAndStalled(t *testing.T) {
 		expect(t, store.DecisionReplay, c, scope, "k", "")
 	}
 	srv.signal(t, syscall.SIGCONT)
-	if n := m.count(t, tiered.MetricFallbacks, "operation", "begin"); n != 3 {
+	if n := count(t, m, tiered.MetricFallbacks, "operation", "begin"); n != 3 {
 		t.Fatalf("%d begin fallbacks, want 3 (one timeout, then two skipped in the backoff)", n)
 	}
 
