@@ -1,0 +1,44 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestCountFollowsTheRules(t *testing.T) {
+	root := t.TempDir()
+	write := func(path, src string) {
+		t.Helper()
+		path = filepath.Join(root, path)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Counted: T, New, (T).Do, (t).Do (an exported method on any type), A,
+	// B, V; not: unexported names and methods, tests, the skipped folders.
+	write("lib/lib.go", `package lib
+type T struct{ Field int }
+type t struct{}
+func New() T { return T{} }
+func (T) Do() {}
+func (T) do() {}
+func (t) Do() {}
+const A, B, c = 1, 2, 3
+var V = 1
+`)
+	write("lib/lib_test.go", "package lib\nfunc TestX() {}\n")
+	for _, dir := range []string{"cmd", "examples", "integration", "internal", "lib/testdata"} {
+		write(dir+"/x.go", "package x\nfunc Exported() {}\n")
+	}
+	got, err := count(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[filepath.Join(root, "lib")] != 7 {
+		t.Fatalf("counts %v, want 7 for lib only", got)
+	}
+}
