@@ -5,8 +5,11 @@
 #   docker run --rm oncemill-example-worker --help
 FROM golang:1.26 AS build
 WORKDIR /src
+# The worker is in the cmd module (cmd/go.mod), which requires the library
+# at the root; go.work puts them together.
 COPY go.mod go.sum ./
-RUN go mod download
+COPY cmd/go.mod cmd/go.sum ./cmd/
+RUN cd cmd && GOWORK=off go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/example-worker ./cmd/example-worker
 

@@ -116,7 +116,8 @@ func sqsAnswers(endpoint string) error {
 	return nil
 }
 
-// repoRoot is the directory of go.mod, above the test's working directory.
+// repoRoot is the directory of go.work, above the test's working directory
+// (examples/ is a module of its own: its go.mod is not the root's).
 func repoRoot(t *testing.T) string {
 	t.Helper()
 	dir, err := os.Getwd()
@@ -124,12 +125,12 @@ func repoRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return dir
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Fatal("no go.mod above the working directory")
+			t.Fatal("no go.work above the working directory")
 		}
 		dir = parent
 	}
