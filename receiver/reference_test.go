@@ -9,8 +9,9 @@ import (
 	"github.com/oncemill/oncemill/receiver"
 )
 
-// docs/reference.md lists every field of Policy and Event and every
-// Outcome: a field or an outcome added without a line there fails here.
+// docs/reference.md lists every method of the builder, every field of
+// Policy and Event and every Outcome: one added without a line there fails
+// here.
 func TestEventFieldsAreDocumented(t *testing.T) {
 	doc, err := os.ReadFile("../docs/reference.md")
 	if err != nil {
@@ -22,6 +23,12 @@ func TestEventFieldsAreDocumented(t *testing.T) {
 			if f.IsExported() && !row(f.Name) {
 				t.Errorf("docs/reference.md has no row for %s.%s", typ.Name(), f.Name)
 			}
+		}
+	}
+	builder := reflect.TypeFor[*receiver.Builder]()
+	for m := range builder.Methods() {
+		if !strings.Contains(string(doc), "| `"+m.Name+"(") {
+			t.Errorf("docs/reference.md has no row for Builder.%s", m.Name)
 		}
 	}
 	n := 0
