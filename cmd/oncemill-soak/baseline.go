@@ -19,7 +19,7 @@ import (
 // marked permanent is logged and acked, as a plain handler must (a nack would
 // be redelivered forever); any other failure is nacked and redelivered. It
 // reports the same events as oncemill, so the accounting is shared.
-func withoutIdempotency(_ worker.Config, d worker.GuardDeps) (message.HandlerMiddleware, error) {
+func withoutIdempotency(_ worker.Config, d worker.ReceiverDeps) (message.HandlerMiddleware, error) {
 	logger := d.Log
 	if logger == nil {
 		logger = slog.Default()

@@ -133,7 +133,7 @@ func (c config) hooks(w *workload, stdout io.Writer) worker.Hooks {
 	gw := newGateway(w, c.Lease*3/2, c.Overlap, c.GatewayLatency)
 	h := worker.Hooks{Inner: []message.HandlerMiddleware{gw.middleware}}
 	if c.NoIdempotency {
-		h.Guard = withoutIdempotency
+		h.NewReceiver = withoutIdempotency
 	}
 	if c.Broker == "amqp" && c.AMQPClient == "v2" {
 		h.Broker = newAMQPv2

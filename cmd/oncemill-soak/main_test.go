@@ -132,7 +132,7 @@ func TestExitCodes(t *testing.T) {
 		args []string
 		want int
 	}{
-		{"guarded run passes", small, 0},
+		{"a run with the receiver passes", small, 0},
 		{"unguarded run fails", append(small, "--no-idempotency"), 1},
 		{"bad flag", []string{"--redeliver=2"}, 2},
 		{"help", []string{"-h"}, 0},

@@ -33,8 +33,8 @@ func NewKeyGenerator(kind string) (keygen.Generator, error) {
 	})
 }
 
-// GuardDeps is what the oncemill receiver is built over.
-type GuardDeps struct {
+// ReceiverDeps is what the oncemill receiver is built over.
+type ReceiverDeps struct {
 	Store     store.Store
 	Tx        store.Transactional // nil: the lease mode over Store
 	Keys      keygen.Generator
@@ -49,7 +49,7 @@ type GuardDeps struct {
 // NewReceiver returns the middleware every payments handler runs behind:
 // oncemill's receiver. All partitions share one receiver and one scope, so
 // a command delivered to two partitions is one key.
-func NewReceiver(cfg Config, d GuardDeps) (message.HandlerMiddleware, error) {
+func NewReceiver(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error) {
 	// With PostgreSQL, the one-transaction mode: the ledger row and the
 	// "processed" record commit in one transaction. Otherwise the lease mode.
 	p := receiver.Policy{
@@ -115,11 +115,11 @@ func NewRouter(cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores,
 		return nil, fmt.Errorf("key generator: %w", err)
 	}
 	tp := Topics{Prefix: cfg.TopicPrefix}
-	d := GuardDeps{Store: ss.Store, Tx: ss.Tx, Keys: keys, Log: log, OnEvent: opts.OnEvent, Tel: opts.Telemetry, System: b.System}
+	d := ReceiverDeps{Store: ss.Store, Tx: ss.Tx, Keys: keys, Log: log, OnEvent: opts.OnEvent, Tel: opts.Telemetry, System: b.System}
 	if opts.DeadLetters {
 		d.DeadPub, d.DeadTopic = b.Pub, tp.DeadLetters()
 	}
-	guard, err := hooks.guard(cfg, d)
+	rmw, err := hooks.newReceiver(cfg, d)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +148,7 @@ func NewRouter(cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores,
 			outer, inner = r.EndOnRevoke()
 			mws = append(mws, outer)
 		}
-		mws = append(append(mws, hooks.Outer...), guard)
+		mws = append(append(mws, hooks.Outer...), rmw)
 		if inner != nil {
 			mws = append(mws, inner)
 		}
@@ -159,7 +159,7 @@ func NewRouter(cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores,
 }
 
 // revocable is a subscriber whose deliveries end when their partition is
-// revoked (Kafka: kafkaSubscriber): outer wraps the guard, inner the
+// revoked (Kafka: kafkaSubscriber): outer wraps the receiver, inner the
 // handler inside it.
 type revocable interface {
 	EndOnRevoke() (outer, inner message.HandlerMiddleware)
@@ -209,10 +209,11 @@ func OpenBroker(ctx context.Context, cfg Config, hooks Hooks, log *slog.Logger) 
 type Hooks struct {
 	// Broker opens the broker in place of NewBroker.
 	Broker func(cfg Config, logger watermill.LoggerAdapter) (*Broker, error)
-	// Guard builds the middleware in place of NewReceiver.
-	Guard func(cfg Config, d GuardDeps) (message.HandlerMiddleware, error)
-	// Outer wrap each payments handler outside the guard, so they see what
-	// the router does; Inner wrap the payment handler inside the guard.
+	// NewReceiver builds the middleware in place of the package's
+	// NewReceiver.
+	NewReceiver func(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error)
+	// Outer wrap each payments handler outside the receiver, so they see
+	// what the router does; Inner wrap the payment handler inside it.
 	Outer, Inner []message.HandlerMiddleware
 	// Copies names the other partitions the first send of command i goes to
 	// at the same moment as to home (concurrent duplicates); it may wait
@@ -220,9 +221,9 @@ type Hooks struct {
 	Copies func(ctx context.Context, i, home int) []int
 }
 
-func (h Hooks) guard(cfg Config, d GuardDeps) (message.HandlerMiddleware, error) {
-	if h.Guard != nil {
-		return h.Guard(cfg, d)
+func (h Hooks) newReceiver(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error) {
+	if h.NewReceiver != nil {
+		return h.NewReceiver(cfg, d)
 	}
 	return NewReceiver(cfg, d)
 }
