@@ -242,7 +242,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 			t.Fatalf("outcome %v", e.Outcome)
 		}
 		rec, _ := h.st.Get(context.Background(), "s", "m1")
-		if rec.ErrorKind != pipeline.KindAttemptsExhausted {
+		if rec.ErrorKind != store.ErrorKindAttemptsExhausted {
 			t.Fatalf("error kind %q", rec.ErrorKind)
 		}
 	})

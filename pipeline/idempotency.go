@@ -36,12 +36,6 @@ var (
 	ErrInvalidMessage = errors.New("oncemill: invalid message")
 )
 
-// Error kinds stored with a cached failure (store.Record.ErrorKind).
-const (
-	KindPermanent         = "permanent"
-	KindAttemptsExhausted = "attempts_exhausted"
-)
-
 // IdempotencyConfig configures the idempotency stage.
 type IdempotencyConfig struct {
 	// Store keeps the records in the lease mode: a separately committed
@@ -486,12 +480,12 @@ func (s *Idempotency) successOutcome(msgs []*message.Message) store.Completion {
 // dropped only under policy.ExhaustedDrop, and kept otherwise.
 func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr error) ([]*message.Message, error) {
 	d.event.Err = herr
-	kind := KindPermanent
+	kind := store.ErrorKindPermanent
 	if s.policy.Classify(herr) != policy.ClassCached {
 		if e.lease.Attempt < s.policy.MaxAttempts {
 			return s.retryLater(ctx, d, e, herr)
 		}
-		d.event.Exhausted, kind = true, KindAttemptsExhausted
+		d.event.Exhausted, kind = true, store.ErrorKindAttemptsExhausted
 		if s.deadLetter == nil && s.policy.Exhausted == policy.ExhaustedKeep {
 			return s.keep(ctx, d, e, herr)
 		}

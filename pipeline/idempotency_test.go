@@ -157,7 +157,7 @@ func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
 	rec, err := h.store.Get(context.Background(), "test", "m1")
-	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != pipeline.KindPermanent || !strings.Contains(rec.ErrorMessage, "card declined") {
+	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != store.ErrorKindPermanent || !strings.Contains(rec.ErrorMessage, "card declined") {
 		t.Fatalf("record %+v, %v", rec, err)
 	}
 	if err := h.last().Err; err == nil || !strings.Contains(err.Error(), "card declined") || !(policy.Policy{}).IsPermanent(err) {
@@ -249,8 +249,8 @@ func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
 	rec, _ := h.store.Get(context.Background(), "test", "m1")
-	if rec.ErrorKind != pipeline.KindAttemptsExhausted {
-		t.Fatalf("error kind %q, want %q", rec.ErrorKind, pipeline.KindAttemptsExhausted)
+	if rec.ErrorKind != store.ErrorKindAttemptsExhausted {
+		t.Fatalf("error kind %q, want %q", rec.ErrorKind, store.ErrorKindAttemptsExhausted)
 	}
 	if e := h.events[2]; !e.Exhausted {
 		t.Fatalf("the capped attempt's event %+v must say Exhausted", e)

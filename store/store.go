@@ -263,6 +263,20 @@ func (s Status) String() string {
 	return "unknown"
 }
 
+// ErrorKind says why a failure is cached (Record.ErrorKind,
+// Completion.ErrorKind). The stores persist its string; a store may hold a
+// kind not listed here, written by another program.
+type ErrorKind string
+
+const (
+	// ErrorKindPermanent: the handler's error is classified
+	// policy.ClassCached (policy.Permanent, or the policy's Classify).
+	ErrorKindPermanent ErrorKind = "permanent"
+	// ErrorKindAttemptsExhausted: the handler failed retryably on its last
+	// allowed attempt (policy.MaxAttempts).
+	ErrorKindAttemptsExhausted ErrorKind = "attempts_exhausted"
+)
+
 // BeginRequest asks for the key.
 type BeginRequest struct {
 	Scope string
@@ -330,7 +344,7 @@ type Completion struct {
 	// Result is the encoded result of a success.
 	Result []byte
 	// ErrorKind and ErrorMessage describe a cached failure.
-	ErrorKind    string
+	ErrorKind    ErrorKind
 	ErrorMessage string
 	// TTL is how long the outcome is replayed. Must be positive.
 	TTL time.Duration
@@ -358,7 +372,7 @@ type Record struct {
 	// LeaseExpiresAt is set while Status is StatusInProgress.
 	LeaseExpiresAt time.Time
 	Result         []byte
-	ErrorKind      string
+	ErrorKind      ErrorKind
 	ErrorMessage   string
 	CreatedAt      time.Time
 	UpdatedAt      time.Time

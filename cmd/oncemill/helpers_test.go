@@ -266,7 +266,7 @@ func seed(t *testing.T, st adminStore, scope string) seeded {
 	s := seeded{scope: scope}
 	s.liveLease = begin(t, st, scope, keyLive, long)
 	complete(t, st, begin(t, st, scope, keySucceeded, long), store.Completion{Status: store.StatusSucceeded, Result: storedResult, TTL: long})
-	complete(t, st, begin(t, st, scope, keyFailed, long), store.Completion{Status: store.StatusFailed, ErrorKind: "permanent", ErrorMessage: "card declined: do not honour", TTL: long})
+	complete(t, st, begin(t, st, scope, keyFailed, long), store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, ErrorMessage: "card declined: do not honour", TTL: long})
 	if err := st.Release(t.Context(), begin(t, st, scope, keyRetryable, long), long); err != nil {
 		t.Fatalf("Release: %v", err)
 	}

@@ -51,7 +51,7 @@ func viewOf(r store.Record, now time.Time) recordView {
 		Live:    r.ExpiresAt.After(now),
 		Attempt: r.Attempt, Token: r.Token, Fingerprint: r.Fingerprint,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiresAt: r.ExpiresAt,
-		ResultBytes: len(r.Result), ErrorKind: r.ErrorKind, ErrorMessage: r.ErrorMessage,
+		ResultBytes: len(r.Result), ErrorKind: string(r.ErrorKind), ErrorMessage: r.ErrorMessage,
 		expiresIn: r.ExpiresAt.Sub(now), age: now.Sub(r.UpdatedAt),
 	}
 	if r.Status == store.StatusInProgress && !r.LeaseExpiresAt.IsZero() {

@@ -119,7 +119,7 @@ type record struct {
 	created      int64
 	updated      int64
 	result       []byte
-	errorKind    string
+	errorKind    store.ErrorKind
 	errorMessage string
 }
 

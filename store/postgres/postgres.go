@@ -264,9 +264,10 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 		decision, status int16
 		attempt          int32
 		takenOver        bool
+		kind             string
 		rec              = &store.Record{Scope: args[0].(string), Key: args[1].(string)}
 		dest             = []any{&decision, &rec.Fingerprint, &status, &rec.Token, &attempt, &takenOver,
-			&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt}
+			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt}
 	)
 	if len(rows.FieldDescriptions()) > len(dest) {
 		dest = append(dest, nil) // the claim form's lock_timeout restore
@@ -280,7 +281,7 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 	if err := rows.Err(); err != nil {
 		return store.BeginResult{}, err
 	}
-	rec.Status, rec.Attempt = store.Status(status), int(attempt)
+	rec.Status, rec.Attempt, rec.ErrorKind = store.Status(status), int(attempt), store.ErrorKind(kind)
 	switch store.Decision(decision) {
 	case 0:
 		return store.BeginResult{}, nil
@@ -309,7 +310,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 	}
 	defer s.leave(cancel)
 	tag, err := s.pool.Exec(ctx, s.sql.complete, lease.Scope, lease.Key, lease.Token,
-		int16(out.Status), out.Result, out.ErrorKind, out.ErrorMessage, micros(out.TTL))
+		int16(out.Status), out.Result, string(out.ErrorKind), out.ErrorMessage, micros(out.TTL))
 	if err != nil {
 		return wrap("complete", err)
 	}
@@ -332,7 +333,7 @@ func (s *Store) checkComplete(op string, lease store.Lease, out store.Completion
 		return out, invalid(op, "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(out.Result), s.opts.MaxResultBytes)
 	}
 	out.Result = bytes.Clone(out.Result)
-	out.ErrorKind = storableText(out.ErrorKind, maxErrorKindLen)
+	out.ErrorKind = store.ErrorKind(storableText(string(out.ErrorKind), maxErrorKindLen))
 	out.ErrorMessage = storableText(out.ErrorMessage, MaxErrorMessageLen)
 	return out, nil
 }
@@ -444,10 +445,11 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 		rec     store.Record
 		status  int16
 		attempt int32
+		kind    string
 	)
 	err := row.Scan(&rec.Scope, &rec.Key, &rec.Fingerprint, &status, &rec.Token, &attempt,
-		&rec.Result, &rec.ErrorKind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
-	rec.Status, rec.Attempt = store.Status(status), int(attempt)
+		&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
+	rec.Status, rec.Attempt, rec.ErrorKind = store.Status(status), int(attempt), store.ErrorKind(kind)
 	if rec.Status == store.StatusInProgress {
 		rec.LeaseExpiresAt = rec.ExpiresAt
 	}

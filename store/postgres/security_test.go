@@ -43,7 +43,7 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 		result := append([]byte(v), 0, '\'', 0xff)
 		out := store.Completion{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}
 		if i%2 == 1 {
-			out = store.Completion{Status: store.StatusFailed, ErrorKind: "kind" + v, ErrorMessage: "msg" + v, TTL: time.Hour}
+			out = store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKind("kind" + v), ErrorMessage: "msg" + v, TTL: time.Hour}
 		}
 		if err := s.Complete(ctx, res.Lease, out); err != nil {
 			t.Fatalf("Complete(%q): %v", v, err)

@@ -159,7 +159,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerpri
 	}
 	defer s.leave(cancel)
 	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
-		micros(out.TTL), storableText(out.ErrorKind, maxErrorKindLen), storableText(out.ErrorMessage, MaxErrorMessageLen), micros(out.TTL),
+		micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, MaxErrorMessageLen), micros(out.TTL),
 		claimLockKey(lease.Scope, lease.Key))
 	if err != nil {
 		return wrap("record rollback", err)

@@ -215,7 +215,7 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 		t.Fatalf("attempt 2 = %v at attempt %d, want failure_cached at 2", e.Outcome, e.Attempt)
 	}
 	rec, err := f.s.Get(ctx, "ledger", "capped")
-	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != pipeline.KindAttemptsExhausted || rec.Attempt != 2 {
+	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != store.ErrorKindAttemptsExhausted || rec.Attempt != 2 {
 		t.Fatalf("record = %+v, %v; want failed, attempts_exhausted, attempt 2", rec, err)
 	}
 	if _, err := f.deliver("capped"); err != nil {
@@ -232,7 +232,7 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 	if e := f.event(t); e.Outcome != pipeline.OutcomeFailureCached || e.Attempt != 1 {
 		t.Fatalf("permanent = %v at attempt %d, want failure_cached at 1", e.Outcome, e.Attempt)
 	}
-	if rec, err := f.s.Get(ctx, "ledger", "permanent"); err != nil || rec.ErrorKind != pipeline.KindPermanent || rec.ErrorMessage != "no such account" {
+	if rec, err := f.s.Get(ctx, "ledger", "permanent"); err != nil || rec.ErrorKind != store.ErrorKindPermanent || rec.ErrorMessage != "no such account" {
 		t.Fatalf("record = %+v, %v; want the cached permanent failure", rec, err)
 	}
 	if n := f.rows(t, "capped") + f.rows(t, "permanent"); n != 0 {

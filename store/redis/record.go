@@ -72,7 +72,7 @@ func unstable(r *record, extra int) []byte {
 		b = strconv.AppendInt(b, n, 10)
 	}
 	b = append(b, '|')
-	b = appendField(b, r.ErrorKind)
+	b = appendField(b, string(r.ErrorKind))
 	b = appendField(b, r.ErrorMessage)
 	return append(b, r.Result...)
 }
@@ -164,9 +164,11 @@ func decode(scope, key, v string) (record, error) {
 	}
 	r.Token, r.Attempt, r.tail = nums[0], int(nums[1]), time.Duration(nums[2])*time.Millisecond
 	r.ExpiresAt, r.UpdatedAt = time.UnixMicro(nums[3]), time.UnixMicro(nums[4])
-	if r.ErrorKind, rest, err = readField(rest); err != nil {
+	var kind string
+	if kind, rest, err = readField(rest); err != nil {
 		return r, err
 	}
+	r.ErrorKind = store.ErrorKind(kind)
 	if r.ErrorMessage, rest, err = readField(rest); err != nil {
 		return r, err
 	}

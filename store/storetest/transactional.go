@@ -155,11 +155,11 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 func testTxCachedFailureReplays(t *testing.T, e *txEnv) {
 	first := e.claim(store.DecisionExecute, "k", "fp")
 	e.rollback(first)
-	if err := e.record(first.Lease, store.Completion{Status: store.StatusFailed, ErrorKind: "permanent", ErrorMessage: "no such account", TTL: ttl}); err != nil {
+	if err := e.record(first.Lease, store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, ErrorMessage: "no such account", TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	rec := e.claim(store.DecisionReplay, "k", "fp").Record
-	if rec.Status != store.StatusFailed || rec.ErrorKind != "permanent" || rec.ErrorMessage != "no such account" {
+	if rec.Status != store.StatusFailed || rec.ErrorKind != store.ErrorKindPermanent || rec.ErrorMessage != "no such account" {
 		t.Fatalf("replayed record = %+v, want the cached failure", rec)
 	}
 }
@@ -174,7 +174,7 @@ func testTxRecordNeverOverwritesANewerClaim(t *testing.T, e *txEnv) {
 		t.Fatalf("recording a claim while a newer one is open = %v, want ErrLeaseLost at once", err)
 	}
 	e.commit(newer, []byte("newer"))
-	for _, out := range []store.Completion{retryable, {Status: store.StatusFailed, ErrorKind: "permanent", TTL: ttl}} {
+	for _, out := range []store.Completion{retryable, {Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, TTL: ttl}} {
 		if err := e.record(stale.Lease, out); !errors.Is(err, store.ErrLeaseLost) {
 			t.Fatalf("recording %v for a claim that a newer one succeeded = %v, want ErrLeaseLost", out.Status, err)
 		}

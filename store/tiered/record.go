@@ -73,7 +73,7 @@ func encodeRecord(r *store.Record) []byte {
 	b = binary.AppendVarint(b, unixNano(r.CreatedAt))
 	b = binary.AppendVarint(b, unixNano(r.UpdatedAt))
 	b = binary.AppendVarint(b, unixNano(r.ExpiresAt))
-	for _, s := range []string{r.Fingerprint, r.ErrorKind, r.ErrorMessage} {
+	for _, s := range []string{r.Fingerprint, string(r.ErrorKind), r.ErrorMessage} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
@@ -113,7 +113,7 @@ func decodeRecord(k id, v []byte) (r store.Record, ok bool) {
 		}
 		strs[i], v = string(v[size:size+int(n)]), v[size+int(n):]
 	}
-	r.Fingerprint, r.ErrorKind, r.ErrorMessage = strs[0], strs[1], strs[2]
+	r.Fingerprint, r.ErrorKind, r.ErrorMessage = strs[0], store.ErrorKind(strs[1]), strs[2]
 	switch {
 	case len(v) == 1 && v[0] == 0:
 	case len(v) >= 1 && v[0] == 1:

@@ -350,7 +350,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, c store.Complet
 	}
 	p, ok := s.pending.Peek(pk)
 	s.pending.Remove(pk)
-	if !ok || !plainText(c.ErrorKind, maxPlainKind) || !plainText(c.ErrorMessage, maxPlainMessage) {
+	if !ok || !plainText(string(c.ErrorKind), maxPlainKind) || !plainText(c.ErrorMessage, maxPlainMessage) {
 		return nil
 	}
 	updated := s.truthTime(send)

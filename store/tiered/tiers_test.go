@@ -309,7 +309,7 @@ func TestReleaseAndRollbackLeaveNoReplay(t *testing.T) {
 	if err := res.Tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.RecordRollback(ctx, res.Lease, "fp", store.Completion{Status: store.StatusFailed, ErrorKind: "permanent", ErrorMessage: "no such account", TTL: time.Hour}); err != nil {
+	if err := b.RecordRollback(ctx, res.Lease, "fp", store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, ErrorMessage: "no such account", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []*tiered.Store{a, b} {

@@ -54,7 +54,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerpri
 	if err := s.truth.RecordRollback(ctx, lease, fingerprint, out); err != nil {
 		return err
 	}
-	if out.Status != store.StatusFailed || !plainText(out.ErrorKind, maxPlainKind) || !plainText(out.ErrorMessage, maxPlainMessage) {
+	if out.Status != store.StatusFailed || !plainText(string(out.ErrorKind), maxPlainKind) || !plainText(out.ErrorMessage, maxPlainMessage) {
 		s.local.remove(k)
 		s.redisForget(context.WithoutCancel(ctx), k, opRecordRollback)
 		return nil
