@@ -156,8 +156,8 @@ func permanentErrorDeadLetteredOnce(t *testing.T, h *harness) {
 		t.Errorf("%d dead letters of the command, want 1", n)
 	}
 	for _, d := range dead.received() {
-		if d.UUID == m.UUID && d.Metadata.Get(pipeline.ReasonKindKey) != pipeline.ReasonCachedFailure {
-			t.Errorf("dead letter reason kind %q, want %q", d.Metadata.Get(pipeline.ReasonKindKey), pipeline.ReasonCachedFailure)
+		if d.UUID == m.UUID && pipeline.DeadLetterReason(d.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonCachedFailure {
+			t.Errorf("dead letter reason kind %q, want %q", d.Metadata.Get(pipeline.ReasonKindKey), pipeline.DeadLetterReasonCachedFailure)
 		}
 	}
 	w.stop()

@@ -208,7 +208,7 @@ func TestChainInvalidMessageNeverReachesTheStore(t *testing.T) {
 	}
 	dead := <-h.dlq
 	dead.Ack()
-	if dead.UUID != "m1" || dead.Metadata.Get(pipeline.ReasonKindKey) != pipeline.ReasonInvalid ||
+	if dead.UUID != "m1" || pipeline.DeadLetterReason(dead.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonInvalid ||
 		!strings.Contains(dead.Metadata.Get(middleware.ReasonForPoisonedKey), "amount is missing") {
 		t.Fatalf("dead letter %s %v", dead.UUID, dead.Metadata)
 	}
@@ -262,7 +262,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		}
 		dead := <-h.dlq
 		dead.Ack()
-		if dead.Metadata.Get(pipeline.ReasonKindKey) != pipeline.ReasonCachedFailure {
+		if pipeline.DeadLetterReason(dead.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonCachedFailure {
 			t.Fatalf("dead letter reason %v", dead.Metadata)
 		}
 	})

@@ -10,18 +10,30 @@ import (
 )
 
 // ReasonKindKey is the metadata key a dead-lettered message carries with the
-// kind of reason: one of the Reason* values. The reason itself, the topic,
+// kind of reason: one of the DeadLetterReason values. The reason itself, the topic,
 // handler and subscriber use Watermill's PoisonQueue keys
 // (middleware.ReasonForPoisonedKey and the others), so tools written for
 // PoisonQueue read oncemill's dead letters too.
 const ReasonKindKey = "oncemill_reason_kind"
 
-// Reasons a message is dead-lettered.
+// DeadLetterReason is why a message is dead-lettered. Its string is the
+// dead letter's ReasonKindKey metadata and the reason attribute of the
+// oncemill.dead_letters metric.
+type DeadLetterReason string
+
 const (
-	ReasonInvalid       = "invalid"
-	ReasonCachedFailure = "cached_failure"
-	ReasonMismatch      = "mismatch"
-	ReasonRejected      = "rejected"
+	// DeadLetterReasonInvalid: the validation stage refused the message.
+	DeadLetterReasonInvalid DeadLetterReason = "invalid"
+	// DeadLetterReasonCachedFailure: the handler's failure is cached
+	// (a permanent error, or the last attempt used).
+	DeadLetterReasonCachedFailure DeadLetterReason = "cached_failure"
+	// DeadLetterReasonMismatch: the key is stored with another payload
+	// fingerprint.
+	DeadLetterReasonMismatch DeadLetterReason = "mismatch"
+	// DeadLetterReasonRejected: the message is refused before it runs (no
+	// key, payload too large, a key the store refuses, a duplicate under
+	// policy.HeldKeyReject).
+	DeadLetterReasonRejected DeadLetterReason = "rejected"
 )
 
 // DeadLetter forwards messages that will never be processed to a topic of
@@ -44,14 +56,14 @@ func NewDeadLetter(pub message.Publisher, topic string) (*DeadLetter, error) {
 
 // forward publishes a copy of msg (same UUID, payload and metadata, plus the
 // reason) to the dead-letter topic.
-func (d *DeadLetter) forward(msg *message.Message, kind string, reason error) error {
+func (d *DeadLetter) forward(msg *message.Message, kind DeadLetterReason, reason error) error {
 	out := msg.Copy()
 	ctx := msg.Context()
 	out.Metadata.Set(middleware.ReasonForPoisonedKey, reason.Error())
 	out.Metadata.Set(middleware.PoisonedTopicKey, message.SubscribeTopicFromCtx(ctx))
 	out.Metadata.Set(middleware.PoisonedHandlerKey, message.HandlerNameFromCtx(ctx))
 	out.Metadata.Set(middleware.PoisonedSubscriberKey, message.SubscriberNameFromCtx(ctx))
-	out.Metadata.Set(ReasonKindKey, kind)
+	out.Metadata.Set(ReasonKindKey, string(kind))
 	if err := d.pub.Publish(d.topic, out); err != nil {
 		return fmt.Errorf("oncemill: forwarding to dead-letter topic %q: %w", d.topic, err)
 	}

@@ -246,11 +246,11 @@ func (s *Idempotency) answer(d *delivery, w *waiter, res *store.BeginResult) (ms
 }
 
 func (s *Idempotency) mismatch(d *delivery) ([]*message.Message, error) {
-	return s.reject(d, ReasonMismatch, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
+	return s.reject(d, DeadLetterReasonMismatch, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
 }
 
 func (s *Idempotency) tooLarge(d *delivery) ([]*message.Message, error) {
-	return s.reject(d, ReasonRejected, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes))
+	return s.reject(d, DeadLetterReasonRejected, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes))
 }
 
 // keyFailed decides what a key generator's error means. A message that has
@@ -264,7 +264,7 @@ func (s *Idempotency) keyFailed(d *delivery, h message.HandlerFunc, err error) (
 		return s.noKey(d, h, err)
 	}
 	if s.policy.Classify(err) == policy.ClassCached {
-		return s.reject(d, ReasonRejected, fmt.Errorf("oncemill: cannot compute the idempotency key: %w", err))
+		return s.reject(d, DeadLetterReasonRejected, fmt.Errorf("oncemill: cannot compute the idempotency key: %w", err))
 	}
 	err = fmt.Errorf("oncemill: computing the idempotency key failed; the message is nacked to come back: %w", err)
 	d.event.Outcome, d.event.Err = OutcomeKeyFailed, err
@@ -281,7 +281,7 @@ func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 		return runHandler(h, d.msg)
 	}
 	// err says it already: "oncemill: no key: <why>".
-	return s.reject(d, ReasonRejected, err)
+	return s.reject(d, DeadLetterReasonRejected, err)
 }
 
 // storeFailed nacks a delivery the store could not decide, so it comes
@@ -296,7 +296,7 @@ func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 // succeeds starts the count again.
 func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, error) {
 	if errors.Is(err, store.ErrInvalidRequest) {
-		return s.reject(d, ReasonRejected, fmt.Errorf("the store refuses the message's key: %w", err))
+		return s.reject(d, DeadLetterReasonRejected, fmt.Errorf("the store refuses the message's key: %w", err))
 	}
 	d.event.Outcome, d.event.Err = OutcomeStoreFailed, err
 	err = fmt.Errorf("oncemill: store begin: %w", err)
@@ -339,7 +339,7 @@ func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 	ctx := d.msg.Context()
 	switch s.policy.HeldKey {
 	case policy.HeldKeyReject:
-		_, err := s.reject(d, ReasonRejected, ErrDuplicateRejected)
+		_, err := s.reject(d, DeadLetterReasonRejected, ErrDuplicateRejected)
 		return false, err
 	case policy.HeldKeyWait:
 		if w.pause == nil {
@@ -367,7 +367,7 @@ func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 // reject acks a delivery that must never run, after forwarding it to the
 // dead-letter topic if one is set. If forwarding fails it nacks instead, so
 // the message is not lost.
-func (s *Idempotency) reject(d *delivery, reason string, err error) ([]*message.Message, error) {
+func (s *Idempotency) reject(d *delivery, reason DeadLetterReason, err error) ([]*message.Message, error) {
 	d.event.Outcome, d.event.Err = OutcomeRejected, policy.Permanent(err)
 	if ferr := s.toDeadLetter(d, reason, err); ferr != nil {
 		d.event.Outcome = OutcomeStoreFailed
@@ -377,7 +377,7 @@ func (s *Idempotency) reject(d *delivery, reason string, err error) ([]*message.
 	return nil, nil
 }
 
-func (s *Idempotency) toDeadLetter(d *delivery, reason string, err error) error {
+func (s *Idempotency) toDeadLetter(d *delivery, reason DeadLetterReason, err error) error {
 	if s.deadLetter == nil {
 		return nil
 	}
@@ -492,7 +492,7 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 	}
 	// Forwarded before it is recorded: a failed forward releases the key and
 	// nacks, so the failure is decided again and forwarded on redelivery.
-	if ferr := s.toDeadLetter(d, ReasonCachedFailure, herr); ferr != nil {
+	if ferr := s.toDeadLetter(d, DeadLetterReasonCachedFailure, herr); ferr != nil {
 		d.event.Outcome = OutcomeStoreFailed
 		_ = s.giveBack(ctx, e)
 		return nil, ferr

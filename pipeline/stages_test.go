@@ -310,7 +310,7 @@ func TestDeadLetterOnceAndNeverLost(t *testing.T) {
 	}
 	got := <-dead
 	got.Ack()
-	if got.UUID != "m1" || got.Metadata.Get(pipeline.ReasonKindKey) != pipeline.ReasonCachedFailure {
+	if got.UUID != "m1" || pipeline.DeadLetterReason(got.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonCachedFailure {
 		t.Fatalf("dead letter %s %v", got.UUID, got.Metadata)
 	}
 	select {
@@ -344,7 +344,7 @@ func TestMismatchIsDeadLettered(t *testing.T) {
 	}
 	got := <-dead
 	got.Ack()
-	if string(got.Payload) != `{"amount":2}` || got.Metadata.Get(pipeline.ReasonKindKey) != pipeline.ReasonMismatch {
+	if string(got.Payload) != `{"amount":2}` || pipeline.DeadLetterReason(got.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonMismatch {
 		t.Fatalf("dead letter %q %v", got.Payload, got.Metadata)
 	}
 }

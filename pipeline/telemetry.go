@@ -79,7 +79,7 @@ type Telemetry struct {
 	storeAttrs    [storeOps][]metric.RecordOption
 	storeErrAttrs [storeOps][]metric.AddOption
 	replayAttrs   map[store.Status][]metric.RecordOption
-	reasonAttrs   map[string][]metric.AddOption
+	reasonAttrs   map[DeadLetterReason][]metric.AddOption
 	exhaustAttrs  map[exhaustedAction][]metric.AddOption
 }
 
@@ -156,7 +156,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		idleMP:        idleMP,
 		decisionAttrs: map[string][]metric.AddOption{},
 		outcomeAttrs:  map[Outcome][]metric.AddOption{},
-		reasonAttrs:   map[string][]metric.AddOption{},
+		reasonAttrs:   map[DeadLetterReason][]metric.AddOption{},
 	}
 	var errs [12]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
@@ -205,8 +205,8 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		store.StatusSucceeded: {set("original", store.StatusSucceeded.String())},
 		store.StatusFailed:    {set("original", store.StatusFailed.String())},
 	}
-	for _, r := range []string{ReasonInvalid, ReasonCachedFailure, ReasonMismatch, ReasonRejected} {
-		t.reasonAttrs[r] = []metric.AddOption{set("reason", r)}
+	for _, r := range []DeadLetterReason{DeadLetterReasonInvalid, DeadLetterReasonCachedFailure, DeadLetterReasonMismatch, DeadLetterReasonRejected} {
+		t.reasonAttrs[r] = []metric.AddOption{set("reason", string(r))}
 	}
 	t.exhaustAttrs = map[exhaustedAction][]metric.AddOption{}
 	for _, a := range []exhaustedAction{exhaustedDeadLettered, exhaustedDropped, exhaustedKept} {
@@ -416,7 +416,7 @@ func (t *Telemetry) exhausted(ctx context.Context, a exhaustedAction) {
 	t.exhaustions.Add(ctx, 1, t.exhaustAttrs[a]...)
 }
 
-func (t *Telemetry) deadLettered(ctx context.Context, reason string) {
+func (t *Telemetry) deadLettered(ctx context.Context, reason DeadLetterReason) {
 	t.deadLetters.Add(ctx, 1, t.reasonAttrs[reason]...)
 }
 

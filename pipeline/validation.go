@@ -60,13 +60,13 @@ func (v *Validation) Middleware(h message.HandlerFunc) message.HandlerFunc {
 func (v *Validation) refuse(msg *message.Message, err error) ([]*message.Message, error) {
 	invalid := fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	if v.cfg.DeadLetter != nil {
-		if ferr := v.cfg.DeadLetter.forward(msg, ReasonInvalid, invalid); ferr != nil {
+		if ferr := v.cfg.DeadLetter.forward(msg, DeadLetterReasonInvalid, invalid); ferr != nil {
 			// Not forwarded: nack, so the message is not lost.
 			v.cfg.Logger.LogAttrs(msg.Context(), slog.LevelError, "Forwarding to the dead-letter topic failed; the message is nacked to come back",
 				slog.String("message_uuid", msg.UUID), slog.String("reason", err.Error()), slog.Any("error", ferr))
 			return nil, ferr
 		}
-		v.cfg.Telemetry.deadLettered(msg.Context(), ReasonInvalid)
+		v.cfg.Telemetry.deadLettered(msg.Context(), DeadLetterReasonInvalid)
 	}
 	v.cfg.Telemetry.invalid(msg.Context())
 	v.cfg.Logger.LogAttrs(msg.Context(), slog.LevelInfo, "Invalid message acked without processing", slog.String("message_uuid", msg.UUID), slog.String("reason", err.Error()))

@@ -690,7 +690,7 @@ func TestTransactionalDeadLetter(t *testing.T) {
 	select {
 	case m := <-dead:
 		m.Ack()
-		if m.UUID != "m-12" || m.Metadata.Get(pipeline.ReasonKindKey) != pipeline.ReasonCachedFailure {
+		if m.UUID != "m-12" || pipeline.DeadLetterReason(m.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonCachedFailure {
 			t.Fatalf("dead letter %s %v", m.UUID, m.Metadata)
 		}
 	case <-time.After(10 * time.Second):
