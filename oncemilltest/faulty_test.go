@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/oncemilltest"
-	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 )
@@ -111,7 +110,7 @@ func TestFaultyStoreFailAfter(t *testing.T) {
 }
 
 // An injected store.ErrLeaseLost on Extend is taken for a lost lease: the
-// running handler's context is cancelled with pipeline.ErrLeaseLost.
+// running handler's context is cancelled with a cause wrapping it.
 func TestFaultyStoreLosesLease(t *testing.T) {
 	st := oncemilltest.NewFaultyStore(newStore(t))
 	st.Fail(oncemilltest.OpExtend, oncemilltest.Always(store.ErrLeaseLost))
@@ -126,7 +125,7 @@ func TestFaultyStoreLosesLease(t *testing.T) {
 	b := receiver.New(st).WithPolicy(receiver.Policy{Lease: 300 * time.Millisecond, Heartbeat: 20 * time.Millisecond, NackDelay: -1})
 	ds := oncemilltest.DeliverInSequence(t, b, oncemilltest.NoPublish(h), message.NewMessage("pay-4", nil), 1)
 	ds.RequireOutcomes(t, receiver.OutcomeReleased)
-	if !errors.Is(ds[0].Err, pipeline.ErrLeaseLost) {
+	if !errors.Is(ds[0].Err, store.ErrLeaseLost) {
 		t.Errorf("handler returned %v, want the lost lease", ds[0].Err)
 	}
 }

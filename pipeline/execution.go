@@ -11,9 +11,10 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// ErrLeaseLost is the cancel cause of a handler whose lease was taken over
-// while it ran, and what CheckLease returns then.
-var ErrLeaseLost = fmt.Errorf("oncemill: lease lost while the handler ran: %w", store.ErrLeaseLost)
+// errLeaseLostWhileRunning is the cancel cause of a handler whose lease was
+// taken over while it ran, and what CheckLease returns then. It wraps
+// store.ErrLeaseLost, the one sentinel callers test for.
+var errLeaseLostWhileRunning = fmt.Errorf("oncemill: lease lost while the handler ran: %w", store.ErrLeaseLost)
 
 // execution is one run of the handler under a lease. It is the handler's
 // context, its heartbeat, and the detached context for the store writes that
@@ -124,8 +125,8 @@ func (e *execution) Value(key any) any {
 	return e.current().Value(key)
 }
 
-// lose cancels the handler's context with ErrLeaseLost.
-func (e *execution) lose() { e.cancelable().cancel(ErrLeaseLost) }
+// lose cancels the handler's context with a cause wrapping store.ErrLeaseLost.
+func (e *execution) lose() { e.cancelable().cancel(errLeaseLostWhileRunning) }
 
 // finish releases the cancelable context, if one was made.
 func (e *execution) finish() {
@@ -184,7 +185,7 @@ func (e *execution) extend(ctx context.Context) error {
 		e.confirmedAt(sent)
 	case errors.Is(err, store.ErrLeaseLost):
 		e.lose()
-		return ErrLeaseLost
+		return errLeaseLostWhileRunning
 	}
 	return err
 }
@@ -218,7 +219,7 @@ func (d *detached) Value(key any) any        { return d.parent.Value(key) }
 // cannot take part in a transaction with the record (an HTTP call, an
 // e-mail): a worker paused past its lease (GC, a stopped VM) then learns that
 // another delivery took over instead of acting a second time. It returns an
-// error wrapping ErrLeaseLost when the lease is gone (also when a heartbeat
+// error wrapping store.ErrLeaseLost when the lease is gone (also when a heartbeat
 // found it gone while CheckLease's own extend was in flight, which cancels
 // ctx under it), and nil outside the idempotency stage's handler.
 //
@@ -231,8 +232,8 @@ func CheckLease(ctx context.Context) error {
 		return nil
 	}
 	err := e.extend(ctx)
-	if err != nil && errors.Is(context.Cause(ctx), ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
-		return fmt.Errorf("%w (the extend in flight ended with: %w)", ErrLeaseLost, err)
+	if err != nil && errors.Is(context.Cause(ctx), errLeaseLostWhileRunning) && !errors.Is(err, errLeaseLostWhileRunning) {
+		return fmt.Errorf("%w (the extend in flight ended with: %w)", errLeaseLostWhileRunning, err)
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -44,7 +45,7 @@ func TestRetryRetriesOnlyRetryableErrors(t *testing.T) {
 	}{
 		{"retryable", errors.New("timeout"), 3},
 		{"permanent", policy.Permanent(errors.New("declined")), 1},
-		{"lease lost", pipeline.ErrLeaseLost, 1},
+		{"lease lost", fmt.Errorf("oncemill: lease lost while the handler ran: %w", store.ErrLeaseLost), 1},
 		{"circuit open", pipeline.ErrCircuitOpen, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
