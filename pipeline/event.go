@@ -20,10 +20,10 @@ const (
 	// message is nacked after the attempt's pause (policy.AttemptDelay).
 	// Nacked.
 	OutcomeReleased
-	// InProgressNacked: another delivery held the key past the wait. Nacked.
+	// HeldKeyNacked: another delivery held the key past the wait. Nacked.
 	OutcomeHeldKeyNacked
 	// Rejected: a permanent failure before the handler could run (no key,
-	// mismatch, payload too large, an in-progress duplicate under policy.Reject). Acked.
+	// mismatch, payload too large, a duplicate of a held key under policy.HeldKeyReject). Acked.
 	OutcomeRejected
 	// Unguarded: no key could be computed and the policy said to run anyway.
 	OutcomeUnguarded
@@ -87,7 +87,7 @@ type Event struct {
 	Token    int64
 	Takeover bool
 	// Contended is true when a Begin of this delivery found the key held by
-	// another running delivery (store.InProgress), whatever came of it: a
+	// another running delivery (store.DecisionHeld), whatever came of it: a
 	// wait that ended in a replay or an execution, or a nack. In the
 	// one-transaction mode it comes from store.ClaimResult.Contended: a wait
 	// that ended in an execution (the holder rolled back) is not seen.

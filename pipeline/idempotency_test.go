@@ -330,7 +330,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 			var calls atomic.Int32
 			_, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
 			if !errors.Is(err, pipeline.ErrKeyHeld) {
-				t.Fatalf("got %v, want ErrInProgress (a nack)", err)
+				t.Fatalf("got %v, want ErrKeyHeld (a nack)", err)
 			}
 			if e := h.last(); e.Outcome != pipeline.OutcomeHeldKeyNacked || e.Decision != store.DecisionHeld || !e.Contended || calls.Load() != 0 {
 				t.Fatalf("event %+v, calls %d", e, calls.Load())
@@ -727,7 +727,7 @@ func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
 		outcome pipeline.Outcome
 	}{
 		{"transient", policy.Transient(down), policy.MissingKeyReject, true, pipeline.OutcomeKeyFailed},
-		{"transient, even with ExecuteUnguarded", policy.Transient(down), policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
+		{"transient, even with MissingKeyRunUnguarded", policy.Transient(down), policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
 		{"unclassified (retryable by default)", down, policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
 		{"permanent", policy.Permanent(down), policy.MissingKeyRunUnguarded, false, pipeline.OutcomeRejected},
 	} {
@@ -798,7 +798,7 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 		if _, err := h(msg("m1", "x")); !errors.Is(err, pipeline.ErrKeyHeld) {
 			close(release)
-			t.Fatalf("a duplicate while the first runs = %v, want ErrInProgress (the lease was lost; %d runs)", err, calls.Load())
+			t.Fatalf("a duplicate while the first runs = %v, want ErrKeyHeld (the lease was lost; %d runs)", err, calls.Load())
 		}
 	}
 	close(release)

@@ -160,7 +160,7 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 	}
 	var errs [12]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
-		metric.WithDescription("Deliveries by the idempotency decision: execute, takeover, replay, cached_failure, in_progress, mismatch."))
+		metric.WithDescription("Deliveries by the idempotency decision: execute, takeover, replay, cached_failure, held, mismatch."))
 	t.outcomes, errs[1] = m.Int64Counter("oncemill.outcomes", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries by what the idempotency stage did, acked or nacked."))
 	t.retries, errs[2] = m.Int64Counter("oncemill.retries", metric.WithUnit("{retry}"),

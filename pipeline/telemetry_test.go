@@ -463,7 +463,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 	}
 }
 
-// A message without a key, run anyway under policy.ExecuteUnguarded: outcome
+// A message without a key, run anyway under policy.MissingKeyRunUnguarded: outcome
 // unguarded, no decision, no store span, and no lease (so no handler
 // duration either).
 func TestTelemetryUnguarded(t *testing.T) {
@@ -564,7 +564,7 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 	if err := run(telNoop, m3); err != nil {
 		t.Fatal(err)
 	}
-	// in_progress: a duplicate arrives while the first delivery runs; and
+	// held: a duplicate arrives while the first delivery runs; and
 	// meanwhile one lease is live.
 	started, proceed, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
@@ -618,9 +618,9 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 	}
 }
 
-// Under policy.Reject a duplicate of a running key is decided in_progress
+// Under policy.HeldKeyReject a duplicate of a running key is decided held
 // and ends rejected (acked, dead-lettered as rejected).
-func TestTelemetryInProgressRejected(t *testing.T) {
+func TestTelemetryHeldKeyRejected(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {

@@ -37,11 +37,11 @@ func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.M
 		Retain:      s.retain,
 	}
 	// The claim itself waits for a transaction that holds the key, up to
-	// the in-progress bound; the waiter polls only records that another
+	// policy.HeldKeyTimeout; the waiter polls only records that another
 	// worker committed in progress (the lease mode's, on a shared table).
 	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
 	for {
-		req.Wait = time.Millisecond // policy.Nack and policy.Reject do not wait
+		req.Wait = time.Millisecond // policy.HeldKeyNack and policy.HeldKeyReject do not wait
 		if s.policy.HeldKey == policy.HeldKeyWait {
 			req.Wait = max(time.Until(w.until), time.Millisecond)
 		}

@@ -49,7 +49,7 @@ func New(st store.Store) *Builder {
 // first statement of the handler's own transaction, which the handler
 // finds in its context (postgres.TxFromContext), and the success commits
 // with the handler's writes or not at all. A concurrent duplicate waits for
-// that transaction, up to the in-progress bound. There is no lease to keep
+// that transaction, up to the policy's HeldKeyTimeout. There is no lease to keep
 // alive: the policy's Lease and Heartbeat do not apply.
 func NewTransactional(ts store.Transactional) *Builder {
 	return &Builder{cfg: pipeline.IdempotencyConfig{

@@ -31,7 +31,7 @@ func benchKeys(n int) []string {
 
 var benchResult = make([]byte, 256)
 
-var benchOutcome = store.Completion{Status: store.StatusSucceeded, Result: benchResult, TTL: time.Hour}
+var benchCompletion = store.Completion{Status: store.StatusSucceeded, Result: benchResult, TTL: time.Hour}
 
 // BenchmarkBeginComplete is the path of a first delivery: Begin a new key,
 // then Complete it with a 256-byte result.
@@ -46,7 +46,7 @@ func BenchmarkBeginComplete(b *testing.B) {
 		if err != nil || res.Decision != store.DecisionExecute {
 			b.Fatalf("Begin = %v, %v", res.Decision, err)
 		}
-		if err := s.Complete(ctx, res.Lease, benchOutcome); err != nil {
+		if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -66,7 +66,7 @@ func BenchmarkBeginCompleteParallel(b *testing.B) {
 			if err != nil || res.Decision != store.DecisionExecute {
 				b.Fatalf("Begin = %v, %v", res.Decision, err)
 			}
-			if err := s.Complete(ctx, res.Lease, benchOutcome); err != nil {
+			if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -82,7 +82,7 @@ func BenchmarkReplay(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Complete(ctx, res.Lease, benchOutcome); err != nil {
+	if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
@@ -104,7 +104,7 @@ func BenchmarkReplayParallel(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := s.Complete(ctx, res.Lease, benchOutcome); err != nil {
+		if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
 			b.Fatal(err)
 		}
 	}

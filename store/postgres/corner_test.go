@@ -69,7 +69,7 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 		VALUES ('c', $1, 1, nextval('`+seq+`'), 1, now() + interval '1 hour', now() + interval '1 hour', now(), now())
 		RETURNING token`)
 	if res.Decision != store.DecisionHeld || res.Record.Token != token {
-		t.Fatalf("Begin after a concurrent insert = %v (record %+v), want in_progress with token %d", res.Decision, res.Record, token)
+		t.Fatalf("Begin after a concurrent insert = %v (record %+v), want held with token %d", res.Decision, res.Record, token)
 	}
 
 	// 2. The snapshot saw an expired lease (takeable), but another worker
@@ -83,6 +83,6 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 		expires_at = now() + interval '1 hour'
 		WHERE scope = 'c' AND key = $1 RETURNING token`)
 	if res.Decision != store.DecisionHeld || res.Record.Token != token || token <= first.Lease.Token {
-		t.Fatalf("Begin after a concurrent takeover = %v (record %+v), want in_progress with the new token %d", res.Decision, res.Record, token)
+		t.Fatalf("Begin after a concurrent takeover = %v (record %+v), want held with the new token %d", res.Decision, res.Record, token)
 	}
 }

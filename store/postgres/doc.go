@@ -40,7 +40,7 @@
 // key when it is absent, expired, released, or held by an expired lease (the
 // fingerprint rule of the contract applies to what it carries on), combined
 // with a read of the row it did not take, so the decision (Execute, with or
-// without takeover; Replay; InProgress; Mismatch) comes back in one round
+// without takeover; Replay; Held; Mismatch) comes back in one round
 // trip. When a concurrent transaction committed the row after the
 // statement's snapshot (READ COMMITTED: neither inserted nor visible), the
 // statement runs again. Complete, Release and Extend are single-row UPDATEs

@@ -58,7 +58,7 @@ type Options struct {
 	// store.ErrInvalidRequest; the idempotency stage hashes them first
 	// (keygen.StorableKey).
 	MaxKeyLen int
-	// MaxResultBytes bounds Outcome.Result (default 1 MiB, at most 64 MiB).
+	// MaxResultBytes bounds Completion.Result (default 1 MiB, at most 64 MiB).
 	// Keep it at least policy.MaxResultBytes, or a success whose produced
 	// messages fit the policy is refused here.
 	MaxResultBytes int

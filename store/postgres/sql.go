@@ -107,7 +107,7 @@ const (
 //
 // The upsert takes the key when it is absent, free, or carried on. For a
 // key it did not take, the second half of the UNION returns the row as the
-// statement's snapshot saw it, with the decision: Replay, InProgress or
+// statement's snapshot saw it, with the decision: Replay, Held or
 // Mismatch. Decision 0, or no row at all, is the READ COMMITTED corner:
 // another transaction changed or inserted the row after this statement's
 // snapshot was taken (the upsert saw the newest version, the SELECT an

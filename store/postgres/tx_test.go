@@ -354,7 +354,7 @@ func TestTransactionalWaiterTakesTheKeyAfterARollback(t *testing.T) {
 	}
 }
 
-// A duplicate waits at most the in-progress bound, then nacks.
+// A duplicate waits at most HeldKeyTimeout, then nacks.
 func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 	t.Parallel()
 	p := policy.Policy{}.WithDefaults()
@@ -371,7 +371,7 @@ func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 	_, err := f.deliver("m-8")
 	waited := time.Since(start)
 	if !errors.Is(err, pipeline.ErrKeyHeld) {
-		t.Fatalf("duplicate past the bound = %v, want ErrInProgress (a nack)", err)
+		t.Fatalf("duplicate past the bound = %v, want ErrKeyHeld (a nack)", err)
 	}
 	if waited < p.HeldKeyTimeout {
 		t.Fatalf("the duplicate gave up after %v, before the bound %v", waited, p.HeldKeyTimeout)

@@ -25,7 +25,7 @@ import (
 // msgs/s counts messages: one Begin and one Complete each (a SET NX and a
 // script).
 
-var benchOutcome = store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
+var benchCompletion = store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
 
 func benchStore(b *testing.B, poolSize int, autoPipeline bool) *oredis.Store {
 	b.Helper()
@@ -73,7 +73,7 @@ func beginComplete(ctx context.Context, s *oredis.Store, key string) error {
 	if res.Decision != store.DecisionExecute {
 		return fmt.Errorf("Begin(%s) = %v, want execute", key, res.Decision)
 	}
-	return s.Complete(ctx, res.Lease, benchOutcome)
+	return s.Complete(ctx, res.Lease, benchCompletion)
 }
 
 // BenchmarkBeginComplete is a first delivery: Begin a new key, then
@@ -205,7 +205,7 @@ return 1
 // with the same 256-byte result as oncemill's. Nothing else: no record
 // layout, no checks, no hash tag.
 func minimalLease(ctx context.Context, c goredis.Cmdable, prefix string) func(i int) error {
-	result := string(benchOutcome.Result)
+	result := string(benchCompletion.Result)
 	return func(i int) error {
 		key := prefix + strconv.Itoa(i)
 		lease := strconv.FormatInt(time.Now().UnixMicro(), 10) + "|1|fp"
