@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
@@ -110,52 +111,6 @@ func poisonVisibility(p policy.Policy) time.Duration {
 	return longest.Truncate(time.Second) + time.Second
 }
 
-// logSink is a slog.Handler that keeps every line.
-type logSink struct {
-	mu    sync.Mutex
-	lines []logLine
-}
-
-type logLine struct {
-	level  slog.Level
-	msg    string
-	err    error
-	fields map[string]any
-}
-
-func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
-
-func (s *logSink) Handle(_ context.Context, r slog.Record) error {
-	l := logLine{level: r.Level, msg: r.Message, fields: map[string]any{}}
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "error" {
-			l.err, _ = a.Value.Any().(error)
-		}
-		l.fields[a.Key] = a.Value.Any()
-		return true
-	})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.lines = append(s.lines, l)
-	return nil
-}
-
-func (s *logSink) WithAttrs([]slog.Attr) slog.Handler { return s }
-func (s *logSink) WithGroup(string) slog.Handler      { return s }
-
-// errorLines are the error-level lines about the message uuid.
-func (s *logSink) errorLines(uuid string) []logLine {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []logLine
-	for _, l := range s.lines {
-		if l.level == slog.LevelError && l.fields["message_uuid"] == uuid {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // poisonRun is what one run saw.
 type poisonRun struct {
 	mu          sync.Mutex
@@ -237,8 +192,8 @@ func runPoison(t *testing.T, bk brokerKind, p policy.Policy, withDeadLetter bool
 
 	poison := watermill.NewUUID()
 	r := &poisonRun{charges: map[string]int{}, chargedAt: map[string]time.Time{}}
-	logs := &logSink{}
-	b := receiver.New(st).WithScope("poison").WithPolicy(p).WithLogger(slog.New(logs)).
+	logs, logger := testenv.NewLogs()
+	b := receiver.New(st).WithScope("poison").WithPolicy(p).WithLogger(logger).
 		WithMessagingSystem(map[string]string{"kafka": receiver.MessagingSystemKafka, "amqp-v3": receiver.MessagingSystemRabbitMQ, "sqs": receiver.MessagingSystemSQS}[bk.name]).
 		WithEventHandler(func(e pipeline.Event) {
 			if e.MessageUUID != poison || !e.Exhausted {
@@ -378,10 +333,16 @@ func runPoison(t *testing.T, bk brokerKind, p policy.Policy, withDeadLetter bool
 		}
 		dlMu.Unlock()
 	}
-	if lines := logs.errorLines(poison); len(lines) != 1 {
+	var lines []testenv.LogLine
+	for _, l := range logs.At(slog.LevelError) {
+		if l.Attrs["message_uuid"] == poison {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 {
 		t.Errorf("%d error-level log lines about the poison; want 1 (its last attempt): %+v", len(lines), lines)
-	} else if !errors.Is(lines[0].err, errPoison) {
-		t.Errorf("the error-level line about the poison carries %v; want the handler's error", lines[0].err)
+	} else if !errors.Is(lines[0].Err(), errPoison) {
+		t.Errorf("the error-level line about the poison carries %v; want the handler's error", lines[0].Err())
 	}
 }
 

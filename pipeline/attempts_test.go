@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -25,7 +26,7 @@ import (
 // recorded as usual.
 func TestAttemptCapKeepsTheMessageWithoutADeadLetter(t *testing.T) {
 	t.Parallel()
-	logs, logger := newLogCapture()
+	logs, logger := testenv.NewLogs()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxAttempts, c.Logger = 2, logger })
 	var calls atomic.Int32
 	healed := false
@@ -49,7 +50,7 @@ func TestAttemptCapKeepsTheMessageWithoutADeadLetter(t *testing.T) {
 	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 3 {
 		t.Fatalf("record %+v, %v: want the key released after attempt 3, nothing cached", rec, err)
 	}
-	if errs := logs.at(slog.LevelError); len(errs) != 2 || !strings.Contains(errs[0].Msg, "no dead letter") {
+	if errs := logs.At(slog.LevelError); len(errs) != 2 || !strings.Contains(errs[0].Msg, "no dead letter") {
 		t.Fatalf("error lines %+v, want one per exhausted attempt (2)", errs)
 	}
 	healed = true

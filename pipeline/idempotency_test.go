@@ -221,7 +221,7 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 // reaches the cap caches the failure and acks, and says so at error level.
 func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	t.Parallel()
-	logs, logger := newLogCapture()
+	logs, logger := testenv.NewLogs()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Policy.MaxAttempts, c.Policy.Exhausted, c.Logger = 3, policy.ExhaustedDrop, logger
 	})
@@ -255,7 +255,7 @@ func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	if e := h.events[2]; !e.Exhausted {
 		t.Fatalf("the capped attempt's event %+v must say Exhausted", e)
 	}
-	if errs := logs.at(slog.LevelError); len(errs) != 1 || !strings.Contains(errs[0].Msg, "DROPPED") {
+	if errs := logs.At(slog.LevelError); len(errs) != 1 || !strings.Contains(errs[0].Msg, "DROPPED") {
 		t.Fatalf("error lines %+v, want one saying the message was dropped", errs)
 	}
 }

@@ -1,11 +1,9 @@
 package pipeline_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -13,64 +11,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 )
-
-// logCapture is a slog.Handler that keeps every record, at every level.
-type logCapture struct {
-	mu      sync.Mutex
-	records []logLine
-}
-
-// logLine is one captured record: its level, message and attributes.
-type logLine struct {
-	Level slog.Level
-	Msg   string
-	Attrs map[string]any
-}
-
-// newLogCapture returns a capture and a logger writing to it.
-func newLogCapture() (*logCapture, *slog.Logger) {
-	c := &logCapture{}
-	return c, slog.New(c)
-}
-
-func (c *logCapture) Enabled(context.Context, slog.Level) bool { return true }
-
-func (c *logCapture) Handle(_ context.Context, r slog.Record) error {
-	l := logLine{Level: r.Level, Msg: r.Message, Attrs: map[string]any{}}
-	r.Attrs(func(a slog.Attr) bool {
-		l.Attrs[a.Key] = a.Value.Any()
-		return true
-	})
-	c.mu.Lock()
-	c.records = append(c.records, l)
-	c.mu.Unlock()
-	return nil
-}
-
-func (c *logCapture) WithAttrs([]slog.Attr) slog.Handler { return c }
-func (c *logCapture) WithGroup(string) slog.Handler      { return c }
-
-// at returns the lines logged at level.
-func (c *logCapture) at(level slog.Level) []logLine {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []logLine
-	for _, l := range c.records {
-		if l.Level == level {
-			out = append(out, l)
-		}
-	}
-	return out
-}
 
 // A Begin that fails logs one error line per delivery, with the store's
 // error and the delivery's fields, before the nack.
 func TestStoreFailureIsLogged(t *testing.T) {
 	t.Parallel()
-	logs, logger := newLogCapture()
+	logs, logger := testenv.NewLogs()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Store, c.Logger = &failingStore{Store: c.Store, failBegin: true}, logger
 	})
@@ -80,7 +30,7 @@ func TestStoreFailureIsLogged(t *testing.T) {
 			t.Fatalf("got %v, want a nack wrapping the store error", err)
 		}
 	}
-	errs := logs.at(slog.LevelError)
+	errs := logs.At(slog.LevelError)
 	if len(errs) != 2 {
 		t.Fatalf("error lines %+v, want one per failed delivery (2)", errs)
 	}
@@ -105,7 +55,7 @@ func TestDeadLetterFailureIsLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs, logger := newLogCapture()
+	logs, logger := testenv.NewLogs()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.DeadLetter, c.Logger = dl, logger
 		c.Policy.MaxPayloadBytes = 4
@@ -119,7 +69,7 @@ func TestDeadLetterFailureIsLogged(t *testing.T) {
 	if _, err := handler(msg("m2", "x")); err == nil {
 		t.Fatal("a cached failure whose forward failed must nack")
 	}
-	errs := logs.at(slog.LevelError)
+	errs := logs.At(slog.LevelError)
 	if len(errs) != 2 {
 		t.Fatalf("error lines %+v, want one per failed forward (2)", errs)
 	}
@@ -144,7 +94,7 @@ func TestValidationDeadLetterFailureIsLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs, logger := newLogCapture()
+	logs, logger := testenv.NewLogs()
 	v, err := pipeline.NewValidation(pipeline.ValidationConfig{
 		Validate:   func(*message.Message) error { return errors.New("no amount") },
 		DeadLetter: dl,
@@ -156,7 +106,7 @@ func TestValidationDeadLetterFailureIsLogged(t *testing.T) {
 	if _, err := v.Middleware(produce(new(atomic.Int32)))(msg("m1", "x")); err == nil {
 		t.Fatal("an invalid message whose forward failed must nack")
 	}
-	errs := logs.at(slog.LevelError)
+	errs := logs.At(slog.LevelError)
 	if len(errs) != 1 {
 		t.Fatalf("error lines %+v, want 1", errs)
 	}

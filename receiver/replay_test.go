@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/internal/teltest"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
@@ -23,7 +24,7 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 	}
 	defer st.Close()
 	sdk := teltest.New(t)
-	logs := &logCapture{}
+	logs := &testenv.Logs{}
 	declined := errors.New("card declined")
 	r, err := receiver.New(st).
 		WithScope("payments").
@@ -45,7 +46,7 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 		_, _ = h(message.NewMessage(uuid, []byte("{}")))
 	}
 
-	infos := logs.at(slog.LevelInfo)
+	infos := logs.At(slog.LevelInfo)
 	byOriginal := map[string]int{}
 	for _, m := range infos {
 		if m.Msg != "Duplicate replayed; the handler did not run" {
@@ -71,7 +72,7 @@ func TestReplaysAreNotLoggedByDefault(t *testing.T) {
 	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
-	logs := &logCapture{}
+	logs := &testenv.Logs{}
 	r, err := receiver.New(st).WithLogger(slog.New(logs)).Build()
 	if err != nil {
 		t.Fatal(err)
@@ -82,9 +83,7 @@ func TestReplaysAreNotLoggedByDefault(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	logs.mu.Lock()
-	defer logs.mu.Unlock()
-	if len(logs.records) != 0 {
-		t.Fatalf("lines %+v, want none", logs.records)
+	if all := logs.All(); len(all) != 0 {
+		t.Fatalf("lines %+v, want none", all)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/oncemill/oncemill/internal/teltest"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
@@ -495,7 +496,7 @@ func TestReceiverLogsThroughSlog(t *testing.T) {
 // an int and the error as the handler's error.
 func TestReceiverLogsTheHandlersError(t *testing.T) {
 	t.Parallel()
-	logs := &logCapture{}
+	logs := &testenv.Logs{}
 	r, err := receiver.New(telStore(t)).WithScope("payments").WithLogger(slog.New(logs)).Build()
 	if err != nil {
 		t.Fatal(err)
@@ -505,7 +506,7 @@ func TestReceiverLogsTheHandlersError(t *testing.T) {
 	if _, err := h(message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
 		t.Fatal(err)
 	}
-	errs := logs.at(slog.LevelError)
+	errs := logs.At(slog.LevelError)
 	if len(errs) != 1 {
 		t.Fatalf("captured errors %v, want 1", errs)
 	}

@@ -1,6 +1,8 @@
 package testenv_test
 
 import (
+	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -48,5 +50,22 @@ func TestPoolAndSchema(t *testing.T) {
 	}
 	if _, err := pool.Exec(t.Context(), "CREATE SCHEMA "+schema); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestLogsKeepEveryLine(t *testing.T) {
+	logs, logger := testenv.NewLogs()
+	boom := errors.New("boom")
+	logger.Info("hello", "key", "k1")
+	logger.Error("failed", "error", boom)
+	if all := logs.All(); len(all) != 2 {
+		t.Fatalf("%d lines, want 2", len(all))
+	}
+	errs := logs.At(slog.LevelError)
+	if len(errs) != 1 || errs[0].Msg != "failed" || !errors.Is(errs[0].Err(), boom) {
+		t.Fatalf("error lines %+v, want one carrying boom", errs)
+	}
+	if infos := logs.At(slog.LevelInfo); len(infos) != 1 || infos[0].Attrs["key"] != "k1" || infos[0].Err() != nil {
+		t.Fatalf("info lines %+v", infos)
 	}
 }
