@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -17,7 +16,6 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/pipeline"
@@ -253,16 +251,7 @@ func windowStore(t *testing.T, name, ns string) (store.Store, *toxiproxy.Proxy) 
 		return st, proxy
 	case "postgres":
 		proxy := faultProxy(t, pgUpstream(t))
-		u, err := url.Parse(env.postgresDSN)
-		must(t, err)
-		u.Host = proxy.Listen
-		cfg, err := pgxpool.ParseConfig(u.String())
-		must(t, err)
-		cfg.MaxConns = 16
-		cfg.ConnConfig.ConnectTimeout = 500 * time.Millisecond
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		must(t, err)
-		t.Cleanup(pool.Close)
+		pool := proxiedPool(t, proxy, 16, 500*time.Millisecond)
 		st, err := postgres.New(pool, postgres.Options{Schema: ns, StatementTimeout: 500 * time.Millisecond, CleanupInterval: -1})
 		must(t, err)
 		t.Cleanup(func() { _ = st.Close() })

@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,7 +14,6 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
@@ -139,20 +136,8 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 	var handler message.HandlerFunc
 	switch kind.name {
 	case "postgres":
-		u, err := url.Parse(env.postgresDSN)
-		must(t, err)
-		upstream := u.Host
-		if !strings.Contains(upstream, ":") {
-			upstream = net.JoinHostPort(upstream, "5432")
-		}
-		proxy := faultProxy(t, upstream)
-		u.Host = proxy.Listen
-		cfg, err := pgxpool.ParseConfig(u.String())
-		must(t, err)
-		cfg.MaxConns = 16
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		must(t, err)
-		t.Cleanup(pool.Close)
+		proxy := faultProxy(t, pgUpstream(t))
+		pool := proxiedPool(t, proxy, 16, 0) // pgx's default connect timeout, as before
 		direct := pgPool(t)
 		st, err := postgres.New(pool, postgres.Options{Schema: ns, StatementTimeout: 500 * time.Millisecond, CleanupInterval: -1})
 		must(t, err)

@@ -328,7 +328,7 @@ func runOutage(t *testing.T, bk brokerKind, mode outageMode, cut time.Duration) 
 	must(t, err)
 
 	r.proxy = faultProxy(t, pgUpstream(t))
-	r.pool = proxiedPool(t, r.proxy)
+	r.pool = proxiedPool(t, r.proxy, 4, 2*time.Second) // the consumers are serial; many runs share the server
 
 	b, handler := mode.setup(t, r)
 	rc, err := b.WithScope("outage").WithEventHandler(r.onEvent).Build()
@@ -463,16 +463,17 @@ func pgUpstream(t *testing.T) string {
 	return u.Host
 }
 
-// proxiedPool is a pool to the test PostgreSQL through p, whose connects
-// fail within 2 s: a cut makes the handler fail fast, not hang.
-func proxiedPool(t *testing.T, p *toxiproxy.Proxy) *pgxpool.Pool {
+// proxiedPool is a pool to the test PostgreSQL through p, with maxConns
+// connections whose connects fail within connectTimeout: a cut makes a
+// caller fail fast, not hang.
+func proxiedPool(t *testing.T, p *toxiproxy.Proxy, maxConns int32, connectTimeout time.Duration) *pgxpool.Pool {
 	u, err := url.Parse(env.postgresDSN)
 	must(t, err)
 	u.Host = p.Listen
 	cfg, err := pgxpool.ParseConfig(u.String())
 	must(t, err)
-	cfg.MaxConns = 4 // the consumers are serial; many runs share the server
-	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.ConnectTimeout = connectTimeout
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	must(t, err)
 	t.Cleanup(pool.Close)
