@@ -186,6 +186,10 @@ func (e *execution) extend(ctx context.Context) error {
 	case errors.Is(err, store.ErrLeaseLost):
 		e.lose()
 		return errLeaseLostWhileRunning
+	case errors.Is(context.Cause(ctx), errLeaseLostWhileRunning):
+		// Another extend (a heartbeat) found the lease gone while this one
+		// was in flight, and canceled ctx, the handler's, under it.
+		return fmt.Errorf("%w (the extend in flight ended with: %w)", errLeaseLostWhileRunning, err)
 	}
 	return err
 }
@@ -231,9 +235,5 @@ func CheckLease(ctx context.Context) error {
 	if !ok || e.claim != nil {
 		return nil
 	}
-	err := e.extend(ctx)
-	if err != nil && errors.Is(context.Cause(ctx), errLeaseLostWhileRunning) && !errors.Is(err, errLeaseLostWhileRunning) {
-		return fmt.Errorf("%w (the extend in flight ended with: %w)", errLeaseLostWhileRunning, err)
-	}
-	return err
+	return e.extend(ctx)
 }

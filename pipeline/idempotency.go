@@ -662,30 +662,26 @@ func (s *Idempotency) logReplay(d *delivery, rec *store.Record) {
 	if !s.logger.Enabled(ctx, level) {
 		return
 	}
-	s.logger.LogAttrs(ctx, level, "Duplicate replayed; the handler did not run",
-		slog.String("message_uuid", d.event.MessageUUID),
-		slog.String("scope", d.event.Scope),
-		slog.String("key", d.event.Key),
-		slog.Int("attempt", d.event.Attempt),
+	s.logger.LogAttrs(ctx, level, "Duplicate replayed; the handler did not run", s.attrs(d,
 		slog.String("original", rec.Status.String()),
 		slog.Int("original_attempt", rec.Attempt),
 		slog.String("age", time.Since(rec.UpdatedAt).Round(time.Millisecond).String()),
-	)
+	)...)
 }
 
 // logError logs msg at error level with the delivery's fields and err.
 func (s *Idempotency) logError(d *delivery, msg string, err error) {
-	s.logger.LogAttrs(d.msg.Context(), slog.LevelError, msg, append(s.attrs(d), slog.Any("error", err))...)
+	s.logger.LogAttrs(d.msg.Context(), slog.LevelError, msg, s.attrs(d, slog.Any("error", err))...)
 }
 
-// attrs are the delivery's fields, with room for one more.
-func (s *Idempotency) attrs(d *delivery) []slog.Attr {
-	return append(make([]slog.Attr, 0, 5),
+// attrs are the delivery's fields, then extra.
+func (s *Idempotency) attrs(d *delivery, extra ...slog.Attr) []slog.Attr {
+	return append(append(make([]slog.Attr, 0, 4+len(extra)),
 		slog.String("message_uuid", d.event.MessageUUID),
 		slog.String("scope", d.event.Scope),
 		slog.String("key", d.event.Key),
 		slog.Int("attempt", d.event.Attempt),
-	)
+	), extra...)
 }
 
 // runHandler turns a panic into an error the way middleware.Recoverer does.
