@@ -143,18 +143,25 @@ func (c *completeFails) Complete(ctx context.Context, l store.Lease, o store.Com
 	return c.Store.Complete(ctx, l, o)
 }
 
-// A success whose completion fails is tried again while the lease is
-// still held, so a store back within the lease records it: a duplicate then
-// replays instead of running again.
-func TestCompletionRetriedWhileTheLeaseIsHeld(t *testing.T) {
-	t.Parallel()
+// completionDown is a stage over a store whose Complete fails until told
+// otherwise, with the given lease and heartbeat.
+func completionDown(t *testing.T, lease, heartbeat time.Duration) (*harness, *completeFails) {
 	fails := &completeFails{}
 	fails.down.Store(true)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		fails.Store = c.Store
 		c.Store = fails
-		c.Policy.Lease, c.Policy.Heartbeat = 20*time.Second, time.Second
+		c.Policy.Lease, c.Policy.Heartbeat = lease, heartbeat
 	})
+	return h, fails
+}
+
+// A success whose completion fails is tried again while the lease is
+// still held, so a store back within the lease records it: a duplicate then
+// replays instead of running again.
+func TestCompletionRetriedWhileTheLeaseIsHeld(t *testing.T) {
+	t.Parallel()
+	h, fails := completionDown(t, 20*time.Second, time.Second)
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
 	go func() {
@@ -182,13 +189,7 @@ func TestCompletionRetriedWhileTheLeaseIsHeld(t *testing.T) {
 // takeover's), and the success is acked with the error in its event.
 func TestCompletionGivenUpAsTheLeaseRunsOut(t *testing.T) {
 	t.Parallel()
-	fails := &completeFails{}
-	fails.down.Store(true)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		fails.Store = c.Store
-		c.Store = fails
-		c.Policy.Lease, c.Policy.Heartbeat = 400*time.Millisecond, 100*time.Millisecond
-	})
+	h, fails := completionDown(t, 400*time.Millisecond, 100*time.Millisecond)
 	done := make(chan error, 1)
 	go func() { _, err := h.stage.Middleware(produce(new(atomic.Int32)))(msg("m1", "x")); done <- err }()
 	select {
