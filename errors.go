@@ -13,7 +13,7 @@ var ErrInvalidConfig = errors.New("oncemill: invalid configuration")
 // ConfigError is a setting that cannot work. Its message names the setting
 // and says what to change; errors.Is(err, ErrInvalidConfig) holds for it.
 type ConfigError struct {
-	// Setting names what is wrong, as the user wrote it: "policy.Lease",
+	// Setting names what is wrong, as the user wrote it: "policy.LeaseDuration",
 	// "RetryConfig.MaxTries", "postgres.Options.Schema", "WithScope".
 	Setting string
 	// Problem says what is wrong and what to change.

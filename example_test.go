@@ -10,7 +10,7 @@ import (
 )
 
 func ExampleConfigError() {
-	err := policy.Policy{Lease: 30 * time.Second, Heartbeat: 40 * time.Second}.Validate()
+	err := policy.Policy{LeaseDuration: 30 * time.Second, Heartbeat: 40 * time.Second}.Validate()
 	var ce *oncemill.ConfigError
 	fmt.Println(errors.Is(err, oncemill.ErrInvalidConfig), errors.As(err, &ce), ce.Setting)
 	// Output: true true policy.Heartbeat

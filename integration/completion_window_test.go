@@ -23,7 +23,7 @@ import (
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // TestLeaseModeCompletionWindow measures how long a cut of the record
@@ -56,7 +56,7 @@ func TestLeaseModeCompletionWindow(t *testing.T) {
 		policy policy.Policy
 		within bool // the cut is shorter than 0.9 × Lease
 	}{
-		{"lease_3s", policy.Policy{Lease: 3 * time.Second, Heartbeat: time.Second}, false},
+		{"lease_3s", policy.Policy{LeaseDuration: 3 * time.Second, Heartbeat: time.Second}, false},
 		{"lease_30s_default", policy.Policy{}, true},
 	}
 	var mu sync.Mutex
@@ -106,7 +106,7 @@ func TestLeaseModeCompletionWindow(t *testing.T) {
 				rows = append(rows, row)
 				mu.Unlock()
 				t.Logf("%s, lease %v, cut %v: %d deliveries (%d messages, each twice), %d store failures, %d replays, %d held-key nacks, %d takeovers; %d completions given up (%d logged), %d doubles, %d lost; all acked %v after the heal, run %v",
-					storeName, l.policy.WithDefaults().Lease, windowCut, r.deliveries.Load(), windowMessages, r.storeFailures.Load(), r.replays.Load(),
+					storeName, l.policy.WithDefaults().LeaseDuration, windowCut, r.deliveries.Load(), windowMessages, r.storeFailures.Load(), r.replays.Load(),
 					r.heldNacks.Load(), r.takeovers.Load(), givenUpN, loggedN, doubles, len(lost), r.healTook.Round(time.Millisecond),
 					time.Since(start).Round(time.Millisecond))
 				if len(doubled) > 0 {
@@ -120,15 +120,15 @@ func TestLeaseModeCompletionWindow(t *testing.T) {
 					t.Errorf("%d completions given up (events) but %d logged", givenUpN, loggedN)
 				}
 				if r.storeFailures.Load() == 0 {
-					t.Errorf("no Begin failed during the %v cut: the cut did not reach the store", windowCut)
+					t.Errorf("no ClaimLease failed during the %v cut: the cut did not reach the store", windowCut)
 				}
 				if l.within {
 					if givenUpN > 0 {
-						t.Errorf("%d completions given up although the %v cut is shorter than 0.9 × the %v lease", givenUpN, windowCut, l.policy.WithDefaults().Lease)
+						t.Errorf("%d completions given up although the %v cut is shorter than 0.9 × the %v lease", givenUpN, windowCut, l.policy.WithDefaults().LeaseDuration)
 					}
 					if doubles > 0 {
 						t.Errorf("%d messages ran twice although the %v cut is shorter than 0.9 × the %v lease: %s", len(doubled), windowCut,
-							l.policy.WithDefaults().Lease, strings.Join(doubled[:min(5, len(doubled))], ", "))
+							l.policy.WithDefaults().LeaseDuration, strings.Join(doubled[:min(5, len(doubled))], ", "))
 					}
 				} else {
 					if len(unexplained) > 0 {
@@ -136,7 +136,7 @@ func TestLeaseModeCompletionWindow(t *testing.T) {
 					}
 					if givenUpN == 0 {
 						t.Errorf("no completion was given up although the %v cut is longer than the %v lease: the cut met no handler at work",
-							windowCut, l.policy.WithDefaults().Lease)
+							windowCut, l.policy.WithDefaults().LeaseDuration)
 					}
 				}
 			})
@@ -245,7 +245,7 @@ func windowStore(t *testing.T, name, ns string) (store.Store, *toxiproxy.Proxy) 
 		client := goredis.NewClient(&goredis.Options{Addr: proxy.Listen, DialTimeout: 500 * time.Millisecond, DialerRetries: 1,
 			ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, MaxRetries: -1})
 		t.Cleanup(func() { _ = client.Close() })
-		st, err := oredis.New(client, oredis.Options{Prefix: ns})
+		st, err := redisstore.New(client, redisstore.Options{Prefix: ns})
 		must(t, err)
 		t.Cleanup(func() { _ = st.Close() })
 		return st, proxy

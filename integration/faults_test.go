@@ -22,7 +22,7 @@ import (
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // The fault suite puts a toxiproxy proxy, in process, between the pipeline
@@ -128,7 +128,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 	t.Cleanup(func() { kind.cleanup(t, ns) })
 	r := &faultRun{}
 	p := policy.Policy{
-		Lease: 2 * time.Second, Heartbeat: 600 * time.Millisecond,
+		LeaseDuration: 2 * time.Second, Heartbeat: 600 * time.Millisecond,
 		NackDelay:   50 * time.Millisecond,
 		MaxAttempts: 1 << 20, // faults are not the handler's failures
 	}
@@ -147,7 +147,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		_, err = direct.Exec(context.Background(), "CREATE TABLE "+ledger+" (id bigserial PRIMARY KEY, uuid text NOT NULL)")
 		must(t, err)
 		b = receiver.NewTransactional(st)
-		p.Lease, p.Heartbeat = 0, 0 // the claim is held by the handler's transaction
+		p.LeaseDuration, p.Heartbeat = 0, 0 // the claim is held by the handler's transaction
 		handler = func(m *message.Message) ([]*message.Message, error) {
 			tx, _ := postgres.TxFromContext(m.Context())
 			_, err := tx.Exec(m.Context(), "INSERT INTO "+ledger+" (uuid) VALUES ($1)", m.UUID)
@@ -172,7 +172,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		client := goredis.NewClient(&goredis.Options{Addr: proxy.Listen, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
 			DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
 		t.Cleanup(func() { _ = client.Close() })
-		st, err := oredis.New(client, oredis.Options{Prefix: ns})
+		st, err := redisstore.New(client, redisstore.Options{Prefix: ns})
 		must(t, err)
 		var mu sync.Mutex
 		effects := map[string]int{}

@@ -30,7 +30,7 @@ import (
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 	"github.com/oncemill/oncemill/store/postgres"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/tiered"
 )
 
@@ -127,7 +127,7 @@ const (
 	outageSQSVisibility = 20 * time.Second
 	// outageTieredLease is the lease of the tiered runs, the one setting
 	// that departs from the defaults. Their leases live in the PostgreSQL
-	// that is cut: a Begin that committed but whose reply the cut lost, or
+	// that is cut: a ClaimLease that committed but whose reply the cut lost, or
 	// a Release the cut refused, leaves a lease that no delivery owns, and
 	// every redelivery of that message is nacked as held (HeldKeyWait, 5 s,
 	// then NackDelay) until it expires. On a serial consumer (a Kafka
@@ -167,7 +167,7 @@ var outageModes = []outageMode{
 	{"redis", func(t *testing.T, r *outageRun) (*receiver.Builder, message.NoPublishHandlerFunc) {
 		// The lease mode with the records in Redis, which stays up: only
 		// the handler's database goes away.
-		st, err := oredis.New(redisClient(t), oredis.Options{Prefix: r.ns})
+		st, err := redisstore.New(redisClient(t), redisstore.Options{Prefix: r.ns})
 		must(t, err)
 		t.Cleanup(func() { _ = st.Close() })
 		return receiver.New(st), r.bookOnPool
@@ -203,7 +203,7 @@ var outageModes = []outageMode{
 		st, err := tiered.New(r.pgStore(t), cache, tiered.Options{Prefix: r.ns})
 		must(t, err)
 		t.Cleanup(func() { _ = st.Close() })
-		return receiver.New(st).WithPolicy(receiver.Policy{Lease: outageTieredLease}), r.bookOnPool
+		return receiver.New(st).WithPolicy(receiver.Policy{LeaseDuration: outageTieredLease}), r.bookOnPool
 	}},
 }
 
@@ -243,7 +243,7 @@ func (r *outageRun) row(broker, mode string, cut time.Duration) string {
 // pool, in a statement of its own, written as docs/operations.md advises
 // for an effect outside the record: a cut can lose the answer of an
 // insert that committed, and the lease mode cannot tell, so a later attempt
-// (receiver.LeaseFromContext) books only if no earlier one did. The first
+// (pipeline.ClaimFromContext) books only if no earlier one did. The first
 // attempt, nearly every message, pays nothing for the check.
 func (r *outageRun) bookOnPool(m *message.Message) error {
 	ctx, cancel := context.WithTimeout(m.Context(), 5*time.Second)
@@ -275,7 +275,7 @@ func (r *outageRun) onEvent(e pipeline.Event) {
 		r.handlerFailures.Add(1)
 	case pipeline.OutcomeStoreFailed:
 		r.storeFailures.Add(1)
-	case pipeline.OutcomeFailureCached:
+	case pipeline.OutcomeCachedFailure:
 		r.failureCached.Add(1)
 	}
 	if e.Exhausted {
@@ -435,7 +435,7 @@ func runOutage(t *testing.T, bk brokerKind, mode outageMode, cut time.Duration) 
 		t.Errorf("%d deliveries ran out of attempts (Event.Exhausted)", n)
 	}
 	if n := r.failureCached.Load(); n > 0 {
-		t.Errorf("%d deliveries were acked as failures (OutcomeFailureCached)", n)
+		t.Errorf("%d deliveries were acked as failures (OutcomeCachedFailure)", n)
 	}
 	if r.healTook > outageLiveness {
 		t.Errorf("all messages acked %v after the heal; want within %v", r.healTook.Round(time.Millisecond), outageLiveness)

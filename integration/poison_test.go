@@ -19,7 +19,7 @@ import (
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // TestPoisonMessage is issue 23's third point: a message whose handler
@@ -57,7 +57,7 @@ func TestPoisonMessage(t *testing.T) {
 	// default ExhaustedKeep without a dead letter would hold up the
 	// partition for good, and Build refuses it.
 	t.Run("kafka/keep_without_dead_letter_refused", func(t *testing.T) {
-		st, err := oredis.New(redisClient(t), oredis.Options{Prefix: "it_poison_refused"})
+		st, err := redisstore.New(redisClient(t), redisstore.Options{Prefix: "it_poison_refused"})
 		must(t, err)
 		defer st.Close()
 		_, err = receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).Build()
@@ -186,7 +186,7 @@ func runPoison(t *testing.T, bk brokerKind, p policy.Policy, withDeadLetter bool
 		return n, first
 	}
 
-	st, err := oredis.New(redisClient(t), oredis.Options{Prefix: ns})
+	st, err := redisstore.New(redisClient(t), redisstore.Options{Prefix: ns})
 	must(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 
@@ -320,8 +320,8 @@ func runPoison(t *testing.T, bk brokerKind, p policy.Policy, withDeadLetter bool
 	}
 	if len(r.exhausted) != 1 {
 		t.Errorf("%d exhausted events for the poison; want 1: %+v", len(r.exhausted), r.exhausted)
-	} else if e := r.exhausted[0]; e.Outcome != pipeline.OutcomeFailureCached {
-		t.Errorf("the poison's exhausted event has outcome %v; want %v (acked)", e.Outcome, pipeline.OutcomeFailureCached)
+	} else if e := r.exhausted[0]; e.Outcome != pipeline.OutcomeCachedFailure {
+		t.Errorf("the poison's exhausted event has outcome %v; want %v (acked)", e.Outcome, pipeline.OutcomeCachedFailure)
 	}
 	if withDeadLetter {
 		if n, _ := dlCount(poison); n != 1 {

@@ -142,7 +142,7 @@ func permanentErrorDeadLetteredOnce(t *testing.T, h *harness) {
 	w := h.start("worker")
 	m := newCommand(t, "p-1", -5, "", 1)
 	h.publish(m, again(m))
-	eventually(t, limit, func() bool { o := outcomes(w); return o["failure_cached"] == 1 && o["failure_replayed"] == 1 },
+	eventually(t, limit, func() bool { o := outcomes(w); return o["cached_failure"] == 1 && o["cached_failure_replayed"] == 1 },
 		func() string { return "outcomes " + fmtMap(outcomes(w)) })
 
 	// Both deliveries are decided, and a dead letter is published before

@@ -201,7 +201,7 @@ func TestDeliverAfterCrash(t *testing.T) {
 	// The lease is the policy's, however long: the clock is moved past it.
 	t.Run("long lease", func(t *testing.T) {
 		long := func(st store.Store) *receiver.Builder {
-			return receiver.New(st).WithPolicy(receiver.Policy{Lease: 24 * time.Hour})
+			return receiver.New(st).WithPolicy(receiver.Policy{LeaseDuration: 24 * time.Hour})
 		}
 		start := time.Now()
 		ds := oncemilltest.DeliverAfterCrash(t, long, oncemilltest.NoPublish(func(*message.Message) error { return nil }), message.NewMessage("pay-10", nil))
@@ -339,7 +339,7 @@ func TestPausedWorkerChecksItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mem.Close()
-	b := receiver.New(mem).WithPolicy(receiver.Policy{Lease: time.Minute, NackDelay: -1})
+	b := receiver.New(mem).WithPolicy(receiver.Policy{LeaseDuration: time.Minute, NackDelay: -1})
 
 	var charges oncemilltest.Effects
 	var paused atomic.Bool

@@ -109,10 +109,10 @@ func ExampleFaultyStore() {
 	}
 	// Output:
 	// [executed replayed]
-	// Begin 1 execute <nil>
+	// ClaimLease 1 execute <nil>
 	// Complete 1 unknown oncemill: oncemilltest: Complete call 1: injected store failure
 	// Complete 2 unknown <nil>
-	// Begin 2 replay <nil>
+	// ClaimLease 2 replay <nil>
 }
 
 // An integration test: the router handles every message three times, and

@@ -22,7 +22,7 @@ type Op string
 
 // The operations of store.Store, then those of store.Admin.
 const (
-	OpBegin    Op = "Begin"
+	OpBegin    Op = "ClaimLease"
 	OpComplete Op = "Complete"
 	OpRelease  Op = "Release"
 	OpExtend   Op = "Extend"
@@ -44,11 +44,11 @@ type Call struct {
 	// Scope and Key are the record's (empty for List and DeleteExpired).
 	Scope, Key string
 	// Lease is the lease the call carried (Complete, Release, Extend), or
-	// the one Begin returned with DecisionExecute; Extend records the
+	// the one ClaimLease returned with DecisionExecute; Extend records the
 	// extended lease once it has it. For CompareAndDelete, Lease.Token is
 	// the token compared.
-	Lease store.Lease
-	// Decision is Begin's answer, once the store gave it.
+	Lease store.Claim
+	// Decision is ClaimLease's answer, once the store gave it.
 	Decision store.Decision
 	// Err is what the call returned to its caller: an injected error
 	// (errors.Is(Err, ErrInjected)) or the store's own. It is nil in the
@@ -97,7 +97,7 @@ func orInjected(err error) error {
 // injected store.ErrLeaseLost is taken for a lost lease. FaultyStore
 // implements store.Store only; FaultyAdminStore adds store.Admin.
 //
-// A failed Begin makes oncemill nack after policy.NackDelay, growing with
+// A failed ClaimLease makes oncemill nack after policy.NackDelay, growing with
 // every failure in a row (1s and more by default), and a handler's
 // retryable failure nacks after policy.AttemptDelay, growing with the
 // attempt (3s and more): give a test's policy a negative NackDelay and
@@ -225,16 +225,16 @@ func inject(ctx context.Context, f Fault, c Call) error {
 // Limits is the wrapped store's; it is never failed.
 func (s *FaultyStore) Limits() store.Limits { return s.st.Limits() }
 
-// Begin calls the wrapped store's Begin between the faults of OpBegin.
-func (s *FaultyStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+// ClaimLease calls the wrapped store's ClaimLease between the faults of OpBegin.
+func (s *FaultyStore) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	return call(ctx, s, Call{Op: OpBegin, Scope: req.Scope, Key: req.Key},
-		func() (store.BeginResult, error) { return s.st.Begin(ctx, req) },
-		func(c *Call, res store.BeginResult) { c.Decision, c.Lease = res.Decision, res.Lease })
+		func() (store.ClaimResult, error) { return s.st.ClaimLease(ctx, req) },
+		func(c *Call, res store.ClaimResult) { c.Decision, c.Lease = res.Decision, res.Claim })
 }
 
 // Complete calls the wrapped store's Complete between the faults of
 // OpComplete.
-func (s *FaultyStore) Complete(ctx context.Context, lease store.Lease, out store.Completion) error {
+func (s *FaultyStore) Complete(ctx context.Context, lease store.Claim, out store.Completion) error {
 	_, err := call(ctx, s, Call{Op: OpComplete, Scope: lease.Scope, Key: lease.Key, Lease: lease},
 		func() (struct{}, error) { return struct{}{}, s.st.Complete(ctx, lease, out) }, nil)
 	return err
@@ -242,7 +242,7 @@ func (s *FaultyStore) Complete(ctx context.Context, lease store.Lease, out store
 
 // Release calls the wrapped store's Release between the faults of
 // OpRelease.
-func (s *FaultyStore) Release(ctx context.Context, lease store.Lease, keep time.Duration) error {
+func (s *FaultyStore) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
 	_, err := call(ctx, s, Call{Op: OpRelease, Scope: lease.Scope, Key: lease.Key, Lease: lease},
 		func() (struct{}, error) { return struct{}{}, s.st.Release(ctx, lease, keep) }, nil)
 	return err
@@ -251,10 +251,10 @@ func (s *FaultyStore) Release(ctx context.Context, lease store.Lease, keep time.
 // Extend calls the wrapped store's Extend between the faults of OpExtend.
 // Failing it is how a test loses a running handler's lease: inject
 // store.ErrLeaseLost, and the handler's context is cancelled.
-func (s *FaultyStore) Extend(ctx context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
+func (s *FaultyStore) Extend(ctx context.Context, lease store.Claim, d time.Duration) (store.Claim, error) {
 	return call(ctx, s, Call{Op: OpExtend, Scope: lease.Scope, Key: lease.Key, Lease: lease},
-		func() (store.Lease, error) { return s.st.Extend(ctx, lease, d) },
-		func(c *Call, l store.Lease) { c.Lease = l })
+		func() (store.Claim, error) { return s.st.Extend(ctx, lease, d) },
+		func(c *Call, l store.Claim) { c.Lease = l })
 }
 
 // FaultyAdminStore is a FaultyStore over a store that also has the
@@ -295,7 +295,7 @@ func (s *FaultyAdminStore) Delete(ctx context.Context, scope, key string) error 
 // CompareAndDelete calls the wrapped store's CompareAndDelete between the
 // faults of OpCompareAndDelete.
 func (s *FaultyAdminStore) CompareAndDelete(ctx context.Context, scope, key string, token int64) error {
-	_, err := call(ctx, s.FaultyStore, Call{Op: OpCompareAndDelete, Scope: scope, Key: key, Lease: store.Lease{Scope: scope, Key: key, Token: token}},
+	_, err := call(ctx, s.FaultyStore, Call{Op: OpCompareAndDelete, Scope: scope, Key: key, Lease: store.Claim{Scope: scope, Key: key, Token: token}},
 		func() (struct{}, error) { return struct{}{}, s.admin.CompareAndDelete(ctx, scope, key, token) }, nil)
 	return err
 }

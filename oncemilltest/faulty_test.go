@@ -44,19 +44,19 @@ func TestFaultyStoreErrorText(t *testing.T) {
 	st.Fail(oncemilltest.OpBegin, oncemilltest.Nth(2, errDown))
 	st.Fail(oncemilltest.OpRelease, oncemilltest.Always(nil))
 	ctx := t.Context()
-	req := store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute}
-	res, err := st.Begin(ctx, req)
+	req := store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute}
+	res, err := st.ClaimLease(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = st.Begin(ctx, req)
-	if want := "oncemill: oncemilltest: Begin call 2: injected store failure: connection refused"; err == nil || err.Error() != want {
-		t.Errorf("Begin: %v, want %q", err, want)
+	_, err = st.ClaimLease(ctx, req)
+	if want := "oncemill: oncemilltest: ClaimLease call 2: injected store failure: connection refused"; err == nil || err.Error() != want {
+		t.Errorf("ClaimLease: %v, want %q", err, want)
 	}
-	if _, err := st.Begin(ctx, req); err != nil {
-		t.Errorf("third Begin: %v", err)
+	if _, err := st.ClaimLease(ctx, req); err != nil {
+		t.Errorf("third ClaimLease: %v", err)
 	}
-	err = st.Release(ctx, res.Lease, 0)
+	err = st.Release(ctx, res.Claim, 0)
 	if want := "oncemill: oncemilltest: Release call 1: injected store failure"; err == nil || err.Error() != want || !errors.Is(err, oncemilltest.ErrInjected) {
 		t.Errorf("Release: %v, want %q", err, want)
 	}
@@ -82,7 +82,7 @@ func TestFaultyStoreCompleteFailsOnce(t *testing.T) {
 			t.Errorf("call %+v, want key pay-2", c)
 		}
 	}
-	if got := strings.Join(ops, " "); got != "Begin Complete Complete Begin" {
+	if got := strings.Join(ops, " "); got != "ClaimLease Complete Complete ClaimLease" {
 		t.Errorf("calls %s", got)
 	}
 	calls := st.Calls()
@@ -122,7 +122,7 @@ func TestFaultyStoreLosesLease(t *testing.T) {
 			return errors.New("the lease was never lost")
 		}
 	}
-	b := receiver.New(st).WithPolicy(receiver.Policy{Lease: 300 * time.Millisecond, Heartbeat: 20 * time.Millisecond, NackDelay: -1})
+	b := receiver.New(st).WithPolicy(receiver.Policy{LeaseDuration: 300 * time.Millisecond, Heartbeat: 20 * time.Millisecond, NackDelay: -1})
 	ds := oncemilltest.DeliverInSequence(t, b, oncemilltest.NoPublish(h), message.NewMessage("pay-4", nil), 1)
 	ds.RequireOutcomes(t, receiver.OutcomeReleased)
 	if !errors.Is(ds[0].Err, store.ErrLeaseLost) {
@@ -165,7 +165,7 @@ func TestFaultyStoreBlockingFault(t *testing.T) {
 func TestFaultyAdminStore(t *testing.T) {
 	ctx := t.Context()
 	st := oncemilltest.NewFaultyAdminStore(newStore(t))
-	res, err := st.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	res, err := st.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,14 +175,14 @@ func TestFaultyAdminStore(t *testing.T) {
 		t.Errorf("Get: %v, want injected", err)
 	}
 	st.Fail(oncemilltest.OpGet, nil)
-	if rec, err := st.Get(ctx, "s", "k"); err != nil || rec.Token != res.Lease.Token {
+	if rec, err := st.Get(ctx, "s", "k"); err != nil || rec.Token != res.Claim.Token {
 		t.Errorf("Get: %+v, %v", rec, err)
 	}
 	if page, err := st.List(ctx, store.ListRequest{Scope: "s"}); err != nil || len(page.Records) != 1 {
 		t.Errorf("List: %+v, %v", page, err)
 	}
 	st.FailAfter(oncemilltest.OpCompareAndDelete, oncemilltest.Always(errDown))
-	if err := st.CompareAndDelete(ctx, "s", "k", res.Lease.Token); !errors.Is(err, errDown) {
+	if err := st.CompareAndDelete(ctx, "s", "k", res.Claim.Token); !errors.Is(err, errDown) {
 		t.Errorf("CompareAndDelete: %v, want the lost answer", err)
 	}
 	if _, err := st.Get(ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {

@@ -135,7 +135,7 @@ type completeFails struct {
 	tries atomic.Int32
 }
 
-func (c *completeFails) Complete(ctx context.Context, l store.Lease, o store.Completion) error {
+func (c *completeFails) Complete(ctx context.Context, l store.Claim, o store.Completion) error {
 	c.tries.Add(1)
 	if c.down.Load() {
 		return errors.New("store unreachable")
@@ -151,7 +151,7 @@ func completionDown(t *testing.T, lease, heartbeat time.Duration) (*harness, *co
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		fails.Store = c.Store
 		c.Store = fails
-		c.Policy.Lease, c.Policy.Heartbeat = lease, heartbeat
+		c.Policy.LeaseDuration, c.Policy.Heartbeat = lease, heartbeat
 	})
 	return h, fails
 }
@@ -215,14 +215,14 @@ type lostDuringCheck struct {
 	checking chan struct{}
 }
 
-func (l *lostDuringCheck) Extend(ctx context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
+func (l *lostDuringCheck) Extend(ctx context.Context, lease store.Claim, d time.Duration) (store.Claim, error) {
 	if ctx.Value(checkKey{}) != nil {
 		close(l.checking)
 		<-ctx.Done()
-		return store.Lease{}, fmt.Errorf("extend: %w", ctx.Err())
+		return store.Claim{}, fmt.Errorf("extend: %w", ctx.Err())
 	}
 	<-l.checking
-	return store.Lease{}, store.ErrLeaseLost
+	return store.Claim{}, store.ErrLeaseLost
 }
 
 // When a heartbeat finds the lease lost while CheckLease's own extend is in
@@ -234,7 +234,7 @@ func TestCheckLeaseWhileAHeartbeatLosesTheLease(t *testing.T) {
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		ls.Store = c.Store
 		c.Store = ls
-		c.Policy.Lease, c.Policy.Heartbeat = time.Second, 50*time.Millisecond
+		c.Policy.LeaseDuration, c.Policy.Heartbeat = time.Second, 50*time.Millisecond
 	})
 	checked := make(chan error, 1)
 	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
@@ -260,7 +260,7 @@ type lostReply struct {
 	tries atomic.Int32
 }
 
-func (l *lostReply) Complete(ctx context.Context, lease store.Lease, o store.Completion) error {
+func (l *lostReply) Complete(ctx context.Context, lease store.Claim, o store.Completion) error {
 	if err := l.Store.Complete(ctx, lease, o); err != nil || l.tries.Add(1) > 1 {
 		return err
 	}

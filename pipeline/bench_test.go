@@ -102,7 +102,7 @@ func cpuWork(d time.Duration) func() {
 // is a middleware that only calls the handler: how far apart two identical
 // routers land on this machine, the resolution of any ratio measured here.
 // "stage-nop-store" is the idempotency stage over a store that keeps nothing
-// (every Begin executes): the stage's own work. "stage-memory-store" is the
+// (every ClaimLease executes): the stage's own work. "stage-memory-store" is the
 // stage as BenchmarkRouterThroughput runs it. docs/benchmarks.md runs it as
 //
 //	go test -run='^$' -bench=RouterOverhead -count=3 ./pipeline
@@ -140,20 +140,20 @@ func takeTurns(b *testing.B, routers []*benchedRouter) {
 	}
 }
 
-// keepNothing is a store that remembers nothing: every Begin executes and
+// keepNothing is a store that remembers nothing: every ClaimLease executes and
 // every write succeeds. It measures the stage without a store's cost and is
 // no store at all (BenchmarkRouterOverhead only).
 type keepNothing struct{}
 
-func (keepNothing) Begin(_ context.Context, req store.BeginRequest) (store.BeginResult, error) {
-	return store.BeginResult{Decision: store.DecisionExecute, Lease: store.Lease{
-		Scope: req.Scope, Key: req.Key, Token: 1, Attempt: 1, ExpiresAt: time.Now().Add(req.Lease),
+func (keepNothing) ClaimLease(_ context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{
+		Scope: req.Scope, Key: req.Key, Token: 1, Attempt: 1, ExpiresAt: time.Now().Add(req.LeaseDuration),
 	}}, nil
 }
 func (keepNothing) Limits() store.Limits                                          { return store.Limits{} }
-func (keepNothing) Complete(context.Context, store.Lease, store.Completion) error { return nil }
-func (keepNothing) Release(context.Context, store.Lease, time.Duration) error     { return nil }
-func (keepNothing) Extend(_ context.Context, l store.Lease, _ time.Duration) (store.Lease, error) {
+func (keepNothing) Complete(context.Context, store.Claim, store.Completion) error { return nil }
+func (keepNothing) Release(context.Context, store.Claim, time.Duration) error     { return nil }
+func (keepNothing) Extend(_ context.Context, l store.Claim, _ time.Duration) (store.Claim, error) {
 	return l, nil
 }
 func (keepNothing) Get(context.Context, string, string) (store.Record, error) {
@@ -253,7 +253,7 @@ func (r *benchedRouter) run(b *testing.B, n int) {
 func (r *benchedRouter) rate() float64 { return float64(r.sent) / r.elapsed.Seconds() }
 
 // BenchmarkReplay is the whole duplicate path of the stage: key, fingerprint,
-// Begin finding a success, decoding the stored message, handing it back.
+// ClaimLease finding a success, decoding the stored message, handing it back.
 func BenchmarkReplay(b *testing.B) {
 	stage := benchStage(b)
 	handler := stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
@@ -274,7 +274,7 @@ func BenchmarkReplay(b *testing.B) {
 }
 
 // BenchmarkExecute is the stage around a handler that does nothing, for a
-// new key each time: Begin, lease context, heartbeat timer, Complete.
+// new key each time: ClaimLease, lease context, heartbeat timer, Complete.
 func BenchmarkExecute(b *testing.B) {
 	stage := benchStage(b)
 	handler := stage.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })

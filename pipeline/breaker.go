@@ -113,7 +113,7 @@ func (b *Breaker) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := b.cb.Execute(func() ([]*message.Message, error) { return h(msg) })
 		if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-			return nil, fmt.Errorf("%w (%s): %w", ErrCircuitOpen, b.cb.Name(), policy.Transient(err))
+			return nil, fmt.Errorf("%w (%s): %w", ErrCircuitOpen, b.cb.Name(), policy.Retryable(err))
 		}
 		return out, err
 	}

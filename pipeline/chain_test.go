@@ -169,7 +169,7 @@ func TestChainOpenBreakerStillReplaysStoredResults(t *testing.T) {
 		t.Fatalf("duplicate: %v", e.Outcome)
 	}
 	_, err = handler(msg("m2", "x"))
-	if !errors.Is(err, pipeline.ErrCircuitOpen) || (policy.Policy{}).IsPermanent(err) {
+	if !errors.Is(err, pipeline.ErrCircuitOpen) || ((policy.Policy{}).Classify(err) == policy.ClassCached) {
 		t.Fatalf("new message with the circuit open: %v, want retryable ErrCircuitOpen", err)
 	}
 	if e := h.event(t); e.Outcome != pipeline.OutcomeReleased {
@@ -218,7 +218,7 @@ func TestChainInvalidMessageNeverReachesTheStore(t *testing.T) {
 // error by the policy.
 func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 	t.Parallel()
-	flaky := policy.Transient(errors.New("timeout"))
+	flaky := policy.Retryable(errors.New("timeout"))
 	t.Run("retryable: released for redelivery", func(t *testing.T) {
 		t.Parallel()
 		h := newChainHarness(t, chainOptions{})
@@ -238,7 +238,7 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		if err != nil {
 			t.Fatalf("got %v, want an ack", err)
 		}
-		if e := h.event(t); e.Outcome != pipeline.OutcomeFailureCached {
+		if e := h.event(t); e.Outcome != pipeline.OutcomeCachedFailure {
 			t.Fatalf("outcome %v", e.Outcome)
 		}
 		rec, _ := h.st.Get(context.Background(), "s", "m1")
@@ -252,12 +252,12 @@ func TestChainRetryExhaustionIsClassifiedByThePolicy(t *testing.T) {
 		var calls atomic.Int32
 		_, err := h.chain.Middleware(func(*message.Message) ([]*message.Message, error) {
 			calls.Add(1)
-			return nil, policy.Permanent(errors.New("card declined"))
+			return nil, policy.Cached(errors.New("card declined"))
 		})(msg("m1", "x"))
 		if err != nil || calls.Load() != 1 {
 			t.Fatalf("got %v after %d calls, want an ack after 1", err, calls.Load())
 		}
-		if e := h.event(t); e.Outcome != pipeline.OutcomeFailureCached {
+		if e := h.event(t); e.Outcome != pipeline.OutcomeCachedFailure {
 			t.Fatalf("outcome %v", e.Outcome)
 		}
 		dead := <-h.dlq

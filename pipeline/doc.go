@@ -22,5 +22,5 @@
 // it for other middlewares too; it sees an error, never a panic.
 //
 // The handler reads its fencing token and attempt number with
-// LeaseFromContext(msg.Context()).
+// ClaimFromContext(msg.Context()).
 package pipeline

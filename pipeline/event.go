@@ -13,9 +13,9 @@ const (
 	// FailureCached: the handler failed permanently, or ran out of attempts
 	// and was dead-lettered or dropped (Event.Exhausted); the failure is
 	// stored. Acked.
-	OutcomeFailureCached
+	OutcomeCachedFailure
 	// FailureReplayed: a duplicate of a cached failure; not run. Acked.
-	OutcomeFailureReplayed
+	OutcomeCachedFailureReplayed
 	// Released: the handler failed retryably; the key was released, and the
 	// message is nacked after the attempt's pause (policy.AttemptDelay).
 	// Nacked.
@@ -43,10 +43,10 @@ func (o Outcome) String() string {
 		return "executed"
 	case OutcomeReplayed:
 		return "replayed"
-	case OutcomeFailureCached:
-		return "failure_cached"
-	case OutcomeFailureReplayed:
-		return "failure_replayed"
+	case OutcomeCachedFailure:
+		return "cached_failure"
+	case OutcomeCachedFailureReplayed:
+		return "cached_failure_replayed"
 	case OutcomeReleased:
 		return "released"
 	case OutcomeHeldKeyNacked:
@@ -86,7 +86,7 @@ type Event struct {
 	Attempt  int
 	Token    int64
 	Takeover bool
-	// Contended is true when a Begin of this delivery found the key held by
+	// Contended is true when a ClaimLease of this delivery found the key held by
 	// another running delivery (store.DecisionHeld), whatever came of it: a
 	// wait that ended in a replay or an execution, or a nack. In the
 	// one-transaction mode it comes from store.ClaimResult.Contended: a wait

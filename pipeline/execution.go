@@ -22,12 +22,12 @@ var errLeaseLostWhileRunning = fmt.Errorf("oncemill: lease lost while the handle
 // router goroutine, and every allocation there is paid for by every message.
 type execution struct {
 	parent context.Context // the message's context
-	lease  store.Lease
+	lease  store.Claim
 	stage  *Idempotency
 
 	// The one-transaction mode: claim is the request that took the key, and
 	// tx the attempt's open transaction (nil once an attempt ended it).
-	claim *store.ClaimRequest
+	claim *store.TxRequest
 	tx    store.Tx
 
 	// inner is the cancelable context, made only when the handler asks for
@@ -37,8 +37,8 @@ type execution struct {
 	innerM sync.Mutex
 
 	// confirmed is when the lease was last known to be ours, by
-	// monotonicNow: Begin's answer, or the sending of an Extend the store
-	// accepted. The lease runs policy.Lease from then (heldFor).
+	// monotonicNow: ClaimLease's answer, or the sending of an Extend the store
+	// accepted. The lease runs policy.LeaseDuration from then (heldFor).
 	confirmed atomic.Int64
 
 	// The heartbeat: a slot of the stage's heartbeats (slot, beatAt), or,
@@ -63,7 +63,7 @@ var _ context.Context = (*execution)(nil)
 
 type executionKey struct{}
 
-func newExecution(parent context.Context, lease store.Lease, stage *Idempotency) *execution {
+func newExecution(parent context.Context, lease store.Claim, stage *Idempotency) *execution {
 	e := &execution{parent: parent, lease: lease, stage: stage}
 	e.detached.parent = parent
 	return e
@@ -79,10 +79,10 @@ func monotonicNow() int64 { return int64(time.Since(clockBase)) }
 func (e *execution) confirmedAt(t int64) { e.confirmed.Store(t) }
 
 // heldFor is how long the lease is still ours by the local clock, less a
-// tenth of the lease for the time Begin's answer was on its way and for the
+// tenth of the lease for the time ClaimLease's answer was on its way and for the
 // two clocks' drift: the store judges expiry by its own clock.
 func (e *execution) heldFor() time.Duration {
-	lease := e.stage.policy.Lease
+	lease := e.stage.policy.LeaseDuration
 	return lease - lease/10 - time.Duration(monotonicNow()-e.confirmed.Load())
 }
 
@@ -159,7 +159,7 @@ func (e *execution) beat() {
 	// the lease expired and says so. (Cutting it off at the heartbeat
 	// interval lost leases to stores slower than that, and pgx closes the
 	// connection of a cancelled query.)
-	ctx, cancel := context.WithTimeout(&e.detached, e.stage.policy.Lease)
+	ctx, cancel := context.WithTimeout(&e.detached, e.stage.policy.LeaseDuration)
 	err := e.extend(ctx)
 	cancel()
 	if errors.Is(err, store.ErrLeaseLost) {
@@ -178,7 +178,7 @@ func (e *execution) beat() {
 func (e *execution) extend(ctx context.Context) error {
 	sent := monotonicNow()
 	ctx, m := e.stage.tel.startStore(ctx, opExtend)
-	_, err := e.stage.store.Extend(ctx, e.lease, e.stage.policy.Lease)
+	_, err := e.stage.store.Extend(ctx, e.lease, e.stage.policy.LeaseDuration)
 	m.end(ctx, err)
 	switch {
 	case err == nil:

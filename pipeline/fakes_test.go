@@ -67,7 +67,7 @@ func newTxStore() *txStore {
 	return &txStore{Store: st}
 }
 
-func (s *txStore) Complete(ctx context.Context, l store.Lease, o store.Completion) error {
+func (s *txStore) Complete(ctx context.Context, l store.Claim, o store.Completion) error {
 	s.completes.Add(1)
 	return s.Store.Complete(ctx, l, o)
 }
@@ -78,19 +78,19 @@ type countingStore struct {
 	extends atomic.Int32
 }
 
-func (c *countingStore) Extend(ctx context.Context, l store.Lease, d time.Duration) (store.Lease, error) {
+func (c *countingStore) Extend(ctx context.Context, l store.Claim, d time.Duration) (store.Claim, error) {
 	c.extends.Add(1)
 	return c.Store.Extend(ctx, l, d)
 }
 
-// contendedSignal signals each Begin that finds the key in progress.
+// contendedSignal signals each ClaimLease that finds the key in progress.
 type contendedSignal struct {
 	store.Store
 	inProgress chan struct{}
 }
 
-func (c *contendedSignal) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
-	res, err := c.Store.Begin(ctx, req)
+func (c *contendedSignal) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
+	res, err := c.Store.ClaimLease(ctx, req)
 	if err == nil && res.Decision == store.DecisionHeld {
 		select {
 		case c.inProgress <- struct{}{}:
@@ -101,7 +101,7 @@ func (c *contendedSignal) Begin(ctx context.Context, req store.BeginRequest) (st
 }
 
 // fakeTxStore is a store.Transactional over the memory store, enough to test
-// the one-transaction mode's flow through the stages: a claim is a Begin, a
+// the one-transaction mode's flow through the stages: a claim is a ClaimLease, a
 // commit a Complete, a rollback forgets the claim. The real one
 // (store/postgres) is tested against PostgreSQL.
 type fakeTxStore struct {
@@ -117,20 +117,20 @@ func newFakeTxStore() *fakeTxStore {
 	return &fakeTxStore{Store: st}
 }
 
-func (s *fakeTxStore) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+func (s *fakeTxStore) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxResult, error) {
 	s.claims.Add(1)
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Lease: time.Hour})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, LeaseDuration: time.Hour})
 	if err != nil || res.Decision != store.DecisionExecute {
-		return store.ClaimResult{BeginResult: res}, err
+		return store.TxResult{ClaimResult: res}, err
 	}
-	return store.ClaimResult{BeginResult: res, Tx: &fakeClaimTx{s: s, lease: res.Lease, ttl: req.SuccessTTL}}, nil
+	return store.TxResult{ClaimResult: res, Tx: &fakeClaimTx{s: s, lease: res.Claim, ttl: req.SuccessTTL}}, nil
 }
 
 // RecordRollback writes the outcome under a fresh claim, unless the key is
 // taken.
-func (s *fakeTxStore) RecordRollback(ctx context.Context, l store.Lease, fp string, out store.Completion) error {
+func (s *fakeTxStore) RecordRollback(ctx context.Context, l store.Claim, fp string, out store.Completion) error {
 	s.records.Add(1)
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: l.Scope, Key: l.Key, Fingerprint: fp, Lease: time.Hour})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: l.Scope, Key: l.Key, Fingerprint: fp, LeaseDuration: time.Hour})
 	if err != nil {
 		return err
 	}
@@ -138,14 +138,14 @@ func (s *fakeTxStore) RecordRollback(ctx context.Context, l store.Lease, fp stri
 		return store.ErrLeaseLost
 	}
 	if out.Status == store.StatusRetryable {
-		return s.Release(ctx, res.Lease, out.TTL)
+		return s.Release(ctx, res.Claim, out.TTL)
 	}
-	return s.Complete(ctx, res.Lease, out)
+	return s.Complete(ctx, res.Claim, out)
 }
 
 type fakeClaimTx struct {
 	s     *fakeTxStore
-	lease store.Lease
+	lease store.Claim
 	ttl   time.Duration
 }
 

@@ -24,7 +24,7 @@ type keyExtends struct {
 	n  map[string]int
 }
 
-func (k *keyExtends) Extend(ctx context.Context, l store.Lease, d time.Duration) (store.Lease, error) {
+func (k *keyExtends) Extend(ctx context.Context, l store.Claim, d time.Duration) (store.Claim, error) {
 	k.mu.Lock()
 	k.n[l.Key]++
 	k.mu.Unlock()
@@ -50,7 +50,7 @@ func TestHeartbeatBeatsEveryRunningHandler(t *testing.T) {
 	counted := &keyExtends{Store: st, n: map[string]int{}}
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
 		Store: counted, Keys: keygen.UUID(), Scope: "s",
-		Policy: policy.Policy{Lease: time.Minute, Heartbeat: 5 * time.Millisecond},
+		Policy: policy.Policy{LeaseDuration: time.Minute, Heartbeat: 5 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ type slowExtends struct {
 	late              atomic.Int32 // Extends that started after it did
 }
 
-func (s *slowExtends) Extend(ctx context.Context, l store.Lease, d time.Duration) (store.Lease, error) {
+func (s *slowExtends) Extend(ctx context.Context, l store.Claim, d time.Duration) (store.Claim, error) {
 	n := s.inFlight.Add(1)
 	defer s.inFlight.Add(-1)
 	for {
@@ -132,7 +132,7 @@ func TestHeartbeatsDoNotPileUpOnASlowStore(t *testing.T) {
 	slow := &slowExtends{Store: st, pause: 50 * time.Millisecond}
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
 		Store: slow, Keys: keygen.UUID(), Scope: "s",
-		Policy: policy.Policy{Lease: time.Minute, Heartbeat: 5 * time.Millisecond},
+		Policy: policy.Policy{LeaseDuration: time.Minute, Heartbeat: 5 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)

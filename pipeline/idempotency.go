@@ -148,7 +148,7 @@ func NewIdempotency(cfg IdempotencyConfig) (*Idempotency, error) {
 		s.tel = defaultTelemetry()
 	}
 	if cfg.Store != nil { // the one-transaction mode has no lease to keep alive
-		s.beats = newHeartbeats(cfg.Policy.Heartbeat, cfg.Policy.Lease)
+		s.beats = newHeartbeats(cfg.Policy.Heartbeat, cfg.Policy.LeaseDuration)
 	}
 	if s.fingerprint == nil {
 		keys := cfg.Keys
@@ -203,12 +203,12 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 	if s.txStore != nil {
 		return s.handleTx(d, h)
 	}
-	req := store.BeginRequest{
-		Scope:       d.event.Scope,
-		Key:         d.event.Key,
-		Fingerprint: s.fingerprint(msg),
-		Lease:       s.policy.Lease,
-		Retain:      s.retain,
+	req := store.LeaseRequest{
+		Scope:         d.event.Scope,
+		Key:           d.event.Key,
+		Fingerprint:   s.fingerprint(msg),
+		LeaseDuration: s.policy.LeaseDuration,
+		Retain:        s.retain,
 	}
 	var w waiter
 	for {
@@ -228,7 +228,7 @@ func (s *Idempotency) handle(d *delivery, h message.HandlerFunc) ([]*message.Mes
 
 // answer acts on every decision but Execute: it replays, rejects, or waits
 // for a key held by another delivery (done false: ask the store again).
-func (s *Idempotency) answer(d *delivery, w *waiter, res *store.BeginResult) (msgs []*message.Message, done bool, err error) {
+func (s *Idempotency) answer(d *delivery, w *waiter, res *store.ClaimResult) (msgs []*message.Message, done bool, err error) {
 	switch res.Decision {
 	case store.DecisionReplay:
 		msgs, err = s.replay(d, res.Record)
@@ -290,9 +290,9 @@ func (s *Idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 //
 // Before the nack it pauses, so that a broker that redelivers at once
 // (AMQP) does not turn a store outage into a storm of nacks: NackDelay,
-// doubling with every Begin that failed in a row, across deliveries, up to
+// doubling with every ClaimLease that failed in a row, across deliveries, up to
 // maxStorePauseDoublings doublings, with ±20% jitter so that the deliveries
-// of one outage do not all come back at the same moment. A Begin that
+// of one outage do not all come back at the same moment. A ClaimLease that
 // succeeds starts the count again.
 func (s *Idempotency) storeFailed(d *delivery, err error) ([]*message.Message, error) {
 	if errors.Is(err, store.ErrInvalidRequest) {
@@ -368,7 +368,7 @@ func (s *Idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 // dead-letter topic if one is set. If forwarding fails it nacks instead, so
 // the message is not lost.
 func (s *Idempotency) reject(d *delivery, reason DeadLetterReason, err error) ([]*message.Message, error) {
-	d.event.Outcome, d.event.Err = OutcomeRejected, policy.Permanent(err)
+	d.event.Outcome, d.event.Err = OutcomeRejected, policy.Cached(err)
 	if ferr := s.toDeadLetter(d, reason, err); ferr != nil {
 		d.event.Outcome = OutcomeStoreFailed
 		return nil, ferr
@@ -390,9 +390,9 @@ func (s *Idempotency) toDeadLetter(d *delivery, reason DeadLetterReason, err err
 }
 
 // begin, release and extend are the store's calls, measured.
-func (s *Idempotency) begin(ctx context.Context, req *store.BeginRequest) (store.BeginResult, error) {
+func (s *Idempotency) begin(ctx context.Context, req *store.LeaseRequest) (store.ClaimResult, error) {
 	ctx, m := s.tel.startStore(ctx, opBegin)
-	res, err := s.store.Begin(ctx, *req)
+	res, err := s.store.ClaimLease(ctx, *req)
 	m.end(ctx, err)
 	if err == nil {
 		s.storeAnswered()
@@ -400,7 +400,7 @@ func (s *Idempotency) begin(ctx context.Context, req *store.BeginRequest) (store
 	return res, err
 }
 
-func (s *Idempotency) release(ctx context.Context, lease store.Lease) error {
+func (s *Idempotency) release(ctx context.Context, lease store.Claim) error {
 	ctx, m := s.tel.startStore(ctx, opRelease)
 	err := s.store.Release(ctx, lease, s.policy.FailureTTL)
 	m.end(ctx, err)
@@ -412,9 +412,9 @@ func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message
 	if s.replayLevel != nil {
 		s.logReplay(d, rec)
 	}
-	if rec.Status == store.StatusFailed {
-		d.event.Outcome = OutcomeFailureReplayed
-		d.event.Err = policy.Permanent(fmt.Errorf("cached failure (%s): %s", rec.ErrorKind, rec.ErrorMessage))
+	if rec.Status == store.StatusCachedFailure {
+		d.event.Outcome = OutcomeCachedFailureReplayed
+		d.event.Err = policy.Cached(fmt.Errorf("cached failure (%s): %s", rec.ErrorKind, rec.ErrorMessage))
 		return nil, nil
 	}
 	d.event.Outcome = OutcomeReplayed
@@ -429,8 +429,8 @@ func (s *Idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message
 	return msgs, nil
 }
 
-func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.BeginResult) ([]*message.Message, error) {
-	lease := res.Lease
+func (s *Idempotency) execute(d *delivery, h message.HandlerFunc, res *store.ClaimResult) ([]*message.Message, error) {
+	lease := res.Claim
 	d.event.Attempt, d.event.Token, d.event.Takeover = lease.Attempt, lease.Token, res.Takeover
 
 	orig := d.msg.Context()
@@ -480,7 +480,7 @@ func (s *Idempotency) successOutcome(msgs []*message.Message) store.Completion {
 // dropped only under policy.ExhaustedDrop, and kept otherwise.
 func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr error) ([]*message.Message, error) {
 	d.event.Err = herr
-	kind := store.ErrorKindPermanent
+	kind := store.ErrorKindCached
 	if s.policy.Classify(herr) != policy.ClassCached {
 		if e.lease.Attempt < s.policy.MaxAttempts {
 			return s.retryLater(ctx, d, e, herr)
@@ -497,8 +497,8 @@ func (s *Idempotency) fail(ctx context.Context, d *delivery, e *execution, herr 
 		_ = s.giveBack(ctx, e)
 		return nil, ferr
 	}
-	d.event.Outcome = OutcomeFailureCached
-	out := store.Completion{Status: store.StatusFailed, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL}
+	d.event.Outcome = OutcomeCachedFailure
+	out := store.Completion{Status: store.StatusCachedFailure, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL}
 	var err error
 	if e.claim != nil {
 		err = s.recordRollback(ctx, e, out)
@@ -631,7 +631,7 @@ type recordReader interface {
 // although its answer was lost (a cut between the commit and the reply):
 // a retry then finds the lease finished, and only the record tells that
 // from a takeover. The record holds the lease's own token and status.
-func (s *Idempotency) wroteBefore(ctx context.Context, lease store.Lease, out store.Completion) bool {
+func (s *Idempotency) wroteBefore(ctx context.Context, lease store.Claim, out store.Completion) bool {
 	r, ok := s.store.(recordReader)
 	if !ok {
 		return false
@@ -640,7 +640,7 @@ func (s *Idempotency) wroteBefore(ctx context.Context, lease store.Lease, out st
 	return err == nil && rec.Token == lease.Token && rec.Status == out.Status
 }
 
-func (s *Idempotency) complete(ctx context.Context, lease store.Lease, out store.Completion) error {
+func (s *Idempotency) complete(ctx context.Context, lease store.Claim, out store.Completion) error {
 	ctx, m := s.tel.startStore(ctx, opComplete)
 	err := s.store.Complete(ctx, lease, out)
 	m.end(ctx, err)

@@ -141,7 +141,7 @@ func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls.Add(1)
-		return nil, policy.Permanent(errDeclined)
+		return nil, policy.Cached(errDeclined)
 	})
 	for i := 0; i < 3; i++ {
 		if out, err := handler(msg("m1", "x")); err != nil || out != nil {
@@ -152,15 +152,15 @@ func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 1", calls.Load())
 	}
 	got := h.outcomes()
-	want := []pipeline.Outcome{pipeline.OutcomeFailureCached, pipeline.OutcomeFailureReplayed, pipeline.OutcomeFailureReplayed}
+	want := []pipeline.Outcome{pipeline.OutcomeCachedFailure, pipeline.OutcomeCachedFailureReplayed, pipeline.OutcomeCachedFailureReplayed}
 	if !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
 	rec, err := h.store.Get(context.Background(), "test", "m1")
-	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != store.ErrorKindPermanent || !strings.Contains(rec.ErrorMessage, "card declined") {
+	if err != nil || rec.Status != store.StatusCachedFailure || rec.ErrorKind != store.ErrorKindCached || !strings.Contains(rec.ErrorMessage, "card declined") {
 		t.Fatalf("record %+v, %v", rec, err)
 	}
-	if err := h.last().Err; err == nil || !strings.Contains(err.Error(), "card declined") || !(policy.Policy{}).IsPermanent(err) {
+	if err := h.last().Err; err == nil || !strings.Contains(err.Error(), "card declined") || !((policy.Policy{}).Classify(err) == policy.ClassCached) {
 		t.Fatalf("replayed failure event carries %v, want the cached permanent failure", err)
 	}
 }
@@ -174,7 +174,7 @@ func TestCachedErrorsByErrorsIs(t *testing.T) {
 	if _, err := handler(msg("m1", "x")); err != nil {
 		t.Fatalf("a cached failure must be acked, got %v", err)
 	}
-	if e := h.last(); e.Outcome != pipeline.OutcomeFailureCached || !errors.Is(e.Err, errDeclined) {
+	if e := h.last(); e.Outcome != pipeline.OutcomeCachedFailure || !errors.Is(e.Err, errDeclined) {
 		t.Fatalf("event %+v", e)
 	}
 }
@@ -186,7 +186,7 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 	var calls atomic.Int32
 	var attempts []int
 	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
-		lease, ok := pipeline.LeaseFromContext(m.Context())
+		lease, ok := pipeline.ClaimFromContext(m.Context())
 		if !ok {
 			t.Error("no lease in the handler context")
 		}
@@ -228,7 +228,7 @@ func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls.Add(1)
-		return nil, policy.Transient(errors.New("still down"))
+		return nil, policy.Retryable(errors.New("still down"))
 	})
 	for i := 1; i <= 2; i++ {
 		if _, err := handler(msg("m1", "x")); err == nil {
@@ -244,7 +244,7 @@ func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	if calls.Load() != 3 {
 		t.Fatalf("handler ran %d times, want 3", calls.Load())
 	}
-	want := []pipeline.Outcome{pipeline.OutcomeReleased, pipeline.OutcomeReleased, pipeline.OutcomeFailureCached, pipeline.OutcomeFailureReplayed}
+	want := []pipeline.Outcome{pipeline.OutcomeReleased, pipeline.OutcomeReleased, pipeline.OutcomeCachedFailure, pipeline.OutcomeCachedFailureReplayed}
 	if got := h.outcomes(); !slices.Equal(got, want) {
 		t.Fatalf("outcomes %v, want %v", got, want)
 	}
@@ -324,7 +324,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 				c.Policy.HeldKeyTimeout = 30 * time.Millisecond
 				c.Policy.NackDelay = 10 * time.Millisecond
 			})
-			if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Hour}); err != nil {
+			if _, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: "m1", LeaseDuration: time.Hour}); err != nil {
 				t.Fatal(err)
 			}
 			var calls atomic.Int32
@@ -342,7 +342,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 func TestInProgressRejectAcksAsPermanent(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.HeldKey = policy.HeldKeyReject })
-	if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Hour}); err != nil {
+	if _, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: "m1", LeaseDuration: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
@@ -367,7 +367,7 @@ func TestMismatchIsPermanentAndNeverRuns(t *testing.T) {
 		t.Fatalf("mismatch must be acked with nothing produced, got (%v, %v)", out, err)
 	}
 	e := h.last()
-	if e.Outcome != pipeline.OutcomeRejected || e.Decision != store.DecisionMismatch || !errors.Is(e.Err, pipeline.ErrMismatch) || !(policy.Policy{}).IsPermanent(e.Err) {
+	if e.Outcome != pipeline.OutcomeRejected || e.Decision != store.DecisionMismatch || !errors.Is(e.Err, pipeline.ErrMismatch) || !((policy.Policy{}).Classify(e.Err) == policy.ClassCached) {
 		t.Fatalf("event %+v", e)
 	}
 	if calls.Load() != 1 {
@@ -486,7 +486,7 @@ func TestResultTooLargeIsRememberedWithoutMessages(t *testing.T) {
 func TestLeaseLostCancelsTheHandler(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Policy.Lease = time.Minute
+		c.Policy.LeaseDuration = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond // real time; the lease runs on the manual clock
 	})
 	started := make(chan struct{})
@@ -501,7 +501,7 @@ func TestLeaseLostCancelsTheHandler(t *testing.T) {
 	go func() { _, err := handler(msg("m1", "x")); done <- err }()
 	<-started
 	h.clock.Advance(2 * time.Minute)
-	res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Fingerprint: keygen.PayloadFingerprint(msg("m1", "x")), Lease: time.Minute})
+	res, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: "m1", Fingerprint: keygen.PayloadFingerprint(msg("m1", "x")), LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionExecute || !res.Takeover {
 		t.Fatalf("takeover: %+v %v", res, err)
 	}
@@ -516,7 +516,7 @@ func TestLeaseLostCancelsTheHandler(t *testing.T) {
 func TestHeartbeatKeepsTheLease(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Policy.Lease = time.Minute
+		c.Policy.LeaseDuration = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond
 	})
 	started, release := make(chan struct{}), make(chan struct{})
@@ -537,7 +537,7 @@ func TestHeartbeatKeepsTheLease(t *testing.T) {
 			return err == nil && rec.LeaseExpiresAt.After(h.clock.Now().Add(50*time.Second))
 		})
 	}
-	res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Lease: time.Minute})
+	res, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: "m1", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionHeld {
 		t.Fatalf("after 200s of store time the heartbeat must still hold the lease: %+v %v", res, err)
 	}
@@ -558,14 +558,14 @@ type failingStore struct {
 
 var errStoreDown = errors.New("connection refused")
 
-func (f *failingStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+func (f *failingStore) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	if f.failBegin {
-		return store.BeginResult{}, errStoreDown
+		return store.ClaimResult{}, errStoreDown
 	}
-	return f.Store.Begin(ctx, req)
+	return f.Store.ClaimLease(ctx, req)
 }
 
-func (f *failingStore) Complete(ctx context.Context, l store.Lease, o store.Completion) error {
+func (f *failingStore) Complete(ctx context.Context, l store.Claim, o store.Completion) error {
 	if f.failComplete {
 		return errStoreDown
 	}
@@ -590,7 +590,7 @@ func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Store = &failingStore{Store: c.Store, failComplete: true}
 		// The completion is retried while the lease is held: keep it short.
-		c.Policy.Lease, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
+		c.Policy.LeaseDuration, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
 	})
 	var calls atomic.Int32
 	out, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
@@ -607,10 +607,10 @@ func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Store = &failingStore{Store: c.Store, failComplete: true}
 		// The completion is retried while the lease is held: keep it short.
-		c.Policy.Lease, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
+		c.Policy.LeaseDuration, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
 	})
 	_, err := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
-		return nil, policy.Permanent(errDeclined)
+		return nil, policy.Cached(errDeclined)
 	})(msg("m1", "x"))
 	if !errors.Is(err, errStoreDown) {
 		t.Fatalf("an unrecorded permanent failure must be nacked, got %v", err)
@@ -641,7 +641,7 @@ func TestNewIdempotencyRefusesBadConfig(t *testing.T) {
 	for name, cfg := range map[string]pipeline.IdempotencyConfig{
 		"no store":   {Keys: keygen.UUID()},
 		"no keys":    {Store: st},
-		"bad policy": {Store: st, Keys: keygen.UUID(), Policy: policy.Policy{Lease: -1}},
+		"bad policy": {Store: st, Keys: keygen.UUID(), Policy: policy.Policy{LeaseDuration: -1}},
 	} {
 		if _, err := pipeline.NewIdempotency(cfg); !errors.Is(err, oncemill.ErrInvalidConfig) {
 			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
@@ -673,7 +673,7 @@ func TestCheckLease(t *testing.T) {
 	}
 	// The worker "pauses" past its lease and another delivery takes over.
 	h.clock.Advance(time.Hour)
-	if res, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m1", Fingerprint: keygen.PayloadFingerprint(msg("m1", "x")), Lease: time.Minute}); err != nil || !res.Takeover {
+	if res, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: "m1", Fingerprint: keygen.PayloadFingerprint(msg("m1", "x")), LeaseDuration: time.Minute}); err != nil || !res.Takeover {
 		t.Fatalf("takeover: %+v %v", res, err)
 	}
 	close(proceed)
@@ -726,10 +726,10 @@ func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
 		nack    bool
 		outcome pipeline.Outcome
 	}{
-		{"transient", policy.Transient(down), policy.MissingKeyReject, true, pipeline.OutcomeKeyFailed},
-		{"transient, even with MissingKeyRunUnguarded", policy.Transient(down), policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
+		{"transient", policy.Retryable(down), policy.MissingKeyReject, true, pipeline.OutcomeKeyFailed},
+		{"transient, even with MissingKeyRunUnguarded", policy.Retryable(down), policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
 		{"unclassified (retryable by default)", down, policy.MissingKeyRunUnguarded, true, pipeline.OutcomeKeyFailed},
-		{"permanent", policy.Permanent(down), policy.MissingKeyRunUnguarded, false, pipeline.OutcomeRejected},
+		{"permanent", policy.Cached(down), policy.MissingKeyRunUnguarded, false, pipeline.OutcomeRejected},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -756,12 +756,12 @@ type slowExtend struct {
 	delay time.Duration
 }
 
-func (s slowExtend) Extend(ctx context.Context, l store.Lease, d time.Duration) (store.Lease, error) {
+func (s slowExtend) Extend(ctx context.Context, l store.Claim, d time.Duration) (store.Claim, error) {
 	select {
 	case <-time.After(s.delay):
 		return s.Store.Extend(ctx, l, d)
 	case <-ctx.Done():
-		return store.Lease{}, ctx.Err()
+		return store.Claim{}, ctx.Err()
 	}
 }
 
@@ -775,7 +775,7 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	p := policy.Policy{}.WithDefaults()
-	p.Lease, p.Heartbeat = time.Second, 200*time.Millisecond
+	p.LeaseDuration, p.Heartbeat = time.Second, 200*time.Millisecond
 	p.HeldKey, p.NackDelay = policy.HeldKeyNack, -1
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
 		Store: slowExtend{Store: st, delay: 400 * time.Millisecond}, // slower than a beat, within the lease
@@ -810,11 +810,11 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 	}
 }
 
-// refusingStore refuses every Begin as an invalid request.
+// refusingStore refuses every ClaimLease as an invalid request.
 type refusingStore struct{ store.Store }
 
-func (refusingStore) Begin(context.Context, store.BeginRequest) (store.BeginResult, error) {
-	return store.BeginResult{}, fmt.Errorf("refused: %w", store.ErrInvalidRequest)
+func (refusingStore) ClaimLease(context.Context, store.LeaseRequest) (store.ClaimResult, error) {
+	return store.ClaimResult{}, fmt.Errorf("refused: %w", store.ErrInvalidRequest)
 }
 
 // A request the store refuses as such would be refused on every delivery:
@@ -853,17 +853,17 @@ func TestUnstorableHandlerNameIsHashed(t *testing.T) {
 	}
 }
 
-// failingBegin fails every Begin while down is set.
+// failingBegin fails every ClaimLease while down is set.
 type failingBegin struct {
 	store.Store
 	down *atomic.Bool
 }
 
-func (f failingBegin) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+func (f failingBegin) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	if f.down.Load() {
-		return store.BeginResult{}, errors.New("connection refused")
+		return store.ClaimResult{}, errors.New("connection refused")
 	}
-	return f.Store.Begin(ctx, req)
+	return f.Store.ClaimLease(ctx, req)
 }
 
 // While the store keeps failing, the pause before each nack grows, so a

@@ -16,7 +16,7 @@ import (
 	"github.com/oncemill/oncemill/policy"
 )
 
-// A Begin that fails logs one error line per delivery, with the store's
+// A ClaimLease that fails logs one error line per delivery, with the store's
 // error and the delivery's fields, before the nack.
 func TestStoreFailureIsLogged(t *testing.T) {
 	t.Parallel()
@@ -61,7 +61,7 @@ func TestDeadLetterFailureIsLogged(t *testing.T) {
 		c.Policy.MaxPayloadBytes = 4
 	})
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
-		return nil, policy.Permanent(errDeclined)
+		return nil, policy.Cached(errDeclined)
 	})
 	if _, err := handler(msg("m1", "too large")); err == nil {
 		t.Fatal("a rejection whose forward failed must nack")

@@ -44,7 +44,7 @@ func TestRetryRetriesOnlyRetryableErrors(t *testing.T) {
 		wantCalls int32
 	}{
 		{"retryable", errors.New("timeout"), 3},
-		{"permanent", policy.Permanent(errors.New("declined")), 1},
+		{"permanent", policy.Cached(errors.New("declined")), 1},
 		{"lease lost", fmt.Errorf("oncemill: lease lost while the handler ran: %w", store.ErrLeaseLost), 1},
 		{"circuit open", pipeline.ErrCircuitOpen, 1},
 	} {
@@ -125,7 +125,7 @@ func TestRetryKeepsTheLeaseAliveWhileItWaits(t *testing.T) {
 	defer st.Close()
 	counting := &countingStore{Store: st}
 	p := policy.Policy{}.WithDefaults()
-	p.Lease, p.Heartbeat = time.Minute, 5*time.Millisecond
+	p.LeaseDuration, p.Heartbeat = time.Minute, 5*time.Millisecond
 	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: counting, Keys: keygen.UUID(), Scope: "s", Policy: p})
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func TestBreakerCountsOnlyRetryableFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	declined := policy.Permanent(errors.New("declined"))
+	declined := policy.Cached(errors.New("declined"))
 	h := b.Middleware(func(m *message.Message) ([]*message.Message, error) {
 		if m.UUID == "business" {
 			return nil, declined
@@ -296,7 +296,7 @@ func TestDeadLetterOnceAndNeverLost(t *testing.T) {
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls.Add(1)
-		return nil, policy.Permanent(errDeclined)
+		return nil, policy.Cached(errDeclined)
 	})
 	if _, err := handler(msg("m1", "x")); err == nil {
 		t.Fatal("a failed forward must nack")

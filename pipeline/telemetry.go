@@ -202,8 +202,8 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 		t.storeErrAttrs[op] = []metric.AddOption{set("operation", name)}
 	}
 	t.replayAttrs = map[store.Status][]metric.RecordOption{
-		store.StatusSucceeded: {set("original", store.StatusSucceeded.String())},
-		store.StatusFailed:    {set("original", store.StatusFailed.String())},
+		store.StatusSucceeded:     {set("original", store.StatusSucceeded.String())},
+		store.StatusCachedFailure: {set("original", store.StatusCachedFailure.String())},
 	}
 	for _, r := range []DeadLetterReason{DeadLetterReasonInvalid, DeadLetterReasonCachedFailure, DeadLetterReasonMismatch, DeadLetterReasonRejected} {
 		t.reasonAttrs[r] = []metric.AddOption{set("reason", string(r))}
@@ -315,7 +315,7 @@ func decisionName(e *Event) string {
 		}
 		return "execute"
 	case store.DecisionReplay:
-		if e.Outcome == OutcomeFailureReplayed {
+		if e.Outcome == OutcomeCachedFailureReplayed {
 			return "cached_failure"
 		}
 		return "replay"

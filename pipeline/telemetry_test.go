@@ -225,7 +225,7 @@ func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
 	k := newTelKit(t)
 	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
 		c.Telemetry = k.tel
-		c.Policy.Lease = time.Minute
+		c.Policy.LeaseDuration = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond
 	})
 	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -346,21 +346,21 @@ type telFailStore struct {
 
 var errTelStoreDown = errors.New("store connection refused")
 
-func (f telFailStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+func (f telFailStore) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	if f.begin {
-		return store.BeginResult{}, errTelStoreDown
+		return store.ClaimResult{}, errTelStoreDown
 	}
-	return f.Store.Begin(ctx, req)
+	return f.Store.ClaimLease(ctx, req)
 }
 
-func (f telFailStore) Complete(ctx context.Context, l store.Lease, o store.Completion) error {
+func (f telFailStore) Complete(ctx context.Context, l store.Claim, o store.Completion) error {
 	if f.complete {
 		return errTelStoreDown
 	}
 	return f.Store.Complete(ctx, l, o)
 }
 
-func (f telFailStore) Release(ctx context.Context, l store.Lease, keep time.Duration) error {
+func (f telFailStore) Release(ctx context.Context, l store.Claim, keep time.Duration) error {
 	if f.release {
 		return errTelStoreDown
 	}
@@ -397,7 +397,7 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 				c.Telemetry = k.tel
 				tc.fail.Store = c.Store
 				c.Store = tc.fail
-				c.Policy.Lease, c.Policy.Heartbeat = 300*time.Millisecond, 100*time.Millisecond
+				c.Policy.LeaseDuration, c.Policy.Heartbeat = 300*time.Millisecond, 100*time.Millisecond
 			})
 			err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(tc.handler), msg("m1", "x"))
 			if (err != nil) != tc.deliveryErr {
@@ -538,7 +538,7 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 		return telRun(h.stage.Middleware(handler), m)
 	}
 	declined := func(*message.Message) ([]*message.Message, error) {
-		return nil, policy.Permanent(errors.New("card declined"))
+		return nil, policy.Cached(errors.New("card declined"))
 	}
 	down := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("try later") }
 
@@ -557,7 +557,7 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 	_ = run(declined, msg("m2", "a"))
 	// takeover: a worker took the lease and died; the lease expires.
 	m3 := msg("m3", "a")
-	if _, err := h.store.Begin(context.Background(), store.BeginRequest{Scope: "test", Key: "m3", Fingerprint: keygen.PayloadFingerprint(m3), Lease: time.Minute}); err != nil {
+	if _, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: "m3", Fingerprint: keygen.PayloadFingerprint(m3), LeaseDuration: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	h.clock.Advance(2 * time.Minute)
@@ -597,11 +597,11 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 		t.Errorf("decisions %v, want %v", got, want)
 	}
 	if got, want := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
-		"executed": 3, "replayed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "held_key_nacked": 1, "released": 1,
+		"executed": 3, "replayed": 1, "rejected": 2, "cached_failure": 1, "cached_failure_replayed": 1, "held_key_nacked": 1, "released": 1,
 	}; !maps.Equal(got, want) {
 		t.Errorf("outcomes %v, want %v", got, want)
 	}
-	// Begin once per delivery that reached the store (all but m6: 9),
+	// ClaimLease once per delivery that reached the store (all but m6: 9),
 	// Complete for the three successes and the cached failure, Release for
 	// the retryable failure.
 	if got, want := teltest.HistCounts(t, ms, "oncemill.store.duration", "operation"), map[string]uint64{
@@ -878,7 +878,7 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 	}
 	handler := pipeline.Chain{Validation: v, Idempotency: h.stage}.Middleware(func(m *message.Message) ([]*message.Message, error) {
 		if string(m.Payload) == "declined" {
-			return nil, policy.Permanent(errors.New("card declined"))
+			return nil, policy.Cached(errors.New("card declined"))
 		}
 		return nil, nil
 	})
@@ -923,7 +923,7 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 	// The invalid message never reached the store: no decision for it, and
 	// the outcome "invalid".
 	if got, want := teltest.Sums(t, ms, "oncemill.outcomes", "outcome"), map[string]int64{
-		"executed": 1, "rejected": 2, "failure_cached": 1, "failure_replayed": 1, "invalid": 1,
+		"executed": 1, "rejected": 2, "cached_failure": 1, "cached_failure_replayed": 1, "invalid": 1,
 	}; !maps.Equal(got, want) {
 		t.Errorf("outcomes %v, want %v", got, want)
 	}

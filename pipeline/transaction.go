@@ -11,12 +11,12 @@ import (
 )
 
 // TxManager begins, commits and rolls back the transactions of the
-// transaction stage. The transaction travels in the context: Begin returns a
+// transaction stage. The transaction travels in the context: ClaimLease returns a
 // context carrying it, where the handler finds it. The methods mention only
 // standard types, so store/postgres satisfies this interface without
 // importing this package, and this package never imports a driver.
 type TxManager interface {
-	// Begin starts a transaction and returns a context carrying it.
+	// ClaimLease starts a transaction and returns a context carrying it.
 	Begin(ctx context.Context) (context.Context, error)
 	// Commit commits the transaction ctx carries. A failed commit leaves it
 	// rolled back, as pgx and database/sql do.

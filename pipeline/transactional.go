@@ -29,7 +29,7 @@ import (
 var errClaimTaken = fmt.Errorf("oncemill: another delivery claimed the key between two attempts: %w", store.ErrLeaseLost)
 
 func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
-	req := store.ClaimRequest{
+	req := store.TxRequest{
 		Scope:       d.event.Scope,
 		Key:         d.event.Key,
 		Fingerprint: s.fingerprint(d.msg),
@@ -54,14 +54,14 @@ func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.M
 		if res.Decision == store.DecisionExecute {
 			return s.executeTx(d, h, &req, &res)
 		}
-		if msgs, done, err := s.answer(d, &w, &res.BeginResult); done {
+		if msgs, done, err := s.answer(d, &w, &res.ClaimResult); done {
 			return msgs, err
 		}
 	}
 }
 
-func (s *Idempotency) executeTx(d *delivery, h message.HandlerFunc, req *store.ClaimRequest, res *store.ClaimResult) ([]*message.Message, error) {
-	lease := res.Lease
+func (s *Idempotency) executeTx(d *delivery, h message.HandlerFunc, req *store.TxRequest, res *store.TxResult) ([]*message.Message, error) {
+	lease := res.Claim
 	d.event.Attempt, d.event.Token, d.event.Takeover = lease.Attempt, lease.Token, res.Takeover
 
 	orig := d.msg.Context()
@@ -107,7 +107,7 @@ func (s *Idempotency) attempt(h message.HandlerFunc) message.HandlerFunc {
 			if res.Decision != store.DecisionExecute {
 				return nil, errClaimTaken
 			}
-			e.lease, e.tx = res.Lease, res.Tx
+			e.lease, e.tx = res.Claim, res.Tx
 			msg.SetContext(res.Tx.Context(ctx))
 			defer msg.SetContext(ctx)
 		}
@@ -148,9 +148,9 @@ func (s *Idempotency) rollback(ctx context.Context, e *execution) {
 }
 
 // claim and recordRollback are the store's calls, measured.
-func (s *Idempotency) claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+func (s *Idempotency) claim(ctx context.Context, req store.TxRequest) (store.TxResult, error) {
 	ctx, m := s.tel.startStore(ctx, opClaim)
-	res, err := s.txStore.Claim(ctx, req)
+	res, err := s.txStore.ClaimInTx(ctx, req)
 	m.end(ctx, err)
 	if err == nil {
 		s.storeAnswered()

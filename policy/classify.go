@@ -34,31 +34,28 @@ type classified struct {
 func (c *classified) Error() string { return c.err.Error() }
 func (c *classified) Unwrap() error { return c.err }
 
-// Permanent marks err as a cached failure: it is stored and never re-run.
-// Permanent(nil) is nil.
-func Permanent(err error) error {
+// Cached marks err as a cached failure: it is stored and never re-run.
+// Cached(nil) is nil.
+func Cached(err error) error {
 	if err == nil {
 		return nil
 	}
 	return &classified{err: err, class: ClassCached}
 }
 
-// Transient marks err as retryable even when it would otherwise be cached.
-// Transient(nil) is nil.
-func Transient(err error) error {
+// Retryable marks err as retryable even when it would otherwise be cached.
+// Retryable(nil) is nil.
+func Retryable(err error) error {
 	if err == nil {
 		return nil
 	}
 	return &classified{err: err, class: ClassRetryable}
 }
 
-// Permanentf is fmt.Errorf followed by Permanent.
-func Permanentf(format string, args ...any) error {
-	return Permanent(fmt.Errorf(format, args...))
+// Cachedf is fmt.Errorf followed by Permanent.
+func Cachedf(format string, args ...any) error {
+	return Cached(fmt.Errorf(format, args...))
 }
-
-// IsPermanent reports whether the policy would cache err.
-func (p Policy) IsPermanent(err error) bool { return p.Classify(err) == ClassCached }
 
 // Classify sorts err. The order, first match wins:
 //  1. the Classifier predicate, when it returns ok;

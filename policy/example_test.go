@@ -18,7 +18,7 @@ func ExamplePolicy_Classify() {
 
 	fmt.Println(p.Classify(fmt.Errorf("charge: %w", errInsufficientFunds)))
 	fmt.Println(p.Classify(errors.New("connection reset")))
-	fmt.Println(p.Classify(policy.Permanent(errors.New("amount must be positive"))))
+	fmt.Println(p.Classify(policy.Cached(errors.New("amount must be positive"))))
 	fmt.Println(p.Validate())
 	// Output:
 	// cached

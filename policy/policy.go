@@ -12,7 +12,7 @@ import (
 const (
 	DefaultSuccessTTL      = 24 * time.Hour
 	DefaultFailureTTL      = time.Hour
-	DefaultLease           = 30 * time.Second
+	DefaultLeaseDuration   = 30 * time.Second
 	DefaultMaxAttempts     = 5
 	DefaultHeldKeyTimeout  = 5 * time.Second
 	DefaultNackDelay       = time.Second
@@ -120,10 +120,10 @@ type Policy struct {
 	// attempt count of a released (retryable) key survives between
 	// deliveries. Zero means DefaultFailureTTL (1h).
 	FailureTTL time.Duration
-	// Lease is how long an execution owns its key without a heartbeat. A
+	// LeaseDuration is how long an execution owns its key without a heartbeat. A
 	// worker that dies holding a lease is taken over once the lease expires.
-	// Zero means DefaultLease (30s). The one-transaction mode has no lease.
-	Lease time.Duration
+	// Zero means DefaultLeaseDuration (30s). The one-transaction mode has no lease.
+	LeaseDuration time.Duration
 	// Heartbeat is how often a running handler extends its lease. It must be
 	// shorter than Lease. Zero means a third of Lease, which leaves room for
 	// two missed beats.
@@ -193,8 +193,8 @@ func (p Policy) WithDefaults() Policy {
 	}
 	set(&p.SuccessTTL, DefaultSuccessTTL)
 	set(&p.FailureTTL, DefaultFailureTTL)
-	set(&p.Lease, DefaultLease)
-	set(&p.Heartbeat, p.Lease/3)
+	set(&p.LeaseDuration, DefaultLeaseDuration)
+	set(&p.Heartbeat, p.LeaseDuration/3)
 	set(&p.HeldKeyTimeout, DefaultHeldKeyTimeout)
 	set(&p.NackDelay, DefaultNackDelay)
 	if p.NackDelay < 0 {
@@ -231,14 +231,14 @@ func (p Policy) Validate() error {
 		return bad("SuccessTTL", "%v is negative; set it longer than the broker's redelivery horizon, or leave it 0 for %v", p.SuccessTTL, DefaultSuccessTTL)
 	case p.FailureTTL < 0:
 		return bad("FailureTTL", "%v is negative; leave it 0 for %v", p.FailureTTL, DefaultFailureTTL)
-	case p.Lease < 0:
-		return bad("Lease", "%v is negative; leave it 0 for %v", p.Lease, DefaultLease)
+	case p.LeaseDuration < 0:
+		return bad("Lease", "%v is negative; leave it 0 for %v", p.LeaseDuration, DefaultLeaseDuration)
 	case p.Heartbeat < 0:
 		return bad("Heartbeat", "%v is negative; leave it 0 for a third of Lease", p.Heartbeat)
 	case p.Heartbeat == 0:
-		return bad("Lease", "%v is too short to beat within; use a lease of a millisecond or more", p.Lease)
-	case p.Heartbeat >= p.Lease:
-		return bad("Heartbeat", "%v is not shorter than Lease %v, so the lease would expire between beats; use less than Lease, or leave it 0 for %v (a third of Lease, room for two missed beats)", raw.Heartbeat, p.Lease, p.Lease/3)
+		return bad("Lease", "%v is too short to beat within; use a lease of a millisecond or more", p.LeaseDuration)
+	case p.Heartbeat >= p.LeaseDuration:
+		return bad("Heartbeat", "%v is not shorter than Lease %v, so the lease would expire between beats; use less than Lease, or leave it 0 for %v (a third of Lease, room for two missed beats)", raw.Heartbeat, p.LeaseDuration, p.LeaseDuration/3)
 	case p.MaxAttempts < 0:
 		return bad("MaxAttempts", "%d is negative; set 1 or more, or leave it 0 for %d", p.MaxAttempts, DefaultMaxAttempts)
 	case raw.MaxAttemptDelay < 0:

@@ -28,7 +28,7 @@ func TestZeroPolicyIsTheDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := zero.WithDefaults()
-	if p.SuccessTTL != 24*time.Hour || p.FailureTTL != time.Hour || p.Lease != 30*time.Second || p.Heartbeat != 10*time.Second {
+	if p.SuccessTTL != 24*time.Hour || p.FailureTTL != time.Hour || p.LeaseDuration != 30*time.Second || p.Heartbeat != 10*time.Second {
 		t.Fatalf("defaults %+v", p)
 	}
 	if p.HeldKey != policy.HeldKeyWait || p.HeldKeyTimeout != 5*time.Second || p.NackDelay != time.Second ||
@@ -47,7 +47,7 @@ func TestZeroPolicyIsTheDefaults(t *testing.T) {
 		t.Fatalf("AttemptDelay -1: %v, want 0 (no pause)", p.AttemptDelay)
 	}
 	// A set field is kept, and the heartbeat follows the lease.
-	p = policy.Policy{Lease: 3 * time.Second, NackDelay: -1}.WithDefaults()
+	p = policy.Policy{LeaseDuration: 3 * time.Second, NackDelay: -1}.WithDefaults()
 	if p.Heartbeat != time.Second || p.NackDelay != 0 || p.SuccessTTL != policy.DefaultSuccessTTL {
 		t.Fatalf("Lease 3s, NackDelay -1: %+v", p)
 	}
@@ -62,10 +62,10 @@ func TestValidateSaysWhatToChange(t *testing.T) {
 	}{
 		"success ttl":     {policy.Policy{SuccessTTL: -1}, "policy.SuccessTTL", "negative"},
 		"failure ttl":     {policy.Policy{FailureTTL: -1}, "policy.FailureTTL", "negative"},
-		"lease":           {policy.Policy{Lease: -time.Second}, "policy.Lease", "negative"},
-		"lease too short": {policy.Policy{Lease: 2}, "policy.Lease", "too short"},
+		"lease":           {policy.Policy{LeaseDuration: -time.Second}, "policy.LeaseDuration", "negative"},
+		"lease too short": {policy.Policy{LeaseDuration: 2}, "policy.LeaseDuration", "too short"},
 		"heartbeat":       {policy.Policy{Heartbeat: -1}, "policy.Heartbeat", "negative"},
-		"heartbeat long":  {policy.Policy{Heartbeat: policy.DefaultLease}, "policy.Heartbeat", "not shorter than Lease"},
+		"heartbeat long":  {policy.Policy{Heartbeat: policy.DefaultLeaseDuration}, "policy.Heartbeat", "not shorter than Lease"},
 		"attempts":        {policy.Policy{MaxAttempts: -1}, "policy.MaxAttempts", "negative"},
 		"held key mode":   {policy.Policy{HeldKey: 5}, "policy.HeldKey", "policy.HeldKeyWait"},
 		"held key wait":   {policy.Policy{HeldKeyTimeout: -1}, "policy.HeldKeyTimeout", "negative"},
@@ -111,16 +111,16 @@ func TestClassify(t *testing.T) {
 		{"unknown error is retryable", errors.New("boom"), policy.ClassRetryable},
 		{"context canceled is retryable", context.Canceled, policy.ClassRetryable},
 		{"deadline is retryable", fmt.Errorf("call: %w", context.DeadlineExceeded), policy.ClassRetryable},
-		{"permanent marker", policy.Permanent(errors.New("bad")), policy.ClassCached},
-		{"permanent marker wrapped", fmt.Errorf("handler: %w", policy.Permanent(errors.New("bad"))), policy.ClassCached},
-		{"permanentf", policy.Permanentf("amount %d", -1), policy.ClassCached},
-		{"transient marker beats CachedErrors", policy.Transient(errNotFound), policy.ClassRetryable},
-		{"outermost marker wins", policy.Permanent(policy.Transient(errors.New("x"))), policy.ClassCached},
-		{"outermost marker wins, other way", policy.Transient(policy.Permanent(errors.New("x"))), policy.ClassRetryable},
+		{"permanent marker", policy.Cached(errors.New("bad")), policy.ClassCached},
+		{"permanent marker wrapped", fmt.Errorf("handler: %w", policy.Cached(errors.New("bad"))), policy.ClassCached},
+		{"permanentf", policy.Cachedf("amount %d", -1), policy.ClassCached},
+		{"transient marker beats CachedErrors", policy.Retryable(errNotFound), policy.ClassRetryable},
+		{"outermost marker wins", policy.Cached(policy.Retryable(errors.New("x"))), policy.ClassCached},
+		{"outermost marker wins, other way", policy.Retryable(policy.Cached(errors.New("x"))), policy.ClassRetryable},
 		{"CachedErrors by errors.Is", fmt.Errorf("lookup: %w", errNotFound), policy.ClassCached},
 		{"RetryableErrors beat CachedErrors", errors.Join(errNotFound, errTimeout), policy.ClassRetryable},
 		{"classifier by errors.As", fmt.Errorf("x: %w", &validationError{"amount"}), policy.ClassCached},
-		{"classifier beats markers", policy.Transient(&validationError{"amount"}), policy.ClassCached},
+		{"classifier beats markers", policy.Retryable(&validationError{"amount"}), policy.ClassCached},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,15 +134,15 @@ func TestClassify(t *testing.T) {
 
 func TestMarkersKeepTheErrorChain(t *testing.T) {
 	t.Parallel()
-	err := policy.Permanent(fmt.Errorf("charge: %w", errNotFound))
+	err := policy.Cached(fmt.Errorf("charge: %w", errNotFound))
 	if !errors.Is(err, errNotFound) || err.Error() != "charge: not found" {
 		t.Fatalf("marker hides the chain: %v", err)
 	}
-	if policy.Permanent(nil) != nil || policy.Transient(nil) != nil {
+	if policy.Cached(nil) != nil || policy.Retryable(nil) != nil {
 		t.Fatal("marking nil must stay nil")
 	}
 	var zero policy.Policy
-	if !zero.IsPermanent(err) || zero.IsPermanent(errNotFound) {
-		t.Fatal("IsPermanent disagrees with Classify")
+	if !(zero.Classify(err) == policy.ClassCached) || (zero.Classify(errNotFound) == policy.ClassCached) {
+		t.Fatal("Classify does not cache a marked error, or caches an unmarked one")
 	}
 }

@@ -69,7 +69,7 @@ func TestBadInputIsRejectedClearlyAndPermanently(t *testing.T) {
 			if e.Outcome != pipeline.OutcomeRejected || !e.Outcome.Acked() {
 				t.Fatalf("outcome %v, want rejected", e.Outcome)
 			}
-			if !errors.Is(e.Err, tc.is) || !(policy.Policy{}).IsPermanent(e.Err) {
+			if !errors.Is(e.Err, tc.is) || !((policy.Policy{}).Classify(e.Err) == policy.ClassCached) {
 				t.Fatalf("error %v: want errors.Is %v and classified permanent", e.Err, tc.is)
 			}
 			if !strings.Contains(e.Err.Error(), tc.message) {

@@ -14,6 +14,6 @@
 // the zero Policy's defaults apply.
 //
 // A handler needs nothing but this package: Permanent and Transient classify
-// its errors, LeaseFromContext gives its fencing token, and Event and the
+// its errors, ClaimFromContext gives its fencing token, and Event and the
 // Outcome constants describe what oncemill decided.
 package receiver

@@ -75,7 +75,7 @@ func ExampleBuilder_Build_error() {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	_, err := receiver.New(st).
-		WithPolicy(receiver.Policy{Lease: time.Second, Heartbeat: 2 * time.Second}).
+		WithPolicy(receiver.Policy{LeaseDuration: time.Second, Heartbeat: 2 * time.Second}).
 		Build()
 	fmt.Println(errors.Is(err, receiver.ErrInvalidConfig))
 	fmt.Println(err)

@@ -23,17 +23,17 @@ type (
 	// Outcome is pipeline.Outcome: what the idempotency stage did with a
 	// delivery.
 	Outcome = pipeline.Outcome
-	// Lease is store.Lease: the handler's fencing token and attempt
-	// (LeaseFromContext).
-	Lease = store.Lease
+	// Lease is store.Claim: the handler's fencing token and attempt
+	// (ClaimFromContext).
+	Lease = store.Claim
 )
 
 // The outcomes of pipeline.Outcome.
 const (
 	OutcomeExecuted        = pipeline.OutcomeExecuted
 	OutcomeReplayed        = pipeline.OutcomeReplayed
-	OutcomeFailureCached   = pipeline.OutcomeFailureCached
-	OutcomeFailureReplayed = pipeline.OutcomeFailureReplayed
+	OutcomeFailureCached   = pipeline.OutcomeCachedFailure
+	OutcomeFailureReplayed = pipeline.OutcomeCachedFailureReplayed
 	OutcomeReleased        = pipeline.OutcomeReleased
 	OutcomeHeldKeyNacked   = pipeline.OutcomeHeldKeyNacked
 	OutcomeRejected        = pipeline.OutcomeRejected
@@ -48,16 +48,16 @@ const (
 var ErrInvalidConfig = oncemill.ErrInvalidConfig
 
 // Permanent marks err as a failure to cache: stored, acked, never run
-// again (policy.Permanent).
-func Permanent(err error) error { return policy.Permanent(err) }
+// again (policy.Cached).
+func Permanent(err error) error { return policy.Cached(err) }
 
 // Transient marks err as retryable even when the policy would cache it
-// (policy.Transient).
-func Transient(err error) error { return policy.Transient(err) }
+// (policy.Retryable).
+func Transient(err error) error { return policy.Retryable(err) }
 
-// LeaseFromContext returns the lease the handler runs under: its fencing
-// token and attempt (pipeline.LeaseFromContext).
-func LeaseFromContext(ctx context.Context) (Lease, bool) { return pipeline.LeaseFromContext(ctx) }
+// ClaimFromContext returns the lease the handler runs under: its fencing
+// token and attempt (pipeline.ClaimFromContext).
+func LeaseFromContext(ctx context.Context) (Lease, bool) { return pipeline.ClaimFromContext(ctx) }
 
 // CheckLease confirms that the handler still holds its lease, right before
 // a side effect outside any transaction (pipeline.CheckLease).

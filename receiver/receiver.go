@@ -239,8 +239,8 @@ func (b *Builder) chain() (pipeline.Chain, error) {
 		switch {
 		case b.tx != nil:
 			return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
-		case b.cfg.Policy.Lease != 0:
-			return c, oncemill.InvalidConfig("policy.Lease", "has no effect in the one-transaction mode (NewTransactional): the claim is held by the handler's open transaction; leave it 0")
+		case b.cfg.Policy.LeaseDuration != 0:
+			return c, oncemill.InvalidConfig("policy.LeaseDuration", "has no effect in the one-transaction mode (NewTransactional): the claim is held by the handler's open transaction; leave it 0")
 		case b.cfg.Policy.Heartbeat != 0:
 			return c, oncemill.InvalidConfig("policy.Heartbeat", "has no effect in the one-transaction mode (NewTransactional): there is no lease to extend; leave it 0")
 		}

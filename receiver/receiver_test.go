@@ -37,7 +37,7 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		{"empty scope", func() *receiver.Builder { return receiver.New(st).WithScope("") }, "WithScope"},
 		{"negative success TTL", func() *receiver.Builder { return withPolicy(st, receiver.Policy{SuccessTTL: -1}) }, "policy.SuccessTTL"},
 		{"heartbeat equal to lease", func() *receiver.Builder {
-			return withPolicy(st, receiver.Policy{Lease: time.Second, Heartbeat: time.Second})
+			return withPolicy(st, receiver.Policy{LeaseDuration: time.Second, Heartbeat: time.Second})
 		}, "not shorter than Lease"},
 		{"heartbeat longer than the default lease", func() *receiver.Builder {
 			return withPolicy(st, receiver.Policy{Heartbeat: time.Minute})
@@ -49,8 +49,8 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
 		}, "hold up the messages behind it"},
 		{"a lease in the one-transaction mode", func() *receiver.Builder {
-			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(receiver.Policy{Lease: time.Minute})
-		}, "policy.Lease: has no effect in the one-transaction mode"},
+			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(receiver.Policy{LeaseDuration: time.Minute})
+		}, "policy.LeaseDuration: has no effect in the one-transaction mode"},
 		{"a heartbeat in the one-transaction mode", func() *receiver.Builder {
 			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(receiver.Policy{Heartbeat: time.Second})
 		}, "policy.Heartbeat: has no effect"},
@@ -91,10 +91,10 @@ func TestHeartbeatFollowsTheLeaseUnlessSet(t *testing.T) {
 	defer st.Close()
 	// A 3s lease with a 10s heartbeat would be refused; a zero heartbeat
 	// follows the lease.
-	if _, err := withPolicy(st, receiver.Policy{Lease: 3 * time.Second}).Build(); err != nil {
+	if _, err := withPolicy(st, receiver.Policy{LeaseDuration: 3 * time.Second}).Build(); err != nil {
 		t.Fatalf("lease without explicit heartbeat: %v", err)
 	}
-	if _, err := withPolicy(st, receiver.Policy{Lease: 3 * time.Second, Heartbeat: 2 * time.Second}).Build(); err != nil {
+	if _, err := withPolicy(st, receiver.Policy{LeaseDuration: 3 * time.Second, Heartbeat: 2 * time.Second}).Build(); err != nil {
 		t.Fatalf("explicit heartbeat below the lease: %v", err)
 	}
 }

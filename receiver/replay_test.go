@@ -57,13 +57,13 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 		}
 		byOriginal[m.Attrs["original"].(string)+"/"+m.Attrs["key"].(string)]++
 	}
-	if byOriginal["succeeded/pay-ok"] != 1 || byOriginal["failed/pay-declined"] != 2 || len(byOriginal) != 2 {
-		t.Fatalf("replays logged by original outcome and key: %v, want 1 succeeded/pay-ok and 2 failed/pay-declined", byOriginal)
+	if byOriginal["succeeded/pay-ok"] != 1 || byOriginal["cached_failure/pay-declined"] != 2 || len(byOriginal) != 2 {
+		t.Fatalf("replays logged by original outcome and key: %v, want 1 succeeded/pay-ok and 2 cached_failure/pay-declined", byOriginal)
 	}
 
 	counts := teltest.HistCounts(t, sdk.Metrics(t), "oncemill.replay.age", "original")
-	if counts["succeeded"] != 1 || counts["failed"] != 2 {
-		t.Fatalf("oncemill.replay.age counts by original: %v, want succeeded 1 and failed 2", counts)
+	if counts["succeeded"] != 1 || counts["cached_failure"] != 2 {
+		t.Fatalf("oncemill.replay.age counts by original: %v, want succeeded 1 and cached_failure 2", counts)
 	}
 }
 

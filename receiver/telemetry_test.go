@@ -463,7 +463,7 @@ func TestReceiverLogsThroughSlog(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := r.Middleware(func(*message.Message) ([]*message.Message, error) {
-		return nil, policy.Permanent(errors.New("card declined"))
+		return nil, policy.Cached(errors.New("card declined"))
 	})
 	for _, m := range []*message.Message{
 		message.NewMessage("pay-1", []byte("12.00 EUR")),
@@ -502,7 +502,7 @@ func TestReceiverLogsTheHandlersError(t *testing.T) {
 		t.Fatal(err)
 	}
 	declined := errors.New("card declined")
-	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, policy.Permanent(declined) })
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, policy.Cached(declined) })
 	if _, err := h(message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
 		t.Fatal(err)
 	}

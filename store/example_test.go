@@ -10,7 +10,7 @@ import (
 	"github.com/oncemill/oncemill/store/memory"
 )
 
-// The record's life: the first Begin executes, a second one finds it in
+// The record's life: the first ClaimLease executes, a second one finds it in
 // progress, Complete stores the outcome, and later Begins replay it. A stale
 // lease can no longer complete.
 func Example() {
@@ -20,23 +20,23 @@ func Example() {
 	}
 	defer st.Close()
 	ctx := context.Background()
-	req := store.BeginRequest{Scope: "payments", Key: "pay-1", Fingerprint: "fp-1", Lease: 30 * time.Second}
+	req := store.LeaseRequest{Scope: "payments", Key: "pay-1", Fingerprint: "fp-1", LeaseDuration: 30 * time.Second}
 
-	first, _ := st.Begin(ctx, req)
-	fmt.Println(first.Decision, "attempt", first.Lease.Attempt)
+	first, _ := st.ClaimLease(ctx, req)
+	fmt.Println(first.Decision, "attempt", first.Claim.Attempt)
 
-	second, _ := st.Begin(ctx, req)
+	second, _ := st.ClaimLease(ctx, req)
 	fmt.Println(second.Decision)
 
-	_ = st.Complete(ctx, first.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
-	third, _ := st.Begin(ctx, req)
+	_ = st.Complete(ctx, first.Claim, store.Completion{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
+	third, _ := st.ClaimLease(ctx, req)
 	fmt.Println(third.Decision, third.Record.Status, string(third.Record.Result))
 
-	err = st.Release(ctx, first.Lease, time.Hour)
+	err = st.Release(ctx, first.Claim, time.Hour)
 	fmt.Println(errors.Is(err, store.ErrLeaseLost))
 
 	req.Fingerprint = "fp-2"
-	other, _ := st.Begin(ctx, req)
+	other, _ := st.ClaimLease(ctx, req)
 	fmt.Println(other.Decision)
 	// Output:
 	// execute attempt 1

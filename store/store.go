@@ -17,21 +17,21 @@ type Store interface {
 	// Limits reports what the store can hold; the stage hashes longer keys
 	// and refuses a policy that would store larger results.
 	Limits() Limits
-	// Begin atomically decides what this delivery does. With
+	// ClaimLease atomically decides what this delivery does. With
 	// DecisionExecute the returned Lease is held until Complete, Release or
 	// its expiry.
-	Begin(ctx context.Context, req BeginRequest) (BeginResult, error)
+	ClaimLease(ctx context.Context, req LeaseRequest) (ClaimResult, error)
 	// Complete stores a final outcome. ErrLeaseLost if the lease is not current.
-	Complete(ctx context.Context, lease Lease, c Completion) error
+	Complete(ctx context.Context, lease Claim, c Completion) error
 	// Release gives the key back after a retryable failure. The record keeps
 	// its attempt count for keep, so attempts are counted across deliveries.
 	// With keep <= 0 the record is removed (the key is absent again).
 	// ErrLeaseLost if the lease is not current.
-	Release(ctx context.Context, lease Lease, keep time.Duration) error
+	Release(ctx context.Context, lease Claim, keep time.Duration) error
 	// Extend pushes the lease expiry to now+d and returns the updated lease.
 	// ErrLeaseLost if the lease is not current or has already expired.
 	// ErrInvalidRequest if d is not positive.
-	Extend(ctx context.Context, lease Lease, d time.Duration) (Lease, error)
+	Extend(ctx context.Context, lease Claim, d time.Duration) (Claim, error)
 }
 
 // Admin is what operators and maintenance need of a store, apart from the
@@ -53,10 +53,10 @@ type Admin interface {
 	CompareAndDelete(ctx context.Context, scope, key string, token int64) error
 	// DeleteExpired removes up to limit expired records and returns how many
 	// it removed. Expired records are already invisible; this frees space.
-	// A record is kept at least for the Retain of the Begin that claimed it,
+	// A record is kept at least for the Retain of the ClaimLease that claimed it,
 	// beyond its lease, so that an expired lease carries its attempt count
-	// to the next Begin; after that, expired leases are removed too, and the
-	// next Begin of their key starts again at attempt 1. ErrInvalidRequest
+	// to the next ClaimLease; after that, expired leases are removed too, and the
+	// next ClaimLease of their key starts again at attempt 1. ErrInvalidRequest
 	// if limit is not positive.
 	DeleteExpired(ctx context.Context, limit int) (int, error)
 }
@@ -115,18 +115,18 @@ type Limits struct {
 //
 // A failed attempt rolls back, claim included. RecordRollback then records
 // what the failure leaves behind, unless another delivery claimed or
-// finished the key meanwhile: out.Status StatusFailed caches the failure
+// finished the key meanwhile: out.Status StatusCachedFailure caches the failure
 // for out.TTL; StatusRetryable keeps the lease's attempt count for out.TTL,
 // so that attempts are counted across deliveries. fingerprint is the
 // claim's, kept for mismatch detection.
 type Transactional interface {
 	Limits() Limits
-	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
-	RecordRollback(ctx context.Context, lease Lease, fingerprint string, out Completion) error
+	ClaimInTx(ctx context.Context, req TxRequest) (TxResult, error)
+	RecordRollback(ctx context.Context, lease Claim, fingerprint string, out Completion) error
 }
 
-// ClaimRequest asks for the key inside a new transaction.
-type ClaimRequest struct {
+// TxRequest asks for the key inside a new transaction.
+type TxRequest struct {
 	Scope       string
 	Key         string
 	Fingerprint string
@@ -143,7 +143,7 @@ type ClaimRequest struct {
 }
 
 // Validate reports a request no store can serve.
-func (r ClaimRequest) Validate() error {
+func (r TxRequest) Validate() error {
 	switch {
 	case r.Key == "":
 		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
@@ -157,11 +157,11 @@ func (r ClaimRequest) Validate() error {
 	return nil
 }
 
-// ClaimResult is Claim's answer. With DecisionExecute, Tx is the open
+// TxResult is Claim's answer. With DecisionExecute, Tx is the open
 // transaction that holds the claim; for every other decision the
 // transaction has already ended and Tx is nil.
-type ClaimResult struct {
-	BeginResult
+type TxResult struct {
+	ClaimResult
 	Tx Tx
 	// Contended is true when the claim met the key held by another
 	// delivery's open transaction and waited for it: it then replays what
@@ -207,7 +207,7 @@ var (
 // handler name (keygen.StorableKey) before it uses it as the scope.
 const MaxScopeLen = 1024
 
-// Decision is what Begin tells the caller to do.
+// Decision is what ClaimLease tells the caller to do.
 type Decision int
 
 const (
@@ -245,7 +245,7 @@ type Status int
 const (
 	StatusInProgress Status = iota + 1
 	StatusSucceeded
-	StatusFailed
+	StatusCachedFailure
 	StatusRetryable
 )
 
@@ -255,8 +255,8 @@ func (s Status) String() string {
 		return "in_progress"
 	case StatusSucceeded:
 		return "succeeded"
-	case StatusFailed:
-		return "failed"
+	case StatusCachedFailure:
+		return "cached_failure"
 	case StatusRetryable:
 		return "retryable"
 	}
@@ -269,23 +269,23 @@ func (s Status) String() string {
 type ErrorKind string
 
 const (
-	// ErrorKindPermanent: the handler's error is classified
-	// policy.ClassCached (policy.Permanent, or the policy's Classify).
-	ErrorKindPermanent ErrorKind = "permanent"
+	// ErrorKindCached: the handler's error is classified
+	// policy.ClassCached (policy.Cached, or the policy's Classify).
+	ErrorKindCached ErrorKind = "cached"
 	// ErrorKindAttemptsExhausted: the handler failed retryably on its last
 	// allowed attempt (policy.MaxAttempts).
 	ErrorKindAttemptsExhausted ErrorKind = "attempts_exhausted"
 )
 
-// BeginRequest asks for the key.
-type BeginRequest struct {
+// LeaseRequest asks for the key.
+type LeaseRequest struct {
 	Scope string
 	Key   string
 	// Fingerprint identifies the payload. When both it and the stored one are
-	// non-empty and differ, Begin returns DecisionMismatch.
+	// non-empty and differ, ClaimLease returns DecisionMismatch.
 	Fingerprint string
-	// Lease is how long the lease lasts without Extend. Must be positive.
-	Lease time.Duration
+	// LeaseDuration is how long the lease lasts without Extend. Must be positive.
+	LeaseDuration time.Duration
 	// Retain is how long the record is kept at least, whatever its outcome
 	// (the longest of the outcome TTLs): stores that remove records in the
 	// background schedule the removal from it (store/postgres); stores whose
@@ -294,21 +294,21 @@ type BeginRequest struct {
 }
 
 // Validate reports a request no store can serve.
-func (r BeginRequest) Validate() error {
+func (r LeaseRequest) Validate() error {
 	if r.Key == "" {
 		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
 	}
-	if r.Lease <= 0 {
+	if r.LeaseDuration <= 0 {
 		return fmt.Errorf("%w: lease must be positive", ErrInvalidRequest)
 	}
 	return nil
 }
 
-// BeginResult is Begin's answer.
-type BeginResult struct {
+// ClaimResult is ClaimLease's answer.
+type ClaimResult struct {
 	Decision Decision
-	// Lease is set for DecisionExecute.
-	Lease Lease
+	// Claim is set for DecisionExecute.
+	Claim Claim
 	// Takeover is true for DecisionExecute when an expired lease of another worker
 	// was taken over.
 	Takeover bool
@@ -317,11 +317,11 @@ type BeginResult struct {
 	Record *Record
 }
 
-// Lease is the right to finish one execution of a key.
-type Lease struct {
+// Claim is the right to finish one execution of a key.
+type Claim struct {
 	Scope string
 	Key   string
-	// Token is the fencing token. It rises on every Begin that executes the
+	// Token is the fencing token. It rises on every ClaimLease that executes the
 	// key, so a newer attempt always holds a larger token than a stale one.
 	Token int64
 	// Attempt counts executions of the key across deliveries, from 1.
@@ -331,7 +331,7 @@ type Lease struct {
 	ExpiresAt time.Time
 	// Version is opaque to callers: what the store last wrote for the lease,
 	// kept by a store that can finish the lease with one compare-and-set
-	// on it (store/redis on a server with SET IFEQ). Empty, or out of date
+	// on it (store/redisstore on a server with SET IFEQ). Empty, or out of date
 	// after an Extend, it costs such a store its slower path, never a
 	// wrong answer.
 	Version string
@@ -339,7 +339,7 @@ type Lease struct {
 
 // Completion is the outcome Complete stores.
 type Completion struct {
-	// Status is StatusSucceeded or StatusFailed.
+	// Status is StatusSucceeded or StatusCachedFailure.
 	Status Status
 	// Result is the encoded result of a success.
 	Result []byte
@@ -352,7 +352,7 @@ type Completion struct {
 
 // Validate reports an outcome no store can serve.
 func (o Completion) Validate() error {
-	if o.Status != StatusSucceeded && o.Status != StatusFailed {
+	if o.Status != StatusSucceeded && o.Status != StatusCachedFailure {
 		return fmt.Errorf("%w: completion status must be succeeded or failed, not %v", ErrInvalidRequest, o.Status)
 	}
 	if o.TTL <= 0 {

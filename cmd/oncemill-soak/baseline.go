@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/cmd/example-worker/worker"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 )
 
@@ -31,7 +32,7 @@ func withoutIdempotency(_ worker.Config, d worker.ReceiverDeps) (message.Handler
 			ev := receiver.Event{MessageUUID: msg.UUID, Outcome: receiver.OutcomeExecuted, Err: err}
 			switch {
 			case err == nil:
-			case classify.IsPermanent(err):
+			case classify.Classify(err) == policy.ClassCached:
 				ev.Outcome = receiver.OutcomeFailureCached
 				logger.Error("Handler failed permanently; the message is acked", "message_uuid", msg.UUID, "error", err)
 				msgs, err = nil, nil

@@ -74,10 +74,10 @@ func TestWorkloadIsExactlyOnceWithOncemill(t *testing.T) {
 		t.Error("replays=0: no duplicate was answered from a stored success")
 	}
 	if sum.CachedFailures == 0 || o[receiver.OutcomeFailureReplayed] == 0 {
-		t.Errorf("cached_failures=%d failure_replayed=%d: want both above 0", sum.CachedFailures, o[receiver.OutcomeFailureReplayed])
+		t.Errorf("cached_failures=%d cached_failure_replayed=%d: want both above 0", sum.CachedFailures, o[receiver.OutcomeFailureReplayed])
 	}
 	if got := o[receiver.OutcomeFailureCached]; got != int64(invalid) {
-		t.Errorf("failure_cached=%d, want one per invalid command (%d)", got, invalid)
+		t.Errorf("cached_failure=%d, want one per invalid command (%d)", got, invalid)
 	}
 	if o[receiver.OutcomeReleased] == 0 {
 		t.Error("released=0: no transient failure was retried")

@@ -15,7 +15,7 @@ import (
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/tiered"
 )
 
@@ -126,7 +126,7 @@ func openRedis(ctx context.Context, g *globals) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := oredis.New(client, oredis.Options{Prefix: g.RedisPrefix})
+	st, err := redisstore.New(client, redisstore.Options{Prefix: g.RedisPrefix})
 	if err != nil {
 		_ = client.Close()
 		return nil, err

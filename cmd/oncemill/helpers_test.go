@@ -18,7 +18,7 @@ import (
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/tiered"
 )
 
@@ -146,7 +146,7 @@ func newRedisFixture(t *testing.T) *fixture {
 	t.Helper()
 	c := newRedisClient(t)
 	prefix := newRedisPrefix(t, c)
-	st, err := oredis.New(c, oredis.Options{Prefix: prefix})
+	st, err := redisstore.New(c, redisstore.Options{Prefix: prefix})
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}
@@ -157,7 +157,7 @@ func newRedisFixture(t *testing.T) *fixture {
 // newTieredFixture is the tiered store: the records in PostgreSQL (as the
 // postgres fixture has them), their cache in Redis. Its store keeps no local
 // tier, so that what the CLI deletes (a tombstone in Redis) is seen by the
-// test's next Begin at once rather than when the invalidation arrives.
+// test's next ClaimLease at once rather than when the invalidation arrives.
 func newTieredFixture(t *testing.T) *fixture {
 	t.Helper()
 	pg := newPostgresFixture(t)
@@ -256,7 +256,7 @@ var storedResult = []byte("produced: order-7 shipped")
 // seeded is what seed created.
 type seeded struct {
 	scope     string
-	liveLease store.Lease // the lease of keyLive, held by a "worker" that never finishes
+	liveLease store.Claim // the lease of keyLive, held by a "worker" that never finishes
 }
 
 // seed creates a record in every state under scope through the store's own
@@ -266,7 +266,7 @@ func seed(t *testing.T, st adminStore, scope string) seeded {
 	s := seeded{scope: scope}
 	s.liveLease = begin(t, st, scope, keyLive, long)
 	complete(t, st, begin(t, st, scope, keySucceeded, long), store.Completion{Status: store.StatusSucceeded, Result: storedResult, TTL: long})
-	complete(t, st, begin(t, st, scope, keyFailed, long), store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, ErrorMessage: "card declined: do not honour", TTL: long})
+	complete(t, st, begin(t, st, scope, keyFailed, long), store.Completion{Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, ErrorMessage: "card declined: do not honour", TTL: long})
 	if err := st.Release(t.Context(), begin(t, st, scope, keyRetryable, long), long); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
@@ -278,19 +278,19 @@ func seed(t *testing.T, st adminStore, scope string) seeded {
 }
 
 // begin takes the key with a lease of lease, kept (Retain) for an hour.
-func begin(t *testing.T, st adminStore, scope, key string, lease time.Duration) store.Lease {
+func begin(t *testing.T, st adminStore, scope, key string, lease time.Duration) store.Claim {
 	t.Helper()
-	res, err := st.Begin(t.Context(), store.BeginRequest{Scope: scope, Key: key, Lease: lease, Retain: long})
+	res, err := st.ClaimLease(t.Context(), store.LeaseRequest{Scope: scope, Key: key, LeaseDuration: lease, Retain: long})
 	if err != nil {
-		t.Fatalf("Begin %s/%s: %v", scope, key, err)
+		t.Fatalf("ClaimLease %s/%s: %v", scope, key, err)
 	}
 	if res.Decision != store.DecisionExecute {
-		t.Fatalf("Begin %s/%s: decision %v, want execute", scope, key, res.Decision)
+		t.Fatalf("ClaimLease %s/%s: decision %v, want execute", scope, key, res.Decision)
 	}
-	return res.Lease
+	return res.Claim
 }
 
-func complete(t *testing.T, st adminStore, l store.Lease, c store.Completion) {
+func complete(t *testing.T, st adminStore, l store.Claim, c store.Completion) {
 	t.Helper()
 	if err := st.Complete(t.Context(), l, c); err != nil {
 		t.Fatalf("Complete %s/%s: %v", l.Scope, l.Key, err)
@@ -317,12 +317,12 @@ func waitExpired(t *testing.T, st adminStore, scope, key string) {
 	}
 }
 
-// decide runs one delivery's Begin, as the next delivery of the key would.
-func decide(t *testing.T, st adminStore, scope, key string) store.BeginResult {
+// decide runs one delivery's ClaimLease, as the next delivery of the key would.
+func decide(t *testing.T, st adminStore, scope, key string) store.ClaimResult {
 	t.Helper()
-	res, err := st.Begin(t.Context(), store.BeginRequest{Scope: scope, Key: key, Lease: long, Retain: long})
+	res, err := st.ClaimLease(t.Context(), store.LeaseRequest{Scope: scope, Key: key, LeaseDuration: long, Retain: long})
 	if err != nil {
-		t.Fatalf("Begin %s/%s: %v", scope, key, err)
+		t.Fatalf("ClaimLease %s/%s: %v", scope, key, err)
 	}
 	return res
 }

@@ -11,7 +11,7 @@ import (
 // statusFlag is a --status value: a store.Status by its name.
 type statusFlag store.Status
 
-var statusNames = []store.Status{store.StatusInProgress, store.StatusSucceeded, store.StatusFailed, store.StatusRetryable}
+var statusNames = []store.Status{store.StatusInProgress, store.StatusSucceeded, store.StatusCachedFailure, store.StatusRetryable}
 
 func (s *statusFlag) UnmarshalText(b []byte) error {
 	for _, st := range statusNames {
@@ -31,7 +31,7 @@ func (s *statusFlag) UnmarshalText(b []byte) error {
 type filters struct {
 	Scope     string        `help:"Only this scope."`
 	Status    statusFlag    `placeholder:"STATUS" help:"Only this status: in_progress, succeeded, failed or retryable."`
-	OlderThan time.Duration `placeholder:"DURATION" help:"Only records last written (Begin, heartbeat, Complete, Release) longer ago than this, by the store's clock, e.g. 10m or 24h."`
+	OlderThan time.Duration `placeholder:"DURATION" help:"Only records last written (ClaimLease, heartbeat, Complete, Release) longer ago than this, by the store's clock, e.g. 10m or 24h."`
 }
 
 // request is the store.ListRequest of the filters at the store's time now.

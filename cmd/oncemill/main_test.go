@@ -15,7 +15,7 @@ import (
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 const scope = "payments"
@@ -254,7 +254,7 @@ func TestReleaseStuckKey(t *testing.T) {
 		}
 
 		next := decide(t, fx.st, scope, "order-1")
-		if next.Decision != store.DecisionExecute || next.Lease.Token == stuck.Token {
+		if next.Decision != store.DecisionExecute || next.Claim.Token == stuck.Token {
 			t.Fatalf("the next delivery after release: %+v, want execute under a new token", next)
 		}
 		err := fx.st.Complete(t.Context(), stuck, store.Completion{Status: store.StatusSucceeded, TTL: long})
@@ -270,7 +270,7 @@ func TestReleaseStuckKey(t *testing.T) {
 func TestReleaseCachedFailure(t *testing.T) {
 	forEachStore(t, func(t *testing.T, fx *fixture) {
 		seed(t, fx.st, scope)
-		if d := decide(t, fx.st, scope, keyFailed); d.Decision != store.DecisionReplay || d.Record.Status != store.StatusFailed {
+		if d := decide(t, fx.st, scope, keyFailed); d.Decision != store.DecisionReplay || d.Record.Status != store.StatusCachedFailure {
 			t.Fatalf("a delivery of the failed key: %+v, want the cached failure replayed", d)
 		}
 
@@ -279,7 +279,7 @@ func TestReleaseCachedFailure(t *testing.T) {
 			t.Errorf("release: stdout %q, stderr %q", r.stdout, r.stderr)
 		}
 		next := decide(t, fx.st, scope, keyFailed)
-		if next.Decision != store.DecisionExecute || next.Lease.Attempt != 1 {
+		if next.Decision != store.DecisionExecute || next.Claim.Attempt != 1 {
 			t.Errorf("the next delivery after release: %+v, want execute at attempt 1", next)
 		}
 
@@ -288,7 +288,7 @@ func TestReleaseCachedFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 		fx.cli(t, nil, "release", "-y", scope, keyRetryable).mustCode(t, exitOK)
-		if next := decide(t, fx.st, scope, keyRetryable); next.Decision != store.DecisionExecute || next.Lease.Attempt != 1 {
+		if next := decide(t, fx.st, scope, keyRetryable); next.Decision != store.DecisionExecute || next.Claim.Attempt != 1 {
 			t.Errorf("after releasing a retryable key: %+v, want execute at attempt 1", next)
 		}
 	})
@@ -319,9 +319,9 @@ func TestReleaseRefusals(t *testing.T) {
 
 		// The key is taken by a new delivery while the operator reads the
 		// question: the delete, fenced by the shown token, changes nothing.
-		var taken store.Lease
+		var taken store.Claim
 		answer := &onceReader{f: func() string {
-			taken = decide(t, fx.st, scope, keyRetryable).Lease
+			taken = decide(t, fx.st, scope, keyRetryable).Claim
 			return "y\n"
 		}}
 		r = fx.cli(t, answer, "release", scope, keyRetryable).mustCode(t, exitRefused)
@@ -520,7 +520,7 @@ func TestEnvironment(t *testing.T) {
 	if r.stdout != "" {
 		t.Errorf("list of the empty prefix %s: %q", prefix, r.stdout)
 	}
-	r = runCLI(t, nil, "--json", "--redis-prefix", fx.st.(*oredis.Store).Prefix(), "list").mustCode(t, exitOK)
+	r = runCLI(t, nil, "--json", "--redis-prefix", fx.st.(*redisstore.Store).Prefix(), "list").mustCode(t, exitOK)
 	if got := jsonLines[recordView](t, r); len(got) != 1 || got[0].Key != "from-flags" {
 		t.Errorf("list with the flag over the variable: %+v", got)
 	}

@@ -22,7 +22,7 @@ type recordView struct {
 	Scope       string `json:"scope"`
 	Key         string `json:"key"`
 	Status      string `json:"status"`
-	Live        bool   `json:"live"` // unexpired: Get returns it, Begin decides by it
+	Live        bool   `json:"live"` // unexpired: Get returns it, ClaimLease decides by it
 	Attempt     int    `json:"attempt"`
 	Token       int64  `json:"token"`
 	Fingerprint string `json:"fingerprint,omitempty"`
@@ -33,7 +33,7 @@ type recordView struct {
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	// ExpiresIn is the time left; negative once expired.
 	ExpiresIn string `json:"expires_in"`
-	// Age is the time since the record was last written (Begin, heartbeat,
+	// Age is the time since the record was last written (ClaimLease, heartbeat,
 	// Complete, Release).
 	Age string `json:"age"`
 

@@ -58,7 +58,7 @@ func (c *releaseCmd) Run(a *app) error {
 					"Use --force if that is what you want", id(c.Scope, c.Key))
 			}
 			consequence = "its next delivery runs the handler a second time"
-		case store.StatusFailed:
+		case store.StatusCachedFailure:
 			consequence = "the cached failure is forgotten and its next delivery runs the handler again, from attempt 1"
 		case store.StatusRetryable:
 			consequence = "its attempt count (" + fmt.Sprint(rec.Attempt) + ") is forgotten and its next delivery runs from attempt 1"

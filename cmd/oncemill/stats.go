@@ -56,7 +56,7 @@ type leaseEntry struct {
 	// InProgressFor is the time since the record was created: how long the
 	// key has been in progress, takeovers included.
 	InProgressFor string `json:"in_progress_for"`
-	// LastWritten is the time since the last Begin or heartbeat.
+	// LastWritten is the time since the last ClaimLease or heartbeat.
 	LastWritten string `json:"last_written"`
 	ExpiresIn   string `json:"expires_in"`
 }

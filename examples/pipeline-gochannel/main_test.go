@@ -40,8 +40,8 @@ func TestPipeline(t *testing.T) {
 		{[]string{"order-3: executed"}, 1},
 		// A permanent failure: cached and dead-lettered once; the duplicate
 		// gets the cached failure without running.
-		{[]string{"order-4: failure_cached", "out of stock"}, 1},
-		{[]string{"order-4: failure_replayed"}, 1},
+		{[]string{"order-4: cached_failure", "out of stock"}, 1},
+		{[]string{"order-4: cached_failure_replayed"}, 1},
 		{[]string{"dead letter: order-4, cached_failure", "out of stock"}, 1},
 		{[]string{"dead letter:"}, 2},
 		// The breaker saw one transient failure: it stays closed.

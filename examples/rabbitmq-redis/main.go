@@ -31,7 +31,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/receiver"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 type config struct {
@@ -71,7 +71,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis at %s: %w", cfg.RedisAddr, err)
 	}
-	st, err := oredis.New(rdb, oredis.Options{Prefix: cfg.Prefix})
+	st, err := redisstore.New(rdb, redisstore.Options{Prefix: cfg.Prefix})
 	if err != nil {
 		return err
 	}
@@ -86,8 +86,8 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer pub.Close() // the dead letter's, and the demo's
 	r, err := receiver.New(st).
 		WithPolicy(receiver.Policy{
-			SuccessTTL: 24 * time.Hour,   // longer than a message can wait in the queue
-			Lease:      30 * time.Second, // longer than the slowest handler; the heartbeat extends it
+			SuccessTTL:    24 * time.Hour,   // longer than a message can wait in the queue
+			LeaseDuration: 30 * time.Second, // longer than the slowest handler; the heartbeat extends it
 		}).
 		WithLogger(logger).
 		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).

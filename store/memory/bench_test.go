@@ -33,7 +33,7 @@ var benchResult = make([]byte, 256)
 
 var benchCompletion = store.Completion{Status: store.StatusSucceeded, Result: benchResult, TTL: time.Hour}
 
-// BenchmarkBeginComplete is the path of a first delivery: Begin a new key,
+// BenchmarkBeginComplete is the path of a first delivery: ClaimLease a new key,
 // then Complete it with a 256-byte result.
 func BenchmarkBeginComplete(b *testing.B) {
 	s := newBenchStore(b)
@@ -42,11 +42,11 @@ func BenchmarkBeginComplete(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: keys[i], Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: keys[i], LeaseDuration: time.Minute})
 		if err != nil || res.Decision != store.DecisionExecute {
-			b.Fatalf("Begin = %v, %v", res.Decision, err)
+			b.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 		}
-		if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
+		if err := s.Complete(ctx, res.Claim, benchCompletion); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -62,11 +62,11 @@ func BenchmarkBeginCompleteParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			key := keys[next.Add(1)-1]
-			res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Lease: time.Minute})
+			res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, LeaseDuration: time.Minute})
 			if err != nil || res.Decision != store.DecisionExecute {
-				b.Fatalf("Begin = %v, %v", res.Decision, err)
+				b.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 			}
-			if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
+			if err := s.Complete(ctx, res.Claim, benchCompletion); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -77,20 +77,20 @@ func BenchmarkBeginCompleteParallel(b *testing.B) {
 func BenchmarkReplay(b *testing.B) {
 	s := newBenchStore(b)
 	ctx := context.Background()
-	req := store.BeginRequest{Scope: "bench", Key: "msg-1", Fingerprint: "fp", Lease: time.Minute}
-	res, err := s.Begin(ctx, req)
+	req := store.LeaseRequest{Scope: "bench", Key: "msg-1", Fingerprint: "fp", LeaseDuration: time.Minute}
+	res, err := s.ClaimLease(ctx, req)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
+	if err := s.Complete(ctx, res.Claim, benchCompletion); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		res, err := s.Begin(ctx, req)
+		res, err := s.ClaimLease(ctx, req)
 		if err != nil || res.Decision != store.DecisionReplay {
-			b.Fatalf("Begin = %v, %v", res.Decision, err)
+			b.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 		}
 	}
 }
@@ -100,11 +100,11 @@ func BenchmarkReplayParallel(b *testing.B) {
 	ctx := context.Background()
 	keys := benchKeys(1024)
 	for _, key := range keys {
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, LeaseDuration: time.Minute})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := s.Complete(ctx, res.Lease, benchCompletion); err != nil {
+		if err := s.Complete(ctx, res.Claim, benchCompletion); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -118,9 +118,9 @@ func BenchmarkReplayParallel(b *testing.B) {
 		for pb.Next() {
 			i++
 			key := keys[i%len(keys)]
-			res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Lease: time.Minute})
+			res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, LeaseDuration: time.Minute})
 			if err != nil || res.Decision != store.DecisionReplay {
-				b.Fatalf("Begin = %v, %v", res.Decision, err)
+				b.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 			}
 		}
 	})
@@ -130,16 +130,16 @@ func BenchmarkReplayParallel(b *testing.B) {
 func BenchmarkBeginInProgress(b *testing.B) {
 	s := newBenchStore(b)
 	ctx := context.Background()
-	req := store.BeginRequest{Scope: "bench", Key: "msg-1", Fingerprint: "fp", Lease: time.Hour}
-	if _, err := s.Begin(ctx, req); err != nil {
+	req := store.LeaseRequest{Scope: "bench", Key: "msg-1", Fingerprint: "fp", LeaseDuration: time.Hour}
+	if _, err := s.ClaimLease(ctx, req); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		res, err := s.Begin(ctx, req)
+		res, err := s.ClaimLease(ctx, req)
 		if err != nil || res.Decision != store.DecisionHeld {
-			b.Fatalf("Begin = %v, %v", res.Decision, err)
+			b.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 		}
 	}
 }

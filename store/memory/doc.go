@@ -17,9 +17,9 @@
 //   - Get returns a record only while the clock is before its ExpiresAt. For
 //     an in-progress record that is the lease expiry, so Get reports an
 //     expired lease as store.ErrNotFound.
-//   - Begin on an in-progress record whose lease has expired takes it over
+//   - ClaimLease on an in-progress record whose lease has expired takes it over
 //     with attempt n+1. Once the sweeper or DeleteExpired has removed such a
-//     record, the next Begin starts again at attempt 1.
+//     record, the next ClaimLease starts again at attempt 1.
 //   - Complete and Release accept a lease whose expiry has passed as long as
 //     its token is still current (nobody took it over and it was not swept):
 //     finishing late is safe because the token proves nobody else ran the

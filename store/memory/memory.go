@@ -32,7 +32,7 @@ type Options struct {
 	// negative value disables the sweeper; zero means the default). Expired
 	// records are invisible either way; sweeping frees their memory.
 	CleanupInterval time.Duration
-	// MaxKeyLen is the longest key in bytes that Begin accepts (default
+	// MaxKeyLen is the longest key in bytes that ClaimLease accepts (default
 	// 1024). Longer keys are refused with store.ErrInvalidRequest: callers
 	// hash them with keygen.StorableKey instead of truncating them.
 	MaxKeyLen int
@@ -113,7 +113,7 @@ type record struct {
 	leaseExpires int64
 	expires      int64
 	// purge is when the sweeper may remove the record once it has also
-	// expired: set when it is claimed, from BeginRequest.Retain, so that an
+	// expired: set when it is claimed, from LeaseRequest.Retain, so that an
 	// expired lease keeps its attempt count that long.
 	purge        int64
 	created      int64
@@ -241,10 +241,10 @@ func checkKey(op, key string) error {
 	return nil
 }
 
-// Begin implements store.Store.
-func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginResult, error) {
+// ClaimLease implements store.Store.
+func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	if err := s.checkBegin(req); err != nil {
-		return store.BeginResult{}, err
+		return store.ClaimResult{}, err
 	}
 	sh, h := s.locate(req.Scope, req.Key)
 	now := s.clock()
@@ -282,7 +282,7 @@ func (s *Store) Begin(_ context.Context, req store.BeginRequest) (store.BeginRes
 }
 
 // restart makes rec a new record of its key, as if it had never been seen.
-// Not inlined: a record literal would take Begin's stack frame, on the
+// Not inlined: a record literal would take ClaimLease's stack frame, on the
 // deepest path of every delivery.
 //
 //go:noinline
@@ -290,9 +290,9 @@ func (rec *record) restart(fingerprint string, now int64) {
 	*rec = record{scope: rec.scope, key: rec.key, next: rec.next, fingerprint: fingerprint, created: now}
 }
 
-// checkBegin refuses what Begin cannot serve. Kept out of Begin so the hot
+// checkBegin refuses what ClaimLease cannot serve. Kept out of ClaimLease so the hot
 // path's stack frame stays small.
-func (s *Store) checkBegin(req store.BeginRequest) error {
+func (s *Store) checkBegin(req store.LeaseRequest) error {
 	if err := req.Validate(); err != nil {
 		return fmt.Errorf("oncemill: memory: begin: %w", err)
 	}
@@ -303,16 +303,16 @@ func (s *Store) checkBegin(req store.BeginRequest) error {
 	return s.checkOpen("begin")
 }
 
-// found answers Begin with a copy of the existing record. sh.mu is held.
+// found answers ClaimLease with a copy of the existing record. sh.mu is held.
 //
 //go:noinline
-func (s *Store) found(d store.Decision, rec *record) store.BeginResult {
+func (s *Store) found(d store.Decision, rec *record) store.ClaimResult {
 	r := s.snapshot(rec)
-	return store.BeginResult{Decision: d, Record: &r}
+	return store.ClaimResult{Decision: d, Record: &r}
 }
 
 // execute hands rec to the caller under a new lease. sh.mu is held.
-func (s *Store) execute(sh *shard, rec *record, req store.BeginRequest, now int64, attempt int, takeover bool) store.BeginResult {
+func (s *Store) execute(sh *shard, rec *record, req store.LeaseRequest, now int64, attempt int, takeover bool) store.ClaimResult {
 	sh.token++
 	rec.status = store.StatusInProgress
 	rec.token = sh.token
@@ -320,14 +320,14 @@ func (s *Store) execute(sh *shard, rec *record, req store.BeginRequest, now int6
 	if req.Fingerprint != "" {
 		rec.fingerprint = req.Fingerprint
 	}
-	rec.leaseExpires = now + int64(req.Lease)
+	rec.leaseExpires = now + int64(req.LeaseDuration)
 	rec.expires = rec.leaseExpires
 	rec.purge = rec.leaseExpires + int64(req.Retain)
 	rec.updated = now
-	return store.BeginResult{
+	return store.ClaimResult{
 		Decision: store.DecisionExecute,
 		Takeover: takeover,
-		Lease: store.Lease{
+		Claim: store.Claim{
 			Scope:     rec.scope,
 			Key:       rec.key,
 			Token:     rec.token,
@@ -343,7 +343,7 @@ func (s *Store) execute(sh *shard, rec *record, req store.BeginRequest, now int6
 // A lease whose expiry has passed still holds its record until someone takes
 // it over (or the record is swept): finishing late is safe, because the
 // token proves nobody else ran the key since.
-func (sh *shard) holder(op string, h uint64, lease store.Lease) (*record, error) {
+func (sh *shard) holder(op string, h uint64, lease store.Claim) (*record, error) {
 	rec := sh.find(h, lease.Scope, lease.Key)
 	if rec == nil || rec.status != store.StatusInProgress || rec.token != lease.Token {
 		return nil, fmt.Errorf("oncemill: memory: %s %q/%q with token %d: %w", op, lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
@@ -352,7 +352,7 @@ func (sh *shard) holder(op string, h uint64, lease store.Lease) (*record, error)
 }
 
 // Complete implements store.Store.
-func (s *Store) Complete(_ context.Context, lease store.Lease, out store.Completion) error {
+func (s *Store) Complete(_ context.Context, lease store.Claim, out store.Completion) error {
 	if err := out.Validate(); err != nil {
 		return fmt.Errorf("oncemill: memory: complete: %w", err)
 	}
@@ -385,7 +385,7 @@ func (s *Store) Complete(_ context.Context, lease store.Lease, out store.Complet
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.
-func (s *Store) Release(_ context.Context, lease store.Lease, keep time.Duration) error {
+func (s *Store) Release(_ context.Context, lease store.Claim, keep time.Duration) error {
 	if err := checkKey("release", lease.Key); err != nil {
 		return err
 	}
@@ -414,15 +414,15 @@ func (s *Store) Release(_ context.Context, lease store.Lease, keep time.Duration
 }
 
 // Extend implements store.Store.
-func (s *Store) Extend(_ context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
+func (s *Store) Extend(_ context.Context, lease store.Claim, d time.Duration) (store.Claim, error) {
 	if d <= 0 {
-		return store.Lease{}, fmt.Errorf("oncemill: memory: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
+		return store.Claim{}, fmt.Errorf("oncemill: memory: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
 	}
 	if err := checkKey("extend", lease.Key); err != nil {
-		return store.Lease{}, err
+		return store.Claim{}, err
 	}
 	if err := s.checkOpen("extend"); err != nil {
-		return store.Lease{}, err
+		return store.Claim{}, err
 	}
 
 	sh, h := s.locate(lease.Scope, lease.Key)
@@ -432,17 +432,17 @@ func (s *Store) Extend(_ context.Context, lease store.Lease, d time.Duration) (s
 
 	rec, err := sh.holder("extend", h, lease)
 	if err != nil {
-		return store.Lease{}, err
+		return store.Claim{}, err
 	}
 	// Unlike Complete, Extend refuses an expired lease: the holder has been
 	// running unprotected and must not pretend otherwise.
 	if now >= rec.leaseExpires {
-		return store.Lease{}, fmt.Errorf("oncemill: memory: extend %q/%q with token %d: lease expired: %w", lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
+		return store.Claim{}, fmt.Errorf("oncemill: memory: extend %q/%q with token %d: lease expired: %w", lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
 	rec.leaseExpires = now + int64(d)
 	rec.expires = rec.leaseExpires
 	rec.updated = now
-	return store.Lease{
+	return store.Claim{
 		Scope:     rec.scope,
 		Key:       rec.key,
 		Token:     rec.token,
@@ -514,8 +514,8 @@ func (s *Store) CompareAndDelete(_ context.Context, scope, key string, token int
 }
 
 // DeleteExpired implements store.Store. It removes records that have expired
-// and whose BeginRequest.Retain has passed, expired leases included: the
-// next Begin of such a key then starts again at attempt 1.
+// and whose LeaseRequest.Retain has passed, expired leases included: the
+// next ClaimLease of such a key then starts again at attempt 1.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("oncemill: memory: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)

@@ -38,13 +38,13 @@ func TestSweeperRemovesExpired(t *testing.T) {
 	defer s.Close()
 	ctx := context.Background()
 
-	begin := func(key string, lease time.Duration) store.Lease {
+	begin := func(key string, lease time.Duration) store.Claim {
 		t.Helper()
-		res, err := s.Begin(ctx, store.BeginRequest{Key: key, Lease: lease})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Key: key, LeaseDuration: lease})
 		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin(%q) = %v, %v; want execute", key, res.Decision, err)
 		}
-		return res.Lease
+		return res.Claim
 	}
 	for _, key := range []string{"a", "b", "c"} {
 		if err := s.Complete(ctx, begin(key, time.Minute), store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
@@ -78,7 +78,7 @@ func TestSweeperDisabled(t *testing.T) {
 		t.Fatal("a sweeper was started with a negative CleanupInterval")
 	}
 	ctx := context.Background()
-	if _, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Second}); err != nil {
+	if _, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(time.Minute)
@@ -151,7 +151,7 @@ func TestCollisionChainRemoval(t *testing.T) {
 	s.hash = func(string, string) uint64 { return 7 }
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c", "d"} {
-		if _, err := s.Begin(ctx, store.BeginRequest{Key: k, Lease: time.Minute}); err != nil {
+		if _, err := s.ClaimLease(ctx, store.LeaseRequest{Key: k, LeaseDuration: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}

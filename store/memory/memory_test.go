@@ -98,12 +98,12 @@ func TestMaxKeyLen(t *testing.T) {
 		t.Fatalf("MaxKeyLen() = %d, want 8", got)
 	}
 	ctx := context.Background()
-	if _, err := s.Begin(ctx, store.BeginRequest{Key: "12345678", Lease: time.Second}); err != nil {
-		t.Fatalf("Begin with an 8-byte key: %v", err)
+	if _, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "12345678", LeaseDuration: time.Second}); err != nil {
+		t.Fatalf("ClaimLease with an 8-byte key: %v", err)
 	}
-	_, err = s.Begin(ctx, store.BeginRequest{Key: "123456789", Lease: time.Second})
+	_, err = s.ClaimLease(ctx, store.LeaseRequest{Key: "123456789", LeaseDuration: time.Second})
 	if !errors.Is(err, store.ErrInvalidRequest) {
-		t.Fatalf("Begin with a 9-byte key: err = %v, want ErrInvalidRequest", err)
+		t.Fatalf("ClaimLease with a 9-byte key: err = %v, want ErrInvalidRequest", err)
 	}
 	if !strings.Contains(err.Error(), "MaxKeyLen 8") {
 		t.Errorf("error %q does not name the limit", err)
@@ -126,7 +126,7 @@ func TestClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,10 +139,10 @@ func TestClose(t *testing.T) {
 	}
 
 	ops := map[string]error{}
-	_, ops["Begin"] = s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
-	ops["Complete"] = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
-	ops["Release"] = s.Release(ctx, res.Lease, time.Minute)
-	_, ops["Extend"] = s.Extend(ctx, res.Lease, time.Minute)
+	_, ops["ClaimLease"] = s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
+	ops["Complete"] = s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
+	ops["Release"] = s.Release(ctx, res.Claim, time.Minute)
+	_, ops["Extend"] = s.Extend(ctx, res.Claim, time.Minute)
 	_, ops["Get"] = s.Get(ctx, "", "k")
 	ops["Delete"] = s.Delete(ctx, "", "k")
 	_, ops["DeleteExpired"] = s.DeleteExpired(ctx, 10)

@@ -18,7 +18,7 @@ import (
 )
 
 // BenchmarkBeginComplete measures unique messages per second through the
-// lease mode's Begin and Complete (two statements per message), at 1, 4, 16
+// lease mode's ClaimLease and Complete (two statements per message), at 1, 4, 16
 // and 64 concurrent handlers on a pool of at most 16 connections
 // (docs/benchmarks.md).
 //
@@ -36,14 +36,14 @@ func BenchmarkBeginComplete(b *testing.B) {
 				pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 })
 				s := newStore(b, pool, mode.opts)
 				runHandlers(b, handlers, func(ctx context.Context, key string) error {
-					res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute})
+					res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, Fingerprint: "fp", LeaseDuration: time.Minute})
 					if err != nil {
 						return err
 					}
 					if res.Decision != store.DecisionExecute {
 						return fmt.Errorf("decision %v for a unique key", res.Decision)
 					}
-					return s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
+					return s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: []byte("ok"), TTL: time.Hour})
 				})
 			})
 		}
@@ -83,8 +83,8 @@ func runHandlers(b *testing.B, n int, handle func(ctx context.Context, key strin
 }
 
 // BenchmarkCleanup1M inserts 1,000,000 expired records, then removes them
-// with one cleanup pass while 4 handlers run Begin+Complete, and reports how
-// long the removal took and the Begin latency p99 before and during it, at
+// with one cleanup pass while 4 handlers run ClaimLease+Complete, and reports how
+// long the removal took and the ClaimLease latency p99 before and during it, at
 // the default CleanupDuty (0.5) and without rest (1), for two layouts of the
 // expired rows. Goals: within 10 s, and the p99 at most doubles. It also
 // reports the size of a record (docs/operations.md, Sizing). Run it once:
@@ -160,14 +160,14 @@ func benchCleanup(b *testing.B, duty float64, expiry string) {
 		b.ReportMetric(float64(p99b.Microseconds())/1000, "p99-before-ms")
 		b.ReportMetric(float64(p99d.Microseconds())/1000, "p99-during-ms")
 		b.ReportMetric(float64(p99d)/float64(p99b), "p99-ratio")
-		b.Logf("removed %d rows in %v (%.0f rows/s); Begin p50 %v → %v, p99 %v → %v (%d and %d samples)",
+		b.Logf("removed %d rows in %v (%.0f rows/s); ClaimLease p50 %v → %v, p99 %v → %v (%d and %d samples)",
 			removed, took.Round(time.Millisecond), float64(removed)/took.Seconds(),
 			percentile(before, 0.5), percentile(lat, 0.5), p99b, p99d, len(before), len(lat))
 	}
 }
 
-// beginLatencies runs Begin+Complete of unique keys on n goroutines until d
-// passes or stop closes, and returns the latency of every Begin.
+// beginLatencies runs ClaimLease+Complete of unique keys on n goroutines until d
+// passes or stop closes, and returns the latency of every ClaimLease.
 func beginLatencies(b *testing.B, s *postgres.Store, n int, d time.Duration, stop <-chan struct{}) []time.Duration {
 	ctx := b.Context()
 	prefix := rand.Text()[:8]
@@ -193,13 +193,13 @@ func beginLatencies(b *testing.B, s *postgres.Store, n int, d time.Duration, sto
 				default:
 				}
 				t0 := time.Now()
-				res, err := s.Begin(ctx, store.BeginRequest{Scope: "live", Key: fmt.Sprintf("%s-%d", prefix, seq.Add(1)), Lease: time.Minute})
+				res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "live", Key: fmt.Sprintf("%s-%d", prefix, seq.Add(1)), LeaseDuration: time.Minute})
 				mine = append(mine, time.Since(t0))
 				if err != nil {
 					b.Error(err)
 					return
 				}
-				if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+				if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
 					b.Error(err)
 					return
 				}

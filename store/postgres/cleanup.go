@@ -10,9 +10,9 @@ import (
 
 // DeleteExpired implements store.Store: one bounded DELETE of up to limit
 // expired records (expired leases included) whose purge time has come (the
-// claim's BeginRequest.Retain), oldest first. It skips rows
+// claim's LeaseRequest.Retain), oldest first. It skips rows
 // that another transaction holds (FOR UPDATE SKIP LOCKED), so it never waits
-// for a Begin, and holds its own row locks for one short statement.
+// for a ClaimLease, and holds its own row locks for one short statement.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, invalid("delete expired", "limit is %d, must be positive", limit)

@@ -16,11 +16,11 @@ import (
 func fill(t *testing.T, s *postgres.Store, scope string, n int, ttl time.Duration) {
 	t.Helper()
 	for i := range n {
-		res, err := s.Begin(t.Context(), store.BeginRequest{Scope: scope, Key: fmt.Sprint(i), Lease: time.Minute})
+		res, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: scope, Key: fmt.Sprint(i), LeaseDuration: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(t.Context(), res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: ttl}); err != nil {
+		if err := s.Complete(t.Context(), res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: ttl}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,7 +90,7 @@ func TestOneCleanerAtATime(t *testing.T) {
 }
 
 // Cleanup skips rows another transaction holds instead of waiting for them:
-// it never queues behind a Begin.
+// it never queues behind a ClaimLease.
 func TestDeleteExpiredSkipsLockedRows(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
@@ -98,7 +98,7 @@ func TestDeleteExpiredSkipsLockedRows(t *testing.T) {
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	fill(t, s, "x", 10, time.Minute)
 	advance(t, pool, table(schema, ""), 2*time.Minute)
-	lockRow(t, pool, schema, "x", "3") // as a Begin taking the key over would
+	lockRow(t, pool, schema, "x", "3") // as a ClaimLease taking the key over would
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // hang guard
 	defer cancel()

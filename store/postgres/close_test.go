@@ -16,12 +16,12 @@ func TestClose(t *testing.T) {
 	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{CleanupInterval: time.Millisecond})
 	ctx := t.Context()
-	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A claim taken before Close can still end after it.
-	claim, err := s.Claim(ctx, store.ClaimRequest{Key: "claimed", SuccessTTL: time.Minute, Wait: time.Second})
+	claim, err := s.ClaimInTx(ctx, store.TxRequest{Key: "claimed", SuccessTTL: time.Minute, Wait: time.Second})
 	if err != nil || claim.Decision != store.DecisionExecute {
 		t.Fatalf("Claim = %v, %v", claim.Decision, err)
 	}
@@ -33,16 +33,16 @@ func TestClose(t *testing.T) {
 		t.Fatalf("second Close: %v", err)
 	}
 	ops := map[string]error{}
-	_, ops["Begin"] = s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
-	ops["Complete"] = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
-	ops["Release"] = s.Release(ctx, res.Lease, time.Minute)
-	_, ops["Extend"] = s.Extend(ctx, res.Lease, time.Minute)
+	_, ops["ClaimLease"] = s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
+	ops["Complete"] = s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
+	ops["Release"] = s.Release(ctx, res.Claim, time.Minute)
+	_, ops["Extend"] = s.Extend(ctx, res.Claim, time.Minute)
 	_, ops["Get"] = s.Get(ctx, "", "k")
 	ops["Delete"] = s.Delete(ctx, "", "k")
 	_, ops["DeleteExpired"] = s.DeleteExpired(ctx, 10)
 	_, _, ops["CleanupPass"] = s.CleanupPass(ctx)
-	_, ops["Claim"] = s.Claim(ctx, store.ClaimRequest{Key: "k2", SuccessTTL: time.Minute, Wait: time.Second})
-	ops["RecordRollback"] = s.RecordRollback(ctx, res.Lease, "", store.Completion{Status: store.StatusRetryable, TTL: time.Minute})
+	_, ops["Claim"] = s.ClaimInTx(ctx, store.TxRequest{Key: "k2", SuccessTTL: time.Minute, Wait: time.Second})
+	ops["RecordRollback"] = s.RecordRollback(ctx, res.Claim, "", store.Completion{Status: store.StatusRetryable, TTL: time.Minute})
 	for op, err := range ops {
 		if !errors.Is(err, store.ErrClosed) {
 			t.Errorf("%s after Close: err = %v, want ErrClosed", op, err)
@@ -54,7 +54,7 @@ func TestClose(t *testing.T) {
 }
 
 // Close waits for an operation under way, and that operation is bounded:
-// a Begin blocked on a row lock gives up after Options.StatementTimeout,
+// a ClaimLease blocked on a row lock gives up after Options.StatementTimeout,
 // and Close returns then.
 func TestCloseWaitsForOperationsWithinTheirBound(t *testing.T) {
 	pool := testenv.Pool(t)
@@ -62,7 +62,7 @@ func TestCloseWaitsForOperationsWithinTheirBound(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	s := newStore(t, pool, postgres.Options{Schema: schema, StatementTimeout: timeout})
 	ctx := t.Context()
-	if _, err := s.Begin(ctx, store.BeginRequest{Key: "held", Lease: time.Millisecond}); err != nil {
+	if _, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "held", LeaseDuration: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	// Another session holds the row, so a takeover waits for its lock.
@@ -76,7 +76,7 @@ func TestCloseWaitsForOperationsWithinTheirBound(t *testing.T) {
 	}
 	begun := make(chan error, 1)
 	go func() {
-		_, err := s.Begin(ctx, store.BeginRequest{Key: "held", Lease: time.Minute})
+		_, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "held", LeaseDuration: time.Minute})
 		begun <- err
 	}()
 	waitForLockWait(t, pool, schema)
@@ -87,16 +87,16 @@ func TestCloseWaitsForOperationsWithinTheirBound(t *testing.T) {
 	}()
 	select {
 	case <-closed:
-		t.Fatal("Close returned while a Begin was still under way")
+		t.Fatal("Close returned while a ClaimLease was still under way")
 	case <-time.After(timeout / 3):
 	}
 	if err := <-begun; !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Begin blocked past StatementTimeout = %v, want context.DeadlineExceeded", err)
+		t.Fatalf("ClaimLease blocked past StatementTimeout = %v, want context.DeadlineExceeded", err)
 	}
 	select {
 	case <-closed:
 	case <-time.After(30 * time.Second):
-		t.Fatal("Close did not return after the bounded Begin gave up")
+		t.Fatal("Close did not return after the bounded ClaimLease gave up")
 	}
 }
 

@@ -33,7 +33,7 @@ func TestContract(t *testing.T) {
 	})
 }
 
-// The suite again with Begin committing asynchronously: the decisions must
+// The suite again with ClaimLease committing asynchronously: the decisions must
 // not depend on it.
 func TestContractAsyncBegin(t *testing.T) {
 	t.Parallel()

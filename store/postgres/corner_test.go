@@ -11,11 +11,11 @@ import (
 )
 
 type beginOutcome struct {
-	res store.BeginResult
+	res store.ClaimResult
 	err error
 }
 
-// The READ COMMITTED corner of Begin's single statement: another transaction
+// The READ COMMITTED corner of ClaimLease's single statement: another transaction
 // commits the row after the statement took its snapshot. The upsert then
 // sees the newest version (and does not take the key) while the read of the
 // row sees the older one, or none. The statement runs again for that key
@@ -30,8 +30,8 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 	ctx := t.Context()
 
 	// race runs Begin(key) while tx, which wrote the key's row, is still
-	// open, and commits tx once the Begin waits for its lock.
-	race := func(key string, write string) (store.BeginResult, int64) {
+	// open, and commits tx once the ClaimLease waits for its lock.
+	race := func(key string, write string) (store.ClaimResult, int64) {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -45,7 +45,7 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 		reruns := s.Reruns()
 		done := make(chan beginOutcome, 1)
 		go func() {
-			res, err := s.Begin(ctx, store.BeginRequest{Scope: "c", Key: key, Lease: time.Minute})
+			res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "c", Key: key, LeaseDuration: time.Minute})
 			done <- beginOutcome{res, err}
 		}()
 		waitForLockWait(t, pool, schema)
@@ -69,12 +69,12 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 		VALUES ('c', $1, 1, nextval('`+seq+`'), 1, now() + interval '1 hour', now() + interval '1 hour', now(), now())
 		RETURNING token`)
 	if res.Decision != store.DecisionHeld || res.Record.Token != token {
-		t.Fatalf("Begin after a concurrent insert = %v (record %+v), want held with token %d", res.Decision, res.Record, token)
+		t.Fatalf("ClaimLease after a concurrent insert = %v (record %+v), want held with token %d", res.Decision, res.Record, token)
 	}
 
 	// 2. The snapshot saw an expired lease (takeable), but another worker
 	// took it over meanwhile: the upsert sees the new live lease.
-	first, err := s.Begin(ctx, store.BeginRequest{Scope: "c", Key: "expired", Lease: time.Minute})
+	first, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "c", Key: "expired", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestBeginReadCommittedCorner(t *testing.T) {
 	res, token = race("expired", `UPDATE `+qualified+` SET token = nextval('`+seq+`'), attempt = attempt + 1,
 		expires_at = now() + interval '1 hour'
 		WHERE scope = 'c' AND key = $1 RETURNING token`)
-	if res.Decision != store.DecisionHeld || res.Record.Token != token || token <= first.Lease.Token {
-		t.Fatalf("Begin after a concurrent takeover = %v (record %+v), want held with the new token %d", res.Decision, res.Record, token)
+	if res.Decision != store.DecisionHeld || res.Record.Token != token || token <= first.Claim.Token {
+		t.Fatalf("ClaimLease after a concurrent takeover = %v (record %+v), want held with the new token %d", res.Decision, res.Record, token)
 	}
 }

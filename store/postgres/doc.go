@@ -36,7 +36,7 @@
 //
 // # The lease mode (store.Store)
 //
-// Begin is one statement: an INSERT .. ON CONFLICT DO UPDATE that takes the
+// ClaimLease is one statement: an INSERT .. ON CONFLICT DO UPDATE that takes the
 // key when it is absent, expired, released, or held by an expired lease (the
 // fingerprint rule of the contract applies to what it carries on), combined
 // with a read of the row it did not take, so the decision (Execute, with or

@@ -53,7 +53,7 @@ type Options struct {
 	// its sequence, index and version table from it.
 	Table string
 
-	// MaxKeyLen is the longest key in bytes that Begin accepts (default
+	// MaxKeyLen is the longest key in bytes that ClaimLease accepts (default
 	// 512, at most 1024). Longer keys are refused with
 	// store.ErrInvalidRequest; the idempotency stage hashes them first
 	// (keygen.StorableKey).
@@ -85,12 +85,12 @@ type Options struct {
 	// network holds no caller longer than this.
 	StatementTimeout time.Duration
 
-	// AsyncBegin commits the lease that Begin takes without waiting for the
+	// AsyncBegin commits the lease that ClaimLease takes without waiting for the
 	// WAL flush (synchronous_commit = off for that statement only). It
 	// halves the flushes per message of the lease mode (the
 	// one-transaction mode has one flush per message anyway). Without it, a
 	// crash of the database server
-	// within about 0.6 s of a Begin may forget that lease, and a
+	// within about 0.6 s of a ClaimLease may forget that lease, and a
 	// duplicate delivered after the restart runs again. Off by default.
 	AsyncBegin bool
 

@@ -138,11 +138,11 @@ func TestReservedWordTable(t *testing.T) {
 	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{Table: "select"})
 	ctx := t.Context()
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionExecute {
-		t.Fatalf("Begin on table \"select\" = %v, %v", res.Decision, err)
+		t.Fatalf("ClaimLease on table \"select\" = %v, %v", res.Decision, err)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -211,9 +211,9 @@ func TestMigrateConcurrentlyAndAgain(t *testing.T) {
 	}
 
 	// The table works.
-	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionExecute {
-		t.Fatalf("Begin after Migrate = %v, %v", res.Decision, err)
+		t.Fatalf("ClaimLease after Migrate = %v, %v", res.Decision, err)
 	}
 }
 
@@ -241,9 +241,9 @@ func TestBeforeMigrateSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	_, err = s.Begin(t.Context(), store.BeginRequest{Key: "k", Lease: time.Minute})
+	_, err = s.ClaimLease(t.Context(), store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
 	if err == nil || !strings.Contains(err.Error(), "run Store.Migrate first") {
-		t.Fatalf("Begin before Migrate = %v, want a hint to migrate", err)
+		t.Fatalf("ClaimLease before Migrate = %v, want a hint to migrate", err)
 	}
 }
 
@@ -275,7 +275,7 @@ func TestMigrateUpgradesTheFirstLayout(t *testing.T) {
 	if err != nil || rec.Status != store.StatusSucceeded || string(rec.Result) != "\x01" {
 		t.Fatalf("the old record after the upgrade = %+v, %v", rec, err)
 	}
-	res, err := s.Claim(ctx, store.ClaimRequest{Scope: "s", Key: "old", SuccessTTL: time.Hour, Wait: time.Second})
+	res, err := s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: "old", SuccessTTL: time.Hour, Wait: time.Second})
 	if err != nil || res.Decision != store.DecisionReplay {
 		t.Fatalf("claiming the old record = %v, %v; want a replay", res.Decision, err)
 	}

@@ -53,7 +53,7 @@ var (
 )
 
 // New returns a store over pool configured by opts. It does no I/O: call
-// Migrate once (from any number of workers) before the first Begin. The pool
+// Migrate once (from any number of workers) before the first ClaimLease. The pool
 // stays the caller's: Close does not close it.
 //
 // Size the pool for the handlers in flight: in the one-transaction mode each
@@ -204,22 +204,22 @@ func micros(d time.Duration) int64 {
 	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }
 
-// Begin implements store.Store: one statement, in a transaction of its own.
-func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+// ClaimLease implements store.Store: one statement, in a transaction of its own.
+func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	if err := req.Validate(); err != nil {
-		return store.BeginResult{}, fmt.Errorf("oncemill: postgres: begin: %w", err)
+		return store.ClaimResult{}, fmt.Errorf("oncemill: postgres: begin: %w", err)
 	}
 	if err := s.checkNewID("begin", req.Scope, req.Key, req.Fingerprint); err != nil {
-		return store.BeginResult{}, err
+		return store.ClaimResult{}, err
 	}
 	ctx, cancel, err := s.enter(ctx, "begin", 0)
 	if err != nil {
-		return store.BeginResult{}, err
+		return store.ClaimResult{}, err
 	}
 	defer s.leave(cancel)
 	for runs := 1; ; runs++ {
 		res, err := s.claimStatement(ctx, s.pool, s.sql.begin, req.Scope, req.Key, req.Fingerprint,
-			micros(req.Lease), micros(req.Lease+req.Retain))
+			micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain))
 		if err != nil || res.Decision != 0 {
 			if err != nil {
 				err = wrap("begin", err)
@@ -227,7 +227,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 			return res, err
 		}
 		if err := s.rerun("begin", req.Scope, req.Key, runs); err != nil {
-			return store.BeginResult{}, err
+			return store.ClaimResult{}, err
 		}
 	}
 }
@@ -250,15 +250,15 @@ type querier interface {
 
 // claimStatement runs one form of sqlClaim (sql.go) and returns the
 // decision, or decision 0 when the statement left the key undecided.
-func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args ...any) (store.BeginResult, error) {
+func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args ...any) (store.ClaimResult, error) {
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
-		return store.BeginResult{}, err
+		return store.ClaimResult{}, err
 	}
 	defer rows.Close()
 	if !rows.Next() {
 		rows.Close()
-		return store.BeginResult{}, rows.Err() // no row: undecided
+		return store.ClaimResult{}, rows.Err() // no row: undecided
 	}
 	var (
 		decision, status int16
@@ -273,33 +273,33 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 		dest = append(dest, nil) // the claim form's lock_timeout restore
 	}
 	if err := rows.Scan(dest...); err != nil {
-		return store.BeginResult{}, err
+		return store.ClaimResult{}, err
 	}
 	// Close reads up to the end of the statement: only a statement that
 	// succeeded may hand out its answer.
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return store.BeginResult{}, err
+		return store.ClaimResult{}, err
 	}
 	rec.Status, rec.Attempt, rec.ErrorKind = store.Status(status), int(attempt), store.ErrorKind(kind)
 	switch store.Decision(decision) {
 	case 0:
-		return store.BeginResult{}, nil
+		return store.ClaimResult{}, nil
 	case store.DecisionExecute:
-		return store.BeginResult{
+		return store.ClaimResult{
 			Decision: store.DecisionExecute,
 			Takeover: takenOver,
-			Lease:    store.Lease{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt},
+			Claim:    store.Claim{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt},
 		}, nil
 	}
 	if rec.Status == store.StatusInProgress {
 		rec.LeaseExpiresAt = rec.ExpiresAt
 	}
-	return store.BeginResult{Decision: store.Decision(decision), Record: rec}, nil
+	return store.ClaimResult{Decision: store.Decision(decision), Record: rec}, nil
 }
 
 // Complete implements store.Store.
-func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Completion) error {
+func (s *Store) Complete(ctx context.Context, lease store.Claim, out store.Completion) error {
 	out, err := s.checkComplete("complete", lease, out)
 	if err != nil {
 		return err
@@ -322,7 +322,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 
 // checkComplete validates a Complete and returns the outcome as stored: the
 // result copied, the error text made storable.
-func (s *Store) checkComplete(op string, lease store.Lease, out store.Completion) (store.Completion, error) {
+func (s *Store) checkComplete(op string, lease store.Claim, out store.Completion) (store.Completion, error) {
 	if err := out.Validate(); err != nil {
 		return out, fmt.Errorf("oncemill: postgres: %s: %w", op, err)
 	}
@@ -359,12 +359,12 @@ func storableText(v string, max int) string {
 	return v
 }
 
-func leaseLost(op string, l store.Lease) error {
+func leaseLost(op string, l store.Claim) error {
 	return fmt.Errorf("oncemill: postgres: %s %q/%q with token %d: %w", op, l.Scope, l.Key, l.Token, store.ErrLeaseLost)
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.
-func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Duration) error {
+func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
 	if err := s.checkID("release", lease.Scope, lease.Key); err != nil {
 		return err
 	}
@@ -390,27 +390,27 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 
 // Extend implements store.Store. It refuses a lease that has expired by the
 // database's clock, even if nobody took it over yet.
-func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
+func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) (store.Claim, error) {
 	if d <= 0 {
-		return store.Lease{}, invalid("extend", "duration %v must be positive", d)
+		return store.Claim{}, invalid("extend", "duration %v must be positive", d)
 	}
 	if err := s.checkID("extend", lease.Scope, lease.Key); err != nil {
-		return store.Lease{}, err
+		return store.Claim{}, err
 	}
 	ctx, cancel, err := s.enter(ctx, "extend", 0)
 	if err != nil {
-		return store.Lease{}, err
+		return store.Claim{}, err
 	}
 	defer s.leave(cancel)
 	var attempt int32
 	var expires time.Time
 	err = s.pool.QueryRow(ctx, s.sql.extend, lease.Scope, lease.Key, lease.Token, micros(d)).Scan(&attempt, &expires)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return store.Lease{}, fmt.Errorf("oncemill: postgres: extend %q/%q with token %d: the lease was taken over, finished, or expired: %w",
+		return store.Claim{}, fmt.Errorf("oncemill: postgres: extend %q/%q with token %d: the lease was taken over, finished, or expired: %w",
 			lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
 	if err != nil {
-		return store.Lease{}, wrap("extend", err)
+		return store.Claim{}, wrap("extend", err)
 	}
 	lease.Attempt = int(attempt)
 	lease.ExpiresAt = expires

@@ -33,19 +33,19 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 	}
 	for i, v := range hostile {
 		scope, key, fp := "scope"+v, "key"+v, "fp"+v
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: scope, Key: key, Fingerprint: fp, LeaseDuration: time.Minute})
 		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin(%q) = %v, %v", v, res.Decision, err)
 		}
-		if res.Lease.Scope != scope || res.Lease.Key != key {
-			t.Fatalf("lease for (%q, %q), want (%q, %q)", res.Lease.Scope, res.Lease.Key, scope, key)
+		if res.Claim.Scope != scope || res.Claim.Key != key {
+			t.Fatalf("lease for (%q, %q), want (%q, %q)", res.Claim.Scope, res.Claim.Key, scope, key)
 		}
 		result := append([]byte(v), 0, '\'', 0xff)
 		out := store.Completion{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}
 		if i%2 == 1 {
-			out = store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKind("kind" + v), ErrorMessage: "msg" + v, TTL: time.Hour}
+			out = store.Completion{Status: store.StatusCachedFailure, ErrorKind: store.ErrorKind("kind" + v), ErrorMessage: "msg" + v, TTL: time.Hour}
 		}
-		if err := s.Complete(ctx, res.Lease, out); err != nil {
+		if err := s.Complete(ctx, res.Claim, out); err != nil {
 			t.Fatalf("Complete(%q): %v", v, err)
 		}
 		rec, err := s.Get(ctx, scope, key)
@@ -56,7 +56,7 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 			rec.ErrorKind != out.ErrorKind || rec.ErrorMessage != out.ErrorMessage {
 			t.Fatalf("record of %q = %+v, want scope %q key %q fp %q outcome %+v", v, rec, scope, key, fp, out)
 		}
-		again, err := s.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
+		again, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: scope, Key: key, Fingerprint: fp, LeaseDuration: time.Minute})
 		if err != nil || again.Decision != store.DecisionReplay {
 			t.Fatalf("second Begin(%q) = %v, %v; want replay", v, again.Decision, err)
 		}
@@ -85,34 +85,34 @@ func TestUnstorableTextRefused(t *testing.T) {
 
 	cases := []struct {
 		name string
-		req  store.BeginRequest
+		req  store.LeaseRequest
 		want string
 	}{
-		{"NUL in key", store.BeginRequest{Key: "a\x00b", Lease: time.Minute}, "key contains a NUL byte"},
-		{"NUL in scope", store.BeginRequest{Scope: "\x00", Key: "k", Lease: time.Minute}, "scope contains a NUL byte"},
-		{"NUL in fingerprint", store.BeginRequest{Key: "k", Fingerprint: "f\x00", Lease: time.Minute}, "fingerprint contains a NUL byte"},
-		{"invalid UTF-8 key", store.BeginRequest{Key: "k\xff\xfe", Lease: time.Minute}, "key is not valid UTF-8"},
-		{"key over MaxKeyLen", store.BeginRequest{Key: strings.Repeat("k", postgres.DefaultMaxKeyLen+1), Lease: time.Minute}, "longer than MaxKeyLen 512"},
-		{"scope over its limit", store.BeginRequest{Scope: strings.Repeat("s", store.MaxScopeLen+1), Key: "k", Lease: time.Minute}, "scope is 1025 bytes"},
+		{"NUL in key", store.LeaseRequest{Key: "a\x00b", LeaseDuration: time.Minute}, "key contains a NUL byte"},
+		{"NUL in scope", store.LeaseRequest{Scope: "\x00", Key: "k", LeaseDuration: time.Minute}, "scope contains a NUL byte"},
+		{"NUL in fingerprint", store.LeaseRequest{Key: "k", Fingerprint: "f\x00", LeaseDuration: time.Minute}, "fingerprint contains a NUL byte"},
+		{"invalid UTF-8 key", store.LeaseRequest{Key: "k\xff\xfe", LeaseDuration: time.Minute}, "key is not valid UTF-8"},
+		{"key over MaxKeyLen", store.LeaseRequest{Key: strings.Repeat("k", postgres.DefaultMaxKeyLen+1), LeaseDuration: time.Minute}, "longer than MaxKeyLen 512"},
+		{"scope over its limit", store.LeaseRequest{Scope: strings.Repeat("s", store.MaxScopeLen+1), Key: "k", LeaseDuration: time.Minute}, "scope is 1025 bytes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := s.Begin(ctx, c.req)
+			_, err := s.ClaimLease(ctx, c.req)
 			if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("Begin = %v, want ErrInvalidRequest saying %q", err, c.want)
+				t.Fatalf("ClaimLease = %v, want ErrInvalidRequest saying %q", err, c.want)
 			}
 		})
 	}
 
 	// A bad request in the same moment as good ones fails alone.
-	res, err := s.Begin(ctx, store.BeginRequest{Key: "good", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "good", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin(good) = %v, %v", res.Decision, err)
 	}
 
 	// Get, Delete and the lease operations check keys the same way.
-	bad := store.Lease{Key: "x\x00", Token: 1}
+	bad := store.Claim{Key: "x\x00", Token: 1}
 	for op, err := range map[string]error{
 		"Complete": s.Complete(ctx, bad, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}),
 		"Release":  s.Release(ctx, bad, time.Minute),
@@ -138,13 +138,13 @@ func TestErrorTextMadeStorable(t *testing.T) {
 	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{})
 	ctx := t.Context()
-	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	long := strings.Repeat("é", postgres.MaxErrorMessageLen) // 2 bytes each
-	if err := s.Complete(ctx, res.Lease, store.Completion{
-		Status: store.StatusFailed, ErrorKind: "bad\x00kind", ErrorMessage: "a\x00b\xffc" + long, TTL: time.Hour,
+	if err := s.Complete(ctx, res.Claim, store.Completion{
+		Status: store.StatusCachedFailure, ErrorKind: "bad\x00kind", ErrorMessage: "a\x00b\xffc" + long, TTL: time.Hour,
 	}); err != nil {
 		t.Fatalf("Complete with NUL in the error: %v", err)
 	}
@@ -168,16 +168,16 @@ func TestResultSizeBounded(t *testing.T) {
 	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{MaxResultBytes: 1000})
 	ctx := t.Context()
-	res, err := s.Begin(ctx, store.BeginRequest{Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
+	err = s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
 	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "result is 1001 bytes, more than MaxResultBytes 1000") {
 		t.Fatalf("Complete with 1001 bytes = %v, want ErrInvalidRequest naming the limit", err)
 	}
 	// Refused without touching the lease: the exact limit still fits.
-	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1000), TTL: time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1000), TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete with 1000 bytes: %v", err)
 	}
 }
@@ -193,17 +193,17 @@ func TestLimitsApplyToNewRecords(t *testing.T) {
 	narrow := newStore(t, pool, postgres.Options{Schema: schema, MaxKeyLen: 16})
 	ctx := t.Context()
 	key := strings.Repeat("k", 800)
-	res, err := wide.Begin(ctx, store.BeginRequest{Key: key, Lease: time.Minute})
+	res, err := wide.ClaimLease(ctx, store.LeaseRequest{Key: key, LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := narrow.Begin(ctx, store.BeginRequest{Key: key, Lease: time.Minute}); !errors.Is(err, store.ErrInvalidRequest) {
-		t.Fatalf("Begin of an 800-byte key with MaxKeyLen 16 = %v, want ErrInvalidRequest", err)
+	if _, err := narrow.ClaimLease(ctx, store.LeaseRequest{Key: key, LeaseDuration: time.Minute}); !errors.Is(err, store.ErrInvalidRequest) {
+		t.Fatalf("ClaimLease of an 800-byte key with MaxKeyLen 16 = %v, want ErrInvalidRequest", err)
 	}
-	if _, err := narrow.Extend(ctx, res.Lease, time.Minute); err != nil {
+	if _, err := narrow.Extend(ctx, res.Claim, time.Minute); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	if err := narrow.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+	if err := narrow.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 	if _, err := narrow.Get(ctx, "", key); err != nil {

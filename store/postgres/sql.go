@@ -56,7 +56,7 @@ func (n names) render(sql string) string {
 		// Codes shared with Go, so the SQL cannot drift from them.
 		"{{IN_PROGRESS}}", fmt.Sprint(int(store.StatusInProgress)),
 		"{{SUCCEEDED}}", fmt.Sprint(int(store.StatusSucceeded)),
-		"{{FAILED}}", fmt.Sprint(int(store.StatusFailed)),
+		"{{FAILED}}", fmt.Sprint(int(store.StatusCachedFailure)),
 		"{{RETRYABLE}}", fmt.Sprint(int(store.StatusRetryable)),
 		"{{EXECUTE}}", fmt.Sprint(int(store.DecisionExecute)),
 		"{{REPLAY}}", fmt.Sprint(int(store.DecisionReplay)),
@@ -98,7 +98,7 @@ const (
 	fpOkO  = `(excluded.fingerprint = '' OR o.fingerprint = '' OR excluded.fingerprint = o.fingerprint)`
 )
 
-// sqlClaim is the one statement that takes a key, in two forms: Begin's
+// sqlClaim is the one statement that takes a key, in two forms: ClaimLease's
 // (lease mode) writes an in-progress row that expires with the lease;
 // Claim's (one-transaction mode) runs inside the handler's transaction and
 // writes the row in its final succeeded form, which only its commit makes
@@ -162,10 +162,10 @@ WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM up)`
 
 // The forms of sqlClaim.
 var (
-	// beginForm is Begin's: an in-progress row.
+	// beginForm is ClaimLease's: an in-progress row.
 	beginForm = strings.NewReplacer("{{PRE}}", "", "{{FROM}}", "", "{{POST}}", "", "{{JOIN}}", "",
 		"{{NEW_STATUS}}", "{{IN_PROGRESS}}")
-	// asyncBeginForm is Begin's with Options.AsyncBegin: the statement's own
+	// asyncBeginForm is ClaimLease's with Options.AsyncBegin: the statement's own
 	// transaction commits without waiting for the WAL flush.
 	// set_config(.., true) lasts until the end of that transaction, whose
 	// commit reads it; the CTE is joined so that it is evaluated.

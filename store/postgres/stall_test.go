@@ -78,11 +78,11 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 	ctx := context.Background() // no deadline of the test's own: the bound must come from the store
 
 	// Before the stall: a lease, and a one-transaction claim in flight.
-	begun, err := s.Begin(ctx, store.BeginRequest{Key: "leased", Lease: time.Minute})
+	begun, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "leased", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := s.Claim(ctx, store.ClaimRequest{Key: "claimed", SuccessTTL: time.Hour, Wait: time.Second})
+	claimed, err := s.ClaimInTx(ctx, store.TxRequest{Key: "claimed", SuccessTTL: time.Hour, Wait: time.Second})
 	if err != nil || claimed.Decision != store.DecisionExecute {
 		t.Fatalf("Claim = %v, %v", claimed.Decision, err)
 	}
@@ -93,21 +93,21 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 		run  func() error
 	}{
 		{"Commit", func() error { return claimed.Tx.Commit(ctx, nil) }},
-		{"Begin", func() error {
-			_, err := s.Begin(ctx, store.BeginRequest{Key: "new", Lease: time.Minute})
+		{"ClaimLease", func() error {
+			_, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "new", LeaseDuration: time.Minute})
 			return err
 		}},
 		{"Claim", func() error {
-			_, err := s.Claim(ctx, store.ClaimRequest{Key: "new2", SuccessTTL: time.Hour, Wait: 100 * time.Millisecond})
+			_, err := s.ClaimInTx(ctx, store.TxRequest{Key: "new2", SuccessTTL: time.Hour, Wait: 100 * time.Millisecond})
 			return err
 		}},
 		{"Complete", func() error {
-			return s.Complete(ctx, begun.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
+			return s.Complete(ctx, begun.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 		}},
-		{"Extend", func() error { _, err := s.Extend(ctx, begun.Lease, time.Minute); return err }},
-		{"Release", func() error { return s.Release(ctx, begun.Lease, time.Minute) }},
+		{"Extend", func() error { _, err := s.Extend(ctx, begun.Claim, time.Minute); return err }},
+		{"Release", func() error { return s.Release(ctx, begun.Claim, time.Minute) }},
 		{"RecordRollback", func() error {
-			return s.RecordRollback(ctx, claimed.Lease, "", store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
+			return s.RecordRollback(ctx, claimed.Claim, "", store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
 		}},
 		{"Get", func() error { _, err := s.Get(ctx, "", "leased"); return err }},
 		{"Delete", func() error { return s.Delete(ctx, "", "other") }},

@@ -34,19 +34,19 @@ var errAborted = fmt.Errorf("the transaction was aborted by an earlier error of 
 // for another delivery's transaction.
 const lockNotAvailable = "55P03"
 
-// Claim implements store.Transactional. It acquires a connection from the
+// ClaimInTx implements store.Transactional. It acquires a connection from the
 // pool and, for Execute, keeps it for the transaction until Commit or
 // Rollback.
-func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxResult, error) {
 	if err := req.Validate(); err != nil {
-		return store.ClaimResult{}, fmt.Errorf("oncemill: postgres: claim: %w", err)
+		return store.TxResult{}, fmt.Errorf("oncemill: postgres: claim: %w", err)
 	}
 	if err := s.checkNewID("claim", req.Scope, req.Key, req.Fingerprint); err != nil {
-		return store.ClaimResult{}, err
+		return store.TxResult{}, err
 	}
 	ctx, cancel, err := s.enter(ctx, "claim", req.Wait)
 	if err != nil {
-		return store.ClaimResult{}, err
+		return store.TxResult{}, err
 	}
 	defer s.leave(cancel)
 	purge := max(claimTTL(req.SuccessTTL), req.Retain)
@@ -63,28 +63,28 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 		started := time.Now()
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
-			return store.ClaimResult{}, wrap("claim", err)
+			return store.TxResult{}, wrap("claim", err)
 		}
 		res, tx, err := s.claimTx(ctx, conn, req, purge, waitMS, lock)
 		if err == nil && res.Decision == store.DecisionExecute {
 			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
 			t.handler = &handlerTx{Tx: tx, owner: t, top: true}
-			return store.ClaimResult{BeginResult: res, Tx: t}, nil
+			return store.TxResult{ClaimResult: res, Tx: t}, nil
 		}
 		// Nothing to keep: end the transaction and give the connection back.
 		rollback(ctx, conn)
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
-			return store.ClaimResult{BeginResult: store.BeginResult{Decision: store.DecisionHeld}, Contended: true}, nil
+			return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld}, Contended: true}, nil
 		case err != nil:
-			return store.ClaimResult{}, wrap("claim", err)
+			return store.TxResult{}, wrap("claim", err)
 		case res.Decision != 0:
-			return store.ClaimResult{BeginResult: res, Contended: runs > 1}, nil
+			return store.TxResult{ClaimResult: res, Contended: runs > 1}, nil
 		}
 		// Undecided: a new transaction sees the row as it is now.
 		if err := s.rerun("claim", req.Scope, req.Key, runs); err != nil {
-			return store.ClaimResult{}, err
+			return store.TxResult{}, err
 		}
 	}
 }
@@ -93,14 +93,14 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 // sqlClaimNew in one round trip (pgx.Batch.BeginTx), which takes a new key
 // without waiting; for a key that has a row, or is held, sqlClaim decides
 // in a second round trip, waiting for the holder up to the claim's bound.
-func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.ClaimRequest, purge time.Duration, waitMS int64, lock int32) (store.BeginResult, pgx.Tx, error) {
+func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.claimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
-		return store.BeginResult{}, nil, err
+		return store.ClaimResult{}, nil, err
 	}
 	var token int64
 	err := br.QueryRow().Scan(&token)
@@ -110,9 +110,9 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.Claim
 	tx := br.Tx()
 	switch {
 	case err == nil:
-		return store.BeginResult{Decision: store.DecisionExecute, Lease: store.Lease{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1}}, tx, nil
+		return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1}}, tx, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return store.BeginResult{}, tx, err
+		return store.ClaimResult{}, tx, err
 	}
 	res, err := s.claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
 		micros(claimTTL(req.SuccessTTL)), micros(purge), waitMS, lock)
@@ -143,8 +143,8 @@ func rollback(ctx context.Context, conn *pgxpool.Conn) {
 }
 
 // RecordRollback implements store.Transactional.
-func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerprint string, out store.Completion) error {
-	if out.Status != store.StatusFailed && out.Status != store.StatusRetryable {
+func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
+	if out.Status != store.StatusCachedFailure && out.Status != store.StatusRetryable {
 		return invalid("record rollback", "outcome status must be failed or retryable, not %v", out.Status)
 	}
 	if out.TTL <= 0 {
@@ -279,7 +279,7 @@ func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
 // own transaction from Claim's batch, which the stage commits or rolls back
 // on the connection directly (so that the completion can share COMMIT's
 // round trip). At the top level it refuses to end the transaction itself;
-// its savepoints (Begin) are handlerTx values too. Once the stage has ended
+// its savepoints (ClaimLease) are handlerTx values too. Once the stage has ended
 // the transaction, every call fails with pgx.ErrTxClosed: the connection is
 // back in the pool.
 type handlerTx struct {
@@ -297,7 +297,7 @@ func (h *handlerTx) check() error {
 	return nil
 }
 
-// Begin starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
+// ClaimLease starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
 func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := h.check(); err != nil {
 		return nil, err
@@ -400,7 +400,7 @@ func NewTxManager(pool *pgxpool.Pool, opts pgx.TxOptions) (*TxManager, error) {
 	return &TxManager{pool: pool, opts: opts}, nil
 }
 
-// Begin starts a transaction and returns a context carrying it.
+// ClaimLease starts a transaction and returns a context carrying it.
 func (m *TxManager) Begin(ctx context.Context) (context.Context, error) {
 	tx, err := m.pool.BeginTx(ctx, m.opts)
 	if err != nil {

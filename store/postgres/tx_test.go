@@ -54,7 +54,7 @@ func newLedgerFixture(t *testing.T, p policy.Policy, configure ...func(*receiver
 	if _, err := f.pool.Exec(t.Context(), "CREATE TABLE "+f.ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL, amount int NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	p.Lease, p.Heartbeat = 0, 0 // the one-transaction mode has no lease
+	p.LeaseDuration, p.Heartbeat = 0, 0 // the one-transaction mode has no lease
 	b := receiver.NewTransactional(f.s).
 		WithScope("ledger").
 		WithPolicy(p).
@@ -211,28 +211,28 @@ func TestTransactionalAttemptCapAndCachedFailures(t *testing.T) {
 	if _, err := f.deliver("capped"); err != nil {
 		t.Fatalf("attempt 2 (the last) = %v, want an ack", err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.OutcomeFailureCached || e.Attempt != 2 {
-		t.Fatalf("attempt 2 = %v at attempt %d, want failure_cached at 2", e.Outcome, e.Attempt)
+	if e := f.event(t); e.Outcome != pipeline.OutcomeCachedFailure || e.Attempt != 2 {
+		t.Fatalf("attempt 2 = %v at attempt %d, want cached_failure at 2", e.Outcome, e.Attempt)
 	}
 	rec, err := f.s.Get(ctx, "ledger", "capped")
-	if err != nil || rec.Status != store.StatusFailed || rec.ErrorKind != store.ErrorKindAttemptsExhausted || rec.Attempt != 2 {
+	if err != nil || rec.Status != store.StatusCachedFailure || rec.ErrorKind != store.ErrorKindAttemptsExhausted || rec.Attempt != 2 {
 		t.Fatalf("record = %+v, %v; want failed, attempts_exhausted, attempt 2", rec, err)
 	}
 	if _, err := f.deliver("capped"); err != nil {
 		t.Fatalf("a duplicate of a cached failure = %v, want an ack", err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.OutcomeFailureReplayed {
-		t.Fatalf("duplicate = %v, want failure_replayed", e.Outcome)
+	if e := f.event(t); e.Outcome != pipeline.OutcomeCachedFailureReplayed {
+		t.Fatalf("duplicate = %v, want cached_failure_replayed", e.Outcome)
 	}
 
-	f.after = func(*message.Message) error { return policy.Permanent(errors.New("no such account")) }
+	f.after = func(*message.Message) error { return policy.Cached(errors.New("no such account")) }
 	if _, err := f.deliver("permanent"); err != nil {
 		t.Fatalf("a permanent failure = %v, want an ack", err)
 	}
-	if e := f.event(t); e.Outcome != pipeline.OutcomeFailureCached || e.Attempt != 1 {
-		t.Fatalf("permanent = %v at attempt %d, want failure_cached at 1", e.Outcome, e.Attempt)
+	if e := f.event(t); e.Outcome != pipeline.OutcomeCachedFailure || e.Attempt != 1 {
+		t.Fatalf("permanent = %v at attempt %d, want cached_failure at 1", e.Outcome, e.Attempt)
 	}
-	if rec, err := f.s.Get(ctx, "ledger", "permanent"); err != nil || rec.ErrorKind != store.ErrorKindPermanent || rec.ErrorMessage != "no such account" {
+	if rec, err := f.s.Get(ctx, "ledger", "permanent"); err != nil || rec.ErrorKind != store.ErrorKindCached || rec.ErrorMessage != "no such account" {
 		t.Fatalf("record = %+v, %v; want the cached permanent failure", rec, err)
 	}
 	if n := f.rows(t, "capped") + f.rows(t, "permanent"); n != 0 {
@@ -643,14 +643,14 @@ func TestCompletionsAreHOTUpdates(t *testing.T) {
 	ctx := t.Context()
 	const n = 200
 	for i := range n {
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: "lease", Key: fmt.Sprint(i), Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "lease", Key: fmt.Sprint(i), LeaseDuration: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte("produced"), TTL: time.Hour}); err != nil {
+		if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: []byte("produced"), TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
-		claim, err := s.Claim(ctx, store.ClaimRequest{Scope: "tx", Key: fmt.Sprint(i), SuccessTTL: time.Hour, Wait: time.Second})
+		claim, err := s.ClaimInTx(ctx, store.TxRequest{Scope: "tx", Key: fmt.Sprint(i), SuccessTTL: time.Hour, Wait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -681,7 +681,7 @@ func TestTransactionalDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults(), func(b *receiver.Builder) { b.WithDeadLetter(pubSub, "payments.dead") })
-	f.after = func(*message.Message) error { return policy.Permanent(errors.New("card declined")) }
+	f.after = func(*message.Message) error { return policy.Cached(errors.New("card declined")) }
 	for range 2 { // the broker delivers it twice
 		if _, err := f.deliver("m-12"); err != nil {
 			t.Fatalf("a permanent failure = %v, want an ack", err)

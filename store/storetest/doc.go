@@ -35,9 +35,9 @@
 //
 //   - A record is visible (Get, Replay, Held) while the store's clock is
 //     before its ExpiresAt. An in-progress record whose lease has expired is
-//     hidden from Get but still counts attempts: the next Begin takes it over
+//     hidden from Get but still counts attempts: the next ClaimLease takes it over
 //     with attempt n+1, unless DeleteExpired removed it first (then the next
-//     Begin starts again at attempt 1).
+//     ClaimLease starts again at attempt 1).
 //   - The fingerprint is checked against every record whose state the new
 //     delivery would carry on: live records and in-progress records being
 //     taken over. An empty fingerprint on either side skips the check.
@@ -47,5 +47,5 @@
 //   - Fencing tokens of one (scope, key) strictly increase across Release,
 //     takeover, expiry and Delete.
 //   - Result bytes are copied in and out: changing the slice given to Complete
-//     or the one returned by Begin or Get does not change the stored result.
+//     or the one returned by ClaimLease or Get does not change the stored result.
 package storetest

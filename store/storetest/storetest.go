@@ -106,21 +106,21 @@ type env struct {
 	scope   string
 }
 
-func (e *env) req(key, fp string, d time.Duration) store.BeginRequest {
-	return store.BeginRequest{Scope: e.scope, Key: key, Fingerprint: fp, Lease: d}
+func (e *env) req(key, fp string, d time.Duration) store.LeaseRequest {
+	return store.LeaseRequest{Scope: e.scope, Key: key, Fingerprint: fp, LeaseDuration: d}
 }
 
-func (e *env) begin(key, fp string, d time.Duration) store.BeginResult {
+func (e *env) begin(key, fp string, d time.Duration) store.ClaimResult {
 	e.t.Helper()
-	res, err := e.s.Begin(e.ctx, e.req(key, fp, d))
+	res, err := e.s.ClaimLease(e.ctx, e.req(key, fp, d))
 	if err != nil {
 		e.t.Fatalf("Begin(%q, fp %q): %v", key, fp, err)
 	}
 	return res
 }
 
-// expect calls Begin and checks its decision.
-func (e *env) expect(want store.Decision, key, fp string, d time.Duration) store.BeginResult {
+// expect calls ClaimLease and checks its decision.
+func (e *env) expect(want store.Decision, key, fp string, d time.Duration) store.ClaimResult {
 	e.t.Helper()
 	res := e.begin(key, fp, d)
 	if res.Decision != want {
@@ -129,20 +129,20 @@ func (e *env) expect(want store.Decision, key, fp string, d time.Duration) store
 	return res
 }
 
-// execute calls Begin, expects Execute and returns the lease.
-func (e *env) execute(key, fp string) store.Lease {
+// execute calls ClaimLease, expects Execute and returns the lease.
+func (e *env) execute(key, fp string) store.Claim {
 	e.t.Helper()
-	return e.expect(store.DecisionExecute, key, fp, lease).Lease
+	return e.expect(store.DecisionExecute, key, fp, lease).Claim
 }
 
-func (e *env) complete(l store.Lease, out store.Completion) {
+func (e *env) complete(l store.Claim, out store.Completion) {
 	e.t.Helper()
 	if err := e.s.Complete(e.ctx, l, out); err != nil {
 		e.t.Fatalf("Complete(%q, token %d): %v", l.Key, l.Token, err)
 	}
 }
 
-func (e *env) release(l store.Lease, keep time.Duration) {
+func (e *env) release(l store.Claim, keep time.Duration) {
 	e.t.Helper()
 	if err := e.s.Release(e.ctx, l, keep); err != nil {
 		e.t.Fatalf("Release(%q, token %d): %v", l.Key, l.Token, err)
@@ -207,7 +207,7 @@ func checkRecord(t *testing.T, rec store.Record, scope, key string, status store
 
 func testBeginAbsentKeyExecutes(t *testing.T, e *env) {
 	res := e.expect(store.DecisionExecute, "k", "fp-1", lease)
-	l := res.Lease
+	l := res.Claim
 	if l.Scope != e.scope || l.Key != "k" {
 		t.Errorf("lease is for (%q, %q), want (%q, %q)", l.Scope, l.Key, e.scope, "k")
 	}
@@ -249,13 +249,13 @@ func testConcurrentBeginsExecuteOnce(t *testing.T, e *env) {
 		start   = make(chan struct{})
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		results []store.BeginResult
+		results []store.ClaimResult
 		errs    []error
 	)
 	for range n {
 		wg.Go(func() {
 			<-start
-			res, err := e.s.Begin(e.ctx, e.req("k", "fp", lease))
+			res, err := e.s.ClaimLease(e.ctx, e.req("k", "fp", lease))
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -271,12 +271,12 @@ func testConcurrentBeginsExecuteOnce(t *testing.T, e *env) {
 	if len(errs) > 0 {
 		t.Fatalf("%d of %d Begins failed, first: %v", len(errs), n, errs[0])
 	}
-	var winner store.Lease
+	var winner store.Claim
 	counts := map[store.Decision]int{}
 	for _, res := range results {
 		counts[res.Decision]++
 		if res.Decision == store.DecisionExecute {
-			winner = res.Lease
+			winner = res.Claim
 		}
 	}
 	if counts[store.DecisionExecute] != 1 || counts[store.DecisionHeld] != n-1 {
@@ -303,8 +303,8 @@ func testCompleteSuccessReplays(t *testing.T, e *env) {
 	if !bytes.Equal(res.Record.Result, want) {
 		t.Fatalf("replayed result differs from the stored one (%d bytes, want %d)", len(res.Record.Result), len(want))
 	}
-	if res.Lease.Token != 0 {
-		t.Errorf("Replay carries a lease with token %d", res.Lease.Token)
+	if res.Claim.Token != 0 {
+		t.Errorf("Replay carries a lease with token %d", res.Claim.Token)
 	}
 	res.Record.Result[0] = 'Y' // nor does changing what was returned
 
@@ -335,14 +335,14 @@ func testCompleteSuccessReplays(t *testing.T, e *env) {
 func testCompleteFailureReplays(t *testing.T, e *env) {
 	l := e.execute("k", "fp")
 	e.complete(l, store.Completion{
-		Status:       store.StatusFailed,
+		Status:       store.StatusCachedFailure,
 		ErrorKind:    "validation",
 		ErrorMessage: "amount must be positive, got -3 (ünïcode ok)",
 		TTL:          ttl,
 	})
 
 	for _, rec := range []store.Record{*e.expect(store.DecisionReplay, "k", "fp", lease).Record, e.get("k")} {
-		checkRecord(t, rec, e.scope, "k", store.StatusFailed, 1)
+		checkRecord(t, rec, e.scope, "k", store.StatusCachedFailure, 1)
 		if rec.ErrorKind != "validation" {
 			t.Errorf("ErrorKind = %q, want %q", rec.ErrorKind, "validation")
 		}
@@ -357,7 +357,7 @@ func testTakeoverAfterLeaseExpiry(t *testing.T, e *env) {
 	e.advance(lease + time.Second)
 
 	res := e.expect(store.DecisionExecute, "k", "fp", lease)
-	fresh := res.Lease
+	fresh := res.Claim
 	if !res.Takeover {
 		t.Error("Takeover = false after the lease expired")
 	}
@@ -397,8 +397,8 @@ func testInProgressBeforeLeaseExpiry(t *testing.T, e *env) {
 	if res.Takeover {
 		t.Error("Takeover = true for InProgress")
 	}
-	if res.Lease.Token != 0 {
-		t.Errorf("InProgress carries a lease with token %d", res.Lease.Token)
+	if res.Claim.Token != 0 {
+		t.Errorf("InProgress carries a lease with token %d", res.Claim.Token)
 	}
 	checkRecord(t, *res.Record, e.scope, "k", store.StatusInProgress, 1)
 	if res.Record.Token != l.Token {
@@ -438,7 +438,7 @@ func testStaleAndUnknownTokens(t *testing.T, e *env) {
 	}
 	e.complete(held, success(nil))
 
-	absent := store.Lease{Scope: e.scope, Key: "absent", Token: held.Token, Attempt: 1}
+	absent := store.Claim{Scope: e.scope, Key: "absent", Token: held.Token, Attempt: 1}
 	e.leaseLost("Complete of an absent key", e.s.Complete(e.ctx, absent, success(nil)))
 	e.leaseLost("Release of an absent key", e.s.Release(e.ctx, absent, ttl))
 	_, err = e.s.Extend(e.ctx, absent, lease)
@@ -450,21 +450,21 @@ func testFinishedRecordsExpire(t *testing.T, e *env) {
 	ok := e.execute("ok", "fp")
 	e.complete(ok, store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute})
 	failed := e.execute("failed", "fp")
-	e.complete(failed, store.Completion{Status: store.StatusFailed, ErrorKind: "k", ErrorMessage: "m", TTL: time.Minute})
+	e.complete(failed, store.Completion{Status: store.StatusCachedFailure, ErrorKind: "k", ErrorMessage: "m", TTL: time.Minute})
 
 	e.advance(59 * time.Second)
 	e.expect(store.DecisionReplay, "ok", "fp", lease)
 	e.expect(store.DecisionReplay, "failed", "fp", lease)
 
 	e.advance(2 * time.Second)
-	for _, old := range []store.Lease{ok, failed} {
+	for _, old := range []store.Claim{ok, failed} {
 		e.getNotFound(old.Key)
 		res := e.expect(store.DecisionExecute, old.Key, "fp", lease)
-		if res.Lease.Attempt != 1 || res.Takeover {
-			t.Errorf("%s: Begin after expiry = attempt %d, takeover %v; want attempt 1, no takeover", old.Key, res.Lease.Attempt, res.Takeover)
+		if res.Claim.Attempt != 1 || res.Takeover {
+			t.Errorf("%s: ClaimLease after expiry = attempt %d, takeover %v; want attempt 1, no takeover", old.Key, res.Claim.Attempt, res.Takeover)
 		}
-		if res.Lease.Token <= old.Token {
-			t.Errorf("%s: token %d after expiry is not larger than the old %d", old.Key, res.Lease.Token, old.Token)
+		if res.Claim.Token <= old.Token {
+			t.Errorf("%s: token %d after expiry is not larger than the old %d", old.Key, res.Claim.Token, old.Token)
 		}
 	}
 }
@@ -502,9 +502,9 @@ func testFingerprintMismatch(t *testing.T, e *env) {
 	e.advance(lease + time.Second)
 	e.expect(store.DecisionMismatch, "expired", "b", lease)
 	res = e.expect(store.DecisionExecute, "expired", "a", lease)
-	if !res.Takeover || res.Lease.Attempt != 2 || res.Lease.Token <= l.Token {
+	if !res.Takeover || res.Claim.Attempt != 2 || res.Claim.Token <= l.Token {
 		t.Errorf("takeover after a Mismatch = takeover %v attempt %d token %d (old %d); want a takeover, attempt 2, larger token",
-			res.Takeover, res.Lease.Attempt, res.Lease.Token, l.Token)
+			res.Takeover, res.Claim.Attempt, res.Claim.Token, l.Token)
 	}
 
 	// An empty fingerprint on the stored side is never checked either.
@@ -554,9 +554,9 @@ func testAttemptsCountedAcrossRelease(t *testing.T, e *env) {
 	}
 
 	res := e.expect(store.DecisionExecute, "k", "fp", lease)
-	second := res.Lease
+	second := res.Claim
 	if second.Attempt != 2 || res.Takeover || second.Token <= first.Token {
-		t.Fatalf("Begin after Release = attempt %d, takeover %v, token %d (was %d); want attempt 2, no takeover, a larger token",
+		t.Fatalf("ClaimLease after Release = attempt %d, takeover %v, token %d (was %d); want attempt 2, no takeover, a larger token",
 			second.Attempt, res.Takeover, second.Token, first.Token)
 	}
 	e.leaseLost("Complete with the released lease", e.s.Complete(e.ctx, first, success(nil)))
@@ -573,7 +573,7 @@ func testAttemptsCountedAcrossRelease(t *testing.T, e *env) {
 	e.advance(2 * time.Minute)
 	e.getNotFound("k")
 	if l := e.execute("k", "fp"); l.Attempt != 1 || l.Token <= third.Token {
-		t.Fatalf("Begin after the count expired = attempt %d token %d; want attempt 1, a token above %d", l.Attempt, l.Token, third.Token)
+		t.Fatalf("ClaimLease after the count expired = attempt %d token %d; want attempt 1, a token above %d", l.Attempt, l.Token, third.Token)
 	}
 
 	// keep <= 0 keeps nothing.
@@ -581,7 +581,7 @@ func testAttemptsCountedAcrossRelease(t *testing.T, e *env) {
 	e.release(l, 0)
 	e.getNotFound("zero")
 	if l := e.execute("zero", ""); l.Attempt != 1 {
-		t.Fatalf("Begin after Release(keep 0) = attempt %d, want 1", l.Attempt)
+		t.Fatalf("ClaimLease after Release(keep 0) = attempt %d, want 1", l.Attempt)
 	}
 }
 
@@ -606,7 +606,7 @@ func testDelete(t *testing.T, e *env) {
 	}
 	e.getNotFound("k")
 	if l := e.execute("k", "other-fp"); l.Attempt != 1 {
-		t.Fatalf("Begin after Delete = attempt %d, want 1", l.Attempt)
+		t.Fatalf("ClaimLease after Delete = attempt %d, want 1", l.Attempt)
 	}
 
 	if err := e.s.Delete(e.ctx, e.scope, "absent"); err != nil {
@@ -705,8 +705,8 @@ func testDeleteExpired(t *testing.T, e *env) {
 	// be taken over with attempt 2.
 	for _, key := range inProgress {
 		res := e.expect(store.DecisionExecute, key, "", lease)
-		if res.Takeover || res.Lease.Attempt != 1 {
-			t.Errorf("%s: Begin after DeleteExpired = takeover %v attempt %d; want a fresh attempt 1", key, res.Takeover, res.Lease.Attempt)
+		if res.Takeover || res.Claim.Attempt != 1 {
+			t.Errorf("%s: ClaimLease after DeleteExpired = takeover %v attempt %d; want a fresh attempt 1", key, res.Takeover, res.Claim.Attempt)
 		}
 	}
 }
@@ -717,9 +717,9 @@ func testDeleteExpired(t *testing.T, e *env) {
 func testAttemptsSurviveCleanupForRetain(t *testing.T, e *env) {
 	req := e.req("crashed", "fp", lease)
 	req.Retain = 30 * time.Minute
-	res, err := e.s.Begin(e.ctx, req)
+	res, err := e.s.ClaimLease(e.ctx, req)
 	if err != nil || res.Decision != store.DecisionExecute {
-		t.Fatalf("Begin = %v, %v", res.Decision, err)
+		t.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 	}
 	e.advance(2 * time.Minute) // the lease ran out; the worker is gone
 	for {
@@ -731,18 +731,18 @@ func testAttemptsSurviveCleanupForRetain(t *testing.T, e *env) {
 			break
 		}
 	}
-	again, err := e.s.Begin(e.ctx, req)
-	if err != nil || again.Decision != store.DecisionExecute || again.Lease.Attempt != 2 || !again.Takeover {
-		t.Fatalf("Begin after cleanup = %v attempt %d takeover %v, %v; want a takeover at attempt 2", again.Decision, again.Lease.Attempt, again.Takeover, err)
+	again, err := e.s.ClaimLease(e.ctx, req)
+	if err != nil || again.Decision != store.DecisionExecute || again.Claim.Attempt != 2 || !again.Takeover {
+		t.Fatalf("ClaimLease after cleanup = %v attempt %d takeover %v, %v; want a takeover at attempt 2", again.Decision, again.Claim.Attempt, again.Takeover, err)
 	}
 }
 
 func testInvalidRequests(t *testing.T, e *env) {
-	_, err := e.s.Begin(e.ctx, e.req("", "fp", lease))
-	e.invalid("Begin with an empty key", err)
+	_, err := e.s.ClaimLease(e.ctx, e.req("", "fp", lease))
+	e.invalid("ClaimLease with an empty key", err)
 	for _, d := range []time.Duration{0, -time.Second} {
-		_, err = e.s.Begin(e.ctx, e.req("k", "fp", d))
-		e.invalid(fmt.Sprintf("Begin with lease %v", d), err)
+		_, err = e.s.ClaimLease(e.ctx, e.req("k", "fp", d))
+		e.invalid(fmt.Sprintf("ClaimLease with lease %v", d), err)
 	}
 	e.getNotFound("k")
 
@@ -752,7 +752,7 @@ func testInvalidRequests(t *testing.T, e *env) {
 		{Status: store.StatusRetryable, TTL: ttl},
 		{Status: 0, TTL: ttl},
 		{Status: store.StatusSucceeded, TTL: 0},
-		{Status: store.StatusFailed, TTL: -time.Second},
+		{Status: store.StatusCachedFailure, TTL: -time.Second},
 	} {
 		e.invalid(fmt.Sprintf("Complete with status %v, TTL %v", out.Status, out.TTL), e.s.Complete(e.ctx, l, out))
 	}
@@ -773,14 +773,14 @@ func testInvalidRequests(t *testing.T, e *env) {
 func testScopesIsolate(t *testing.T, e *env) {
 	other := e.scope + "/other"
 	a := e.execute("k", "a")
-	res, err := e.s.Begin(e.ctx, store.BeginRequest{Scope: other, Key: "k", Fingerprint: "b", Lease: lease})
+	res, err := e.s.ClaimLease(e.ctx, store.LeaseRequest{Scope: other, Key: "k", Fingerprint: "b", LeaseDuration: lease})
 	if err != nil {
-		t.Fatalf("Begin in the other scope: %v", err)
+		t.Fatalf("ClaimLease in the other scope: %v", err)
 	}
 	if res.Decision != store.DecisionExecute {
-		t.Fatalf("Begin of the same key in another scope = %v, want execute", res.Decision)
+		t.Fatalf("ClaimLease of the same key in another scope = %v, want execute", res.Decision)
 	}
-	b := res.Lease
+	b := res.Claim
 	if b.Scope != other || b.Attempt != 1 {
 		t.Errorf("other scope's lease = (%q, attempt %d), want (%q, attempt 1)", b.Scope, b.Attempt, other)
 	}
@@ -809,7 +809,7 @@ func testConcurrentStress(t *testing.T, e *env) {
 // RunLoad is the concurrency check every store runs, also on its own with
 // a small connection pool: 32 goroutines deliver keys keys, 3 in 10 of them a
 // second time right behind the first (so the duplicate often meets the live
-// lease), each delivery a Begin and, on Execute, a Complete. Every key must
+// lease), each delivery a ClaimLease and, on Execute, a Complete. Every key must
 // execute exactly once and end succeeded with its result, and every duplicate
 // must get Replay or InProgress.
 func RunLoad(t *testing.T, st Store, scope string, keys int) {
@@ -845,7 +845,7 @@ func RunLoad(t *testing.T, st Store, scope string, keys int) {
 		wg.Go(func() {
 			for i := range deliveries {
 				key := keyName(i)
-				res, err := st.Begin(ctx, store.BeginRequest{Scope: scope, Key: key, Fingerprint: "fp-" + key, Lease: time.Minute})
+				res, err := st.ClaimLease(ctx, store.LeaseRequest{Scope: scope, Key: key, Fingerprint: "fp-" + key, LeaseDuration: time.Minute})
 				if err != nil {
 					t.Errorf("Begin(%q): %v", key, err)
 					failed.Store(true)
@@ -856,7 +856,7 @@ func RunLoad(t *testing.T, st Store, scope string, keys int) {
 					duplicates.Add(1)
 				case store.DecisionExecute:
 					executes[i].Add(1)
-					if err := st.Complete(ctx, res.Lease, success([]byte(key))); err != nil {
+					if err := st.Complete(ctx, res.Claim, success([]byte(key))); err != nil {
 						t.Errorf("Complete(%q): %v", key, err)
 						failed.Store(true)
 					}
@@ -885,7 +885,7 @@ func RunLoad(t *testing.T, st Store, scope string, keys int) {
 
 func testTokensIncrease(t *testing.T, e *env) {
 	var tokens []int64
-	take := func(l store.Lease) store.Lease {
+	take := func(l store.Claim) store.Claim {
 		t.Helper()
 		if n := len(tokens); n > 0 && l.Token <= tokens[n-1] {
 			t.Fatalf("token %d after %v does not rise", l.Token, tokens)
@@ -940,8 +940,8 @@ func testKeyLimit(t *testing.T, e *env) {
 		t.Fatalf("record key is %d bytes, want %d", len(rec.Key), limit)
 	}
 
-	_, err := e.s.Begin(e.ctx, e.req(longest+"k", "", lease))
-	e.invalid(fmt.Sprintf("Begin with a key of %d bytes (MaxKeyLen %d)", limit+1, limit), err)
+	_, err := e.s.ClaimLease(e.ctx, e.req(longest+"k", "", lease))
+	e.invalid(fmt.Sprintf("ClaimLease with a key of %d bytes (MaxKeyLen %d)", limit+1, limit), err)
 }
 
 // List selects by scope, status and age, pages in (scope, key) order until
@@ -1008,7 +1008,7 @@ func testListFiltersAndPages(t *testing.T, e *env) {
 func testCompareAndDelete(t *testing.T, e *env) {
 	first := e.execute("k", "")
 	e.advance(lease + time.Second) // the first worker hangs; a redelivery takes over
-	second := e.expect(store.DecisionExecute, "k", "", lease).Lease
+	second := e.expect(store.DecisionExecute, "k", "", lease).Claim
 
 	if err := e.s.CompareAndDelete(e.ctx, e.scope, "k", first.Token); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("CompareAndDelete with the token before the takeover = %v, want ErrLeaseLost", err)

@@ -59,14 +59,14 @@ type txEnv struct {
 	scope string
 }
 
-func (e *txEnv) req(key, fp string) store.ClaimRequest {
-	return store.ClaimRequest{Scope: e.scope, Key: key, Fingerprint: fp, SuccessTTL: ttl, Wait: 10 * time.Second}
+func (e *txEnv) req(key, fp string) store.TxRequest {
+	return store.TxRequest{Scope: e.scope, Key: key, Fingerprint: fp, SuccessTTL: ttl, Wait: 10 * time.Second}
 }
 
 // claim claims key and checks the decision.
-func (e *txEnv) claim(want store.Decision, key, fp string) store.ClaimResult {
+func (e *txEnv) claim(want store.Decision, key, fp string) store.TxResult {
 	e.t.Helper()
-	res, err := e.h.Store.Claim(e.ctx, e.req(key, fp))
+	res, err := e.h.Store.ClaimInTx(e.ctx, e.req(key, fp))
 	if err != nil {
 		e.t.Fatalf("Claim(%q): %v", key, err)
 	}
@@ -79,21 +79,21 @@ func (e *txEnv) claim(want store.Decision, key, fp string) store.ClaimResult {
 	return res
 }
 
-func (e *txEnv) commit(res store.ClaimResult, result []byte) {
+func (e *txEnv) commit(res store.TxResult, result []byte) {
 	e.t.Helper()
 	if err := res.Tx.Commit(e.ctx, result); err != nil {
 		e.t.Fatalf("Commit: %v", err)
 	}
 }
 
-func (e *txEnv) rollback(res store.ClaimResult) {
+func (e *txEnv) rollback(res store.TxResult) {
 	e.t.Helper()
 	if err := res.Tx.Rollback(e.ctx); err != nil {
 		e.t.Fatalf("Rollback: %v", err)
 	}
 }
 
-func (e *txEnv) record(l store.Lease, out store.Completion) error {
+func (e *txEnv) record(l store.Claim, out store.Completion) error {
 	return e.h.Store.RecordRollback(e.ctx, l, "fp", out)
 }
 
@@ -101,8 +101,8 @@ var retryable = store.Completion{Status: store.StatusRetryable, TTL: ttl}
 
 func testTxCommitThenReplay(t *testing.T, e *txEnv) {
 	first := e.claim(store.DecisionExecute, "k", "fp")
-	if first.Lease.Attempt != 1 || first.Lease.Token == 0 || first.Takeover {
-		t.Fatalf("first claim's lease = %+v, takeover %v; want attempt 1 with a token", first.Lease, first.Takeover)
+	if first.Claim.Attempt != 1 || first.Claim.Token == 0 || first.Takeover {
+		t.Fatalf("first claim's lease = %+v, takeover %v; want attempt 1 with a token", first.Claim, first.Takeover)
 	}
 	// Until the commit, nobody sees the record.
 	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
@@ -110,7 +110,7 @@ func testTxCommitThenReplay(t *testing.T, e *txEnv) {
 	}
 	e.commit(first, []byte("result"))
 	dup := e.claim(store.DecisionReplay, "k", "fp")
-	if rec := dup.Record; rec.Status != store.StatusSucceeded || string(rec.Result) != "result" || rec.Token != first.Lease.Token {
+	if rec := dup.Record; rec.Status != store.StatusSucceeded || string(rec.Result) != "result" || rec.Token != first.Claim.Token {
 		t.Fatalf("replayed record = %+v, want the committed success", rec)
 	}
 	// A commit without a result stores none.
@@ -122,8 +122,8 @@ func testTxCommitThenReplay(t *testing.T, e *txEnv) {
 
 func testTxRollbackLeavesTheKeyFree(t *testing.T, e *txEnv) {
 	e.rollback(e.claim(store.DecisionExecute, "k", "fp"))
-	if again := e.claim(store.DecisionExecute, "k", "fp"); again.Lease.Attempt != 1 {
-		t.Fatalf("after a rollback with nothing recorded: attempt %d, want 1", again.Lease.Attempt)
+	if again := e.claim(store.DecisionExecute, "k", "fp"); again.Claim.Attempt != 1 {
+		t.Fatalf("after a rollback with nothing recorded: attempt %d, want 1", again.Claim.Attempt)
 	} else {
 		e.rollback(again)
 	}
@@ -135,7 +135,7 @@ func testTxRollbackLeavesTheKeyFree(t *testing.T, e *txEnv) {
 func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 	first := e.claim(store.DecisionExecute, "k", "fp")
 	e.rollback(first)
-	if err := e.record(first.Lease, retryable); err != nil {
+	if err := e.record(first.Claim, retryable); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := e.h.Get(e.ctx, e.scope, "k")
@@ -143,8 +143,8 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 		t.Fatalf("record = %+v, %v; want retryable at attempt 1", rec, err)
 	}
 	second := e.claim(store.DecisionExecute, "k", "fp")
-	if second.Lease.Attempt != 2 || second.Takeover {
-		t.Fatalf("the next claim = attempt %d takeover %v, want attempt 2 without takeover", second.Lease.Attempt, second.Takeover)
+	if second.Claim.Attempt != 2 || second.Takeover {
+		t.Fatalf("the next claim = attempt %d takeover %v, want attempt 2 without takeover", second.Claim.Attempt, second.Takeover)
 	}
 	e.commit(second, nil)
 	if rec, err := e.h.Get(e.ctx, e.scope, "k"); err != nil || rec.Status != store.StatusSucceeded || rec.Attempt != 2 {
@@ -155,11 +155,11 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 func testTxCachedFailureReplays(t *testing.T, e *txEnv) {
 	first := e.claim(store.DecisionExecute, "k", "fp")
 	e.rollback(first)
-	if err := e.record(first.Lease, store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, ErrorMessage: "no such account", TTL: ttl}); err != nil {
+	if err := e.record(first.Claim, store.Completion{Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, ErrorMessage: "no such account", TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	rec := e.claim(store.DecisionReplay, "k", "fp").Record
-	if rec.Status != store.StatusFailed || rec.ErrorKind != store.ErrorKindPermanent || rec.ErrorMessage != "no such account" {
+	if rec.Status != store.StatusCachedFailure || rec.ErrorKind != store.ErrorKindCached || rec.ErrorMessage != "no such account" {
 		t.Fatalf("replayed record = %+v, want the cached failure", rec)
 	}
 }
@@ -170,12 +170,12 @@ func testTxRecordNeverOverwritesANewerClaim(t *testing.T, e *txEnv) {
 	newer := e.claim(store.DecisionExecute, "k", "fp")
 	// While the newer claim is open, recording the stale one neither waits
 	// for it nor writes.
-	if err := e.record(stale.Lease, retryable); !errors.Is(err, store.ErrLeaseLost) {
+	if err := e.record(stale.Claim, retryable); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("recording a claim while a newer one is open = %v, want ErrLeaseLost at once", err)
 	}
 	e.commit(newer, []byte("newer"))
-	for _, out := range []store.Completion{retryable, {Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, TTL: ttl}} {
-		if err := e.record(stale.Lease, out); !errors.Is(err, store.ErrLeaseLost) {
+	for _, out := range []store.Completion{retryable, {Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, TTL: ttl}} {
+		if err := e.record(stale.Claim, out); !errors.Is(err, store.ErrLeaseLost) {
 			t.Fatalf("recording %v for a claim that a newer one succeeded = %v, want ErrLeaseLost", out.Status, err)
 		}
 	}
@@ -185,12 +185,12 @@ func testTxRecordNeverOverwritesANewerClaim(t *testing.T, e *txEnv) {
 }
 
 // runClaim claims key in the background.
-func (e *txEnv) runClaim(key string, wait time.Duration) <-chan store.ClaimResult {
-	out := make(chan store.ClaimResult, 1)
+func (e *txEnv) runClaim(key string, wait time.Duration) <-chan store.TxResult {
+	out := make(chan store.TxResult, 1)
 	req := e.req(key, "fp")
 	req.Wait = wait
 	go func() {
-		res, err := e.h.Store.Claim(e.ctx, req)
+		res, err := e.h.Store.ClaimInTx(e.ctx, req)
 		if err != nil {
 			e.t.Errorf("concurrent Claim: %v", err)
 		}
@@ -246,8 +246,8 @@ func testTxExpiredSuccessFreesTheKey(t *testing.T, e *txEnv) {
 	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get of an expired success = %v, want ErrNotFound", err)
 	}
-	if res := e.claim(store.DecisionExecute, "k", "fp"); res.Lease.Attempt != 1 {
-		t.Fatalf("claim of an expired success = attempt %d, want a fresh attempt 1", res.Lease.Attempt)
+	if res := e.claim(store.DecisionExecute, "k", "fp"); res.Claim.Attempt != 1 {
+		t.Fatalf("claim of an expired success = attempt %d, want a fresh attempt 1", res.Claim.Attempt)
 	} else {
 		e.rollback(res)
 	}
@@ -257,29 +257,29 @@ func testTxTokensRise(t *testing.T, e *txEnv) {
 	var last int64
 	for i := range 3 {
 		res := e.claim(store.DecisionExecute, "k", "fp")
-		if res.Lease.Token <= last {
-			t.Fatalf("claim %d: token %d, not above the previous %d", i+1, res.Lease.Token, last)
+		if res.Claim.Token <= last {
+			t.Fatalf("claim %d: token %d, not above the previous %d", i+1, res.Claim.Token, last)
 		}
-		last = res.Lease.Token
+		last = res.Claim.Token
 		e.rollback(res)
-		if err := e.record(res.Lease, retryable); err != nil {
+		if err := e.record(res.Claim, retryable); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
 func testTxInvalidRequests(t *testing.T, e *txEnv) {
-	for name, req := range map[string]store.ClaimRequest{
+	for name, req := range map[string]store.TxRequest{
 		"empty key":       {Scope: e.scope, SuccessTTL: ttl, Wait: time.Second},
 		"no success TTL":  {Scope: e.scope, Key: "k", Wait: time.Second},
 		"no wait":         {Scope: e.scope, Key: "k", SuccessTTL: ttl},
 		"negative retain": {Scope: e.scope, Key: "k", SuccessTTL: ttl, Wait: time.Second, Retain: -time.Second},
 	} {
-		if _, err := e.h.Store.Claim(e.ctx, req); !errors.Is(err, store.ErrInvalidRequest) {
+		if _, err := e.h.Store.ClaimInTx(e.ctx, req); !errors.Is(err, store.ErrInvalidRequest) {
 			t.Errorf("Claim with %s = %v, want ErrInvalidRequest", name, err)
 		}
 	}
-	l := store.Lease{Scope: e.scope, Key: "k", Token: 1, Attempt: 1}
+	l := store.Claim{Scope: e.scope, Key: "k", Token: 1, Attempt: 1}
 	for name, out := range map[string]store.Completion{
 		"a success":   {Status: store.StatusSucceeded, TTL: ttl},
 		"no TTL":      {Status: store.StatusRetryable},

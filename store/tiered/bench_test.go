@@ -16,7 +16,7 @@ import (
 //
 //	go test -run='^$' -bench=Replay -benchtime=20000x ./store/tiered
 //
-// A replay is one Begin of a finished key with a 256-byte result:
+// A replay is one ClaimLease of a finished key with a 256-byte result:
 //
 //   - local: a hot key, answered by the in-process tier;
 //   - redis: 1,024 keys, answered by Redis (a store with the local tier off);
@@ -44,11 +44,11 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	ctx := context.Background()
 	result := make([]byte, 256)
 	for i := range benchKeys {
-		res, err := e.redisOnly.Begin(ctx, benchReq(i))
+		res, err := e.redisOnly.ClaimLease(ctx, benchReq(i))
 		if err != nil || res.Decision != store.DecisionExecute {
-			b.Fatalf("Begin = %v, %v", res.Decision, err)
+			b.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 		}
-		if err := e.redisOnly.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}); err != nil {
+		if err := e.redisOnly.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: result, TTL: time.Hour}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -58,12 +58,12 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	return e
 }
 
-func benchReq(i int) store.BeginRequest {
-	return store.BeginRequest{Scope: "bench", Key: "k-" + strconv.Itoa(i), Fingerprint: "fp", Lease: time.Minute}
+func benchReq(i int) store.LeaseRequest {
+	return store.LeaseRequest{Scope: "bench", Key: "k-" + strconv.Itoa(i), Fingerprint: "fp", LeaseDuration: time.Minute}
 }
 
 func replay(ctx context.Context, s store.Store, i int) error {
-	res, err := s.Begin(ctx, benchReq(i))
+	res, err := s.ClaimLease(ctx, benchReq(i))
 	if err != nil {
 		return err
 	}

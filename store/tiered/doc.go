@@ -13,7 +13,7 @@
 //
 // # What goes where
 //
-// Only finished records (succeeded or failed) are cached. Begin and Claim
+// Only finished records (succeeded or failed) are cached. ClaimLease and Claim
 // look in the local tier, then in Redis (a hit there also fills the local
 // tier), and answer a finished record as the truth would: a replay, or a
 // mismatch when both fingerprints are set and differ. A miss goes to the
@@ -35,7 +35,7 @@
 //     the copy expires TTL after the send by the local monotonic clock.
 //   - A replay read from the truth carries its expiry by the truth's clock.
 //     The store relates that clock to its own from the leases the truth
-//     hands out: a lease taken by Begin expires Lease after the truth's
+//     hands out: a lease taken by ClaimLease expires Lease after the truth's
 //     now(), which was read between this process's send and receive, so
 //     each one bounds the offset (Extend too). The copy expires at the
 //     truth's expiry converted with the offset's upper bound. Until the
@@ -87,7 +87,7 @@
 // Every Redis call is bounded by Options.RedisTimeout, through its context:
 // New refuses a go-redis client whose ContextTimeoutEnabled is false, since
 // that client would wait its ReadTimeout instead. A failed call
-// (refused, reset, timed out) never reaches the caller of Begin, Claim,
+// (refused, reset, timed out) never reaches the caller of ClaimLease, Claim,
 // Complete, Commit, Release or RecordRollback: a read falls back to the
 // truth, a fill or removal is dropped, and the metric
 // oncemill.store.tier.fallbacks counts it by operation. After a failure

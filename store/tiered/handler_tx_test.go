@@ -60,7 +60,7 @@ func TestHandlerTransactionIsTheTruths(t *testing.T) {
 	if rows["ok"] != 1 || rows["bad"] != 0 {
 		t.Fatalf("ledger rows %v: want the success's row once (its duplicate replayed) and none of the rolled-back failure", rows)
 	}
-	for id, want := range map[string]store.Status{"ok": store.StatusSucceeded, "bad": store.StatusFailed} {
+	for id, want := range map[string]store.Status{"ok": store.StatusSucceeded, "bad": store.StatusCachedFailure} {
 		rec, err := s.Get(ctx, "ledger", id)
 		if err != nil || rec.Status != want {
 			t.Fatalf("record of %s = %v, %v; want %v", id, rec.Status, err, want)

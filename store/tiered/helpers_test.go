@@ -254,17 +254,17 @@ func count(tb testing.TB, m *teltest.Kit, name, key, value string) int64 {
 	return teltest.Sums(tb, m.Metrics(tb), name, key)[value]
 }
 
-// begin calls Begin with a minute's lease and fails the test on an error.
-func begin(tb testing.TB, s store.Store, scope, key, fp string) store.BeginResult {
+// begin calls ClaimLease with a minute's lease and fails the test on an error.
+func begin(tb testing.TB, s store.Store, scope, key, fp string) store.ClaimResult {
 	tb.Helper()
-	res, err := s.Begin(context.Background(), store.BeginRequest{Scope: scope, Key: key, Fingerprint: fp, Lease: time.Minute})
+	res, err := s.ClaimLease(context.Background(), store.LeaseRequest{Scope: scope, Key: key, Fingerprint: fp, LeaseDuration: time.Minute})
 	if err != nil {
 		tb.Fatalf("Begin(%q): %v", key, err)
 	}
 	return res
 }
 
-func expect(tb testing.TB, want store.Decision, s store.Store, scope, key, fp string) store.BeginResult {
+func expect(tb testing.TB, want store.Decision, s store.Store, scope, key, fp string) store.ClaimResult {
 	tb.Helper()
 	res := begin(tb, s, scope, key, fp)
 	if res.Decision != want {
@@ -273,7 +273,7 @@ func expect(tb testing.TB, want store.Decision, s store.Store, scope, key, fp st
 	return res
 }
 
-func complete(tb testing.TB, s store.Store, l store.Lease, result string, ttl time.Duration) {
+func complete(tb testing.TB, s store.Store, l store.Claim, result string, ttl time.Duration) {
 	tb.Helper()
 	if err := s.Complete(context.Background(), l, store.Completion{Status: store.StatusSucceeded, Result: []byte(result), TTL: ttl}); err != nil {
 		tb.Fatalf("Complete(%q): %v", l.Key, err)

@@ -16,7 +16,7 @@ func TestRecordRoundTrip(t *testing.T) {
 			CreatedAt: now, UpdatedAt: now.Add(time.Second), ExpiresAt: now.Add(time.Hour)},
 		{Status: store.StatusSucceeded, Token: 1, Attempt: 3, Result: []byte{}},
 		{Status: store.StatusSucceeded, Token: 1 << 62, Attempt: 1},
-		{Status: store.StatusFailed, Token: 7, Attempt: 2, ErrorKind: store.ErrorKindPermanent, ErrorMessage: "ünïcode, long " + string(bytes.Repeat([]byte("x"), 300))},
+		{Status: store.StatusCachedFailure, Token: 7, Attempt: 2, ErrorKind: store.ErrorKindCached, ErrorMessage: "ünïcode, long " + string(bytes.Repeat([]byte("x"), 300))},
 	} {
 		got, ok := decodeRecord(k, encodeRecord(&rec))
 		if !ok {

@@ -91,7 +91,7 @@ func decodeRecord(k id, v []byte) (r store.Record, ok bool) {
 		return r, false
 	}
 	r.Scope, r.Key, r.Status = k.scope, k.key, store.Status(v[2])
-	if r.Status != store.StatusSucceeded && r.Status != store.StatusFailed {
+	if r.Status != store.StatusSucceeded && r.Status != store.StatusCachedFailure {
 		return r, false
 	}
 	v = v[3:]

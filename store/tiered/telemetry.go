@@ -19,7 +19,7 @@ const (
 	// removal left to the record's own TTL). A Delete that cannot reach
 	// Redis fails instead, and is not counted.
 	MetricFallbacks = "oncemill.store.tier.fallbacks"
-	// MetricReplays counts the Begin and Claim calls answered with a
+	// MetricReplays counts the ClaimLease and Claim calls answered with a
 	// finished record (a replay or a mismatch), by the tier that answered:
 	// attribute tier = local, redis or truth.
 	MetricReplays = "oncemill.store.tier.replays"
@@ -74,7 +74,7 @@ func newTelemetry(mp metric.MeterProvider) (*telemetry, error) {
 		return nil, fmt.Errorf("oncemill: tiered: metrics: %w", err)
 	}
 	if t.replays, err = m.Int64Counter(MetricReplays, metric.WithUnit("{call}"),
-		metric.WithDescription("Begin and Claim calls answered with a finished record, by the tier that answered: local, redis or truth.")); err != nil {
+		metric.WithDescription("ClaimLease and Claim calls answered with a finished record, by the tier that answered: local, redis or truth.")); err != nil {
 		return nil, fmt.Errorf("oncemill: tiered: metrics: %w", err)
 	}
 	for o, name := range opNames {

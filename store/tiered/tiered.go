@@ -202,32 +202,32 @@ func (s *Store) purgeLocal() {
 }
 
 func finished(rec *store.Record) bool {
-	return rec != nil && (rec.Status == store.StatusSucceeded || rec.Status == store.StatusFailed)
+	return rec != nil && (rec.Status == store.StatusSucceeded || rec.Status == store.StatusCachedFailure)
 }
 
 // answer is what the truth would answer for rec, a finished record: a
 // replay, or a mismatch when both fingerprints are set and differ. The
 // record is a copy the caller may change.
-func answer(rec *store.Record, fingerprint string) store.BeginResult {
+func answer(rec *store.Record, fingerprint string) store.ClaimResult {
 	r := *rec
 	r.Result = bytes.Clone(rec.Result)
 	d := store.DecisionReplay
 	if fingerprint != "" && r.Fingerprint != "" && fingerprint != r.Fingerprint {
 		d = store.DecisionMismatch
 	}
-	return store.BeginResult{Decision: d, Record: &r}
+	return store.ClaimResult{Decision: d, Record: &r}
 }
 
 // lookup answers from the local tier, then from Redis (filling the local
 // tier). seq is s.seq read before it.
-func (s *Store) lookup(ctx context.Context, k id, fingerprint string, seq uint64, o op) (store.BeginResult, bool) {
+func (s *Store) lookup(ctx context.Context, k id, fingerprint string, seq uint64, o op) (store.ClaimResult, bool) {
 	if e := s.local.get(k, s.now()); e != nil {
 		s.tel.replayed(ctx, tierLocal)
 		return answer(&e.rec, fingerprint), true
 	}
 	rec, deadline, ok := s.redisGet(ctx, k, o)
 	if !ok {
-		return store.BeginResult{}, false
+		return store.ClaimResult{}, false
 	}
 	s.tel.replayed(ctx, tierRedis)
 	res := answer(&rec, fingerprint)
@@ -280,14 +280,14 @@ func (s *Store) fillFromTruth(ctx context.Context, k id, rec *store.Record, seq 
 	s.fill(ctx, k, r, rec.ExpiresAt.UnixNano()-hi-int64(s.opts.ClockMargin), seq, readStart, o)
 }
 
-// Begin implements store.Store: a finished record cached locally or in
+// ClaimLease implements store.Store: a finished record cached locally or in
 // Redis is answered from there; everything else goes to the truth.
-func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	if s.closed.Load() {
-		return store.BeginResult{}, closedErr("begin")
+		return store.ClaimResult{}, closedErr("begin")
 	}
 	if err := req.Validate(); err != nil {
-		return store.BeginResult{}, fmt.Errorf("oncemill: tiered: begin: %w", err)
+		return store.ClaimResult{}, fmt.Errorf("oncemill: tiered: begin: %w", err)
 	}
 	k := id{req.Scope, req.Key}
 	seq := s.seq.Load()
@@ -295,7 +295,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 		return res, nil
 	}
 	send := s.now()
-	res, err := s.truth.Begin(ctx, req)
+	res, err := s.truth.ClaimLease(ctx, req)
 	if err != nil {
 		return res, err
 	}
@@ -303,11 +303,11 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 	case store.DecisionExecute:
 		// The lease expires Lease after the truth's clock read when it
 		// took the key: a free sample of that clock.
-		created := res.Lease.ExpiresAt.Add(-req.Lease)
-		if !res.Lease.ExpiresAt.IsZero() {
+		created := res.Claim.ExpiresAt.Add(-req.LeaseDuration)
+		if !res.Claim.ExpiresAt.IsZero() {
 			s.truthClock.observe(sampleOffset(created.UnixNano(), send, s.now()))
 		}
-		s.pending.Add(pendingKey{k, res.Lease.Token}, pendingLease{fingerprint: req.Fingerprint, created: created})
+		s.pending.Add(pendingKey{k, res.Claim.Token}, pendingLease{fingerprint: req.Fingerprint, created: created})
 	case store.DecisionReplay, store.DecisionMismatch:
 		if finished(res.Record) {
 			s.tel.replayed(ctx, tierTruth)
@@ -334,7 +334,7 @@ func plainText(v string, limit int) bool {
 // record is written through to both caches, to expire TTL after the
 // Complete was sent (the truth's record lives TTL from a moment after
 // that) less ClockMargin.
-func (s *Store) Complete(ctx context.Context, lease store.Lease, c store.Completion) error {
+func (s *Store) Complete(ctx context.Context, lease store.Claim, c store.Completion) error {
 	if s.closed.Load() {
 		return closedErr("complete")
 	}
@@ -367,7 +367,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, c store.Complet
 // Release implements store.Store: the truth, then the key leaves the local
 // tier and Redis (best effort: no finished record of a key can be cached
 // while it is held, see the package documentation).
-func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Duration) error {
+func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
 	if s.closed.Load() {
 		return closedErr("release")
 	}
@@ -386,9 +386,9 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 
 // Extend implements store.Store: the truth's, which also samples its
 // clock.
-func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
+func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) (store.Claim, error) {
 	if s.closed.Load() {
-		return store.Lease{}, closedErr("extend")
+		return store.Claim{}, closedErr("extend")
 	}
 	send := s.now()
 	l, err := s.truth.Extend(ctx, lease, d)

@@ -56,7 +56,7 @@ func TestReplaysFromTheNearestTier(t *testing.T) {
 	a := w.store(t, tiered.Options{MeterProvider: ma.MeterProvider})
 	b := w.store(t, tiered.Options{MeterProvider: mb.MeterProvider})
 
-	l := expect(t, store.DecisionExecute, a, scope, "k", "fp").Lease
+	l := expect(t, store.DecisionExecute, a, scope, "k", "fp").Claim
 	complete(t, a, l, "result", time.Hour)
 
 	res := expect(t, store.DecisionReplay, a, scope, "k", "fp")
@@ -78,7 +78,7 @@ func TestReplaysFromTheNearestTier(t *testing.T) {
 
 	// A record the caches never saw (written by the truth alone) is read
 	// from the truth, then cached.
-	l = expect(t, store.DecisionExecute, w.db.truth, scope, "direct", "").Lease
+	l = expect(t, store.DecisionExecute, w.db.truth, scope, "direct", "").Claim
 	complete(t, w.db.truth, l, "direct", time.Hour)
 	expect(t, store.DecisionReplay, a, scope, "direct", "")
 	wantReplays(t, ma, 1, 0, 1)
@@ -135,13 +135,13 @@ func TestExpiryConsistentAcrossTiers(t *testing.T) {
 	b := w.store(t, tiered.Options{MaxLocalAge: time.Hour})
 
 	// Written through by a; read from Redis by b.
-	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Lease, "r", time.Minute)
+	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Claim, "r", time.Minute)
 	expect(t, store.DecisionReplay, b, scope, "k", "")
 	checkBound(t, w, "k", a, b)
 
 	// Read from the truth by a (after it has seen a lease, whose expiry
 	// relates the database's clock to its own), then from Redis by b.
-	complete(t, w.db.truth, expect(t, store.DecisionExecute, w.db.truth, scope, "direct", "").Lease, "r", time.Minute)
+	complete(t, w.db.truth, expect(t, store.DecisionExecute, w.db.truth, scope, "direct", "").Claim, "r", time.Minute)
 	expect(t, store.DecisionReplay, a, scope, "direct", "")
 	expect(t, store.DecisionReplay, b, scope, "direct", "")
 	checkBound(t, w, "direct", a, b)
@@ -162,8 +162,8 @@ func TestExpiryConsistentAcrossTiers(t *testing.T) {
 			t.Errorf("%q: Redis still holds %q after the truth's expiry", key, v)
 		}
 		res := expect(t, store.DecisionExecute, a, scope, key, "")
-		if res.Lease.Attempt != 1 {
-			t.Errorf("%q: Begin after expiry = attempt %d, want 1", key, res.Lease.Attempt)
+		if res.Claim.Attempt != 1 {
+			t.Errorf("%q: ClaimLease after expiry = attempt %d, want 1", key, res.Claim.Attempt)
 		}
 		expect(t, store.DecisionHeld, b, scope, key, "")
 	}
@@ -178,7 +178,7 @@ func TestDeleteReachesEveryTier(t *testing.T) {
 	b := w.store(t, tiered.Options{})
 	waitSubscribed(t, a, b)
 
-	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Lease, "r", time.Hour)
+	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Claim, "r", time.Hour)
 	expect(t, store.DecisionReplay, b, scope, "k", "") // b's local tier has it now
 	if _, ok := b.LocalRemaining(scope, "k"); !ok {
 		t.Fatal("b did not cache the record locally")
@@ -197,9 +197,9 @@ func TestDeleteReachesEveryTier(t *testing.T) {
 		_, ok := b.LocalRemaining(scope, "k")
 		return !ok
 	})
-	l := expect(t, store.DecisionExecute, b, scope, "k", "").Lease
+	l := expect(t, store.DecisionExecute, b, scope, "k", "").Claim
 	if l.Attempt != 1 {
-		t.Fatalf("Begin after Delete = attempt %d, want 1", l.Attempt)
+		t.Fatalf("ClaimLease after Delete = attempt %d, want 1", l.Attempt)
 	}
 	expect(t, store.DecisionHeld, a, scope, "k", "")
 
@@ -240,7 +240,7 @@ func TestLostInvalidationIsBoundedByMaxLocalAge(t *testing.T) {
 	b := w.store(t, tiered.Options{MaxLocalAge: 30 * time.Second})
 	waitSubscribed(t, a, b)
 
-	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Lease, "r", time.Hour)
+	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Claim, "r", time.Hour)
 	expect(t, store.DecisionReplay, b, scope, "k", "")
 	if d, ok := b.LocalRemaining(scope, "k"); !ok || d > 30*time.Second {
 		t.Fatalf("b's local tier keeps the record for %v (cached %v), want at most MaxLocalAge", d, ok)
@@ -263,7 +263,7 @@ func TestReleaseAndRollbackLeaveNoReplay(t *testing.T) {
 	b := w.store(t, tiered.Options{})
 	ctx := context.Background()
 
-	l := expect(t, store.DecisionExecute, a, scope, "released", "fp").Lease
+	l := expect(t, store.DecisionExecute, a, scope, "released", "fp").Claim
 	if err := a.Release(ctx, l, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -275,15 +275,15 @@ func TestReleaseAndRollbackLeaveNoReplay(t *testing.T) {
 	if v := redisValue(t, w, a, "released"); v != "" {
 		t.Errorf("Redis holds %q for a released key", v)
 	}
-	if l2 := expect(t, store.DecisionExecute, b, scope, "released", "fp").Lease; l2.Attempt != 2 {
-		t.Fatalf("Begin after Release = attempt %d, want 2", l2.Attempt)
+	if l2 := expect(t, store.DecisionExecute, b, scope, "released", "fp").Claim; l2.Attempt != 2 {
+		t.Fatalf("ClaimLease after Release = attempt %d, want 2", l2.Attempt)
 	}
 
 	// The one-transaction mode: a retryable rollback caches nothing, a
 	// cached failure is cached like a success.
-	claim := func(s *tiered.Store, key string) store.ClaimResult {
+	claim := func(s *tiered.Store, key string) store.TxResult {
 		t.Helper()
-		res, err := s.Claim(ctx, store.ClaimRequest{Scope: scope, Key: key, Fingerprint: "fp", SuccessTTL: time.Hour, Wait: time.Second})
+		res, err := s.ClaimInTx(ctx, store.TxRequest{Scope: scope, Key: key, Fingerprint: "fp", SuccessTTL: time.Hour, Wait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,25 +296,25 @@ func TestReleaseAndRollbackLeaveNoReplay(t *testing.T) {
 	if err := res.Tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.RecordRollback(ctx, res.Lease, "fp", store.Completion{Status: store.StatusRetryable, TTL: time.Hour}); err != nil {
+	if err := a.RecordRollback(ctx, res.Claim, "fp", store.Completion{Status: store.StatusRetryable, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	if v := redisValue(t, w, a, "rolled-back"); v != "" {
 		t.Errorf("Redis holds %q for a rolled-back key", v)
 	}
 	res = claim(b, "rolled-back")
-	if res.Decision != store.DecisionExecute || res.Lease.Attempt != 2 {
-		t.Fatalf("Claim after a retryable rollback = %v attempt %d, want execute attempt 2", res.Decision, res.Lease.Attempt)
+	if res.Decision != store.DecisionExecute || res.Claim.Attempt != 2 {
+		t.Fatalf("Claim after a retryable rollback = %v attempt %d, want execute attempt 2", res.Decision, res.Claim.Attempt)
 	}
 	if err := res.Tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.RecordRollback(ctx, res.Lease, "fp", store.Completion{Status: store.StatusFailed, ErrorKind: store.ErrorKindPermanent, ErrorMessage: "no such account", TTL: time.Hour}); err != nil {
+	if err := b.RecordRollback(ctx, res.Claim, "fp", store.Completion{Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, ErrorMessage: "no such account", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []*tiered.Store{a, b} {
 		res := claim(s, "rolled-back")
-		if res.Decision != store.DecisionReplay || res.Record.Status != store.StatusFailed || res.Record.ErrorMessage != "no such account" || res.Record.Attempt != 2 {
+		if res.Decision != store.DecisionReplay || res.Record.Status != store.StatusCachedFailure || res.Record.ErrorMessage != "no such account" || res.Record.Attempt != 2 {
 			t.Fatalf("Claim of a cached failure = %v %+v, want its replay", res.Decision, res.Record)
 		}
 	}
@@ -327,9 +327,9 @@ func TestCommitFillsTheCachesOnlyAfterTheCommit(t *testing.T) {
 	m := teltest.New(t)
 	a := w.store(t, tiered.Options{MeterProvider: m.MeterProvider})
 	ctx := context.Background()
-	req := store.ClaimRequest{Scope: scope, Key: "k", Fingerprint: "fp", SuccessTTL: time.Hour, Wait: time.Second}
+	req := store.TxRequest{Scope: scope, Key: "k", Fingerprint: "fp", SuccessTTL: time.Hour, Wait: time.Second}
 
-	res, err := a.Claim(ctx, req)
+	res, err := a.ClaimInTx(ctx, req)
 	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Claim = %v, %v", res.Decision, err)
 	}
@@ -340,7 +340,7 @@ func TestCommitFillsTheCachesOnlyAfterTheCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkBound(t, w, "k", a)
-	again, err := a.Claim(ctx, req)
+	again, err := a.ClaimInTx(ctx, req)
 	if err != nil || again.Decision != store.DecisionReplay || string(again.Record.Result) != "out" || again.Tx != nil {
 		t.Fatalf("Claim after the commit = %v %+v, %v; want a replay without a transaction", again.Decision, again.Record, err)
 	}
@@ -365,7 +365,7 @@ func TestRedisDownAndStalled(t *testing.T) {
 		return s
 	}
 	a := newStore(tiered.Options{})
-	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Lease, "r", time.Hour)
+	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Claim, "r", time.Hour)
 
 	// Stalled: a fresh store (empty local tier) times out on Redis and
 	// asks the truth.
@@ -390,7 +390,7 @@ func TestRedisDownAndStalled(t *testing.T) {
 	for _, s := range []*tiered.Store{a, d} {
 		expect(t, store.DecisionReplay, s, scope, "k", "")
 	}
-	l := expect(t, store.DecisionExecute, d, scope, "new", "").Lease
+	l := expect(t, store.DecisionExecute, d, scope, "new", "").Claim
 	complete(t, d, l, "r", time.Hour)
 	expect(t, store.DecisionReplay, d, scope, "new", "") // from d's local tier
 }
@@ -431,7 +431,7 @@ func TestOptions(t *testing.T) {
 	}
 	s.Close()
 	s.Close()
-	if _, err := s.Begin(context.Background(), store.BeginRequest{Scope: scope, Key: "k", Lease: time.Minute}); !errors.Is(err, store.ErrClosed) {
-		t.Errorf("Begin after Close = %v, want ErrClosed", err)
+	if _, err := s.ClaimLease(context.Background(), store.LeaseRequest{Scope: scope, Key: "k", LeaseDuration: time.Minute}); !errors.Is(err, store.ErrClosed) {
+		t.Errorf("ClaimLease after Close = %v, want ErrClosed", err)
 	}
 }

@@ -9,30 +9,30 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// Claim implements store.Transactional: a finished record cached locally
+// ClaimInTx implements store.Transactional: a finished record cached locally
 // or in Redis is answered from there, without a transaction; everything
 // else is the truth's claim, whose transaction the handler gets (for
 // store/postgres, postgres.TxFromContext finds it as usual).
-func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimResult, error) {
+func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxResult, error) {
 	if s.closed.Load() {
-		return store.ClaimResult{}, closedErr("claim")
+		return store.TxResult{}, closedErr("claim")
 	}
 	if err := req.Validate(); err != nil {
-		return store.ClaimResult{}, fmt.Errorf("oncemill: tiered: claim: %w", err)
+		return store.TxResult{}, fmt.Errorf("oncemill: tiered: claim: %w", err)
 	}
 	k := id{req.Scope, req.Key}
 	seq := s.seq.Load()
 	if res, ok := s.lookup(ctx, k, req.Fingerprint, seq, opClaim); ok {
-		return store.ClaimResult{BeginResult: res}, nil
+		return store.TxResult{ClaimResult: res}, nil
 	}
 	send := s.now()
-	res, err := s.truth.Claim(ctx, req)
+	res, err := s.truth.ClaimInTx(ctx, req)
 	if err != nil {
 		return res, err
 	}
 	switch {
 	case res.Decision == store.DecisionExecute && res.Tx != nil:
-		res.Tx = &claimTx{s: s, inner: res.Tx, id: k, fingerprint: req.Fingerprint, ttl: req.SuccessTTL, lease: res.Lease, claimed: send}
+		res.Tx = &claimTx{s: s, inner: res.Tx, id: k, fingerprint: req.Fingerprint, ttl: req.SuccessTTL, lease: res.Claim, claimed: send}
 	case finished(res.Record):
 		s.tel.replayed(ctx, tierTruth)
 		s.fillFromTruth(ctx, k, res.Record, seq, send, opClaim)
@@ -44,7 +44,7 @@ func (s *Store) Claim(ctx context.Context, req store.ClaimRequest) (store.ClaimR
 // failure is written through to both caches (to expire out.TTL after the
 // call was sent, less ClockMargin), and a retryable record takes the key
 // out of them.
-func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerprint string, out store.Completion) error {
+func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
 	if s.closed.Load() {
 		return closedErr("record rollback")
 	}
@@ -54,7 +54,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerpri
 	if err := s.truth.RecordRollback(ctx, lease, fingerprint, out); err != nil {
 		return err
 	}
-	if out.Status != store.StatusFailed || !plainText(string(out.ErrorKind), maxPlainKind) || !plainText(out.ErrorMessage, maxPlainMessage) {
+	if out.Status != store.StatusCachedFailure || !plainText(string(out.ErrorKind), maxPlainKind) || !plainText(out.ErrorMessage, maxPlainMessage) {
 		s.local.remove(k)
 		s.redisForget(context.WithoutCancel(ctx), k, opRecordRollback)
 		return nil
@@ -62,7 +62,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Lease, fingerpri
 	updated := s.truthTime(send)
 	rec := store.Record{
 		Scope: lease.Scope, Key: lease.Key, Fingerprint: fingerprint,
-		Status: store.StatusFailed, Token: lease.Token, Attempt: lease.Attempt,
+		Status: store.StatusCachedFailure, Token: lease.Token, Attempt: lease.Attempt,
 		ErrorKind: out.ErrorKind, ErrorMessage: out.ErrorMessage,
 		CreatedAt: updated, UpdatedAt: updated, ExpiresAt: updated.Add(out.TTL),
 	}
@@ -78,7 +78,7 @@ type claimTx struct {
 	id          id
 	fingerprint string
 	ttl         time.Duration // the claim's SuccessTTL
-	lease       store.Lease
+	lease       store.Claim
 	claimed     int64 // local time the claim was sent
 }
 

@@ -19,16 +19,16 @@ import (
 	"github.com/oncemill/oncemill/store/memory"
 )
 
-// signalingStore closes begun on the first Begin: a delivery is in flight.
+// signalingStore closes begun on the first ClaimLease: a delivery is in flight.
 type signalingStore struct {
 	store.Store
 	once  sync.Once
 	begun chan struct{}
 }
 
-func (s *signalingStore) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+func (s *signalingStore) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	s.once.Do(func() { close(s.begun) })
-	return s.Store.Begin(ctx, req)
+	return s.Store.ClaimLease(ctx, req)
 }
 
 // consumeTest is serve over gochannel and the memory store, in a goroutine.

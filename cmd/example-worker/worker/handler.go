@@ -68,7 +68,7 @@ func (h *PaymentHandler) Handle(msg *message.Message) ([]*message.Message, error
 		return nil, receiver.Permanent(fmt.Errorf("payment %s: %w (got %d)", cmd.PaymentID, ErrInvalidAmount, cmd.AmountCents))
 	}
 	// A real service would ask its payment provider here; an error it
-	// should retry is returned as receiver.Transient(err).
+	// should retry is returned as policy.Retryable(err).
 
 	// The heartbeat keeps the lease while the process runs, but a pause of
 	// the whole process (CPU starvation, a VM freeze) longer than the lease

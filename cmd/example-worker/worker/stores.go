@@ -18,7 +18,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
 	"github.com/oncemill/oncemill/store/postgres"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // Stores is an open store and the ledger beside it.
@@ -106,7 +106,7 @@ func openRedis(ctx context.Context, cfg Config) (*Stores, error) {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis (%s) does not answer: %w", cfg.RedisAddr, err)
 	}
-	st, err := oredis.New(client, oredis.Options{Prefix: cfg.RedisPrefix})
+	st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.RedisPrefix})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis store: %w", err)

@@ -53,7 +53,7 @@ func NewReceiver(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error) 
 	// With PostgreSQL, the one-transaction mode: the ledger row and the
 	// "processed" record commit in one transaction. Otherwise the lease mode.
 	p := receiver.Policy{
-		Lease: cfg.Lease, // the heartbeat renews it every Lease/3
+		LeaseDuration: cfg.Lease, // the heartbeat renews it every Lease/3
 		// A duplicate of a running command waits for it (HeldKeyWait,
 		// the default) and then replays; the wait outlasts a handler
 		// that takes longer than the lease.
@@ -62,13 +62,13 @@ func NewReceiver(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error) 
 		// does not spin.
 		NackDelay: cfg.Lease / 10,
 		// An invalid amount never becomes valid: cache the failure. (The
-		// handler also marks it receiver.Permanent; either alone would do.)
+		// handler also marks it policy.Cached; either alone would do.)
 		CachedErrors: []error{ErrInvalidAmount},
 	}
 	b := receiver.New(d.Store)
 	if d.Tx != nil {
 		b = receiver.NewTransactional(d.Tx)
-		p.Lease = 0 // the claim is held by the handler's transaction
+		p.LeaseDuration = 0 // the claim is held by the handler's transaction
 	}
 	b = b.WithKeyGenerator(d.Keys).
 		WithScope(cfg.Scope).

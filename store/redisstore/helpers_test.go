@@ -1,4 +1,4 @@
-package redis_test
+package redisstore_test
 
 import (
 	"cmp"
@@ -13,7 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/testenv"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/storetest"
 )
 
@@ -113,9 +113,9 @@ func listKeys(tb testing.TB, c *goredis.Client, prefix string) []string {
 	return keys
 }
 
-func newStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options) *oredis.Store {
+func newStore(tb testing.TB, c goredis.UniversalClient, opts redisstore.Options) *redisstore.Store {
 	tb.Helper()
-	s, err := oredis.New(c, opts)
+	s, err := redisstore.New(c, opts)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -125,11 +125,11 @@ func newStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options) *or
 // newTestStore is newStore for the tests: with Options.AutoPipeline every
 // call goes through the pipeliner, not only those beyond the first few
 // under way, so that the tests cover that path.
-func newTestStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options) *oredis.Store {
+func newTestStore(tb testing.TB, c goredis.UniversalClient, opts redisstore.Options) *redisstore.Store {
 	tb.Helper()
 	s := newStore(tb, c, opts)
 	if opts.AutoPipeline {
-		oredis.SetPipeAbove(s, 0)
+		redisstore.SetPipeAbove(s, 0)
 	}
 	return s
 }
@@ -141,8 +141,8 @@ func newTestStore(tb testing.TB, c goredis.UniversalClient, opts oredis.Options)
 func runContract(t *testing.T, c goredis.UniversalClient, autoPipeline bool) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		t.Parallel()
-		s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
-		return storetest.Harness{Store: s, Advance: func(d time.Duration) { oredis.AdvanceClock(s, d) }, NativeExpiry: true}
+		s := newTestStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
+		return storetest.Harness{Store: s, Advance: func(d time.Duration) { redisstore.AdvanceClock(s, d) }, NativeExpiry: true}
 	})
 }
 

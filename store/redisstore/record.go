@@ -1,4 +1,4 @@
-package redis
+package redisstore
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// A record is one Redis string, so that Begin of a new key is one plain
+// A record is one Redis string, so that ClaimLease of a new key is one plain
 // SET NX and expiry is Redis's own:
 //
 //	1|<status>|<token>|<attempt>|<tail ms>|<expires µs>|<updated µs>|<n>:<error kind><n>:<error message><result><created µs>|<fingerprint><LLLL>
@@ -27,7 +27,7 @@ import (
 // Visibility is the key's existence, judged by Redis's clock through the
 // native TTL (PX): a finished or released record's TTL is its outcome's, an
 // in-progress record's is its lease plus tail, the time an expired lease
-// keeps its attempt count (the Begin's Retain). A lease is live while the
+// keeps its attempt count (the ClaimLease's Retain). A lease is live while the
 // key's PTTL is above its tail. The times in the value are the worker's
 // clock, for Record and Lease only: nothing is decided by them.
 const layoutVersion = '1'
@@ -52,7 +52,7 @@ func statusLetter(s store.Status) byte {
 		return letterInProgress
 	case store.StatusSucceeded:
 		return letterSucceeded
-	case store.StatusFailed:
+	case store.StatusCachedFailure:
 		return letterFailed
 	}
 	return letterRetryable
@@ -88,7 +88,7 @@ func stable(b []byte, created time.Time, fingerprint string) []byte {
 	b = strconv.AppendInt(b, created.UnixMicro(), 10)
 	b = append(b, '|')
 	b = append(b, fingerprint...)
-	n := len(b) - start // at most maxStableLen: Begin bounds the fingerprint
+	n := len(b) - start // at most maxStableLen: ClaimLease bounds the fingerprint
 	const hex = "0123456789abcdef"
 	return append(b, hex[n>>12&0xf], hex[n>>8&0xf], hex[n>>4&0xf], hex[n&0xf])
 }
@@ -96,7 +96,7 @@ func stable(b []byte, created time.Time, fingerprint string) []byte {
 // leaseStable returns the part of l.Version that never changes while the
 // record lives (stable), and false unless l.Version is an in-progress value
 // of layout 1 under l.Token: a Version is trusted only with its own token.
-func leaseStable(l store.Lease) (string, bool) {
+func leaseStable(l store.Claim) (string, bool) {
 	v := l.Version
 	var buf [32]byte
 	head := strconv.AppendInt(append(buf[:0], layoutVersion, '|', letterInProgress, '|'), l.Token, 10)
@@ -147,7 +147,7 @@ func decode(scope, key, v string) (record, error) {
 	case letterSucceeded:
 		r.Status = store.StatusSucceeded
 	case letterFailed:
-		r.Status = store.StatusFailed
+		r.Status = store.StatusCachedFailure
 	case letterRetryable:
 		r.Status = store.StatusRetryable
 	default:

@@ -1,4 +1,4 @@
-package redis_test
+package redisstore_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/receiver"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // The Redis store behind a receiver: every worker on the same Redis and
@@ -24,7 +24,7 @@ func Example() {
 	}
 	client := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer client.Close()
-	st, err := oredis.New(client, oredis.Options{Prefix: "oncemill-example"})
+	st, err := redisstore.New(client, redisstore.Options{Prefix: "oncemill-example"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package redis
+package redisstore
 
 import (
 	"context"
@@ -33,7 +33,7 @@ type Options struct {
 	// the Redis Cluster hash tag) and no glob characters (they would change
 	// what List scans).
 	Prefix string
-	// MaxKeyLen is the longest key in bytes that Begin accepts (default 512,
+	// MaxKeyLen is the longest key in bytes that ClaimLease accepts (default 512,
 	// see store.Limits). Longer keys are refused with
 	// store.ErrInvalidRequest: callers hash them with keygen.StorableKey
 	// instead of truncating them.
@@ -142,7 +142,7 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 			return nil, oncemill.InvalidConfig("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
 		}
 	}
-	slotTags() // build the tag table now rather than in the first Begin
+	slotTags() // build the tag table now rather than in the first ClaimLease
 	return &Store{
 		client:         client,
 		pipe:           pipe,
@@ -229,36 +229,36 @@ func millis(d time.Duration) int64 {
 // 4 hex digits of length, with room for the creation time.
 const maxFingerprintLen = maxStableLen - 32
 
-// maxBeginRounds bounds how often one Begin finds the key changed under it
+// maxBeginRounds bounds how often one ClaimLease finds the key changed under it
 // (taken, finished or removed by other deliveries) before it gives up with
 // an error: each round is one that another delivery won.
 const maxBeginRounds = 8
 
-// Begin implements store.Store. A new key costs one SET NX; a key that
+// ClaimLease implements store.Store. A new key costs one SET NX; a key that
 // exists is read with a GET, which answers a replay; a key held by an
 // in-progress or released record goes to claimScript, which takes it if
 // the lease has run out.
-func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginResult, error) {
+func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	if err := s.checkOpen("begin"); err != nil {
-		return store.BeginResult{}, err
+		return store.ClaimResult{}, err
 	}
 	if err := req.Validate(); err != nil {
-		return store.BeginResult{}, fmt.Errorf("oncemill: redis: begin: %w", err)
+		return store.ClaimResult{}, fmt.Errorf("oncemill: redis: begin: %w", err)
 	}
 	if len(req.Key) > s.maxKeyLen {
-		return store.BeginResult{}, fmt.Errorf("oncemill: redis: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",
+		return store.ClaimResult{}, fmt.Errorf("oncemill: redis: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",
 			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
 	}
 	if len(req.Fingerprint) > maxFingerprintLen {
-		return store.BeginResult{}, fmt.Errorf("oncemill: redis: begin: fingerprint is %d bytes, longer than %d; use a hash of the payload: %w",
+		return store.ClaimResult{}, fmt.Errorf("oncemill: redis: begin: fingerprint is %d bytes, longer than %d; use a hash of the payload: %w",
 			len(req.Fingerprint), maxFingerprintLen, store.ErrInvalidRequest)
 	}
 	key := keysFor(s.prefix, req.Scope, req.Key)
 	now := time.Now()
-	lease := min(req.Lease, maxDuration)
+	lease := min(req.LeaseDuration, maxDuration)
 	tail := min(req.Retain, maxDuration)
 	if tail <= 0 {
-		tail = lease // BeginRequest: zero Retain means Lease
+		tail = lease // LeaseRequest: zero Retain means Lease
 	}
 	fresh := record{Record: store.Record{
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Status: store.StatusInProgress,
@@ -268,7 +268,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 
 	value := encode(&fresh)
 	var (
-		cur  string // the value Begin found, when it has one to decide on
+		cur  string // the value ClaimLease found, when it has one to decide on
 		have bool
 	)
 	c := s.enter()
@@ -282,7 +282,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 			set, err := c.SetNX(ctx, key, value, time.Duration(px)*time.Millisecond).Result()
 			switch {
 			case err != nil:
-				return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+				return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 			case set:
 				return s.execute(&fresh, value, false), nil
 			}
@@ -292,24 +292,24 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 				continue // gone since: SET NX again
 			case isWrongType(err):
 				if err := migrate(ctx, c, key); err != nil {
-					return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+					return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 				}
 				continue
 			case err != nil:
-				return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+				return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 			}
 			cur = v
 		}
 		have = false
 		old, err := decode(req.Scope, req.Key, cur)
 		if err != nil {
-			return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+			return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 		}
 		if req.Fingerprint != "" && old.Fingerprint != "" && old.Fingerprint != req.Fingerprint {
-			return store.BeginResult{Decision: store.DecisionMismatch, Record: &old.Record}, nil
+			return store.ClaimResult{Decision: store.DecisionMismatch, Record: &old.Record}, nil
 		}
-		if old.Status == store.StatusSucceeded || old.Status == store.StatusFailed {
-			return store.BeginResult{Decision: store.DecisionReplay, Record: &old.Record}, nil
+		if old.Status == store.StatusSucceeded || old.Status == store.StatusCachedFailure {
+			return store.ClaimResult{Decision: store.DecisionReplay, Record: &old.Record}, nil
 		}
 		// In progress or released: the next attempt, if the lease is gone.
 		next := fresh
@@ -323,7 +323,7 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 		reply, err := claimScript.Run(ctx, c, []string{key},
 			old.Token, string(statusLetter(old.Status)), old.tail.Milliseconds(), nextValue, px).Result()
 		if err != nil {
-			return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+			return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 		}
 		switch reply := reply.(type) {
 		case int64:
@@ -337,21 +337,21 @@ func (s *Store) Begin(ctx context.Context, req store.BeginRequest) (store.BeginR
 			v, _ := reply[0].(string)
 			rec, err := decode(req.Scope, req.Key, v)
 			if err != nil {
-				return store.BeginResult{}, fail("begin", req.Scope, req.Key, err)
+				return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 			}
-			return store.BeginResult{Decision: store.DecisionHeld, Record: &rec.Record}, nil
+			return store.ClaimResult{Decision: store.DecisionHeld, Record: &rec.Record}, nil
 		}
 	}
-	return store.BeginResult{}, fail("begin", req.Scope, req.Key,
-		fmt.Errorf("the key changed under %d rounds of Begin; other deliveries keep taking it", maxBeginRounds))
+	return store.ClaimResult{}, fail("begin", req.Scope, req.Key,
+		fmt.Errorf("the key changed under %d rounds of ClaimLease; other deliveries keep taking it", maxBeginRounds))
 }
 
-// execute is the answer of a Begin that wrote value, r's record. The lease
+// execute is the answer of a ClaimLease that wrote value, r's record. The lease
 // keeps value for finish.
-func (s *Store) execute(r *record, value []byte, takeover bool) store.BeginResult {
-	return store.BeginResult{
+func (s *Store) execute(r *record, value []byte, takeover bool) store.ClaimResult {
+	return store.ClaimResult{
 		Decision: store.DecisionExecute,
-		Lease:    store.Lease{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt, Version: string(value)},
+		Claim:    store.Claim{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt, Version: string(value)},
 		Takeover: takeover,
 	}
 }
@@ -366,7 +366,7 @@ func fail(op, scope, key string, err error) error {
 }
 
 // leaseLost is the error of a lease that is not current.
-func leaseLost(op string, l store.Lease, why string) error {
+func leaseLost(op string, l store.Claim, why string) error {
 	return fmt.Errorf("oncemill: redis: %s %q/%q with token %d: %s: %w", op, l.Scope, l.Key, l.Token, why, store.ErrLeaseLost)
 }
 
@@ -399,7 +399,7 @@ func (s *Store) run(ctx context.Context, script *goredis.Script, key string, arg
 }
 
 // Complete implements store.Store.
-func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Completion) error {
+func (s *Store) Complete(ctx context.Context, lease store.Claim, out store.Completion) error {
 	if err := out.Validate(); err != nil {
 		return fmt.Errorf("oncemill: redis: complete: %w", err)
 	}
@@ -424,7 +424,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Lease, out store.Compl
 // that is one compare-and-set of the whole value (setIfEq). When it misses
 // (an Extend rewrote the value, or the lease is lost), or there is no
 // Version, the finish script compares the lease's head instead and decides.
-func (s *Store) finish(ctx context.Context, op string, lease store.Lease, next *record, px int64) error {
+func (s *Store) finish(ctx context.Context, op string, lease store.Claim, next *record, px int64) error {
 	key := keysFor(s.prefix, lease.Scope, lease.Key)
 	keep, ok := leaseStable(lease)
 	value := unstable(next, len(keep)) // room for keep: the script takes value alone
@@ -469,7 +469,7 @@ func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old strin
 }
 
 // Release implements store.Store. With keep <= 0 the record is removed.
-func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Duration) error {
+func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
 	if err := s.checkKey("release", lease.Key); err != nil {
 		return err
 	}
@@ -484,25 +484,25 @@ func (s *Store) Release(ctx context.Context, lease store.Lease, keep time.Durati
 
 // Extend implements store.Store. It refuses a lease that has run out, even
 // if nobody took it over yet.
-func (s *Store) Extend(ctx context.Context, lease store.Lease, d time.Duration) (store.Lease, error) {
+func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) (store.Claim, error) {
 	if d <= 0 {
-		return store.Lease{}, fmt.Errorf("oncemill: redis: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
+		return store.Claim{}, fmt.Errorf("oncemill: redis: extend by %v: duration must be positive: %w", d, store.ErrInvalidRequest)
 	}
 	if err := s.checkKey("extend", lease.Key); err != nil {
-		return store.Lease{}, err
+		return store.Claim{}, err
 	}
 	now := time.Now()
 	d = min(d, maxDuration)
 	code, err := s.run(ctx, extendScript, keysFor(s.prefix, lease.Scope, lease.Key),
 		leaseHead(lease.Token), millis(d), now.Add(d).UnixMicro(), now.UnixMicro()).Int64()
 	if err != nil {
-		return store.Lease{}, fail("extend", lease.Scope, lease.Key, err)
+		return store.Claim{}, fail("extend", lease.Scope, lease.Key, err)
 	}
 	switch code {
 	case codeExpired:
-		return store.Lease{}, leaseLost("extend", lease, "lease expired")
+		return store.Claim{}, leaseLost("extend", lease, "lease expired")
 	case codeLeaseLost:
-		return store.Lease{}, leaseLost("extend", lease, "not the current lease")
+		return store.Claim{}, leaseLost("extend", lease, "not the current lease")
 	}
 	lease.ExpiresAt = now.Add(d)
 	lease.Version = "" // the script rewrote the value

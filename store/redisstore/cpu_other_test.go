@@ -1,6 +1,6 @@
 //go:build !unix
 
-package redis_test
+package redisstore_test
 
 import "time"
 

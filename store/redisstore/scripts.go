@@ -1,11 +1,11 @@
-package redis
+package redisstore
 
 import goredis "github.com/redis/go-redis/v9"
 
 // The scripts work on one record (record.go) and touch one key, so they
 // run on any Redis Cluster slot. Every redis.call costs a few
 // microseconds, more than the Lua around it, so each makes as few as it
-// can; Begin of a new key and a replay make none (a plain SET NX, then a
+// can; ClaimLease of a new key and a replay make none (a plain SET NX, then a
 // GET for a key that exists).
 // They never read the clock: a lease is live while the key's PTTL is above
 // its tail, and the times in the value come from the worker.
@@ -22,9 +22,9 @@ const (
 	codeOK        = 8
 )
 
-// claimSrc takes a key that Begin found held by an in-progress or released
+// claimSrc takes a key that ClaimLease found held by an in-progress or released
 // record, if it is still that record and its lease (if any) has run out.
-// KEYS[1] the record; ARGV[1] the token Begin saw, ARGV[2] its status
+// KEYS[1] the record; ARGV[1] the token ClaimLease saw, ARGV[2] its status
 // letter, ARGV[3] its tail in ms, ARGV[4] the new value, ARGV[5] its PX.
 //
 // Reply: 1 taken; 0 the key is gone (SET NX again); the current value when

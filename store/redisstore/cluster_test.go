@@ -1,4 +1,4 @@
-package redis_test
+package redisstore_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // crc16 is CRC-16/XMODEM written out bit by bit from the Redis Cluster
@@ -57,7 +57,7 @@ func TestCRC16(t *testing.T) {
 		t.Fatalf("test crc16 = %#x, want 0x31c3", got)
 	}
 	for _, s := range []string{"", "123456789", "a", "{user1000}", "\x00\xff", strings.Repeat("xyz", 100)} {
-		if got, want := oredis.CRC16(s), crc16(s); got != want {
+		if got, want := redisstore.CRC16(s), crc16(s); got != want {
 			t.Errorf("CRC16(%q) = %#x, want %#x", s, got, want)
 		}
 	}
@@ -67,8 +67,8 @@ func TestCRC16(t *testing.T) {
 // record lands in the slot its identity points to.
 func TestSlotTags(t *testing.T) {
 	t.Parallel()
-	for n := range oredis.NumSlots {
-		tag := oredis.SlotTag(n)
+	for n := range redisstore.NumSlots {
+		tag := redisstore.SlotTag(n)
 		if got := keySlot("{" + tag + "}"); got != n {
 			t.Fatalf("tag %q of slot %d hashes to slot %d", tag, n, got)
 		}
@@ -81,19 +81,19 @@ func TestSlotTags(t *testing.T) {
 func TestSlotTagsPinned(t *testing.T) {
 	t.Parallel()
 	var b strings.Builder
-	for n := range oredis.NumSlots {
-		b.WriteString(oredis.SlotTag(n))
+	for n := range redisstore.NumSlots {
+		b.WriteString(redisstore.SlotTag(n))
 		b.WriteByte('\n')
 	}
 	if got := fmt.Sprintf("%x", sha256.Sum256([]byte(b.String()))); got != "310d5916719b3a0ad22a1c3725c8e111862ca55941e8ff28af8ce3a745e2b88c" {
 		t.Errorf("slot tag table changed: sha256 %s", got)
 	}
-	s := newStore(t, goredis.NewClient(&goredis.Options{}), oredis.Options{})
+	s := newStore(t, goredis.NewClient(&goredis.Options{}), redisstore.Options{})
 	for _, tt := range []struct{ scope, key, record string }{
 		{"payments", "order-42", "oncemill:{11m}:r:8:payments:order-42"},
 		{"", "k", "oncemill:{62j}:r:0::k"},
 	} {
-		if record := oredis.KeysFor(s, tt.scope, tt.key); record != tt.record {
+		if record := redisstore.KeysFor(s, tt.scope, tt.key); record != tt.record {
 			t.Errorf("KeysFor(%q, %q) = %q; want %q", tt.scope, tt.key, record, tt.record)
 		}
 	}
@@ -104,14 +104,14 @@ func TestSlotTagsPinned(t *testing.T) {
 // their scopes and keys are spelled.
 func TestRecordsSpreadOverSlots(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, goredis.NewClient(&goredis.Options{}), oredis.Options{Prefix: "app:oncemill"})
+	s := newStore(t, goredis.NewClient(&goredis.Options{}), redisstore.Options{Prefix: "app:oncemill"})
 	// 4 identities per slot on average: about 98% of the slots get one.
 	used := map[int]bool{}
-	for i := range 4 * oredis.NumSlots {
-		record := oredis.KeysFor(s, "orders", fmt.Sprintf("msg-%d", i))
+	for i := range 4 * redisstore.NumSlots {
+		record := redisstore.KeysFor(s, "orders", fmt.Sprintf("msg-%d", i))
 		used[keySlot(record)] = true
 	}
-	if len(used) < oredis.NumSlots*97/100 {
+	if len(used) < redisstore.NumSlots*97/100 {
 		t.Errorf("65536 keys used %d of 16384 slots, want at least 97%%", len(used))
 	}
 }
@@ -272,14 +272,14 @@ func TestClusterContract(t *testing.T) {
 func TestClusterKeysAreData(t *testing.T) {
 	t.Parallel()
 	c := clusterClient(t)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
 	for _, id := range tricky {
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: id[0], Key: id[1], Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: id[0], Key: id[1], LeaseDuration: time.Minute})
 		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("Begin(%q, %q) = %v, %v; want execute", id[0], id[1], res.Decision, err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: []byte(id[1]), TTL: time.Minute}); err != nil {
+		if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: []byte(id[1]), TTL: time.Minute}); err != nil {
 			t.Fatalf("Complete(%q, %q): %v", id[0], id[1], err)
 		}
 	}
@@ -289,7 +289,7 @@ func TestClusterKeysAreData(t *testing.T) {
 		if err != nil || string(rec.Result) != id[1] {
 			t.Fatalf("Get(%q, %q) = %q, %v", id[0], id[1], rec.Result, err)
 		}
-		n, err := c.MasterForKey(ctx, oredis.KeysFor(s, id[0], id[1]))
+		n, err := c.MasterForKey(ctx, redisstore.KeysFor(s, id[0], id[1]))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,7 +304,7 @@ func TestClusterKeysAreData(t *testing.T) {
 	if err != nil || len(page.Records) != len(tricky) {
 		t.Fatalf("List over the cluster = %d records, %v; want %d", len(page.Records), err, len(tricky))
 	}
-	oredis.AdvanceClock(s, 2*time.Minute)
+	redisstore.AdvanceClock(s, 2*time.Minute)
 	for _, id := range tricky {
 		if _, err := s.Get(ctx, id[0], id[1]); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("Get(%q, %q) after the records' TTL = %v, want ErrNotFound", id[0], id[1], err)

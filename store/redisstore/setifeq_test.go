@@ -1,4 +1,4 @@
-package redis_test
+package redisstore_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // TestContractValkey runs the contract suite on a server with SET IFEQ
@@ -43,11 +43,11 @@ type sent struct {
 }
 
 // countingStore returns a store over c, and what counts the commands c sends.
-func countingStore(t *testing.T, c *goredis.Client) (*oredis.Store, *sent) {
+func countingStore(t *testing.T, c *goredis.Client) (*redisstore.Store, *sent) {
 	t.Helper()
 	h := &sent{counts: map[string]int{}}
 	c.AddHook(h)
-	return newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)}), h
+	return newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)}), h
 }
 
 func (h *sent) DialHook(next goredis.DialHook) goredis.DialHook { return next }
@@ -75,7 +75,7 @@ func (h *sent) count(cmd goredis.Cmder) {
 		name = "set ifeq"
 	case name == "evalsha":
 		sha, _ := cmd.Args()[1].(string)
-		if name = oredis.ScriptName(sha); name == "" {
+		if name = redisstore.ScriptName(sha); name == "" {
 			name = "unknown script"
 		}
 	case name == "eval":
@@ -98,13 +98,13 @@ func (h *sent) during(f func()) map[string]int {
 }
 
 // begin begins key and returns its lease.
-func begin(t *testing.T, s *oredis.Store, key string) store.Lease {
+func begin(t *testing.T, s *redisstore.Store, key string) store.Claim {
 	t.Helper()
-	res, err := s.Begin(t.Context(), store.BeginRequest{Scope: "s", Key: key, Fingerprint: "fp", Lease: time.Minute})
+	res, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: key, Fingerprint: "fp", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionExecute {
 		t.Fatalf("Begin(%s) = %v, %v; want execute", key, res.Decision, err)
 	}
-	return res.Lease
+	return res.Claim
 }
 
 // TestFinishIsOneSetIfEq: on a server with SET IFEQ, Complete and Release
@@ -116,13 +116,13 @@ func TestFinishIsOneSetIfEq(t *testing.T) {
 	ctx := t.Context()
 	for _, tt := range []struct {
 		finish string
-		call   func(l store.Lease) error
+		call   func(l store.Claim) error
 		want   store.Status
 	}{
-		{"complete", func(l store.Lease) error {
+		{"complete", func(l store.Claim) error {
 			return s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour})
 		}, store.StatusSucceeded},
-		{"release", func(l store.Lease) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
+		{"release", func(l store.Claim) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
 	} {
 		l := begin(t, s, tt.finish)
 		var err error
@@ -138,7 +138,7 @@ func TestFinishIsOneSetIfEq(t *testing.T) {
 			t.Errorf("after %s: %v %q %v, want %v with fingerprint fp", tt.finish, rec.Status, rec.Fingerprint, err, tt.want)
 		}
 	}
-	if oredis.SetIfEqRefused(s) {
+	if redisstore.SetIfEqRefused(s) {
 		t.Error("the store thinks Valkey refused SET IFEQ")
 	}
 }
@@ -155,7 +155,7 @@ var finishCommands = []struct {
 }
 
 // TestFinishAfterExtend: an Extend rewrites the value a lease wrote, so the
-// lease Begin returned no longer matches it. Its Complete misses the
+// lease ClaimLease returned no longer matches it. Its Complete misses the
 // compare-and-set and the finish script finishes it: one round trip more,
 // the same answer. The lease Extend returns goes to the finish script at
 // once, and a lease lost to a takeover misses too and is refused. On Redis
@@ -201,7 +201,7 @@ func TestFinishAfterExtend(t *testing.T) {
 			}
 
 			stale := begin(t, s, "taken")
-			oredis.AdvanceClock(s, 2*time.Minute+time.Second) // past the lease and its tail
+			redisstore.AdvanceClock(s, 2*time.Minute+time.Second) // past the lease and its tail
 			newer := begin(t, s, "taken")
 			var err error
 			got := cmds.during(func() { err = s.Complete(ctx, stale, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}) })
@@ -226,17 +226,17 @@ func TestSetIfEqRefused(t *testing.T) {
 	t.Parallel()
 	s, cmds := countingStore(t, newClient(t, nil))
 	ctx := t.Context()
-	complete := func(l store.Lease) error {
+	complete := func(l store.Claim) error {
 		return s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 	}
 	for i, tt := range []struct {
 		key  string
-		call func(l store.Lease) error
+		call func(l store.Claim) error
 		want store.Status
 	}{
 		{"first", complete, store.StatusSucceeded},
 		{"second", complete, store.StatusSucceeded},
-		{"released", func(l store.Lease) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
+		{"released", func(l store.Claim) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
 	} {
 		l := begin(t, s, tt.key)
 		var err error
@@ -254,7 +254,7 @@ func TestSetIfEqRefused(t *testing.T) {
 		if rec, err := s.Get(ctx, "s", tt.key); err != nil || rec.Status != tt.want || rec.Fingerprint != "fp" {
 			t.Fatalf("%s after finishing: %v %q %v, want %v with fingerprint fp", tt.key, rec.Status, rec.Fingerprint, err, tt.want)
 		}
-		if !oredis.SetIfEqRefused(s) {
+		if !redisstore.SetIfEqRefused(s) {
 			t.Fatalf("after finishing %s the store still tries SET IFEQ", tt.key)
 		}
 	}

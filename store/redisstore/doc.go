@@ -19,12 +19,12 @@
 //
 // # Commands
 //
-// Begin of a new key is one SET NX PX that writes the lease; a duplicate of
+// ClaimLease of a new key is one SET NX PX that writes the lease; a duplicate of
 // a finished one is that SET NX and a GET of the record to replay. A key
 // held by an in-progress or released record goes to a short script that
 // takes it once the lease has run out. Complete and Release are one
 // compare-and-set each: a SET of the new value if the record still holds
-// the value the lease wrote (store.Lease.Version), with SET IFEQ on a
+// the value the lease wrote (store.Claim.Version), with SET IFEQ on a
 // server that has it and otherwise a script that does the same (GET,
 // compare, SET). The store learns that a server has no IFEQ from its first
 // refusal. When the compare misses, because an Extend rewrote the value or
@@ -45,8 +45,8 @@
 // Expiry is Redis's own: every record has a native TTL, so a record is
 // visible while its key exists. A finished record lives for its outcome's
 // TTL, a released one for keep, an in-progress one for its lease plus a tail
-// (the Begin's Retain), during which an expired lease still counts attempts:
-// the next Begin takes it over with attempt n+1. A lease is live while the
+// (the ClaimLease's Retain), during which an expired lease still counts attempts:
+// the next ClaimLease takes it over with attempt n+1. A lease is live while the
 // key's PTTL is above its tail. No expiry is judged by a worker's clock, and
 // DeleteExpired has nothing to remove. Durations above 100 years count as
 // 100 years.
@@ -66,4 +66,4 @@
 // the handler again. Run Redis with persistence (AOF) and
 // maxmemory-policy noeviction where a second run is costly, or choose
 // store/postgres, which also commits the outcome with the business writes.
-package redis
+package redisstore

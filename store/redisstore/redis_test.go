@@ -1,4 +1,4 @@
-package redis_test
+package redisstore_test
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/storetest"
 )
 
@@ -39,28 +39,28 @@ func TestOptionsValidation(t *testing.T) {
 	c := newClient(t, nil)
 	tests := []struct {
 		name string
-		opts oredis.Options
+		opts redisstore.Options
 		want string // in the error message; "" means valid
 	}{
-		{"zero value", oredis.Options{}, ""},
-		{"prefix with colon, slash, dot", oredis.Options{Prefix: "app-1.prod:oncemill/v2"}, ""},
-		{"prefix with space", oredis.Options{Prefix: "my app"}, `Options: Prefix "my app" has ' ' at byte 2`},
-		{"prefix with open brace", oredis.Options{Prefix: "a{b"}, "no spaces, braces or glob characters"},
-		{"prefix with close brace", oredis.Options{Prefix: "a}b"}, "no spaces, braces or glob characters"},
-		{"prefix with glob star", oredis.Options{Prefix: "a*"}, "no spaces, braces or glob characters"},
-		{"prefix with glob class", oredis.Options{Prefix: "a[b]"}, "no spaces, braces or glob characters"},
-		{"prefix with backslash", oredis.Options{Prefix: `a\b`}, "no spaces, braces or glob characters"},
-		{"prefix with NUL", oredis.Options{Prefix: "a\x00"}, "no spaces, braces or glob characters"},
-		{"prefix too long", oredis.Options{Prefix: strings.Repeat("p", 129)}, "Options: Prefix is 129 bytes; use at most 128"},
-		{"negative MaxKeyLen", oredis.Options{MaxKeyLen: -1}, "Options: MaxKeyLen is -1"},
-		{"negative MaxResultBytes", oredis.Options{MaxResultBytes: -1}, "Options: MaxResultBytes is -1"},
-		{"MaxResultBytes above 512 MiB", oredis.Options{MaxResultBytes: 512<<20 + 1}, "at most 536870912 bytes"},
-		{"MaxResultBytes of 512 MiB", oredis.Options{MaxResultBytes: 512 << 20}, ""},
+		{"zero value", redisstore.Options{}, ""},
+		{"prefix with colon, slash, dot", redisstore.Options{Prefix: "app-1.prod:oncemill/v2"}, ""},
+		{"prefix with space", redisstore.Options{Prefix: "my app"}, `Options: Prefix "my app" has ' ' at byte 2`},
+		{"prefix with open brace", redisstore.Options{Prefix: "a{b"}, "no spaces, braces or glob characters"},
+		{"prefix with close brace", redisstore.Options{Prefix: "a}b"}, "no spaces, braces or glob characters"},
+		{"prefix with glob star", redisstore.Options{Prefix: "a*"}, "no spaces, braces or glob characters"},
+		{"prefix with glob class", redisstore.Options{Prefix: "a[b]"}, "no spaces, braces or glob characters"},
+		{"prefix with backslash", redisstore.Options{Prefix: `a\b`}, "no spaces, braces or glob characters"},
+		{"prefix with NUL", redisstore.Options{Prefix: "a\x00"}, "no spaces, braces or glob characters"},
+		{"prefix too long", redisstore.Options{Prefix: strings.Repeat("p", 129)}, "Options: Prefix is 129 bytes; use at most 128"},
+		{"negative MaxKeyLen", redisstore.Options{MaxKeyLen: -1}, "Options: MaxKeyLen is -1"},
+		{"negative MaxResultBytes", redisstore.Options{MaxResultBytes: -1}, "Options: MaxResultBytes is -1"},
+		{"MaxResultBytes above 512 MiB", redisstore.Options{MaxResultBytes: 512<<20 + 1}, "at most 536870912 bytes"},
+		{"MaxResultBytes of 512 MiB", redisstore.Options{MaxResultBytes: 512 << 20}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			s, err := oredis.New(c, tt.opts)
+			s, err := redisstore.New(c, tt.opts)
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("New: %v", err)
@@ -78,13 +78,13 @@ func TestOptionsValidation(t *testing.T) {
 
 	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": testenv.RedisAddr()}})
 	defer ring.Close()
-	if _, err := oredis.New(ring, oredis.Options{AutoPipeline: true}); err == nil || !strings.Contains(err.Error(), "redis.Options.AutoPipeline") {
+	if _, err := redisstore.New(ring, redisstore.Options{AutoPipeline: true}); err == nil || !strings.Contains(err.Error(), "redis.Options.AutoPipeline") {
 		t.Errorf("New(ring, AutoPipeline) = %v, want an error about AutoPipeline", err)
 	}
-	if _, err := oredis.New(nil, oredis.Options{}); err == nil || !strings.Contains(err.Error(), "redis client: nil") {
+	if _, err := redisstore.New(nil, redisstore.Options{}); err == nil || !strings.Contains(err.Error(), "redis client: nil") {
 		t.Errorf("New(nil) = %v, want an error about the nil client", err)
 	}
-	s := newStore(t, c, oredis.Options{})
+	s := newStore(t, c, redisstore.Options{})
 	if s.Prefix() != "oncemill" || s.Limits().MaxKeyLen != 512 {
 		t.Errorf("defaults: prefix %q, MaxKeyLen %d; want oncemill, 512", s.Prefix(), s.Limits().MaxKeyLen)
 	}
@@ -93,30 +93,30 @@ func TestOptionsValidation(t *testing.T) {
 func TestMaxKeyLen(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), MaxKeyLen: 8})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), MaxKeyLen: 8})
 	ctx := t.Context()
 	if s.Limits().MaxKeyLen != 8 {
 		t.Fatalf("MaxKeyLen() = %d, want 8", s.Limits().MaxKeyLen)
 	}
-	if _, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "12345678", Lease: time.Minute}); err != nil {
-		t.Fatalf("Begin with an 8-byte key: %v", err)
+	if _, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "12345678", LeaseDuration: time.Minute}); err != nil {
+		t.Fatalf("ClaimLease with an 8-byte key: %v", err)
 	}
-	_, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "123456789", Lease: time.Minute})
+	_, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "123456789", LeaseDuration: time.Minute})
 	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "longer than MaxKeyLen 8") {
-		t.Fatalf("Begin with a 9-byte key: %v; want ErrInvalidRequest naming MaxKeyLen 8", err)
+		t.Fatalf("ClaimLease with a 9-byte key: %v; want ErrInvalidRequest naming MaxKeyLen 8", err)
 	}
 }
 
 func TestMaxResultBytes(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c), MaxResultBytes: 1000})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), MaxResultBytes: 1000})
 	ctx := t.Context()
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
+	err = s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 1001), TTL: time.Hour})
 	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "result is 1001 bytes, larger than MaxResultBytes 1000") {
 		t.Fatalf("Complete with 1001 bytes: %v; want ErrInvalidRequest naming the sizes", err)
 	}
@@ -124,7 +124,7 @@ func TestMaxResultBytes(t *testing.T) {
 		t.Fatalf("after the refused Complete: %+v, %v; want the lease untouched", rec, err)
 	}
 	want := bytes.Repeat([]byte{0xff, 0}, 500)
-	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: want, TTL: time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: want, TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete with exactly 1000 bytes: %v", err)
 	}
 	if rec, err := s.Get(ctx, "s", "k"); err != nil || !bytes.Equal(rec.Result, want) {
@@ -151,19 +151,19 @@ func TestKeysAreData(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
 	prefix := testPrefix(t, c)
-	s := newStore(t, c, oredis.Options{Prefix: prefix})
+	s := newStore(t, c, redisstore.Options{Prefix: prefix})
 	ctx := t.Context()
 
 	for _, id := range tricky {
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: id[0], Key: id[1], Fingerprint: "fp " + id[0] + id[1], Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: id[0], Key: id[1], Fingerprint: "fp " + id[0] + id[1], LeaseDuration: time.Minute})
 		if err != nil {
 			t.Fatalf("Begin(%q, %q): %v", id[0], id[1], err)
 		}
-		if res.Decision != store.DecisionExecute || res.Lease.Attempt != 1 {
+		if res.Decision != store.DecisionExecute || res.Claim.Attempt != 1 {
 			t.Fatalf("Begin(%q, %q) = %v attempt %d: it collides with an earlier identity (record %+v)",
-				id[0], id[1], res.Decision, res.Lease.Attempt, res.Record)
+				id[0], id[1], res.Decision, res.Claim.Attempt, res.Record)
 		}
-		err = s.Complete(ctx, res.Lease, store.Completion{
+		err = s.Complete(ctx, res.Claim, store.Completion{
 			Status: store.StatusSucceeded, Result: []byte(id[0] + "\x00" + id[1]), TTL: time.Hour,
 		})
 		if err != nil {
@@ -178,7 +178,7 @@ func TestKeysAreData(t *testing.T) {
 		if string(rec.Result) != id[0]+"\x00"+id[1] || rec.Fingerprint != "fp "+id[0]+id[1] || rec.Scope != id[0] || rec.Key != id[1] {
 			t.Errorf("Get(%q, %q) = scope %q key %q fp %q result %q", id[0], id[1], rec.Scope, rec.Key, rec.Fingerprint, rec.Result)
 		}
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: id[0], Key: id[1], Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: id[0], Key: id[1], LeaseDuration: time.Minute})
 		if err != nil || res.Decision != store.DecisionReplay {
 			t.Errorf("Begin(%q, %q) again = %v, %v; want replay", id[0], id[1], res.Decision, err)
 		}
@@ -216,20 +216,20 @@ func TestPrefixesIsolate(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
 	base := testPrefix(t, c)
-	outer := newStore(t, c, oredis.Options{Prefix: base})
-	inner := newStore(t, c, oredis.Options{Prefix: base + ":x"})
+	outer := newStore(t, c, redisstore.Options{Prefix: base})
+	inner := newStore(t, c, redisstore.Options{Prefix: base + ":x"})
 	ctx := t.Context()
 
-	for _, s := range []*oredis.Store{outer, inner} {
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	for _, s := range []*redisstore.Store{outer, inner} {
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
 		if err != nil || res.Decision != store.DecisionExecute {
-			t.Fatalf("Begin under %q = %v, %v; want execute", s.Prefix(), res.Decision, err)
+			t.Fatalf("ClaimLease under %q = %v, %v; want execute", s.Prefix(), res.Decision, err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+		if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	oredis.AdvanceClock(outer, 2*time.Minute)
+	redisstore.AdvanceClock(outer, 2*time.Minute)
 	if _, err := outer.Get(ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("outer record after its TTL: %v, want ErrNotFound", err)
 	}
@@ -245,19 +245,19 @@ func TestPrefixesIsolate(t *testing.T) {
 func TestConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, &goredis.Options{PoolSize: 4})
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	storetest.RunLoad(t, s, "stress", 3000)
 }
 
 // TestNativeTTLs: each record carries the Redis TTL of its state, which is
 // how the store judges expiry: a finished record lives for its outcome's
 // TTL, a released one for keep, and an in-progress one for its lease plus
-// its tail (the Begin's Retain, or the lease when there is none), after
+// its tail (the ClaimLease's Retain, or the lease when there is none), after
 // which Redis frees it by itself.
 func TestNativeTTLs(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
 
 	pttl := func(key string) time.Duration {
@@ -274,14 +274,14 @@ func TestNativeTTLs(t *testing.T) {
 			t.Errorf("%s: PTTL = %v, want about %v", what, got, want)
 		}
 	}
-	rec := oredis.KeysFor(s, "s", "k")
+	rec := redisstore.KeysFor(s, "s", "k")
 
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: 30 * time.Second, Retain: 10 * time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: 30 * time.Second, Retain: 10 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	near("in progress", pttl(rec), 30*time.Second+10*time.Minute)
-	l, err := s.Extend(ctx, res.Lease, time.Minute)
+	l, err := s.Extend(ctx, res.Claim, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,25 +290,25 @@ func TestNativeTTLs(t *testing.T) {
 		t.Fatal(err)
 	}
 	near("released", pttl(rec), 5*time.Minute)
-	res, err = s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: 30 * time.Second})
+	res, err = s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	near("in progress without a Retain", pttl(rec), 30*time.Second+30*time.Second)
-	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: 2 * time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: 2 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	near("succeeded", pttl(rec), 2*time.Hour)
 
 	// Redis removes an expired record by itself, with no DeleteExpired.
-	res, err = s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "short", Lease: time.Minute})
+	res, err = s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "short", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: 50 * time.Millisecond}); err != nil {
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: 50 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
-	short := oredis.KeysFor(s, "s", "short")
+	short := redisstore.KeysFor(s, "s", "short")
 	deadline := time.Now().Add(5 * time.Second)
 	for c.Exists(ctx, short).Val() == 1 {
 		if time.Now().After(deadline) {
@@ -324,16 +324,16 @@ func TestNativeTTLs(t *testing.T) {
 func TestTokensRiseAcrossDelete(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
-	req := store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute}
-	begin := func() store.Lease {
+	req := store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute}
+	begin := func() store.Claim {
 		t.Helper()
-		res, err := s.Begin(ctx, req)
+		res, err := s.ClaimLease(ctx, req)
 		if err != nil || res.Decision != store.DecisionExecute {
-			t.Fatalf("Begin = %v, %v; want execute", res.Decision, err)
+			t.Fatalf("ClaimLease = %v, %v; want execute", res.Decision, err)
 		}
-		return res.Lease
+		return res.Claim
 	}
 	first := begin()
 	if err := s.Delete(ctx, "s", "k"); err != nil {
@@ -354,12 +354,12 @@ func TestTokensRiseAcrossDelete(t *testing.T) {
 func TestMigratesLayoutZero(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
 	now := time.Now().UnixMicro()
 	legacy := func(key string, ttl time.Duration, fields ...any) string {
 		t.Helper()
-		k := oredis.KeysFor(s, "s", key)
+		k := redisstore.KeysFor(s, "s", key)
 		if err := c.HSet(ctx, k, fields...).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -375,23 +375,23 @@ func TestMigratesLayoutZero(t *testing.T) {
 	legacy("failed", time.Hour, "status", "failed", "token", now, "attempt", 3, "exp", now+3600e6,
 		"created", now, "updated", now, "ekind", "permanent", "emsg", "card declined")
 
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "done", Fingerprint: "fp-1", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "done", Fingerprint: "fp-1", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionReplay || string(res.Record.Result) != "out\x00put" || res.Record.Attempt != 2 {
-		t.Fatalf("Begin of a layout-0 success = %v %+v, %v; want its replay", res.Decision, res.Record, err)
+		t.Fatalf("ClaimLease of a layout-0 success = %v %+v, %v; want its replay", res.Decision, res.Record, err)
 	}
 	if typ := c.Type(ctx, done).Val(); typ != "string" {
-		t.Fatalf("the record is a %s after Begin, want it rewritten as a string", typ)
+		t.Fatalf("the record is a %s after ClaimLease, want it rewritten as a string", typ)
 	}
 	if d := c.PTTL(ctx, done).Val(); d < 59*time.Minute {
 		t.Fatalf("the rewritten record's TTL is %v, want its remaining hour", d)
 	}
-	res, err = s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "crashed", Lease: time.Minute})
-	if err != nil || res.Decision != store.DecisionExecute || res.Lease.Attempt != 2 || !res.Takeover || res.Lease.Token <= now {
-		t.Fatalf("Begin of a layout-0 expired lease = %v attempt %d takeover %v token %d, %v; want a takeover at attempt 2",
-			res.Decision, res.Lease.Attempt, res.Takeover, res.Lease.Token, err)
+	res, err = s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "crashed", LeaseDuration: time.Minute})
+	if err != nil || res.Decision != store.DecisionExecute || res.Claim.Attempt != 2 || !res.Takeover || res.Claim.Token <= now {
+		t.Fatalf("ClaimLease of a layout-0 expired lease = %v attempt %d takeover %v token %d, %v; want a takeover at attempt 2",
+			res.Decision, res.Claim.Attempt, res.Takeover, res.Claim.Token, err)
 	}
 	rec, err := s.Get(ctx, "s", "failed")
-	if err != nil || rec.Status != store.StatusFailed || rec.ErrorMessage != "card declined" || rec.Attempt != 3 {
+	if err != nil || rec.Status != store.StatusCachedFailure || rec.ErrorMessage != "card declined" || rec.Attempt != 3 {
 		t.Fatalf("Get of a layout-0 failure = %+v, %v", rec, err)
 	}
 }
@@ -399,11 +399,11 @@ func TestMigratesLayoutZero(t *testing.T) {
 func TestClosedClient(t *testing.T) {
 	t.Parallel()
 	c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr()})
-	s := newStore(t, c, oredis.Options{})
+	s := newStore(t, c, redisstore.Options{})
 	c.Close()
-	_, err := s.Begin(t.Context(), store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	_, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
 	if !errors.Is(err, store.ErrClosed) {
-		t.Fatalf("Begin on a closed client: %v, want store.ErrClosed", err)
+		t.Fatalf("ClaimLease on a closed client: %v, want store.ErrClosed", err)
 	}
 }
 
@@ -417,19 +417,19 @@ func TestScriptCacheFlushed(t *testing.T) {
 
 func testScriptCacheFlushed(t *testing.T, autoPipeline bool) {
 	c := newClient(t, nil)
-	s := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
+	s := newTestStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
 	ctx := t.Context()
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionExecute {
-		t.Fatalf("Begin after SCRIPT FLUSH = %v, %v", res.Decision, err)
+		t.Fatalf("ClaimLease after SCRIPT FLUSH = %v, %v", res.Decision, err)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
 		t.Fatalf("Complete after SCRIPT FLUSH: %v", err)
 	}
 }
@@ -438,11 +438,11 @@ func testScriptCacheFlushed(t *testing.T, autoPipeline bool) {
 func TestContextCanceled(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Begin with a canceled context: %v", err)
+	if _, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ClaimLease with a canceled context: %v", err)
 	}
 }
 
@@ -453,18 +453,18 @@ func TestContextCanceled(t *testing.T) {
 func TestRecordMemory(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
 	for _, size := range []int{0, 64, 256} {
 		key := fmt.Sprintf("result-%d", size)
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: "orders", Key: key, Fingerprint: "xxh64:9f86d081884c7d65", Lease: time.Minute})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "orders", Key: key, Fingerprint: "xxh64:9f86d081884c7d65", LeaseDuration: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, Result: bytes.Repeat([]byte("r"), size), TTL: time.Hour}); err != nil {
+		if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: bytes.Repeat([]byte("r"), size), TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
-		record := oredis.KeysFor(s, "orders", key)
+		record := redisstore.KeysFor(s, "orders", key)
 		typ, usage := c.Type(ctx, record).Val(), c.MemoryUsage(ctx, record).Val()
 		t.Logf("result of %4d bytes: %s, MEMORY USAGE %d bytes", size, typ, usage)
 		if typ != "string" {
@@ -482,24 +482,24 @@ func TestRecordMemory(t *testing.T) {
 func TestLateComplete(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
 	for _, finish := range []string{"complete", "release"} {
-		res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: finish, Lease: 10 * time.Second})
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: finish, LeaseDuration: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		oredis.AdvanceClock(s, 11*time.Second)
-		if _, err := s.Extend(ctx, res.Lease, time.Minute); !errors.Is(err, store.ErrLeaseLost) || !strings.Contains(err.Error(), "lease expired") {
+		redisstore.AdvanceClock(s, 11*time.Second)
+		if _, err := s.Extend(ctx, res.Claim, time.Minute); !errors.Is(err, store.ErrLeaseLost) || !strings.Contains(err.Error(), "lease expired") {
 			t.Fatalf("Extend of an expired lease: %v, want ErrLeaseLost (lease expired)", err)
 		}
 		var want store.Status
 		if finish == "complete" {
 			want = store.StatusSucceeded
-			err = s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
+			err = s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 		} else {
 			want = store.StatusRetryable
-			err = s.Release(ctx, res.Lease, time.Hour)
+			err = s.Release(ctx, res.Claim, time.Hour)
 		}
 		if err != nil {
 			t.Fatalf("late %s: %v", finish, err)
@@ -515,17 +515,17 @@ func TestLateComplete(t *testing.T) {
 func TestForeverTTL(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	s := newStore(t, c, oredis.Options{Prefix: testPrefix(t, c)})
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	ctx := t.Context()
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: math.MaxInt64})
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: math.MaxInt64})
 	if err != nil {
 		t.Fatal(err)
 	}
 	const century = 100 * 365 * 24 * time.Hour
-	if d := time.Until(res.Lease.ExpiresAt); d < century-time.Hour || d > century+time.Hour {
+	if d := time.Until(res.Claim.ExpiresAt); d < century-time.Hour || d > century+time.Hour {
 		t.Fatalf("lease of MaxInt64 expires in %v, want about 100 years", d)
 	}
-	if err := s.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: math.MaxInt64}); err != nil {
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: math.MaxInt64}); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := s.Get(ctx, "s", "k")
@@ -535,7 +535,7 @@ func TestForeverTTL(t *testing.T) {
 	if d := rec.ExpiresAt.Sub(rec.UpdatedAt); d != century {
 		t.Fatalf("outcome TTL of MaxInt64 = %v, want %v", d, century)
 	}
-	if d := c.PTTL(ctx, oredis.KeysFor(s, "s", "k")).Val(); d < century-time.Hour {
+	if d := c.PTTL(ctx, redisstore.KeysFor(s, "s", "k")).Val(); d < century-time.Hour {
 		t.Fatalf("native TTL %v, want about 100 years", d)
 	}
 }
@@ -546,8 +546,8 @@ func TestForeverTTL(t *testing.T) {
 func TestCloseLeavesTheClientsPipelinerAlone(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, nil)
-	closed := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
-	open := newTestStore(t, c, oredis.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
+	closed := newTestStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
+	open := newTestStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), AutoPipeline: true})
 	pipe, err := c.AutoPipeline()
 	if err != nil {
 		t.Fatal(err)
@@ -556,17 +556,17 @@ func TestCloseLeavesTheClientsPipelinerAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	res, err := open.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k", Lease: time.Minute})
+	res, err := open.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
 	if err != nil || res.Decision != store.DecisionExecute {
-		t.Fatalf("Begin on the store left open = %v, %v; want execute", res.Decision, err)
+		t.Fatalf("ClaimLease on the store left open = %v, %v; want execute", res.Decision, err)
 	}
-	if err := open.Complete(ctx, res.Lease, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
+	if err := open.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}); err != nil {
 		t.Fatalf("Complete on the store left open: %v", err)
 	}
 	if err := pipe.Ping(ctx).Err(); err != nil {
 		t.Fatalf("the client's own AutoPipeliner after a store closed: %v", err)
 	}
-	if _, err := closed.Begin(ctx, store.BeginRequest{Scope: "s", Key: "k2", Lease: time.Minute}); !errors.Is(err, store.ErrClosed) {
-		t.Fatalf("Begin on the closed store: %v, want store.ErrClosed", err)
+	if _, err := closed.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k2", LeaseDuration: time.Minute}); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("ClaimLease on the closed store: %v, want store.ErrClosed", err)
 	}
 }

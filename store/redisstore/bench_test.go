@@ -1,4 +1,4 @@
-package redis_test
+package redisstore_test
 
 import (
 	"context"
@@ -13,24 +13,24 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
-	oredis "github.com/oncemill/oncemill/store/redis"
+	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 // The benchmarks run against the real Redis (ONCEMILL_REDIS_ADDR). Compare
 // them with redis-benchmark running SET NX EX at the same client count:
 //
-//	go test -run='^$' -bench=. -benchtime=100000x ./store/redis
+//	go test -run='^$' -bench=. -benchtime=100000x ./store/redisstore
 //	redis-benchmark -h 127.0.0.1 -p 6379 -n 200000 -c N -r 1000000 SET oncemillbench:__rand_int__ v NX EX 60
 //
-// msgs/s counts messages: one Begin and one Complete each (a SET NX and a
+// msgs/s counts messages: one ClaimLease and one Complete each (a SET NX and a
 // script).
 
 var benchCompletion = store.Completion{Status: store.StatusSucceeded, Result: make([]byte, 256), TTL: time.Hour}
 
-func benchStore(b *testing.B, poolSize int, autoPipeline bool) *oredis.Store {
+func benchStore(b *testing.B, poolSize int, autoPipeline bool) *redisstore.Store {
 	b.Helper()
 	c := newClient(b, &goredis.Options{PoolSize: poolSize})
-	return newStore(b, c, oredis.Options{Prefix: testPrefix(b, c), AutoPipeline: autoPipeline})
+	return newStore(b, c, redisstore.Options{Prefix: testPrefix(b, c), AutoPipeline: autoPipeline})
 }
 
 // concurrently runs op(i) for i in [0, b.N) on n goroutines and reports
@@ -65,18 +65,18 @@ func concurrently(b *testing.B, n int, op func(i int) error) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
 
-func beginComplete(ctx context.Context, s *oredis.Store, key string) error {
-	res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute})
+func beginComplete(ctx context.Context, s *redisstore.Store, key string) error {
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, Fingerprint: "fp", LeaseDuration: time.Minute})
 	if err != nil {
 		return err
 	}
 	if res.Decision != store.DecisionExecute {
 		return fmt.Errorf("Begin(%s) = %v, want execute", key, res.Decision)
 	}
-	return s.Complete(ctx, res.Lease, benchCompletion)
+	return s.Complete(ctx, res.Claim, benchCompletion)
 }
 
-// BenchmarkBeginComplete is a first delivery: Begin a new key, then
+// BenchmarkBeginComplete is a first delivery: ClaimLease a new key, then
 // Complete it with a 256-byte result, at 1, 4 and 16 concurrent handlers.
 func BenchmarkBeginComplete(b *testing.B) {
 	for _, n := range []int{1, 4, 16} {
@@ -100,7 +100,7 @@ func BenchmarkBeginCompleteAutoPipeline(b *testing.B) {
 	}
 }
 
-// BenchmarkReplay is a duplicate of a finished key: one Begin that finds the
+// BenchmarkReplay is a duplicate of a finished key: one ClaimLease that finds the
 // stored 256-byte result.
 func BenchmarkReplay(b *testing.B) {
 	for _, n := range []int{1, 4, 16} {
@@ -115,7 +115,7 @@ func BenchmarkReplay(b *testing.B) {
 			}
 			concurrently(b, n, func(i int) error {
 				key := "msg-" + strconv.Itoa(i%keys)
-				res, err := s.Begin(ctx, store.BeginRequest{Scope: "bench", Key: key, Fingerprint: "fp", Lease: time.Minute})
+				res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, Fingerprint: "fp", LeaseDuration: time.Minute})
 				if err != nil {
 					return err
 				}
@@ -145,7 +145,7 @@ func BenchmarkSetNX(b *testing.B) {
 	}
 }
 
-// BenchmarkNewKeyReply is why Begin sends SET NX rather than SET NX GET for
+// BenchmarkNewKeyReply is why ClaimLease sends SET NX rather than SET NX GET for
 // a new key: go-redis takes the nil reply of SET NX GET down its error path
 // (its retry classification), where SET NX answers OK. Compare allocs/op.
 func BenchmarkNewKeyReply(b *testing.B) {
@@ -171,7 +171,7 @@ func BenchmarkNewKeyReply(b *testing.B) {
 	})
 }
 
-// messageUsec is the server's CPU, in µs, for the commands that Begin and
+// messageUsec is the server's CPU, in µs, for the commands that ClaimLease and
 // Complete of new keys sent between two readings: a SET NX and an EVALSHA
 // each (two SETs where Complete is a SET IFEQ). Redis counts a command that
 // a script calls twice, within the script's time and again on its own, so
@@ -190,7 +190,7 @@ func messageUsec(before, after commandStats) float64 {
 }
 
 // minimalCompleteScript is the minimal lease's Complete: one GET, a
-// comparison with the value its Begin wrote, one SET PX. It is what the
+// comparison with the value its ClaimLease wrote, one SET PX. It is what the
 // store's own compare-and-set script does today, written out here so that
 // the reference stays put when the store changes.
 var minimalCompleteScript = goredis.NewScript(`
@@ -201,7 +201,7 @@ return 1
 
 // minimalLease is the least a store with a lease and a compare-and-set
 // Complete can do on a server without SET IFEQ, the reference design of
-// issue 12: Begin one SET key token|1|fp NX PX, Complete minimalCompleteScript
+// issue 12: ClaimLease one SET key token|1|fp NX PX, Complete minimalCompleteScript
 // with the same 256-byte result as oncemill's. Nothing else: no record
 // layout, no checks, no hash tag.
 func minimalLease(ctx context.Context, c goredis.Cmdable, prefix string) func(i int) error {
@@ -221,7 +221,7 @@ func minimalLease(ctx context.Context, c goredis.Cmdable, prefix string) func(i 
 }
 
 // BenchmarkVersusSetNX takes turns, in batches of 1,000, between oncemill's
-// Begin+Complete of new keys, go-redis sending SET key v NX EX 60 for new
+// ClaimLease+Complete of new keys, go-redis sending SET key v NX EX 60 for new
 // keys, and go-redis sending two such SETs per message, each with the same
 // number of goroutines and connections, so that a noisy machine slows all
 // alike. It reports the rates, oncemill's ratio to SET NX, and the ratio of
@@ -241,7 +241,7 @@ func minimalLease(ctx context.Context, c goredis.Cmdable, prefix string) func(i 
 // two-setnx-pipelined-redis-cpu-µs/msg and the like are the same for the
 // reference pairs.
 //
-//	go test -run='^$' -bench=VersusSetNX -benchtime=20000x -count=3 ./store/redis
+//	go test -run='^$' -bench=VersusSetNX -benchtime=20000x -count=3 ./store/redisstore
 func BenchmarkVersusSetNX(b *testing.B) {
 	for _, tt := range []struct {
 		n            int
@@ -250,7 +250,7 @@ func BenchmarkVersusSetNX(b *testing.B) {
 		b.Run(fmt.Sprintf("handlers=%d/autopipeline=%v", tt.n, tt.autoPipeline), func(b *testing.B) {
 			c := newClient(b, &goredis.Options{PoolSize: tt.n})
 			prefix := testPrefix(b, c)
-			s := newStore(b, c, oredis.Options{Prefix: prefix, AutoPipeline: tt.autoPipeline})
+			s := newStore(b, c, redisstore.Options{Prefix: prefix, AutoPipeline: tt.autoPipeline})
 			ctx := context.Background()
 			run := func(from, to int, op func(i int) error) time.Duration {
 				var (
