@@ -7,19 +7,19 @@ import (
 	"github.com/oncemill/oncemill"
 )
 
-// Defaults: what a zero field of Policy means (docs/concepts.md explains
-// each).
+// Defaults: what a zero field of Policy means (each field's doc states its
+// default; docs/concepts.md explains each).
 const (
-	DefaultSuccessTTL      = 24 * time.Hour
-	DefaultFailureTTL      = time.Hour
-	DefaultLeaseDuration   = 30 * time.Second
-	DefaultMaxAttempts     = 5
-	DefaultHeldKeyTimeout  = 5 * time.Second
-	DefaultNackDelay       = time.Second
-	DefaultAttemptDelay    = 3 * time.Second
-	DefaultMaxAttemptDelay = time.Minute
-	DefaultMaxResultBytes  = 1 << 20
-	DefaultMaxPayloadBytes = 4 << 20
+	defaultSuccessTTL      = 24 * time.Hour
+	defaultFailureTTL      = time.Hour
+	defaultLeaseDuration   = 30 * time.Second
+	defaultMaxAttempts     = 5
+	defaultHeldKeyTimeout  = 5 * time.Second
+	defaultNackDelay       = time.Second
+	defaultAttemptDelay    = 3 * time.Second
+	defaultMaxAttemptDelay = time.Minute
+	defaultMaxResultBytes  = 1 << 20
+	defaultMaxPayloadBytes = 4 << 20
 )
 
 // HeldKeyMode says what a duplicate does when another delivery holds its
@@ -114,36 +114,35 @@ func (m MissingKeyMode) String() string {
 type Policy struct {
 	// SuccessTTL is how long a succeeded outcome (and its produced messages)
 	// is replayed to duplicates. Set it longer than the broker's redelivery
-	// horizon. Zero means DefaultSuccessTTL (24h).
+	// horizon. Zero means 24h.
 	SuccessTTL time.Duration
 	// FailureTTL is how long a cached failure is remembered, and how long the
 	// attempt count of a released (retryable) key survives between
-	// deliveries. Zero means DefaultFailureTTL (1h).
+	// deliveries. Zero means 1h.
 	FailureTTL time.Duration
 	// LeaseDuration is how long an execution owns its key without a heartbeat. A
 	// worker that dies holding a lease is taken over once the lease expires.
-	// Zero means DefaultLeaseDuration (30s). The one-transaction mode has no lease.
+	// Zero means 30s. The one-transaction mode has no lease.
 	LeaseDuration time.Duration
 	// Heartbeat is how often a running handler extends its lease. It must be
-	// shorter than Lease. Zero means a third of Lease, which leaves room for
-	// two missed beats.
+	// shorter than LeaseDuration. Zero means a third of it, which leaves
+	// room for two missed beats.
 	Heartbeat time.Duration
 	// MaxAttempts caps executions of one key across redeliveries. When the
 	// attempt that reaches the cap fails retryably, the message goes to the
-	// dead letter if one is set, else as Exhausted says. Zero means
-	// DefaultMaxAttempts (5).
+	// dead letter if one is set, else as Exhausted says. Zero means 5.
 	MaxAttempts int
 	// AttemptDelay is the pause after a first attempt that failed
 	// retryably, before its nack: the next attempt comes no sooner than
 	// that, even from a broker that redelivers at once. It doubles with
 	// each attempt, with ±20% jitter, up to MaxAttemptDelay, so that the
 	// default attempts span an outage of the handler's dependencies: 3, 6,
-	// 12 and 24 s, 45 s in all (36–54 s). Zero means DefaultAttemptDelay
-	// (3s); a negative value means no pause, the broker's pace.
+	// 12 and 24 s, 45 s in all (36–54 s). Zero means 3s; a negative value
+	// means no pause, the broker's pace.
 	AttemptDelay time.Duration
 	// MaxAttemptDelay caps the pause before the nack of a retryable
-	// failure (the jitter applies on top). Zero means DefaultMaxAttemptDelay
-	// (1m), or AttemptDelay when that is longer.
+	// failure (the jitter applies on top). Zero means 1m, or AttemptDelay
+	// when that is longer.
 	MaxAttemptDelay time.Duration
 	// Exhausted is what happens, without a dead letter, to a message whose
 	// attempts ran out. Zero is ExhaustedKeep: never acked.
@@ -153,12 +152,12 @@ type Policy struct {
 	// key. Zero is HeldKeyWait.
 	HeldKey HeldKeyMode
 	// HeldKeyTimeout bounds how long a duplicate waits under HeldKeyWait.
-	// Zero means DefaultHeldKeyTimeout (5s).
+	// Zero means 5s.
 	HeldKeyTimeout time.Duration
 	// NackDelay is slept before nacking a duplicate whose key is held, or a
 	// message whose key or store failed, so that a broker that redelivers at
-	// once (AMQP, Kafka's in-process resend) does not spin. Zero means
-	// DefaultNackDelay (1s); a negative value means no pause.
+	// once (AMQP, Kafka's in-process resend) does not spin. Zero means 1s;
+	// a negative value means no pause.
 	NackDelay time.Duration
 
 	// MissingKey is what happens when no key can be computed. Zero is
@@ -166,11 +165,11 @@ type Policy struct {
 	MissingKey MissingKeyMode
 
 	// MaxResultBytes bounds the encoded produced messages stored with a
-	// success. Zero means DefaultMaxResultBytes (1 MiB).
+	// success. Zero means 1 MiB.
 	MaxResultBytes int
 	// MaxPayloadBytes bounds the payload of an incoming message. A larger
 	// message is a permanent failure, never hashed or stored. Zero means
-	// DefaultMaxPayloadBytes (4 MiB).
+	// 4 MiB.
 	MaxPayloadBytes int
 
 	// CachedErrors are matched with errors.Is: a match is a cached failure.
@@ -191,28 +190,28 @@ func (p Policy) WithDefaults() Policy {
 			*d = def
 		}
 	}
-	set(&p.SuccessTTL, DefaultSuccessTTL)
-	set(&p.FailureTTL, DefaultFailureTTL)
-	set(&p.LeaseDuration, DefaultLeaseDuration)
+	set(&p.SuccessTTL, defaultSuccessTTL)
+	set(&p.FailureTTL, defaultFailureTTL)
+	set(&p.LeaseDuration, defaultLeaseDuration)
 	set(&p.Heartbeat, p.LeaseDuration/3)
-	set(&p.HeldKeyTimeout, DefaultHeldKeyTimeout)
-	set(&p.NackDelay, DefaultNackDelay)
+	set(&p.HeldKeyTimeout, defaultHeldKeyTimeout)
+	set(&p.NackDelay, defaultNackDelay)
 	if p.NackDelay < 0 {
 		p.NackDelay = 0
 	}
-	set(&p.AttemptDelay, DefaultAttemptDelay)
-	set(&p.MaxAttemptDelay, max(DefaultMaxAttemptDelay, p.AttemptDelay))
+	set(&p.AttemptDelay, defaultAttemptDelay)
+	set(&p.MaxAttemptDelay, max(defaultMaxAttemptDelay, p.AttemptDelay))
 	if p.AttemptDelay < 0 {
 		p.AttemptDelay = 0
 	}
 	if p.MaxAttempts == 0 {
-		p.MaxAttempts = DefaultMaxAttempts
+		p.MaxAttempts = defaultMaxAttempts
 	}
 	if p.MaxResultBytes == 0 {
-		p.MaxResultBytes = DefaultMaxResultBytes
+		p.MaxResultBytes = defaultMaxResultBytes
 	}
 	if p.MaxPayloadBytes == 0 {
-		p.MaxPayloadBytes = DefaultMaxPayloadBytes
+		p.MaxPayloadBytes = defaultMaxPayloadBytes
 	}
 	return p
 }
@@ -228,21 +227,21 @@ func (p Policy) Validate() error {
 	p = p.WithDefaults()
 	switch {
 	case p.SuccessTTL < 0:
-		return bad("SuccessTTL", "%v is negative; set it longer than the broker's redelivery horizon, or leave it 0 for %v", p.SuccessTTL, DefaultSuccessTTL)
+		return bad("SuccessTTL", "%v is negative; set it longer than the broker's redelivery horizon, or leave it 0 for %v", p.SuccessTTL, defaultSuccessTTL)
 	case p.FailureTTL < 0:
-		return bad("FailureTTL", "%v is negative; leave it 0 for %v", p.FailureTTL, DefaultFailureTTL)
+		return bad("FailureTTL", "%v is negative; leave it 0 for %v", p.FailureTTL, defaultFailureTTL)
 	case p.LeaseDuration < 0:
-		return bad("Lease", "%v is negative; leave it 0 for %v", p.LeaseDuration, DefaultLeaseDuration)
+		return bad("LeaseDuration", "%v is negative; leave it 0 for %v", p.LeaseDuration, defaultLeaseDuration)
 	case p.Heartbeat < 0:
-		return bad("Heartbeat", "%v is negative; leave it 0 for a third of Lease", p.Heartbeat)
+		return bad("Heartbeat", "%v is negative; leave it 0 for a third of LeaseDuration", p.Heartbeat)
 	case p.Heartbeat == 0:
-		return bad("Lease", "%v is too short to beat within; use a lease of a millisecond or more", p.LeaseDuration)
+		return bad("LeaseDuration", "%v is too short to beat within; use a lease of a millisecond or more", p.LeaseDuration)
 	case p.Heartbeat >= p.LeaseDuration:
-		return bad("Heartbeat", "%v is not shorter than Lease %v, so the lease would expire between beats; use less than Lease, or leave it 0 for %v (a third of Lease, room for two missed beats)", raw.Heartbeat, p.LeaseDuration, p.LeaseDuration/3)
+		return bad("Heartbeat", "%v is not shorter than LeaseDuration %v, so the lease would expire between beats; use less than LeaseDuration, or leave it 0 for %v (a third of LeaseDuration, room for two missed beats)", raw.Heartbeat, p.LeaseDuration, p.LeaseDuration/3)
 	case p.MaxAttempts < 0:
-		return bad("MaxAttempts", "%d is negative; set 1 or more, or leave it 0 for %d", p.MaxAttempts, DefaultMaxAttempts)
+		return bad("MaxAttempts", "%d is negative; set 1 or more, or leave it 0 for %d", p.MaxAttempts, defaultMaxAttempts)
 	case raw.MaxAttemptDelay < 0:
-		return bad("MaxAttemptDelay", "%v is negative; leave it 0 for %v, or set AttemptDelay negative for no pause", raw.MaxAttemptDelay, DefaultMaxAttemptDelay)
+		return bad("MaxAttemptDelay", "%v is negative; leave it 0 for %v, or set AttemptDelay negative for no pause", raw.MaxAttemptDelay, defaultMaxAttemptDelay)
 	case p.MaxAttemptDelay < p.AttemptDelay:
 		return bad("MaxAttemptDelay", "%v is below AttemptDelay %v; raise it, or leave it 0", p.MaxAttemptDelay, p.AttemptDelay)
 	case p.Exhausted != ExhaustedKeep && p.Exhausted != ExhaustedDrop:
@@ -250,13 +249,13 @@ func (p Policy) Validate() error {
 	case p.HeldKey < HeldKeyWait || p.HeldKey > HeldKeyReject:
 		return bad("HeldKey", "%v is not a mode; use policy.HeldKeyWait, HeldKeyNack or HeldKeyReject", p.HeldKey)
 	case p.HeldKeyTimeout < 0:
-		return bad("HeldKeyTimeout", "%v is negative; leave it 0 for %v", p.HeldKeyTimeout, DefaultHeldKeyTimeout)
+		return bad("HeldKeyTimeout", "%v is negative; leave it 0 for %v", p.HeldKeyTimeout, defaultHeldKeyTimeout)
 	case p.MissingKey != MissingKeyReject && p.MissingKey != MissingKeyRunUnguarded:
 		return bad("MissingKey", "%v is not a mode; use policy.MissingKeyReject or MissingKeyRunUnguarded", p.MissingKey)
 	case p.MaxResultBytes < 0:
-		return bad("MaxResultBytes", "%d is negative; leave it 0 for %d", p.MaxResultBytes, DefaultMaxResultBytes)
+		return bad("MaxResultBytes", "%d is negative; leave it 0 for %d", p.MaxResultBytes, defaultMaxResultBytes)
 	case p.MaxPayloadBytes < 0:
-		return bad("MaxPayloadBytes", "%d is negative; leave it 0 for %d", p.MaxPayloadBytes, DefaultMaxPayloadBytes)
+		return bad("MaxPayloadBytes", "%d is negative; leave it 0 for %d", p.MaxPayloadBytes, defaultMaxPayloadBytes)
 	}
 	return nil
 }

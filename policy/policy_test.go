@@ -48,7 +48,7 @@ func TestZeroPolicyIsTheDefaults(t *testing.T) {
 	}
 	// A set field is kept, and the heartbeat follows the lease.
 	p = policy.Policy{LeaseDuration: 3 * time.Second, NackDelay: -1}.WithDefaults()
-	if p.Heartbeat != time.Second || p.NackDelay != 0 || p.SuccessTTL != policy.DefaultSuccessTTL {
+	if p.Heartbeat != time.Second || p.NackDelay != 0 || p.SuccessTTL != 24*time.Hour {
 		t.Fatalf("Lease 3s, NackDelay -1: %+v", p)
 	}
 }
@@ -65,7 +65,7 @@ func TestValidateSaysWhatToChange(t *testing.T) {
 		"lease":           {policy.Policy{LeaseDuration: -time.Second}, "policy.LeaseDuration", "negative"},
 		"lease too short": {policy.Policy{LeaseDuration: 2}, "policy.LeaseDuration", "too short"},
 		"heartbeat":       {policy.Policy{Heartbeat: -1}, "policy.Heartbeat", "negative"},
-		"heartbeat long":  {policy.Policy{Heartbeat: policy.DefaultLeaseDuration}, "policy.Heartbeat", "not shorter than Lease"},
+		"heartbeat long":  {policy.Policy{Heartbeat: 30 * time.Second}, "policy.Heartbeat", "not shorter than Lease"},
 		"attempts":        {policy.Policy{MaxAttempts: -1}, "policy.MaxAttempts", "negative"},
 		"held key mode":   {policy.Policy{HeldKey: 5}, "policy.HeldKey", "policy.HeldKeyWait"},
 		"held key wait":   {policy.Policy{HeldKeyTimeout: -1}, "policy.HeldKeyTimeout", "negative"},
