@@ -32,14 +32,15 @@ func Composite(parts ...Generator) (Generator, error) {
 		}
 	}
 	// Copy, so the caller reusing its slice cannot change the generator.
-	return &composite{parts: append([]Generator(nil), parts...)}, nil
+	c := &composite{parts: append([]Generator(nil), parts...)}
+	return &fingerprinted{Func: c.key, fp: c.fingerprint}, nil
 }
 
 type composite struct {
 	parts []Generator
 }
 
-func (c *composite) Key(msg *message.Message) (string, error) {
+func (c *composite) key(msg *message.Message) (string, error) {
 	var small [4]string
 	keys := small[:0]
 	size := 0
@@ -57,11 +58,11 @@ func (c *composite) Key(msg *message.Message) (string, error) {
 	return joinLengthPrefixed(keys, size), nil
 }
 
-// Fingerprint defers to the parts that fingerprint themselves: if any part
+// fingerprint defers to the parts that fingerprint themselves: if any part
 // is a Fingerprinter, the result joins those parts' fingerprints (and is ""
 // when they are all "", as with a ContentHash part, so detection stays off).
 // With no such part it is PayloadFingerprint.
-func (c *composite) Fingerprint(msg *message.Message) string {
+func (c *composite) fingerprint(msg *message.Message) string {
 	var small [4]string
 	fps := small[:0]
 	size, nonEmpty := 0, false

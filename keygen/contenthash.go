@@ -59,7 +59,10 @@ func ContentHash(opts ContentHashOptions) (Generator, error) {
 		}
 	}
 	meta := slices.Compact(slices.Sorted(slices.Values(opts.IncludeMetadata)))
-	return &contentHash{ex: ex, meta: meta, reject: opts.RejectNonJSON}, nil
+	g := &contentHash{ex: ex, meta: meta, reject: opts.RejectNonJSON}
+	// No fingerprint: the key is the content, so a key seen again always
+	// comes with the same payload.
+	return &fingerprinted{Func: g.key, fp: NoFingerprint}, nil
 }
 
 type contentHash struct {
@@ -114,7 +117,7 @@ func (s *hashState) release() {
 	hashStates.Put(s)
 }
 
-func (g *contentHash) Key(msg *message.Message) (string, error) {
+func (g *contentHash) key(msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", errNilMessage
 	}
@@ -152,6 +155,3 @@ func (g *contentHash) Key(msg *message.Message) (string, error) {
 	hex.Encode(s.key[len("sha256:"):], s.sum[:])
 	return string(s.key[:]), nil
 }
-
-// Fingerprint is empty: the key is the content.
-func (g *contentHash) Fingerprint(*message.Message) string { return "" }

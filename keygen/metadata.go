@@ -13,19 +13,13 @@ func Metadata(field string) (Generator, error) {
 	if field == "" {
 		return nil, oncemill.InvalidConfig("keygen.Metadata", "the field name is empty; name the metadata field that holds the key")
 	}
-	return metadataGenerator{field: field}, nil
-}
-
-type metadataGenerator struct {
-	field string
-}
-
-func (g metadataGenerator) Key(msg *message.Message) (string, error) {
-	if msg == nil {
-		return "", errNilMessage
-	}
-	if v := msg.Metadata.Get(g.field); v != "" {
-		return v, nil
-	}
-	return "", &MissingMetadataError{Field: g.field}
+	return Func(func(msg *message.Message) (string, error) {
+		if msg == nil {
+			return "", errNilMessage
+		}
+		if v := msg.Metadata.Get(field); v != "" {
+			return v, nil
+		}
+		return "", &MissingMetadataError{Field: field}
+	}), nil
 }

@@ -10,13 +10,11 @@ import "github.com/ThreeDotsLabs/watermill/message"
 // Key does not allocate. An empty UUID is ErrEmptyUUID.
 func UUID() Generator { return uuidKeys }
 
-// uuidKeys is a zero-size value: storing it in the Generator interface
-// allocates nothing.
-var uuidKeys = uuidGenerator{}
+// uuidKeys is a Func of a top-level function: storing it in the Generator
+// interface allocates nothing.
+var uuidKeys Generator = Func(uuidKey)
 
-type uuidGenerator struct{}
-
-func (uuidGenerator) Key(msg *message.Message) (string, error) {
+func uuidKey(msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", errNilMessage
 	}

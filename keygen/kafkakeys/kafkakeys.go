@@ -24,11 +24,9 @@ var ErrNoOffset = fmt.Errorf("%w: the message's context holds no Kafka partition
 // commit. It does not catch a duplicate the producer wrote twice (a retry
 // after a lost ack, an outbox relayed twice): those are two records at two
 // offsets. Key those by the message UUID or its content (docs/keys.md).
-func Offset() keygen.Generator { return offsetGenerator{} }
+func Offset() keygen.Generator { return keygen.Func(offsetKey) }
 
-type offsetGenerator struct{}
-
-func (offsetGenerator) Key(msg *message.Message) (string, error) {
+func offsetKey(msg *message.Message) (string, error) {
 	if msg == nil {
 		return "", fmt.Errorf("%w: message is nil", keygen.ErrNoKey)
 	}
