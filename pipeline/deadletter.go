@@ -5,8 +5,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-
-	"github.com/oncemill/oncemill"
 )
 
 // ReasonKindKey is the metadata key a dead-lettered message carries with the
@@ -36,27 +34,16 @@ const (
 	DeadLetterReasonRejected DeadLetterReason = "rejected"
 )
 
-// DeadLetter forwards messages that will never be processed to a topic of
+// deadLetter forwards messages that will never be processed to a topic of
 // their own, once, before they are acked.
-type DeadLetter struct {
+type deadLetter struct {
 	pub   message.Publisher
 	topic string
 }
 
-// NewDeadLetter returns a dead-letter destination.
-func NewDeadLetter(pub message.Publisher, topic string) (*DeadLetter, error) {
-	if pub == nil {
-		return nil, oncemill.InvalidConfig("dead letter publisher", "nil; pass the publisher of the dead-letter topic")
-	}
-	if topic == "" {
-		return nil, oncemill.InvalidConfig("dead letter topic", "empty; name the topic to forward to")
-	}
-	return &DeadLetter{pub: pub, topic: topic}, nil
-}
-
 // forward publishes a copy of msg (same UUID, payload and metadata, plus the
 // reason) to the dead-letter topic.
-func (d *DeadLetter) forward(msg *message.Message, kind DeadLetterReason, reason error) error {
+func (d *deadLetter) forward(msg *message.Message, kind DeadLetterReason, reason error) error {
 	out := msg.Copy()
 	ctx := msg.Context()
 	out.Metadata.Set(middleware.ReasonForPoisonedKey, reason.Error())

@@ -23,12 +23,7 @@ var errLeaseLostWhileRunning = fmt.Errorf("oncemill: lease lost while the handle
 type execution struct {
 	parent context.Context // the message's context
 	lease  store.Claim
-	stage  *Idempotency
-
-	// The one-transaction mode: claim is the request that took the key, and
-	// tx the attempt's open transaction (nil once an attempt ended it).
-	claim *store.TxRequest
-	tx    store.Tx
+	stage  *Leased
 
 	// inner is the cancelable context, made only when the handler asks for
 	// Done or Err, or when the lease is lost: most fast handlers never pay
@@ -63,7 +58,7 @@ var _ context.Context = (*execution)(nil)
 
 type executionKey struct{}
 
-func newExecution(parent context.Context, lease store.Claim, stage *Idempotency) *execution {
+func newExecution(parent context.Context, lease store.Claim, stage *Leased) *execution {
 	e := &execution{parent: parent, lease: lease, stage: stage}
 	e.detached.parent = parent
 	return e
@@ -117,7 +112,7 @@ func (e *execution) Done() <-chan struct{}       { return e.cancelable().ctx.Don
 func (e *execution) Err() error                  { return e.current().Err() }
 func (e *execution) Value(key any) any {
 	switch key.(type) {
-	case leaseKey:
+	case claimKey:
 		return &e.lease
 	case executionKey:
 		return e
@@ -232,7 +227,7 @@ func (d *detached) Value(key any) any        { return d.parent.Value(key) }
 // transaction whose connection died fails the handler's next statement.
 func CheckLease(ctx context.Context) error {
 	e, ok := ctx.Value(executionKey{}).(*execution)
-	if !ok || e.claim != nil {
+	if !ok {
 		return nil
 	}
 	return e.extend(ctx)

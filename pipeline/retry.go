@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -12,37 +13,6 @@ import (
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
-
-// RetryConfig configures in-process retries: cenkalti/backoff/v5's
-// exponential backoff. Every zero field means its default, so
-// RetryConfig{} is 3 tries, waits from 100ms doubling to at most 2s with
-// ±50% jitter, at most 10s in all.
-type RetryConfig struct {
-	// InitialInterval is the first wait. Zero means 100ms.
-	InitialInterval time.Duration
-	// Multiplier grows each wait. Zero means 2; it must be 1 or more.
-	Multiplier float64
-	// MaxInterval caps each wait. Zero means 2s, or InitialInterval when
-	// that is longer.
-	MaxInterval time.Duration
-	// RandomizationFactor is the jitter: each wait is ±this fraction.
-	// Zero means 0.5; a negative value means no jitter.
-	RandomizationFactor float64
-	// MaxElapsedTime bounds the time spent retrying one delivery. Zero
-	// means 10s.
-	MaxElapsedTime time.Duration
-	// MaxTries counts the first try; 1 disables retrying. Zero means 3.
-	MaxTries int
-	// Classify sorts errors: only retryable ones are retried. Nil uses
-	// policy.Policy{}.Classify (markers, then retryable). The receiver sets
-	// it from its policy.
-	Classify func(error) policy.Class
-	// OnRetry, when set, is called before each wait.
-	OnRetry func(try int, err error, wait time.Duration)
-	// Telemetry records the retries. Nil uses the global OpenTelemetry
-	// providers. The receiver sets it.
-	Telemetry *Telemetry
-}
 
 func (c RetryConfig) withDefaults() RetryConfig {
 	if c.InitialInterval == 0 {
@@ -66,31 +36,25 @@ func (c RetryConfig) withDefaults() RetryConfig {
 	if c.MaxTries == 0 {
 		c.MaxTries = 3
 	}
-	if c.Classify == nil {
-		c.Classify = policy.Policy{}.Classify
-	}
-	if c.Telemetry == nil {
-		c.Telemetry = defaultTelemetry()
-	}
 	return c
 }
 
-// Retry retries retryable failures in process, before the broker redelivers.
-// It stops at the first success, at a cached (permanent) failure, at a lost
+// retrier retries retryable failures in process, before the broker
+// redelivers. It stops at the first success, at a cached failure, at a lost
 // lease, at an open circuit (the breaker's pause is longer than any retry
 // schedule; the broker's redelivery is the better wait), when the message's
-// context ends, or when the schedule runs out; the
-// last error then goes back to the idempotency stage, which classifies it.
-// Inside the idempotency stage the lease's heartbeat keeps running while it
-// waits.
-type Retry struct {
-	cfg RetryConfig
+// context ends, or when the schedule runs out; the last error then goes back
+// to the idempotency stage, which classifies it. In the lease mode the
+// lease's heartbeat keeps running while it waits.
+type retrier struct {
+	cfg      RetryConfig
+	classify func(error) policy.Class
+	tel      *telemetry
 }
 
-// NewRetry validates cfg and returns the retry stage.
-func NewRetry(cfg RetryConfig) (*Retry, error) {
-	bad := func(field, format string, args ...any) (*Retry, error) {
-		return nil, oncemill.InvalidConfig("RetryConfig."+field, format, args...)
+func newRetrier(cfg RetryConfig, classify func(error) policy.Class, tel *telemetry) (*retrier, error) {
+	bad := func(field, format string, args ...any) (*retrier, error) {
+		return nil, oncemill.InvalidConfig("Config.Retry."+field, format, args...)
 	}
 	cfg = cfg.withDefaults()
 	switch {
@@ -107,22 +71,21 @@ func NewRetry(cfg RetryConfig) (*Retry, error) {
 	case cfg.MaxTries < 0:
 		return bad("MaxTries", "%d is negative; use 1 to disable retrying, or leave it 0 for 3", cfg.MaxTries)
 	}
-	return &Retry{cfg: cfg}, nil
+	return &retrier{cfg: cfg, classify: classify, tel: tel}, nil
 }
 
-// Middleware is the stage as a Watermill middleware.
-func (r *Retry) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		out, err := h(msg)
-		if err == nil || !r.retryable(err) || r.cfg.MaxTries == 1 {
-			return out, err
-		}
-		return r.retry(h, msg, err)
+// run calls attempt until it succeeds or may not be retried. A nil retrier
+// calls it once.
+func (r *retrier) run(ctx context.Context, attempt func() ([]*message.Message, error)) ([]*message.Message, error) {
+	out, err := attempt()
+	if err == nil || r == nil || !r.retryable(err) || r.cfg.MaxTries == 1 {
+		return out, err
 	}
+	return r.retry(ctx, attempt, err)
 }
 
 // retry is the slow path, after a first retryable failure.
-func (r *Retry) retry(h message.HandlerFunc, msg *message.Message, err error) ([]*message.Message, error) {
+func (r *retrier) retry(ctx context.Context, attempt func() ([]*message.Message, error), err error) ([]*message.Message, error) {
 	schedule := &backoff.ExponentialBackOff{
 		InitialInterval:     r.cfg.InitialInterval,
 		RandomizationFactor: r.cfg.RandomizationFactor,
@@ -138,12 +101,12 @@ func (r *Retry) retry(h message.HandlerFunc, msg *message.Message, err error) ([
 		if r.cfg.OnRetry != nil {
 			r.cfg.OnRetry(try, err, wait)
 		}
-		r.cfg.Telemetry.retried(msg.Context())
-		if serr := sleep(msg.Context(), wait); serr != nil {
+		r.tel.retried(ctx)
+		if serr := sleep(ctx, wait); serr != nil {
 			return nil, fmt.Errorf("oncemill: retry stopped after %d tries (%w): %w", try, serr, err)
 		}
 		var out []*message.Message
-		if out, err = h(msg); err == nil || !r.retryable(err) {
+		if out, err = attempt(); err == nil || !r.retryable(err) {
 			return out, err
 		}
 	}
@@ -151,7 +114,7 @@ func (r *Retry) retry(h message.HandlerFunc, msg *message.Message, err error) ([
 
 // retryable: the policy says so, the lease is still ours (a lost lease
 // means another delivery owns the key now), and the circuit is not open.
-func (r *Retry) retryable(err error) bool {
-	return r.cfg.Classify(err) == policy.ClassRetryable &&
+func (r *retrier) retryable(err error) bool {
+	return r.classify(err) == policy.ClassRetryable &&
 		!errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, ErrCircuitOpen)
 }

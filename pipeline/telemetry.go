@@ -20,37 +20,25 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// InstrumentationName names oncemill's tracer and meter.
-const InstrumentationName = "github.com/oncemill/oncemill"
+// instrumentationName names oncemill's tracer and meter.
+const instrumentationName = "github.com/oncemill/oncemill"
 
 // Span attribute keys oncemill sets besides the messaging conventions.
 const (
-	AttrKey      = attribute.Key("idempotency.key")
-	AttrScope    = attribute.Key("idempotency.scope")
-	AttrDecision = attribute.Key("idempotency.decision")
-	AttrAttempt  = attribute.Key("idempotency.attempt")
-	AttrOutcome  = attribute.Key("idempotency.outcome")
+	attrKey      = attribute.Key("idempotency.key")
+	attrScope    = attribute.Key("idempotency.scope")
+	attrDecision = attribute.Key("idempotency.decision")
+	attrAttempt  = attribute.Key("idempotency.attempt")
+	attrOutcome  = attribute.Key("idempotency.outcome")
 	// maxAttrKeyLen: longer keys are replaced by their SHA-256 in spans.
 	maxAttrKeyLen = 128
 )
 
-// TelemetryConfig selects the OpenTelemetry providers. oncemill uses the API
-// only; the application installs the SDK and exporters.
-type TelemetryConfig struct {
-	// TracerProvider defaults to otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
-	// MeterProvider defaults to otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
-	// MessagingSystem is the messaging.system attribute ("kafka",
-	// "rabbitmq", "aws_sqs", ...); Watermill does not know it. Default "watermill".
-	MessagingSystem string
-}
-
-// Telemetry records oncemill's spans and metrics. The zero cost when no SDK
+// telemetry records oncemill's spans and metrics. The zero cost when no SDK
 // is installed matters: every message passes through it, so attribute sets
 // are built once, clocks are read only when a histogram is enabled, and child
 // spans are started only under a recording delivery span.
-type Telemetry struct {
+type telemetry struct {
 	tracer trace.Tracer
 	system attribute.KeyValue
 
@@ -127,9 +115,11 @@ var (
 // decisionNames are the values of the decision attribute.
 var decisionNames = []string{"execute", "takeover", "replay", "cached_failure", "held", "mismatch"}
 
-// NewTelemetry creates the instruments.
-func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
-	tp, mp := cfg.TracerProvider, cfg.MeterProvider
+// newTelemetry creates the instruments over the providers (nil: the
+// global ones) for the messaging.system attribute ("kafka", "rabbitmq",
+// "aws_sqs", ...; empty: "watermill"). oncemill uses the API only; the
+// application installs the SDK and exporters.
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, system string) (*telemetry, error) {
 	var idleTP trace.TracerProvider
 	var idleMP metric.MeterProvider
 	if tp == nil {
@@ -144,13 +134,12 @@ func NewTelemetry(cfg TelemetryConfig) (*Telemetry, error) {
 			idleMP = mp
 		}
 	}
-	system := cfg.MessagingSystem
 	if system == "" {
 		system = "watermill"
 	}
-	m := mp.Meter(InstrumentationName)
-	t := &Telemetry{
-		tracer:        tp.Tracer(InstrumentationName),
+	m := mp.Meter(instrumentationName)
+	t := &telemetry{
+		tracer:        tp.Tracer(instrumentationName),
 		system:        semconv.MessagingSystemKey.String(system),
 		idleTP:        idleTP,
 		idleMP:        idleMP,
@@ -225,13 +214,13 @@ func isGlobalDelegate(p any) bool {
 
 // tracing and metering report whether spans and measurements can record
 // anything: an SDK is installed, or the application passed its providers.
-func (t *Telemetry) tracing() bool  { return t.idleTP == nil || otel.GetTracerProvider() != t.idleTP }
-func (t *Telemetry) metering() bool { return t.idleMP == nil || otel.GetMeterProvider() != t.idleMP }
+func (t *telemetry) tracing() bool  { return t.idleTP == nil || otel.GetTracerProvider() != t.idleTP }
+func (t *telemetry) metering() bool { return t.idleMP == nil || otel.GetMeterProvider() != t.idleMP }
 
 // defaultTelemetry uses the global providers; the global delegates reach an
 // SDK installed later.
-func defaultTelemetry() *Telemetry {
-	t, err := NewTelemetry(TelemetryConfig{})
+func defaultTelemetry() *telemetry {
+	t, err := newTelemetry(nil, nil, "")
 	if err != nil {
 		panic(err) // the API's instruments do not fail on valid, constant names
 	}
@@ -241,7 +230,7 @@ func defaultTelemetry() *Telemetry {
 // Middleware starts one consumer span per delivery, following the OTel
 // messaging conventions, and puts it in the message context for the stages.
 // The span ends however the chain returns, a panic included.
-func (t *Telemetry) Middleware(h message.HandlerFunc) message.HandlerFunc {
+func (t *telemetry) wrap(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if !t.tracing() {
 			return h(msg)
@@ -255,7 +244,7 @@ func (t *Telemetry) Middleware(h message.HandlerFunc) message.HandlerFunc {
 // router goroutine, whose stack grows (and is copied) with every frame.
 //
 //go:noinline
-func (t *Telemetry) traced(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+func (t *telemetry) traced(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	orig := msg.Context()
 	ctx, span := t.tracer.Start(orig, "process", consumerSpan...)
 	defer span.End()
@@ -280,7 +269,7 @@ func (t *Telemetry) traced(h message.HandlerFunc, msg *message.Message) ([]*mess
 }
 
 // decided records what the idempotency stage did with one delivery.
-func (t *Telemetry) decided(ctx context.Context, e *Event) {
+func (t *telemetry) decided(ctx context.Context, e *Event) {
 	if !t.metering() {
 		return // no span either: the delivery span is made only under an SDK
 	}
@@ -293,15 +282,15 @@ func (t *Telemetry) decided(ctx context.Context, e *Event) {
 		return
 	}
 	span.SetAttributes(
-		AttrKey.String(keygen.StorableKey(e.Key, maxAttrKeyLen)),
-		AttrScope.String(e.Scope),
-		AttrOutcome.String(e.Outcome.String()),
+		attrKey.String(keygen.StorableKey(e.Key, maxAttrKeyLen)),
+		attrScope.String(e.Scope),
+		attrOutcome.String(e.Outcome.String()),
 	)
 	if d := decisionName(e); d != "" {
-		span.SetAttributes(AttrDecision.String(d))
+		span.SetAttributes(attrDecision.String(d))
 	}
 	if e.Attempt > 0 {
-		span.SetAttributes(AttrAttempt.Int(e.Attempt))
+		span.SetAttributes(attrAttempt.Int(e.Attempt))
 	}
 }
 
@@ -330,13 +319,13 @@ func decisionName(e *Event) string {
 // measure times one store operation, with a child span under a recording
 // delivery span.
 type measure struct {
-	t     *Telemetry
+	t     *telemetry
 	op    storeOp
 	start time.Time
 	span  trace.Span
 }
 
-func (t *Telemetry) startStore(ctx context.Context, op storeOp) (context.Context, measure) {
+func (t *telemetry) startStore(ctx context.Context, op storeOp) (context.Context, measure) {
 	m := measure{t: t, op: op}
 	if !t.metering() {
 		return ctx, m
@@ -377,7 +366,7 @@ type handlerRun struct {
 	counted bool
 }
 
-func (t *Telemetry) leaseTaken(ctx context.Context) handlerRun {
+func (t *telemetry) leaseTaken(ctx context.Context) handlerRun {
 	if !t.metering() {
 		return handlerRun{}
 	}
@@ -389,7 +378,7 @@ func (t *Telemetry) leaseTaken(ctx context.Context) handlerRun {
 	return r
 }
 
-func (t *Telemetry) leaseDone(ctx context.Context, r handlerRun) {
+func (t *telemetry) leaseDone(ctx context.Context, r handlerRun) {
 	if !r.counted {
 		return
 	}
@@ -400,27 +389,27 @@ func (t *Telemetry) leaseDone(ctx context.Context, r handlerRun) {
 }
 
 // replayed records the age of the outcome a duplicate got.
-func (t *Telemetry) replayed(ctx context.Context, rec *store.Record) {
+func (t *telemetry) replayed(ctx context.Context, rec *store.Record) {
 	if t.metering() && t.replayAge.Enabled(ctx) {
 		t.replayAge.Record(ctx, time.Since(rec.UpdatedAt).Seconds(), t.replayAttrs[rec.Status]...)
 	}
 }
 
-func (t *Telemetry) retried(ctx context.Context) { t.retries.Add(ctx, 1) }
-func (t *Telemetry) invalid(ctx context.Context) {
+func (t *telemetry) retried(ctx context.Context) { t.retries.Add(ctx, 1) }
+func (t *telemetry) invalid(ctx context.Context) {
 	t.invalids.Add(ctx, 1)
 	t.outcomes.Add(ctx, 1, t.outcomeAttrs[OutcomeInvalid]...)
 }
 
-func (t *Telemetry) exhausted(ctx context.Context, a exhaustedAction) {
+func (t *telemetry) exhausted(ctx context.Context, a exhaustedAction) {
 	t.exhaustions.Add(ctx, 1, t.exhaustAttrs[a]...)
 }
 
-func (t *Telemetry) deadLettered(ctx context.Context, reason DeadLetterReason) {
+func (t *telemetry) deadLettered(ctx context.Context, reason DeadLetterReason) {
 	t.deadLetters.Add(ctx, 1, t.reasonAttrs[reason]...)
 }
 
-func (t *Telemetry) breakerState(name string, s gobreaker.State) {
+func (t *telemetry) breakerState(name string, s gobreaker.State) {
 	v := map[gobreaker.State]int64{gobreaker.StateClosed: 0, gobreaker.StateHalfOpen: 1, gobreaker.StateOpen: 2}[s]
 	t.breaker.Record(context.Background(), v, metric.WithAttributes(attribute.String("breaker", name)))
 }

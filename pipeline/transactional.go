@@ -2,33 +2,72 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
 
-// The one-transaction mode of the idempotency stage (IdempotencyConfig.TxStore).
-//
-// The stage claims the key with the first statement of a new transaction,
-// before retry and the breaker, so that a duplicate is answered from the
-// record even while the circuit is open. The claim's open transaction is
-// the first attempt's; the handler finds it in its context. The innermost
-// link of the chain (attempt) commits each successful attempt with the
-// record, and rolls a failed one back, claim included; a retry claims again
-// in a fresh transaction. What the stage finds still open once the chain
-// returns (no attempt link ran: the stage is used alone, or the breaker
-// refused the attempt) it ends itself.
+// ErrTransaction wraps failures to commit the handler's transaction. They
+// are retryable unless the policy says otherwise.
+var ErrTransaction = errors.New("oncemill: transaction")
 
 // errClaimTaken ends a retry whose new claim found the key taken by another
 // delivery in the moment between the rollback and the claim.
 var errClaimTaken = fmt.Errorf("oncemill: another delivery claimed the key between two attempts: %w", store.ErrLeaseLost)
 
-func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+// Transactional is the idempotency stage of the one-transaction mode, for
+// records in the handler's own PostgreSQL database (store/postgres,
+// store/tiered): the first statement of the handler's transaction claims
+// the key, the handler finds the transaction in its context
+// (postgres.TxFromContext), and its success commits with the record or not
+// at all. A concurrent duplicate waits for that transaction, up to
+// policy.HeldKeyTimeout. There is no lease to keep alive.
+type Transactional struct {
+	idempotency
+	store store.Transactional
+}
+
+// NewTransactional validates cfg and returns the one-transaction mode's
+// stage over ts. The policy's LeaseDuration and Heartbeat have no effect in
+// this mode and are refused.
+func NewTransactional(ts store.Transactional, cfg Config) (*Transactional, error) {
+	switch {
+	case ts == nil:
+		return nil, oncemill.InvalidConfig("store", "nil; pass a store that claims in the handler's transaction, such as postgres.New(pool, postgres.Options{})")
+	case cfg.Policy.LeaseDuration != 0:
+		return nil, oncemill.InvalidConfig("policy.LeaseDuration", "has no effect in the one-transaction mode: the claim is held by the handler's open transaction; leave it 0")
+	case cfg.Policy.Heartbeat != 0:
+		return nil, oncemill.InvalidConfig("policy.Heartbeat", "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
+	}
+	core, err := newIdempotency(cfg, ts.Limits())
+	if err != nil {
+		return nil, err
+	}
+	return &Transactional{idempotency: core, store: ts}, nil
+}
+
+// Middleware is the stage as a Watermill middleware.
+func (s *Transactional) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	h = s.breaker.wrap(h)
+	return s.tel.wrap(func(msg *message.Message) ([]*message.Message, error) {
+		return s.deliver(msg, h, s)
+	})
+}
+
+// claimAndRun claims the key with the first statement of a new transaction,
+// before retry and the breaker, so that a duplicate is answered from the
+// record even while the circuit is open. The claim itself waits for a
+// transaction that holds the key, up to policy.HeldKeyTimeout; the waiter
+// polls only records that another worker committed in progress (the lease
+// mode's, on a shared table).
+func (s *Transactional) claimAndRun(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
 	req := store.TxRequest{
 		Scope:       d.event.Scope,
 		Key:         d.event.Key,
@@ -36,23 +75,20 @@ func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.M
 		SuccessTTL:  s.policy.SuccessTTL,
 		Retain:      s.retain,
 	}
-	// The claim itself waits for a transaction that holds the key, up to
-	// policy.HeldKeyTimeout; the waiter polls only records that another
-	// worker committed in progress (the lease mode's, on a shared table).
 	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
 	for {
 		req.Wait = time.Millisecond // policy.HeldKeyNack and policy.HeldKeyReject do not wait
 		if s.policy.HeldKey == policy.HeldKeyWait {
 			req.Wait = max(time.Until(w.until), time.Millisecond)
 		}
-		res, err := s.claim(d.msg.Context(), req)
+		res, err := s.claim(d.msg.Context(), &req)
 		if err != nil {
 			return s.storeFailed(d, err)
 		}
 		d.event.Decision = res.Decision
 		d.event.Contended = d.event.Contended || res.Contended
 		if res.Decision == store.DecisionExecute {
-			return s.executeTx(d, h, &req, &res)
+			return s.execute(d, h, &req, res)
 		}
 		if msgs, done, err := s.answer(d, &w, &res.ClaimResult); done {
 			return msgs, err
@@ -60,73 +96,56 @@ func (s *Idempotency) handleTx(d *delivery, h message.HandlerFunc) ([]*message.M
 	}
 }
 
-func (s *Idempotency) executeTx(d *delivery, h message.HandlerFunc, req *store.TxRequest, res *store.TxResult) ([]*message.Message, error) {
-	lease := res.Claim
-	d.event.Attempt, d.event.Token, d.event.Takeover = lease.Attempt, lease.Token, res.Takeover
+// execute runs the handler in the claim's transaction and commits its
+// success with the record, or rolls the attempt back, claim included. A
+// retry claims again in a fresh transaction. This is the one place where
+// the mode's transactions end.
+func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.TxRequest, res store.TxResult) ([]*message.Message, error) {
+	run := txRun{stage: s, claim: res.Claim, fingerprint: req.Fingerprint}
+	tx := res.Tx
+	d.event.Attempt, d.event.Token, d.event.Takeover = run.claim.Attempt, run.claim.Token, res.Takeover
 
 	orig := d.msg.Context()
-	e := newExecution(orig, lease, s)
-	e.claim, e.tx = req, res.Tx
-	d.msg.SetContext(res.Tx.Context(e))
+	detached := context.WithoutCancel(orig)
+	handlerCtx := context.WithValue(orig, claimKey{}, &run.claim)
 	started := s.tel.leaseTaken(orig)
-	msgs, herr := runHandler(h, d.msg)
-	s.tel.leaseDone(orig, started)
-	d.msg.SetContext(orig)
-	if e.tx != nil { // no attempt link ended it
-		if herr == nil {
-			herr = s.commit(&e.detached, e, msgs)
-		} else {
-			s.rollback(&e.detached, e)
-		}
-	}
-	e.finish()
-
-	if herr != nil { // the last attempt rolled back
-		return s.fail(&e.detached, d, e, herr)
-	}
-	d.event.Outcome = OutcomeExecuted // and committed: a nil error comes only with a commit
-	return msgs, nil
-}
-
-// attempt is the innermost link of the chain in the one-transaction mode:
-// it runs one attempt of the handler in the execution's transaction, and
-// commits it with the record or rolls it back. An attempt after a rolled
-// back one claims the key again first.
-func (s *Idempotency) attempt(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		e, ok := msg.Context().Value(executionKey{}).(*execution)
-		if !ok || e.claim == nil || e.stage != s {
-			return h(msg)
-		}
-		if e.tx == nil {
-			ctx := msg.Context()
-			res, err := s.claim(ctx, *e.claim)
+	msgs, herr := s.retry.run(orig, func() ([]*message.Message, error) {
+		if tx == nil { // a retry: the last attempt rolled back, claim included
+			res, err := s.claim(orig, req)
 			if err != nil {
 				return nil, err
 			}
 			if res.Decision != store.DecisionExecute {
 				return nil, errClaimTaken
 			}
-			e.lease, e.tx = res.Claim, res.Tx
-			msg.SetContext(res.Tx.Context(ctx))
-			defer msg.SetContext(ctx)
+			run.claim, tx = res.Claim, res.Tx
 		}
-		msgs, err := runHandler(h, msg)
+		d.msg.SetContext(tx.Context(handlerCtx))
+		msgs, err := runHandler(h, d.msg)
+		d.msg.SetContext(orig)
 		if err != nil {
-			s.rollback(&e.detached, e)
-			return nil, err
+			s.rollback(detached, tx, &run.claim)
+		} else {
+			err = s.commit(detached, tx, msgs)
 		}
-		if err := s.commit(&e.detached, e, msgs); err != nil {
+		tx = nil
+		if err != nil {
 			return nil, err
 		}
 		return msgs, nil
+	})
+	s.tel.leaseDone(orig, started)
+
+	if herr != nil { // the last attempt rolled back
+		d.event.Attempt = run.claim.Attempt
+		return s.fail(detached, d, &run, herr)
 	}
+	d.event.Outcome = OutcomeExecuted // and committed: a nil error comes only with a commit
+	return msgs, nil
 }
 
 // commit ends the attempt's transaction with the record of its success.
-func (s *Idempotency) commit(ctx context.Context, e *execution, msgs []*message.Message) error {
-	tx := e.tx
-	e.tx = nil
+func (s *Transactional) commit(ctx context.Context, tx store.Tx, msgs []*message.Message) error {
 	ctx, m := s.tel.startStore(ctx, opCommit)
 	err := tx.Commit(ctx, s.successOutcome(msgs).Result)
 	m.end(ctx, err)
@@ -139,18 +158,16 @@ func (s *Idempotency) commit(ctx context.Context, e *execution, msgs []*message.
 // rollback ends the attempt's transaction, claim and business writes
 // included. A failed rollback leaves nothing behind either: the store
 // closes a connection it cannot roll back.
-func (s *Idempotency) rollback(ctx context.Context, e *execution) {
-	tx := e.tx
-	e.tx = nil
+func (s *Transactional) rollback(ctx context.Context, tx store.Tx, claim *store.Claim) {
 	if err := tx.Rollback(ctx); err != nil {
-		s.logger.LogAttrs(ctx, slog.LevelError, "Rolling back the handler's transaction failed", slog.String("scope", e.lease.Scope), slog.String("key", e.lease.Key), slog.Any("error", err))
+		s.logger.LogAttrs(ctx, slog.LevelError, "Rolling back the handler's transaction failed", slog.String("scope", claim.Scope), slog.String("key", claim.Key), slog.Any("error", err))
 	}
 }
 
-// claim and recordRollback are the store's calls, measured.
-func (s *Idempotency) claim(ctx context.Context, req store.TxRequest) (store.TxResult, error) {
+// claim is the store's call, measured.
+func (s *Transactional) claim(ctx context.Context, req *store.TxRequest) (store.TxResult, error) {
 	ctx, m := s.tel.startStore(ctx, opClaim)
-	res, err := s.txStore.ClaimInTx(ctx, req)
+	res, err := s.store.ClaimInTx(ctx, *req)
 	m.end(ctx, err)
 	if err == nil {
 		s.storeAnswered()
@@ -158,9 +175,25 @@ func (s *Idempotency) claim(ctx context.Context, req store.TxRequest) (store.TxR
 	return res, err
 }
 
-func (s *Idempotency) recordRollback(ctx context.Context, e *execution, out store.Completion) error {
-	ctx, m := s.tel.startStore(ctx, opRecordRollback)
-	err := s.txStore.RecordRollback(ctx, e.lease, e.claim.Fingerprint, out)
+// txRun is the mode's recorder: after the last attempt rolled back, the
+// failure is recorded in a transaction of its own (RecordRollback).
+type txRun struct {
+	stage       *Transactional
+	claim       store.Claim
+	fingerprint string
+}
+
+func (r *txRun) cache(ctx context.Context, out store.Completion) error {
+	return r.record(ctx, out)
+}
+
+func (r *txRun) giveBack(ctx context.Context) error {
+	return r.record(ctx, store.Completion{Status: store.StatusRetryable, TTL: r.stage.policy.FailureTTL})
+}
+
+func (r *txRun) record(ctx context.Context, out store.Completion) error {
+	ctx, m := r.stage.tel.startStore(ctx, opRecordRollback)
+	err := r.stage.store.RecordRollback(ctx, r.claim, r.fingerprint, out)
 	m.end(ctx, err)
 	return err
 }

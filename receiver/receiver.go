@@ -3,8 +3,10 @@ package receiver
 import (
 	"errors"
 	"log/slog"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -15,47 +17,36 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// Builder collects the receiver's configuration. Each With method returns the
-// builder; Build validates everything at once.
+// Builder collects the receiver's configuration: each With method sets one
+// field of a pipeline.Config and returns the builder; Build validates
+// everything at once, and every error names the method that set the value.
 type Builder struct {
-	cfg  pipeline.IdempotencyConfig
+	ctor string // "New" or "NewTransactional": what a nil store is reported as
+	st   store.Store
+	ts   store.Transactional
+	cfg  pipeline.Config
 	errs []error
-
-	validate   func(*message.Message) error
-	retry      *pipeline.RetryConfig
-	breaker    *pipeline.BreakerConfig
-	tx         pipeline.TxManager
-	deadPub    message.Publisher
-	deadTopic  string
-	deadLetter bool
-	telemetry  pipeline.TelemetryConfig
 }
 
 // New starts a builder in the lease mode over st, with the defaults: the
-// message UUID as the key, the handler name as the scope, and
-// the zero policy.Policy (its defaults). The lease mode claims a key with a statement of its own,
-// keeps the lease alive with a heartbeat while the handler runs, and
-// records the outcome after it: for records kept apart from the business
-// data (memory, Redis, another database).
+// message UUID as the key, the handler name as the scope, and the zero
+// policy.Policy (its defaults). The lease mode claims a key with a
+// statement of its own, keeps the lease alive with a heartbeat while the
+// handler runs, and records the outcome after it: for records kept apart
+// from the business data (memory, Redis, another database).
 func New(st store.Store) *Builder {
-	return &Builder{cfg: pipeline.IdempotencyConfig{
-		Store: st,
-		Keys:  keygen.UUID(),
-	}}
+	return &Builder{ctor: "New", st: st}
 }
 
 // NewTransactional starts a builder in the one-transaction mode over ts
-// (store/postgres), with the defaults of New. The key is claimed by the
-// first statement of the handler's own transaction, which the handler
-// finds in its context (postgres.TxFromContext), and the success commits
-// with the handler's writes or not at all. A concurrent duplicate waits for
-// that transaction, up to the policy's HeldKeyTimeout. There is no lease to keep
-// alive: the policy's Lease and Heartbeat do not apply.
+// (store/postgres, store/tiered), with the defaults of New. The key is
+// claimed by the first statement of the handler's own transaction, which
+// the handler finds in its context (postgres.TxFromContext), and the
+// success commits with the handler's writes or not at all. A concurrent
+// duplicate waits for that transaction, up to the policy's HeldKeyTimeout.
+// There is no lease: Build refuses the policy's LeaseDuration and Heartbeat.
 func NewTransactional(ts store.Transactional) *Builder {
-	return &Builder{cfg: pipeline.IdempotencyConfig{
-		TxStore: ts,
-		Keys:    keygen.UUID(),
-	}}
+	return &Builder{ctor: "NewTransactional", ts: ts}
 }
 
 func (b *Builder) invalid(setting, format string, args ...any) *Builder {
@@ -68,7 +59,7 @@ func (b *Builder) WithKeyGenerator(g keygen.Generator) *Builder {
 	if g == nil {
 		return b.invalid("WithKeyGenerator", "nil; pass a generator such as keygen.UUID()")
 	}
-	b.cfg.Keys = g
+	b.cfg.KeyGenerator = g
 	return b
 }
 
@@ -96,18 +87,16 @@ func (b *Builder) WithScope(scope string) *Builder {
 // WithPolicy sets the policy: TTLs, the lease, attempts, what a duplicate
 // does while its key is held, and how errors are classified. Its zero fields
 // mean their defaults (policy.Policy), so a literal names only what it
-// changes: WithPolicy(receiver.Policy{SuccessTTL: 7 * 24 * time.Hour}).
-// Build validates it.
+// changes: WithPolicy(policy.Policy{SuccessTTL: 7 * 24 * time.Hour}).
 func (b *Builder) WithPolicy(p policy.Policy) *Builder {
 	b.cfg.Policy = p
 	return b
 }
 
-// WithLogger sets the logger of every stage, the same *slog.Logger the
-// stores take. Nil, or no WithLogger at all, means slog.Default(): a
-// rejected or dropped message, a dead letter that could not be forwarded
-// and a store that could not decide a delivery are logged at error level
-// either way, never silent.
+// WithLogger sets the logger, the same *slog.Logger the stores take. Nil,
+// or no WithLogger at all, means slog.Default(): a rejected or dropped
+// message, a dead letter that could not be forwarded and a store that could
+// not decide a delivery are logged at error level either way, never silent.
 func (b *Builder) WithLogger(l *slog.Logger) *Builder {
 	b.cfg.Logger = l
 	return b
@@ -115,54 +104,43 @@ func (b *Builder) WithLogger(l *slog.Logger) *Builder {
 
 // WithReplayLogLevel sets the level at which each replay is logged through
 // WithLogger's logger, with its scope, key, original outcome (succeeded or
-// failed) and age (default: replays are not logged). A replay rate that
-// never falls, or ages far beyond the broker's redelivery horizon, point to
-// a key that does not identify what it should (docs/operations.md).
+// cached_failure) and age (default: replays are not logged). A replay rate
+// that never falls, or ages far beyond the broker's redelivery horizon,
+// point to a key that does not identify what it should (docs/operations.md).
 func (b *Builder) WithReplayLogLevel(level slog.Level) *Builder {
 	b.cfg.ReplayLogLevel = level
 	return b
 }
 
-// WithValidation adds the validation stage: a message for which validate
-// returns an error is never stored and never retried; it is acked, counted,
-// and dead-lettered if WithDeadLetter is set.
+// WithValidation adds validation, first of all: a message for which
+// validate returns an error is never stored and never retried; it is acked,
+// counted, and dead-lettered if WithDeadLetter is set.
 func (b *Builder) WithValidation(validate func(*message.Message) error) *Builder {
 	if validate == nil {
 		return b.invalid("WithValidation", "nil; pass a func(*message.Message) error")
 	}
-	b.validate = validate
+	b.cfg.Validation = validate
 	return b
 }
 
-// WithRetry adds in-process retries of retryable failures. Zero fields of
-// cfg mean their defaults: pipeline.RetryConfig{} is 3 tries. The stage
-// classifies errors by the receiver's policy and records to its telemetry,
-// so cfg.Classify and cfg.Telemetry must be left nil.
+// WithRetry adds in-process retries of what the policy classifies as
+// retryable, inside the claim: in the lease mode under the same lease, in
+// the one-transaction mode each in a fresh transaction. Zero fields of cfg
+// mean their defaults: pipeline.RetryConfig{} is 3 tries.
 func (b *Builder) WithRetry(cfg pipeline.RetryConfig) *Builder {
-	b.retry = &cfg
+	b.cfg.Retry = &cfg
 	return b
 }
 
-// WithCircuitBreaker adds a circuit breaker around the handler. Zero fields
-// of cfg mean their defaults: pipeline.BreakerConfig{} opens after 5
-// consecutive retryable failures. As for WithRetry, cfg.Classify and
-// cfg.Telemetry must be left nil.
-func (b *Builder) WithCircuitBreaker(cfg pipeline.BreakerConfig) *Builder {
-	b.breaker = &cfg
-	return b
-}
-
-// WithSeparateTransaction runs the handler of the lease mode inside a
-// transaction of tm (such as postgres.NewTxManager), committed only after
-// it succeeds. The record is written after that commit, apart from it: a
-// crash in between runs the message again. It is for records kept
-// elsewhere than the business data; when both are in one PostgreSQL
-// database, NewTransactional commits them together.
-func (b *Builder) WithSeparateTransaction(tm pipeline.TxManager) *Builder {
-	if tm == nil {
-		return b.invalid("WithSeparateTransaction", "nil; pass a transaction manager such as postgres.NewTxManager(pool, pgx.TxOptions{})")
-	}
-	b.tx = tm
+// WithCircuitBreaker runs each attempt through a sony/gobreaker/v2 circuit
+// breaker with these settings, whose zero fields mean gobreaker's defaults.
+// Left nil, IsSuccessful counts what the policy caches as a success (a
+// business rule said no: the dependency answered), so only retryable
+// failures trip the circuit. An open circuit returns
+// pipeline.ErrCircuitOpen, which is retryable; a duplicate with a stored
+// outcome is still answered from the record.
+func (b *Builder) WithCircuitBreaker(st gobreaker.Settings) *Builder {
+	b.cfg.CircuitBreaker = &st
 	return b
 }
 
@@ -175,20 +153,23 @@ func (b *Builder) WithSeparateTransaction(tm pipeline.TxManager) *Builder {
 // (handler.AddMiddleware), not to the router, or a dead letter that fails
 // validation is dead-lettered again, without end.
 func (b *Builder) WithDeadLetter(pub message.Publisher, topic string) *Builder {
-	b.deadPub, b.deadTopic, b.deadLetter = pub, topic, true
+	if pub == nil || topic == "" {
+		return b.invalid("WithDeadLetter", "needs the publisher of the dead-letter topic and the topic's name; got publisher %v and topic %q", pub, topic)
+	}
+	b.cfg.DeadLetterPublisher, b.cfg.DeadLetterTopic = pub, topic
 	return b
 }
 
 // WithTracerProvider sets where the span of each delivery goes (default:
 // the global provider).
 func (b *Builder) WithTracerProvider(tp trace.TracerProvider) *Builder {
-	b.telemetry.TracerProvider = tp
+	b.cfg.TracerProvider = tp
 	return b
 }
 
 // WithMeterProvider sets where metrics go (default: the global provider).
 func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
-	b.telemetry.MeterProvider = mp
+	b.cfg.MeterProvider = mp
 	return b
 }
 
@@ -207,96 +188,62 @@ const (
 // a policy that would hold up the messages behind a poison message for good
 // (policy.ExhaustedKeep without WithDeadLetter).
 func (b *Builder) WithMessagingSystem(system string) *Builder {
-	b.telemetry.MessagingSystem = system
+	b.cfg.MessagingSystem = system
 	return b
 }
 
 // WithEventHandler is called once per delivery with what oncemill decided;
 // use it for counting. It must be quick and safe for concurrent use.
 func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
-	b.cfg.OnEvent = f
+	b.cfg.EventHandler = f
 	return b
 }
 
-// Build validates the configuration and returns the receiver.
+// Build validates the configuration and returns the receiver. Every error
+// is a *oncemill.ConfigError naming the builder method that set the value
+// (WithPolicy(Policy.Heartbeat), WithRetry(RetryConfig.MaxTries)).
 func (b *Builder) Build() (*Receiver, error) {
 	if len(b.errs) > 0 {
 		return nil, errors.Join(b.errs...)
 	}
-	chain, err := b.chain()
-	if err != nil {
-		return nil, err
+	if inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
+		return nil, oncemill.InvalidConfig("WithPolicy(Policy.Exhausted)", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; add WithDeadLetter(pub, topic), or set policy.ExhaustedDrop to ack such messages with an error log", b.cfg.MessagingSystem)
 	}
-	return &Receiver{chain: chain.Middleware}, nil
+	var (
+		stage middleware
+		err   error
+	)
+	if b.ctor == "NewTransactional" {
+		stage, err = pipeline.NewTransactional(b.ts, b.cfg)
+	} else {
+		stage, err = pipeline.NewLeased(b.st, b.cfg)
+	}
+	if err != nil {
+		return nil, b.asWritten(err)
+	}
+	return &Receiver{stage: stage}, nil
 }
 
-// chain builds every configured stage; pipeline.Chain fixes their order.
-func (b *Builder) chain() (pipeline.Chain, error) {
-	var c pipeline.Chain
-	if b.cfg.TxStore != nil {
-		// Settings the one-transaction mode has no use for: refused, not
-		// ignored, so that nobody tunes what does nothing.
-		switch {
-		case b.tx != nil:
-			return c, oncemill.InvalidConfig("WithSeparateTransaction", "the one-transaction mode (NewTransactional) already runs the handler in the store's transaction; drop WithSeparateTransaction")
-		case b.cfg.Policy.LeaseDuration != 0:
-			return c, oncemill.InvalidConfig("policy.LeaseDuration", "has no effect in the one-transaction mode (NewTransactional): the claim is held by the handler's open transaction; leave it 0")
-		case b.cfg.Policy.Heartbeat != 0:
-			return c, oncemill.InvalidConfig("policy.Heartbeat", "has no effect in the one-transaction mode (NewTransactional): there is no lease to extend; leave it 0")
-		}
+// asWritten names the setting of a pipeline ConfigError as the user wrote
+// it: the builder method that set the pipeline.Config field.
+func (b *Builder) asWritten(err error) error {
+	var ce *oncemill.ConfigError
+	if !errors.As(err, &ce) {
+		return err
 	}
-	if inOrder(b.telemetry.MessagingSystem) && !b.deadLetter && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
-		return c, oncemill.InvalidConfig("policy.Exhausted", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; set WithDeadLetter(pub, topic), or policy.ExhaustedDrop to ack such messages with an error log", b.telemetry.MessagingSystem)
+	switch field, rest, _ := strings.Cut(strings.TrimPrefix(ce.Setting, "Config."), "."); {
+	case ce.Setting == "store":
+		ce.Setting = b.ctor
+	case strings.HasPrefix(ce.Setting, "policy."):
+		ce.Setting = "WithPolicy(Policy." + strings.TrimPrefix(ce.Setting, "policy.") + ")"
+	case strings.HasPrefix(field, "DeadLetter"):
+		ce.Setting = "WithDeadLetter"
+	case field == "Retry":
+		ce.Setting = "WithRetry(RetryConfig." + rest + ")"
+	default:
+		ce.Setting = "With" + field
 	}
-	tel, err := pipeline.NewTelemetry(b.telemetry)
-	if err != nil {
-		return c, err
-	}
-	c.Telemetry = tel
-	cfg := b.cfg
-	cfg.Telemetry = tel
-	if b.deadLetter {
-		if cfg.DeadLetter, err = pipeline.NewDeadLetter(b.deadPub, b.deadTopic); err != nil {
-			return c, err
-		}
-	}
-	if c.Idempotency, err = pipeline.NewIdempotency(cfg); err != nil {
-		return c, err
-	}
-	if b.validate != nil {
-		c.Validation, err = pipeline.NewValidation(pipeline.ValidationConfig{
-			Validate: b.validate, DeadLetter: cfg.DeadLetter, Logger: cfg.Logger, OnEvent: cfg.OnEvent, Telemetry: tel,
-		})
-		if err != nil {
-			return c, err
-		}
-	}
-	if b.retry != nil {
-		rc := *b.retry
-		if rc.Classify != nil || rc.Telemetry != nil {
-			return c, oncemill.InvalidConfig("WithRetry", "RetryConfig.Classify and Telemetry are the receiver's (WithPolicy, WithTracerProvider); leave them nil")
-		}
-		rc.Classify, rc.Telemetry = cfg.Policy.Classify, tel
-		if c.Retry, err = pipeline.NewRetry(rc); err != nil {
-			return c, err
-		}
-	}
-	if b.breaker != nil {
-		bc := *b.breaker
-		if bc.Classify != nil || bc.Telemetry != nil {
-			return c, oncemill.InvalidConfig("WithCircuitBreaker", "BreakerConfig.Classify and Telemetry are the receiver's (WithPolicy, WithTracerProvider); leave them nil")
-		}
-		bc.Classify, bc.Telemetry = cfg.Policy.Classify, tel
-		if c.Breaker, err = pipeline.NewBreaker(bc); err != nil {
-			return c, err
-		}
-	}
-	if b.tx != nil {
-		if c.Transaction, err = pipeline.NewTransaction(b.tx); err != nil {
-			return c, err
-		}
-	}
-	return c, nil
+	return err
 }
 
 // inOrder reports the brokers whose consumer is handed the next message only
@@ -308,13 +255,21 @@ func inOrder(system string) bool {
 	return system == MessagingSystemKafka || system == MessagingSystemRabbitMQ
 }
 
-// Receiver is a built pipeline.
+// middleware is either mode's stage: *pipeline.Leased or
+// *pipeline.Transactional.
+type middleware interface {
+	Middleware(h message.HandlerFunc) message.HandlerFunc
+}
+
+// Receiver is a built receiver: the idempotency stage of the chosen mode,
+// with validation, retry and the circuit breaker inside it in the fixed
+// order (docs/pipeline.md).
 type Receiver struct {
-	chain message.HandlerMiddleware
+	stage middleware
 }
 
 // Middleware is the receiver as a Watermill middleware: add it to a router
 // (router.AddMiddleware) or to one handler (handler.AddMiddleware).
 func (r *Receiver) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	return r.chain(h)
+	return r.stage.Middleware(h)
 }

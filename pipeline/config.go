@@ -1,0 +1,168 @@
+package pipeline
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
+)
+
+// Config configures the idempotency stage of either mode (NewLeased,
+// NewTransactional). Every zero field means its default, so Config{} guards
+// by message UUID under the zero policy.Policy, with no validation, retry,
+// circuit breaker or dead letter. Each field is named after the
+// receiver.Builder method that sets it (KeyGenerator: WithKeyGenerator),
+// and a ConfigError names the field as "Config.<Field>".
+type Config struct {
+	// KeyGenerator says who a message is. Nil means keygen.UUID().
+	KeyGenerator keygen.Generator
+	// Fingerprint identifies the payload for mismatch detection. Nil uses
+	// keygen.FingerprintOf(KeyGenerator, msg); return "" to turn detection
+	// off (keygen.NoFingerprint).
+	Fingerprint func(*message.Message) string
+	// Scope names the key space. Empty uses the Watermill handler name from
+	// the message context, so two handlers of one topic each run a message
+	// once.
+	Scope string
+	// Policy decides TTLs, the lease, attempts and classification. Its zero
+	// fields mean their defaults.
+	Policy policy.Policy
+	// Logger receives the stage's lines. Nil means slog.Default(), so a
+	// message acked without running (rejected, dropped), a dead letter that
+	// could not be forwarded and a store that could not decide a delivery
+	// are never silent.
+	Logger *slog.Logger
+	// ReplayLogLevel, when set, is the level at which each replay is logged
+	// through Logger, with its scope, key, original outcome and age: a
+	// slog.Level or a *slog.LevelVar. Nil logs no replays, and costs the
+	// replay path nothing.
+	ReplayLogLevel slog.Leveler
+	// EventHandler, when set, is called once per delivery, after the
+	// decision and before the router acks or nacks. It must be quick and
+	// safe for concurrent use.
+	EventHandler func(Event)
+	// Validation, when set, runs first: a message for which it returns an
+	// error is never stored and never retried; it is acked, counted, and
+	// dead-lettered if a dead letter is set.
+	Validation func(*message.Message) error
+	// Retry, when set, retries retryable failures in process before the
+	// broker redelivers: around the circuit breaker, inside the claim, each
+	// attempt with a fresh transaction in the one-transaction mode.
+	Retry *RetryConfig
+	// CircuitBreaker, when set, runs each attempt through a
+	// sony/gobreaker/v2 circuit breaker with these settings; their zero
+	// fields mean gobreaker's defaults, and an empty Name means "oncemill".
+	// A nil IsSuccessful counts what Policy caches as a success (a business
+	// rule said no: the dependency answered) and only retryable failures
+	// against the circuit. OnStateChange is called besides the
+	// oncemill.breaker.state gauge.
+	CircuitBreaker *gobreaker.Settings
+	// DeadLetterPublisher and DeadLetterTopic, when set (both or neither),
+	// receive each invalid message, cached failure and rejected message
+	// (mismatch, no key, too large) once, before it is acked.
+	DeadLetterPublisher message.Publisher
+	DeadLetterTopic     string
+	// TracerProvider and MeterProvider default to the global providers.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
+	// MessagingSystem is the messaging.system span attribute ("kafka",
+	// "rabbitmq", "aws_sqs"); Watermill does not know it. Empty means
+	// "watermill".
+	MessagingSystem string
+}
+
+// RetryConfig configures in-process retries: cenkalti/backoff/v5's
+// exponential backoff. Every zero field means its default, so
+// RetryConfig{} is 3 tries, waits from 100ms doubling to at most 2s with
+// ±50% jitter, at most 10s in all. Only what the policy classifies as
+// retryable is retried.
+type RetryConfig struct {
+	// InitialInterval is the first wait. Zero means 100ms.
+	InitialInterval time.Duration
+	// Multiplier grows each wait. Zero means 2; it must be 1 or more.
+	Multiplier float64
+	// MaxInterval caps each wait. Zero means 2s, or InitialInterval when
+	// that is longer.
+	MaxInterval time.Duration
+	// RandomizationFactor is the jitter: each wait is ±this fraction.
+	// Zero means 0.5; a negative value means no jitter.
+	RandomizationFactor float64
+	// MaxElapsedTime bounds the time spent retrying one delivery. Zero
+	// means 10s.
+	MaxElapsedTime time.Duration
+	// MaxTries counts the first try; 1 disables retrying. Zero means 3.
+	MaxTries int
+	// OnRetry, when set, is called before each wait.
+	OnRetry func(try int, err error, wait time.Duration)
+}
+
+// newIdempotency validates cfg against the store's limits, in one place for
+// both modes, and returns what the two modes share.
+func newIdempotency(cfg Config, limits store.Limits) (idempotency, error) {
+	bad := func(setting, format string, args ...any) (idempotency, error) {
+		return idempotency{}, oncemill.InvalidConfig(setting, format, args...)
+	}
+	if !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen {
+		return bad("Config.Scope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)
+	}
+	if (cfg.DeadLetterPublisher == nil) != (cfg.DeadLetterTopic == "") {
+		return bad("Config.DeadLetterTopic", "set together with DeadLetterPublisher: set both, the publisher and the topic to forward to, or neither")
+	}
+	if err := cfg.Policy.Validate(); err != nil {
+		return idempotency{}, err
+	}
+	p := cfg.Policy.WithDefaults()
+	if limits.MaxResultBytes > 0 && p.MaxResultBytes > limits.MaxResultBytes {
+		// A success whose produced messages fit the policy but not the
+		// store could not be recorded at all.
+		return bad("policy.MaxResultBytes", "%d is above the store's limit of %d; lower it, or raise the store's (its Options.MaxResultBytes)",
+			p.MaxResultBytes, limits.MaxResultBytes)
+	}
+	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider, cfg.MessagingSystem)
+	if err != nil {
+		return idempotency{}, err
+	}
+	s := idempotency{
+		retain:      max(p.SuccessTTL, p.FailureTTL),
+		keys:        cfg.KeyGenerator,
+		fingerprint: cfg.Fingerprint,
+		scope:       cfg.Scope,
+		policy:      p,
+		logger:      cfg.Logger,
+		replayLevel: cfg.ReplayLogLevel,
+		onEvent:     cfg.EventHandler,
+		validate:    cfg.Validation,
+		tel:         tel,
+		maxKeyLen:   limits.MaxKeyLen,
+	}
+	if s.keys == nil {
+		s.keys = keygen.UUID()
+	}
+	if s.fingerprint == nil {
+		keys := s.keys
+		s.fingerprint = func(m *message.Message) string { return keygen.FingerprintOf(keys, m) }
+	}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	if cfg.DeadLetterPublisher != nil {
+		s.deadLetter = &deadLetter{pub: cfg.DeadLetterPublisher, topic: cfg.DeadLetterTopic}
+	}
+	if cfg.Retry != nil {
+		if s.retry, err = newRetrier(*cfg.Retry, p.Classify, tel); err != nil {
+			return idempotency{}, err
+		}
+	}
+	if cfg.CircuitBreaker != nil {
+		s.breaker = newBreaker(*cfg.CircuitBreaker, p.Classify, tel)
+	}
+	return s, nil
+}
