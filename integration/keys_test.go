@@ -17,6 +17,8 @@ import (
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/keygen/kafkakeys"
 	"github.com/oncemill/oncemill/keygen/sqskeys"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
@@ -26,7 +28,7 @@ import (
 // the broker redelivers it; every delivery's event is kept.
 type keyRun struct {
 	mu     sync.Mutex
-	events []receiver.Event
+	events []pipeline.Event
 	failed bool
 }
 
@@ -39,8 +41,8 @@ func startKeyRun(t *testing.T, sub message.Subscriber, topic string, keys keygen
 	r, err := receiver.New(st).
 		WithScope("keys").
 		WithKeyGenerator(keys).
-		WithPolicy(receiver.Policy{NackDelay: -1}).
-		WithEventHandler(func(e receiver.Event) {
+		WithPolicy(policy.Policy{NackDelay: -1}).
+		WithEventHandler(func(e pipeline.Event) {
 			run.mu.Lock()
 			run.events = append(run.events, e)
 			run.mu.Unlock()

@@ -3,7 +3,7 @@
 //
 //	st, _ := memory.New(memory.Options{})
 //	r, err := receiver.New(st).
-//		WithPolicy(receiver.Policy{SuccessTTL: 7 * 24 * time.Hour}).
+//		WithPolicy(policy.Policy{SuccessTTL: 7 * 24 * time.Hour}).
 //		Build()
 //	if err != nil { ... }
 //	router.AddMiddleware(r.Middleware)

@@ -10,6 +10,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
@@ -28,13 +31,13 @@ func Example() {
 
 	done := make(chan struct{})
 	r, err := receiver.New(st).
-		WithPolicy(receiver.Policy{
+		WithPolicy(policy.Policy{
 			SuccessTTL:   24 * time.Hour,
 			CachedErrors: []error{errInsufficientFunds},
 		}).
-		WithEventHandler(func(e receiver.Event) {
+		WithEventHandler(func(e pipeline.Event) {
 			fmt.Println(e.Key, e.Outcome)
-			if e.Outcome == receiver.OutcomeReplayed {
+			if e.Outcome == pipeline.OutcomeReplayed {
 				close(done)
 			}
 		}).
@@ -50,7 +53,7 @@ func Example() {
 	}
 	router.AddMiddleware(r.Middleware)
 	router.AddConsumerHandler("charge", "payments", pubSub, func(m *message.Message) error {
-		lease, _ := receiver.LeaseFromContext(m.Context())
+		lease, _ := pipeline.ClaimFromContext(m.Context())
 		fmt.Println("charging", string(m.Payload), "token", lease.Token)
 		return nil
 	})
@@ -75,11 +78,11 @@ func ExampleBuilder_Build_error() {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	_, err := receiver.New(st).
-		WithPolicy(receiver.Policy{LeaseDuration: time.Second, Heartbeat: 2 * time.Second}).
+		WithPolicy(policy.Policy{LeaseDuration: time.Second, Heartbeat: 2 * time.Second}).
 		Build()
-	fmt.Println(errors.Is(err, receiver.ErrInvalidConfig))
+	fmt.Println(errors.Is(err, oncemill.ErrInvalidConfig))
 	fmt.Println(err)
 	// Output:
 	// true
-	// oncemill: invalid configuration: policy.Heartbeat: 2s is not shorter than Lease 1s, so the lease would expire between beats; use less than Lease, or leave it 0 for 333.333333ms (a third of Lease, room for two missed beats)
+	// oncemill: invalid configuration: WithPolicy(Policy.Heartbeat): 2s is not shorter than LeaseDuration 1s, so the lease would expire between beats; use less than LeaseDuration, or leave it 0 for 333.333333ms (a third of LeaseDuration, room for two missed beats)
 }

@@ -10,7 +10,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/sony/gobreaker/v2"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -31,29 +33,25 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		build func() *receiver.Builder
 		says  string // what the error must tell the user to change
 	}{
-		{"nil store", func() *receiver.Builder { return receiver.New(nil) }, "IdempotencyConfig.Store: nil"},
 		{"nil key generator", func() *receiver.Builder { return receiver.New(st).WithKeyGenerator(nil) }, "WithKeyGenerator: nil"},
 		{"nil fingerprint", func() *receiver.Builder { return receiver.New(st).WithFingerprint(nil) }, "keygen.NoFingerprint"},
 		{"empty scope", func() *receiver.Builder { return receiver.New(st).WithScope("") }, "WithScope"},
-		{"negative success TTL", func() *receiver.Builder { return withPolicy(st, receiver.Policy{SuccessTTL: -1}) }, "policy.SuccessTTL"},
+		{"negative success TTL", func() *receiver.Builder { return withPolicy(st, policy.Policy{SuccessTTL: -1}) }, "WithPolicy(Policy.SuccessTTL)"},
 		{"heartbeat equal to lease", func() *receiver.Builder {
-			return withPolicy(st, receiver.Policy{LeaseDuration: time.Second, Heartbeat: time.Second})
+			return withPolicy(st, policy.Policy{LeaseDuration: time.Second, Heartbeat: time.Second})
 		}, "not shorter than Lease"},
 		{"heartbeat longer than the default lease", func() *receiver.Builder {
-			return withPolicy(st, receiver.Policy{Heartbeat: time.Minute})
+			return withPolicy(st, policy.Policy{Heartbeat: time.Minute})
 		}, "not shorter than Lease"},
-		{"unknown held-key mode", func() *receiver.Builder { return withPolicy(st, receiver.Policy{HeldKey: 9}) }, "policy.HeldKeyWait"},
-		{"unknown missing-key mode", func() *receiver.Builder { return withPolicy(st, receiver.Policy{MissingKey: 7}) }, "policy.MissingKeyReject"},
-		{"negative payload size", func() *receiver.Builder { return withPolicy(st, receiver.Policy{MaxPayloadBytes: -1}) }, "policy.MaxPayloadBytes"},
+		{"unknown held-key mode", func() *receiver.Builder { return withPolicy(st, policy.Policy{HeldKey: 9}) }, "policy.HeldKeyWait"},
+		{"unknown missing-key mode", func() *receiver.Builder { return withPolicy(st, policy.Policy{MissingKey: 7}) }, "policy.MissingKeyReject"},
+		{"negative payload size", func() *receiver.Builder { return withPolicy(st, policy.Policy{MaxPayloadBytes: -1}) }, "WithPolicy(Policy.MaxPayloadBytes)"},
 		{"kafka keeping exhausted messages without a dead letter", func() *receiver.Builder {
 			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
 		}, "hold up the messages behind it"},
-		{"a lease in the one-transaction mode", func() *receiver.Builder {
-			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(receiver.Policy{LeaseDuration: time.Minute})
-		}, "policy.LeaseDuration: has no effect in the one-transaction mode"},
 		{"a heartbeat in the one-transaction mode", func() *receiver.Builder {
-			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(receiver.Policy{Heartbeat: time.Second})
-		}, "policy.Heartbeat: has no effect"},
+			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(policy.Policy{Heartbeat: time.Second})
+		}, "WithPolicy(Policy.Heartbeat): has no effect"},
 		{"rabbitmq keeping exhausted messages without a dead letter", func() *receiver.Builder {
 			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ)
 		}, "ExhaustedKeep on rabbitmq"},
@@ -61,7 +59,7 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := tc.build().Build()
-			if r != nil || !errors.Is(err, receiver.ErrInvalidConfig) {
+			if r != nil || !errors.Is(err, oncemill.ErrInvalidConfig) {
 				t.Fatalf("Build() = %v, %v; want ErrInvalidConfig", r, err)
 			}
 			if !strings.Contains(err.Error(), tc.says) {
@@ -71,7 +69,7 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 	}
 }
 
-func withPolicy(st *memory.Store, p receiver.Policy) *receiver.Builder {
+func withPolicy(st *memory.Store, p policy.Policy) *receiver.Builder {
 	return receiver.New(st).WithPolicy(p)
 }
 
@@ -91,10 +89,10 @@ func TestHeartbeatFollowsTheLeaseUnlessSet(t *testing.T) {
 	defer st.Close()
 	// A 3s lease with a 10s heartbeat would be refused; a zero heartbeat
 	// follows the lease.
-	if _, err := withPolicy(st, receiver.Policy{LeaseDuration: 3 * time.Second}).Build(); err != nil {
+	if _, err := withPolicy(st, policy.Policy{LeaseDuration: 3 * time.Second}).Build(); err != nil {
 		t.Fatalf("lease without explicit heartbeat: %v", err)
 	}
-	if _, err := withPolicy(st, receiver.Policy{LeaseDuration: 3 * time.Second, Heartbeat: 2 * time.Second}).Build(); err != nil {
+	if _, err := withPolicy(st, policy.Policy{LeaseDuration: 3 * time.Second, Heartbeat: 2 * time.Second}).Build(); err != nil {
 		t.Fatalf("explicit heartbeat below the lease: %v", err)
 	}
 }
@@ -122,43 +120,50 @@ func TestMiddlewareRunsOncePerKey(t *testing.T) {
 	}
 }
 
-func TestBuildRefusesBadStageConfiguration(t *testing.T) {
+// Every refused setting is reported as the user wrote it: the builder
+// method they called (and the field of its argument), never a pipeline type
+// they did not see.
+func TestBuildNamesTheBuilderMethod(t *testing.T) {
 	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
+	ts := struct{ store.Transactional }{}
 	cases := []struct {
-		name  string
-		build func() *receiver.Builder
-		says  string
+		name    string
+		build   func() *receiver.Builder
+		setting string
+		says    string
 	}{
-		{"nil validation", func() *receiver.Builder { return receiver.New(st).WithValidation(nil) }, "WithValidation: nil"},
+		{"nil transactional store", func() *receiver.Builder { return receiver.NewTransactional(nil) }, "NewTransactional", "nil"},
+		{"nil store", func() *receiver.Builder { return receiver.New(nil) }, "New", "nil"},
+		{"nil validation", func() *receiver.Builder { return receiver.New(st).WithValidation(nil) }, "WithValidation", "nil"},
 		{"bad retry config", func() *receiver.Builder {
 			return receiver.New(st).WithRetry(pipeline.RetryConfig{Multiplier: 0.5})
-		}, "RetryConfig.Multiplier"},
-		{"retry classification set apart from the policy", func() *receiver.Builder {
-			return receiver.New(st).WithRetry(pipeline.RetryConfig{Classify: receiver.Policy{}.Classify})
-		}, "WithRetry: RetryConfig.Classify"},
-		{"bad breaker config", func() *receiver.Builder {
-			return receiver.New(st).WithCircuitBreaker(pipeline.BreakerConfig{Timeout: -1})
-		}, "BreakerConfig.Timeout"},
-		{"breaker classification set apart from the policy", func() *receiver.Builder {
-			return receiver.New(st).WithCircuitBreaker(pipeline.BreakerConfig{Classify: receiver.Policy{}.Classify})
-		}, "WithCircuitBreaker: BreakerConfig.Classify"},
-		{"nil transaction manager", func() *receiver.Builder { return receiver.New(st).WithSeparateTransaction(nil) }, "WithSeparateTransaction: nil"},
-		{"nil transactional store", func() *receiver.Builder { return receiver.NewTransactional(nil) }, "IdempotencyConfig.Store: nil"},
-		{"a second transaction in the one-transaction mode", func() *receiver.Builder {
-			return receiver.NewTransactional(struct{ store.Transactional }{}).WithSeparateTransaction(telTxManager{})
-		}, "drop WithSeparateTransaction"},
-		{"nil dead-letter publisher", func() *receiver.Builder { return receiver.New(st).WithDeadLetter(nil, "dead") }, "dead letter publisher: nil"},
+		}, "WithRetry(RetryConfig.Multiplier)", "below 1"},
+		{"heartbeat not shorter than the lease", func() *receiver.Builder {
+			return receiver.New(st).WithPolicy(policy.Policy{LeaseDuration: time.Second, Heartbeat: 2 * time.Second})
+		}, "WithPolicy(Policy.Heartbeat)", "not shorter"},
+		{"a lease in the one-transaction mode", func() *receiver.Builder {
+			return receiver.NewTransactional(ts).WithPolicy(policy.Policy{LeaseDuration: time.Minute})
+		}, "WithPolicy(Policy.LeaseDuration)", "no effect in the one-transaction mode"},
+		{"a scope no store holds", func() *receiver.Builder { return receiver.New(st).WithScope("a\x00b") }, "WithScope", "NUL"},
+		{"nil dead-letter publisher", func() *receiver.Builder { return receiver.New(st).WithDeadLetter(nil, "dead") }, "WithDeadLetter", "publisher"},
 		{"empty dead-letter topic", func() *receiver.Builder {
 			return receiver.New(st).WithDeadLetter(gochannel.NewGoChannel(gochannel.Config{}, nil), "")
-		}, "dead letter topic: empty"},
+		}, "WithDeadLetter", "topic"},
+		{"a poison message would hold up a Kafka partition", func() *receiver.Builder {
+			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
+		}, "WithPolicy(Policy.Exhausted)", "WithDeadLetter"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := tc.build().Build()
-			if r != nil || !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.says) {
-				t.Fatalf("Build() = %v, %v; want ErrInvalidConfig saying %q", r, err, tc.says)
+			var ce *oncemill.ConfigError
+			if r != nil || !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) {
+				t.Fatalf("Build() = %v, %v; want a *oncemill.ConfigError", r, err)
+			}
+			if ce.Setting != tc.setting || !strings.Contains(ce.Problem, tc.says) {
+				t.Fatalf("Build() error names %q saying %q; want %q saying %q", ce.Setting, ce.Problem, tc.setting, tc.says)
 			}
 		})
 	}
@@ -178,7 +183,7 @@ func TestBuildFullChainWithDefaults(t *testing.T) {
 			return nil
 		}).
 		WithRetry(pipeline.RetryConfig{}).
-		WithCircuitBreaker(pipeline.BreakerConfig{}).
+		WithCircuitBreaker(gobreaker.Settings{}).
 		WithEventHandler(func(e pipeline.Event) { outcomes = append(outcomes, e.Outcome) }).
 		Build()
 	if err != nil {
@@ -211,7 +216,7 @@ func TestBuildRefusesAScopeNoStoreHolds(t *testing.T) {
 		"2,000 bytes":   strings.Repeat("s", 2000),
 	} {
 		r, err := receiver.New(st).WithScope(scope).Build()
-		if r != nil || !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "store.MaxScopeLen") {
+		if r != nil || !errors.Is(err, oncemill.ErrInvalidConfig) || !strings.Contains(err.Error(), "store.MaxScopeLen") {
 			t.Errorf("%s: Build = %v, %v; want ErrInvalidConfig saying what a scope may be", name, r, err)
 		}
 	}
@@ -259,7 +264,7 @@ func TestBuildOnInOrderBrokersTakesADeadLetterOrTheDrop(t *testing.T) {
 	defer pubSub.Close()
 	for name, b := range map[string]*receiver.Builder{
 		"dead letter":           receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithDeadLetter(pubSub, "dead"),
-		"drop":                  receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithPolicy(receiver.Policy{Exhausted: policy.ExhaustedDrop}),
+		"drop":                  receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithPolicy(policy.Policy{Exhausted: policy.ExhaustedDrop}),
 		"rabbitmq, dead letter": receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ).WithDeadLetter(pubSub, "dead"),
 		"sqs":                   receiver.New(st).WithMessagingSystem(receiver.MessagingSystemSQS),
 	} {

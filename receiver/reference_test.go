@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 )
 
@@ -18,7 +20,7 @@ func TestEventFieldsAreDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	row := func(name string) bool { return strings.Contains(string(doc), "| `"+name+"` |") }
-	for _, typ := range []reflect.Type{reflect.TypeFor[receiver.Policy](), reflect.TypeFor[receiver.Event]()} {
+	for _, typ := range []reflect.Type{reflect.TypeFor[policy.Policy](), reflect.TypeFor[pipeline.Event]()} {
 		for f := range typ.Fields() {
 			if f.IsExported() && !row(f.Name) {
 				t.Errorf("docs/reference.md has no row for %s.%s", typ.Name(), f.Name)
@@ -32,7 +34,7 @@ func TestEventFieldsAreDocumented(t *testing.T) {
 		}
 	}
 	n := 0
-	for o := receiver.OutcomeExecuted; o.String() != "unknown"; o++ {
+	for o := pipeline.OutcomeExecuted; o.String() != "unknown"; o++ {
 		name := "Outcome"
 		for word := range strings.SplitSeq(o.String(), "_") {
 			name += strings.ToUpper(word[:1]) + word[1:]

@@ -9,6 +9,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/internal/testenv"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
@@ -28,7 +29,7 @@ func TestReplaysAreLoggedAndMeasured(t *testing.T) {
 	declined := errors.New("card declined")
 	r, err := receiver.New(st).
 		WithScope("payments").
-		WithPolicy(receiver.Policy{CachedErrors: []error{declined}}).
+		WithPolicy(policy.Policy{CachedErrors: []error{declined}}).
 		WithLogger(slog.New(logs)).
 		WithReplayLogLevel(slog.LevelInfo).
 		WithMeterProvider(sdk.MeterProvider).

@@ -20,6 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
@@ -118,10 +119,8 @@ func telRetry() pipeline.RetryConfig {
 	return cfg
 }
 
-func telBreaker() pipeline.BreakerConfig {
-	cfg := pipeline.BreakerConfig{}
-	cfg.Name = "orders-db"
-	return cfg
+func telBreaker() gobreaker.Settings {
+	return gobreaker.Settings{Name: "orders-db"}
 }
 
 func telValidate(m *message.Message) error {
@@ -242,27 +241,14 @@ func TestReceiverTelemetryDefaultsToTheGlobalProviders(t *testing.T) {
 	}
 }
 
-// telTxKey marks the fake transaction in a context.
-type telTxKey struct{}
-
-type telTxManager struct{}
-
-func (telTxManager) Begin(ctx context.Context) (context.Context, error) {
-	return context.WithValue(ctx, telTxKey{}, true), nil
-}
-func (telTxManager) Commit(context.Context) error   { return nil }
-func (telTxManager) Rollback(context.Context) error { return nil }
-
-// With WithSeparateTransaction the lease mode records the success after
-// the commit: oncemill.store.begin and .complete, children of the delivery
-// span.
-func TestReceiverTelemetrySeparateTransaction(t *testing.T) {
+// The lease mode claims, then records the success after the handler:
+// oncemill.store.begin and .complete, children of the delivery span.
+func TestReceiverTelemetryLeaseModeStoreSpans(t *testing.T) {
 	t.Parallel()
 	own := teltest.New(t)
 	r, err := receiver.New(telStore(t)).
 		WithTracerProvider(own.TracerProvider).
 		WithMeterProvider(own.MeterProvider).
-		WithSeparateTransaction(telTxManager{}).
 		Build()
 	if err != nil {
 		t.Fatal(err)
@@ -334,7 +320,7 @@ func TestReceiverPrometheusNames(t *testing.T) {
 		WithRetry(telRetry()).
 		WithCircuitBreaker(telBreaker()).
 		WithDeadLetter(dead, "dead").
-		WithPolicy(receiver.Policy{MaxAttempts: 1}).
+		WithPolicy(policy.Policy{MaxAttempts: 1}).
 		Build()
 	if err != nil {
 		t.Fatal(err)
@@ -570,7 +556,7 @@ func Example_observability() {
 			continue
 		}
 		for _, a := range span.Attributes {
-			if a.Key == pipeline.AttrDecision {
+			if a.Key == "idempotency.decision" {
 				fmt.Println(span.Name, a.Value.Emit())
 			}
 		}

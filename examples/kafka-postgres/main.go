@@ -29,6 +29,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -98,11 +100,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	defer pub.Close() // the dead letter's, and the demo's
 	r, err := receiver.NewTransactional(st).
-		WithPolicy(receiver.Policy{SuccessTTL: 7 * 24 * time.Hour}). // longer than Kafka could redeliver: lag, a group rewound
+		WithPolicy(policy.Policy{SuccessTTL: 7 * 24 * time.Hour}). // longer than Kafka could redeliver: lag, a group rewound
 		WithLogger(logger).
 		WithMessagingSystem(receiver.MessagingSystemKafka).
 		WithDeadLetter(pub, cfg.Topic+"-dead"). // nacked for good, a poison message would hold up its partition
-		WithEventHandler(func(e receiver.Event) {
+		WithEventHandler(func(e pipeline.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).
 		Build()
@@ -134,7 +136,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			Cents   int64
 		}
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
-			return receiver.Permanent(fmt.Errorf("bad payment: %w", err)) // cached and acked, never retried
+			return policy.Cached(fmt.Errorf("bad payment: %w", err)) // cached and acked, never retried
 		}
 		// The transaction oncemill opened for this message; returning nil
 		// commits this insert together with the record of the message.

@@ -37,6 +37,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
@@ -94,23 +95,23 @@ func run(ctx context.Context, out io.Writer) error {
 	r, err := receiver.New(st).
 		// The policy classifies errors for every stage: errOutOfStock is
 		// cached (not retried, and no strike against the breaker); any
-		// other error is transient.
-		WithPolicy(receiver.Policy{CachedErrors: []error{errOutOfStock}}).
+		// other error is retryable.
+		WithPolicy(policy.Policy{CachedErrors: []error{errOutOfStock}}).
 		WithValidation(validate).
 		WithRetry(pipeline.RetryConfig{
 			InitialInterval: 50 * time.Millisecond,
 			MaxTries:        3,
 			OnRetry:         func(try int, err error, _ time.Duration) { say("  retry: try %d failed (%v), trying again", try, err) },
 		}).
-		WithCircuitBreaker(pipeline.BreakerConfig{
+		WithCircuitBreaker(gobreaker.Settings{
 			Name:    "warehouse",
-			Timeout: 10 * time.Second, // open this long after 5 transient failures in a row
+			Timeout: 10 * time.Second, // open this long after more than 5 transient failures in a row
 			OnStateChange: func(name string, from, to gobreaker.State) {
 				say("  circuit %s: %s -> %s", name, from, to)
 			},
 		}).
 		WithDeadLetter(pubSub, "orders.dead").
-		WithEventHandler(func(e receiver.Event) {
+		WithEventHandler(func(e pipeline.Event) {
 			if e.Err != nil {
 				say("%s: %s (%v)", e.MessageUUID, e.Outcome, e.Err)
 				return

@@ -13,6 +13,7 @@ import (
 
 	"github.com/oncemill/oncemill/oncemilltest"
 	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
@@ -44,7 +45,7 @@ func (s *shipper) ship(msg *message.Message) error {
 // dead-letter topic.
 func newBuilder(st store.Store) *receiver.Builder {
 	return receiver.New(st).
-		WithPolicy(receiver.Policy{CachedErrors: []error{errOutOfStock}}).
+		WithPolicy(policy.Policy{CachedErrors: []error{errOutOfStock}}).
 		WithValidation(validate).
 		WithRetry(pipeline.RetryConfig{InitialInterval: time.Millisecond, MaxTries: 3}).
 		WithCircuitBreaker(pipeline.BreakerConfig{Name: "warehouse", Timeout: 10 * time.Second})
@@ -71,7 +72,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 		var s shipper
 		ds := oncemilltest.DeliverTwice(t, newBuilder(newStore(t)), oncemilltest.NoPublish(s.ship),
 			newOrder("order-1", `{"item":"book","quantity":1}`))
-		ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 		ds.RequireExecutedOnce(t)
 		ds.RequireAllAcked(t)
 		s.shipped.RequireOnce(t, "order-1")
@@ -90,7 +91,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 		var s shipper
 		ds := oncemilltest.DeliverTwice(t, newBuilder(newStore(t)), oncemilltest.NoPublish(s.ship),
 			newOrder("order-2", `{"item":"pen"}`))
-		ds.RequireOutcomes(t, receiver.OutcomeInvalid, receiver.OutcomeInvalid)
+		ds.RequireOutcomes(t, pipeline.OutcomeInvalid, pipeline.OutcomeInvalid)
 		ds.RequireRuns(t, 0)
 		ds.RequireAllAcked(t)
 		s.shipped.RequireCount(t, "order-2", 0)
@@ -100,7 +101,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 		var s shipper
 		ds := oncemilltest.DeliverTwice(t, newBuilder(newStore(t)), oncemilltest.NoPublish(s.ship),
 			newOrder("order-3", `{"item":"lamp","quantity":2}`))
-		ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 		ds.RequireRuns(t, 2) // both in the first delivery
 		s.shipped.RequireOnce(t, "order-3")
 	})
@@ -109,7 +110,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 		var s shipper
 		ds := oncemilltest.DeliverTwice(t, newBuilder(newStore(t)), oncemilltest.NoPublish(s.ship),
 			newOrder("order-4", `{"item":"unobtainium","quantity":1}`))
-		ds.RequireOutcomes(t, receiver.OutcomeFailureCached, receiver.OutcomeFailureReplayed)
+		ds.RequireOutcomes(t, pipeline.OutcomeFailureCached, pipeline.OutcomeFailureReplayed)
 		ds.RequireRuns(t, 1)
 		ds.RequireAllAcked(t)
 		s.shipped.RequireCount(t, "order-4", 0)
@@ -124,7 +125,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 		var s shipper
 		ds := oncemilltest.DeliverAfterCrash(t, newBuilder, oncemilltest.NoPublish(s.ship),
 			newOrder("order-5", `{"item":"desk","quantity":1}`))
-		ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeExecuted)
+		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeExecuted)
 		if !ds[1].Event.Takeover || !ds[1].Acked() {
 			t.Errorf("the redelivery did not take the crashed lease over:%v", ds)
 		}

@@ -30,6 +30,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/redisstore"
 )
@@ -85,14 +87,14 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	defer pub.Close() // the dead letter's, and the demo's
 	r, err := receiver.New(st).
-		WithPolicy(receiver.Policy{
+		WithPolicy(policy.Policy{
 			SuccessTTL:    24 * time.Hour,   // longer than a message can wait in the queue
 			LeaseDuration: 30 * time.Second, // longer than the slowest handler; the heartbeat extends it
 		}).
 		WithLogger(logger).
 		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).
 		WithDeadLetter(pub, cfg.Queue+"-dead"). // requeued for good, a poison message would hold up the queue
-		WithEventHandler(func(e receiver.Event) {
+		WithEventHandler(func(e pipeline.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).
 		Build()
@@ -116,15 +118,15 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			Points   int64
 		}
 		if err := json.Unmarshal(msg.Payload, &p); err != nil {
-			return receiver.Permanent(fmt.Errorf("bad purchase: %w", err)) // cached and acked, not retried
+			return policy.Cached(fmt.Errorf("bad purchase: %w", err)) // cached and acked, not retried
 		}
 		// The fencing token rises with every execution of a key: pass it to
 		// a downstream system that can refuse a stale writer.
-		lease, _ := receiver.LeaseFromContext(msg.Context())
+		lease, _ := pipeline.ClaimFromContext(msg.Context())
 		logger.Info("awarding points", "customer", p.Customer, "points", p.Points, "attempt", lease.Attempt, "token", lease.Token)
 		// The effect is outside any transaction: make sure the lease is
 		// still ours (no other delivery took the key over) right before it.
-		if err := receiver.CheckLease(msg.Context()); err != nil {
+		if err := pipeline.CheckLease(msg.Context()); err != nil {
 			return err
 		}
 		return rdb.HIncrBy(msg.Context(), points, p.Customer, p.Points).Err()

@@ -33,6 +33,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -92,10 +94,10 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 	r, err := receiver.NewTransactional(st).
 		// SQS keeps a message up to 14 days (MessageRetentionPeriod): remember longer.
-		WithPolicy(receiver.Policy{SuccessTTL: 15 * 24 * time.Hour}).
+		WithPolicy(policy.Policy{SuccessTTL: 15 * 24 * time.Hour}).
 		WithLogger(logger).
 		WithMessagingSystem(receiver.MessagingSystemSQS).
-		WithEventHandler(func(e receiver.Event) {
+		WithEventHandler(func(e pipeline.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).
 		Build()
@@ -130,10 +132,10 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			Quantity int
 		}
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
-			return receiver.Permanent(fmt.Errorf("bad order: %w", err))
+			return policy.Cached(fmt.Errorf("bad order: %w", err))
 		}
 		if o.Quantity < 1 {
-			return receiver.Permanent(fmt.Errorf("order for %d × %s: quantity must be 1 or more", o.Quantity, o.SKU))
+			return policy.Cached(fmt.Errorf("order for %d × %s: quantity must be 1 or more", o.Quantity, o.SKU))
 		}
 		tx, _ := postgres.TxFromContext(msg.Context()) // oncemill's transaction for this message
 		_, err := tx.Exec(msg.Context(), `INSERT INTO `+orders+` VALUES ($1, $2, $3)`, msg.UUID, o.SKU, o.Quantity)

@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncemill/oncemill/internal/testenv"
-	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -221,15 +220,16 @@ func TestCrashChild(t *testing.T) {
 	messages := pgx.Identifier{schema, "messages"}.Sanitize()
 	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
 
-	p := policy.Policy{}.WithDefaults()
-	p.HeldKey = policy.HeldKeyNack // the broker redelivers later
-	p.NackDelay = 10 * time.Millisecond
-	p.MaxAttempts = 1 << 20 // crashes are not failures to cap
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: s, Keys: keygen.UUID(), Scope: "crash", Policy: p})
+	p := policy.Policy{
+		HeldKey:     policy.HeldKeyNack, // the broker redelivers later
+		NackDelay:   10 * time.Millisecond,
+		MaxAttempts: 1 << 20, // crashes are not failures to cap
+	}
+	idem, err := pipeline.NewTransactional(s, pipeline.Config{Scope: "crash", Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := pipeline.Chain{Idempotency: idem}.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	h := idem.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := postgres.TxFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("no transaction")
