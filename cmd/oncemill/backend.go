@@ -105,13 +105,16 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 			return now, nil
 		},
 		migrate: func(ctx context.Context) (migration, error) {
-			m := migration{Store: "postgres", Target: target, To: postgres.SchemaVersion}
+			m := migration{Store: "postgres", Target: target}
 			from, err := st.AppliedVersion(ctx)
 			if err != nil {
 				return m, err
 			}
 			m.From = from
 			if err := st.Migrate(ctx); err != nil {
+				return m, err
+			}
+			if m.To, err = st.AppliedVersion(ctx); err != nil {
 				return m, err
 			}
 			m.Changed = from != m.To

@@ -74,7 +74,7 @@ func forEachStore(t *testing.T, f func(t *testing.T, fx *fixture)) {
 }
 
 func postgresFlags(schema string) []string {
-	return []string{"--store=postgres", "--postgres-dsn=" + testenv.PostgresDSN(), "--postgres-schema=" + schema, "--postgres-table=" + postgres.DefaultTable}
+	return []string{"--store=postgres", "--postgres-dsn=" + testenv.PostgresDSN(), "--postgres-schema=" + schema, "--postgres-table=oncemill_records"}
 }
 
 func newPostgresFixture(t *testing.T) *fixture {
@@ -89,7 +89,7 @@ func newPostgresFixture(t *testing.T) *fixture {
 	if err := st.Migrate(t.Context()); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	qualified := pgx.Identifier{schema, postgres.DefaultTable}.Sanitize()
+	qualified := pgx.Identifier{schema, "oncemill_records"}.Sanitize()
 	return &fixture{
 		name:  "postgres",
 		st:    st,

@@ -120,10 +120,10 @@ func TestCleanupLagMetric(t *testing.T) {
 		t.Helper()
 		ms := k.Metrics(t)
 		lag = -1
-		for _, v := range teltest.Gauge[float64](t, ms, postgres.MetricCleanupLag, "") {
+		for _, v := range teltest.Gauge[float64](t, ms, "oncemill.store.cleanup.lag", "") {
 			lag = v
 		}
-		return lag, teltest.Sums(t, ms, postgres.MetricCleanupDeleted, "")[""]
+		return lag, teltest.Sums(t, ms, "oncemill.store.cleanup.deleted", "")[""]
 	}
 
 	if lag, _ := observe(); lag != 0 {

@@ -46,8 +46,7 @@
 // statement runs again. Complete, Release and Extend are single-row UPDATEs
 // (or a DELETE) conditional on (scope, key, token, status in progress):
 // otherwise store.ErrLeaseLost, and nothing changes. None changes an indexed
-// column, so each is a HOT update. NewTxManager gives the lease mode a
-// transaction of its own around the handler, for records kept elsewhere.
+// column, so each is a HOT update.
 //
 // # Bounds
 //
@@ -74,4 +73,5 @@
 // through store.Limits), results larger than Options.MaxResultBytes are
 // refused with store.ErrInvalidRequest, and so are scopes, keys and
 // fingerprints that PostgreSQL text cannot hold (a NUL byte, invalid UTF-8).
+// A stored error message is cut to 16 KiB at a UTF-8 boundary.
 package postgres

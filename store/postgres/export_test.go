@@ -23,3 +23,12 @@ func (s *Store) Statements() map[string]string {
 
 // MigrateTo applies the embedded migrations up to version, and no further.
 func (s *Store) MigrateTo(ctx context.Context, version int) error { return s.migrateTo(ctx, version) }
+
+// Defaults and bounds the tests compare against.
+const (
+	DefaultTable       = defaultTable
+	MaxErrorMessageLen = maxErrorMessageLen
+)
+
+// SchemaVersion is the newest schema version Migrate applies.
+var SchemaVersion = schemaVersion

@@ -23,8 +23,9 @@ type migration struct {
 	sql     string
 }
 
-// SchemaVersion is the newest schema version Migrate applies.
-var SchemaVersion = func() int {
+// schemaVersion is the newest schema version Migrate applies (AppliedVersion
+// reports it after a Migrate).
+var schemaVersion = func() int {
 	ms := mustMigrations()
 	return ms[len(ms)-1].version
 }()
@@ -73,11 +74,11 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 // <Table>_migrations. It is idempotent, and safe to run from many workers at
 // once: one transaction under pg_advisory_xact_lock applies what is missing,
 // and the others then find nothing to do.
-func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, SchemaVersion) }
+func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, schemaVersion) }
 
 // AppliedVersion is the newest schema version Migrate has applied to the
-// store's table: 0 before the first Migrate, SchemaVersion after one of
-// this build.
+// store's table: 0 before the first Migrate, the newest version this build
+// knows after one of this build.
 func (s *Store) AppliedVersion(ctx context.Context) (int, error) {
 	ctx, cancel, err := s.enter(ctx, "applied version", 0)
 	if err != nil {
@@ -124,8 +125,8 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 	if err := tx.QueryRow(ctx, s.names.render(`SELECT coalesce(max(version), 0) FROM {{VERSIONS}}`)).Scan(&current); err != nil {
 		return fmt.Errorf("oncemill: postgres: migrate: reading the schema version: %w", err)
 	}
-	if current > SchemaVersion {
-		return fmt.Errorf("oncemill: postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, SchemaVersion)
+	if current > schemaVersion {
+		return fmt.Errorf("oncemill: postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, schemaVersion)
 	}
 	for _, m := range mustMigrations() {
 		if m.version <= current || m.version > version {

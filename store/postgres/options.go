@@ -15,24 +15,24 @@ import (
 
 // Defaults and bounds of Options.
 const (
-	DefaultSchema           = "public"
-	DefaultTable            = "oncemill_records"
-	DefaultMaxKeyLen        = 512
-	DefaultMaxResultBytes   = 1 << 20
-	DefaultCleanupInterval  = time.Minute
-	DefaultCleanupBatch     = 1000
-	DefaultCleanupDuty      = 0.5
-	DefaultStatementTimeout = 5 * time.Second
+	defaultSchema           = "public"
+	defaultTable            = "oncemill_records"
+	defaultMaxKeyLen        = 512
+	defaultMaxResultBytes   = 1 << 20
+	defaultCleanupInterval  = time.Minute
+	defaultCleanupBatch     = 1000
+	defaultCleanupDuty      = 0.5
+	defaultStatementTimeout = 5 * time.Second
 
-	// MaxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
+	// maxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
 	// fit in one B-tree entry of the primary key (about 2,700 bytes).
-	MaxKeyLenLimit = 1024
-	// MaxResultBytesLimit bounds Options.MaxResultBytes. Every replay reads
+	maxKeyLenLimit = 1024
+	// maxResultBytesLimit bounds Options.MaxResultBytes. Every replay reads
 	// the whole result; larger outputs belong in a table of their own.
-	MaxResultBytesLimit = 64 << 20
-	// MaxErrorMessageLen is the longest stored error message in bytes; a
+	maxResultBytesLimit = 64 << 20
+	// maxErrorMessageLen is the longest stored error message in bytes; a
 	// longer one is cut at a UTF-8 boundary.
-	MaxErrorMessageLen = 16 << 10
+	maxErrorMessageLen = 16 << 10
 
 	maxTableLen     = 48 // leaves room for the suffixes of derived names
 	maxCleanupBatch = 100_000
@@ -115,7 +115,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 
 	if o.Schema == "" {
-		o.Schema = DefaultSchema
+		o.Schema = defaultSchema
 	}
 	if err := checkIdent("Schema", o.Schema, 63); err != nil {
 		errs = append(errs, err)
@@ -123,7 +123,7 @@ func (o Options) withDefaults() (Options, error) {
 		bad("Options.Schema %q starts with \"pg_\", which PostgreSQL reserves for system schemas; pick another name", o.Schema)
 	}
 	if o.Table == "" {
-		o.Table = DefaultTable
+		o.Table = defaultTable
 	}
 	if err := checkIdent("Table", o.Table, maxTableLen); err != nil {
 		errs = append(errs, err)
@@ -131,36 +131,36 @@ func (o Options) withDefaults() (Options, error) {
 
 	switch {
 	case o.MaxKeyLen == 0:
-		o.MaxKeyLen = DefaultMaxKeyLen
-	case o.MaxKeyLen < 0 || o.MaxKeyLen > MaxKeyLenLimit:
-		bad("Options.MaxKeyLen is %d; use 1 to %d bytes, or 0 for the default %d (longer keys are hashed by the idempotency stage)", o.MaxKeyLen, MaxKeyLenLimit, DefaultMaxKeyLen)
+		o.MaxKeyLen = defaultMaxKeyLen
+	case o.MaxKeyLen < 0 || o.MaxKeyLen > maxKeyLenLimit:
+		bad("Options.MaxKeyLen is %d; use 1 to %d bytes, or 0 for the default %d (longer keys are hashed by the idempotency stage)", o.MaxKeyLen, maxKeyLenLimit, defaultMaxKeyLen)
 	}
 	switch {
 	case o.MaxResultBytes == 0:
-		o.MaxResultBytes = DefaultMaxResultBytes
-	case o.MaxResultBytes < 0 || o.MaxResultBytes > MaxResultBytesLimit:
-		bad("Options.MaxResultBytes is %d; use 1 to %d bytes, or 0 for the default %d", o.MaxResultBytes, MaxResultBytesLimit, DefaultMaxResultBytes)
+		o.MaxResultBytes = defaultMaxResultBytes
+	case o.MaxResultBytes < 0 || o.MaxResultBytes > maxResultBytesLimit:
+		bad("Options.MaxResultBytes is %d; use 1 to %d bytes, or 0 for the default %d", o.MaxResultBytes, maxResultBytesLimit, defaultMaxResultBytes)
 	}
 	if o.CleanupInterval == 0 {
-		o.CleanupInterval = DefaultCleanupInterval
+		o.CleanupInterval = defaultCleanupInterval
 	}
 	switch {
 	case o.CleanupBatch == 0:
-		o.CleanupBatch = DefaultCleanupBatch
+		o.CleanupBatch = defaultCleanupBatch
 	case o.CleanupBatch < 0 || o.CleanupBatch > maxCleanupBatch:
-		bad("Options.CleanupBatch is %d; use 1 to %d rows, or 0 for the default %d (small batches keep row locks short)", o.CleanupBatch, maxCleanupBatch, DefaultCleanupBatch)
+		bad("Options.CleanupBatch is %d; use 1 to %d rows, or 0 for the default %d (small batches keep row locks short)", o.CleanupBatch, maxCleanupBatch, defaultCleanupBatch)
 	}
 	switch {
 	case o.CleanupDuty == 0:
-		o.CleanupDuty = DefaultCleanupDuty
+		o.CleanupDuty = defaultCleanupDuty
 	case !(o.CleanupDuty > 0 && o.CleanupDuty <= 1):
-		bad("Options.CleanupDuty is %v; use a share above 0 and at most 1, or 0 for the default %v", o.CleanupDuty, DefaultCleanupDuty)
+		bad("Options.CleanupDuty is %v; use a share above 0 and at most 1, or 0 for the default %v", o.CleanupDuty, defaultCleanupDuty)
 	}
 	switch {
 	case o.StatementTimeout == 0:
-		o.StatementTimeout = DefaultStatementTimeout
+		o.StatementTimeout = defaultStatementTimeout
 	case o.StatementTimeout < time.Millisecond:
-		bad("Options.StatementTimeout is %v; use 1ms or more, or 0 for the default %v", o.StatementTimeout, DefaultStatementTimeout)
+		bad("Options.StatementTimeout is %v; use 1ms or more, or 0 for the default %v", o.StatementTimeout, defaultStatementTimeout)
 	}
 	if o.TxOptions.BeginQuery != "" || o.TxOptions.CommitQuery != "" {
 		bad("Options.TxOptions sets BeginQuery or CommitQuery; oncemill writes its own BEGIN and COMMIT: set IsoLevel, AccessMode and DeferrableMode only")

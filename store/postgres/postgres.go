@@ -334,7 +334,7 @@ func (s *Store) checkComplete(op string, lease store.Claim, out store.Completion
 	}
 	out.Result = bytes.Clone(out.Result)
 	out.ErrorKind = store.ErrorKind(storableText(string(out.ErrorKind), maxErrorKindLen))
-	out.ErrorMessage = storableText(out.ErrorMessage, MaxErrorMessageLen)
+	out.ErrorMessage = storableText(out.ErrorMessage, maxErrorMessageLen)
 	return out, nil
 }
 

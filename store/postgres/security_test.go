@@ -92,7 +92,7 @@ func TestUnstorableTextRefused(t *testing.T) {
 		{"NUL in scope", store.LeaseRequest{Scope: "\x00", Key: "k", LeaseDuration: time.Minute}, "scope contains a NUL byte"},
 		{"NUL in fingerprint", store.LeaseRequest{Key: "k", Fingerprint: "f\x00", LeaseDuration: time.Minute}, "fingerprint contains a NUL byte"},
 		{"invalid UTF-8 key", store.LeaseRequest{Key: "k\xff\xfe", LeaseDuration: time.Minute}, "key is not valid UTF-8"},
-		{"key over MaxKeyLen", store.LeaseRequest{Key: strings.Repeat("k", postgres.DefaultMaxKeyLen+1), LeaseDuration: time.Minute}, "longer than MaxKeyLen 512"},
+		{"key over MaxKeyLen", store.LeaseRequest{Key: strings.Repeat("k", 513), LeaseDuration: time.Minute}, "longer than MaxKeyLen 512"},
 		{"scope over its limit", store.LeaseRequest{Scope: strings.Repeat("s", store.MaxScopeLen+1), Key: "k", LeaseDuration: time.Minute}, "scope is 1025 bytes"},
 	}
 	for _, c := range cases {

@@ -13,14 +13,14 @@ import (
 // Metric names. Every instrument carries the attribute
 // oncemill.store.table = "<schema>.<table>".
 const (
-	// MetricCleanupLag is an observable gauge, in seconds: how long the
+	// metricCleanupLag is an observable gauge, in seconds: how long the
 	// oldest row cleanup may remove has waited for it (now() − its purge
 	// time, by the database clock), 0 when none is left. Below the
 	// cleanup interval is healthy; a steady rise means cleanup is not
 	// keeping up or not running.
-	MetricCleanupLag = "oncemill.store.cleanup.lag"
-	// MetricCleanupDeleted counts rows removed by cleanup.
-	MetricCleanupDeleted = "oncemill.store.cleanup.deleted"
+	metricCleanupLag = "oncemill.store.cleanup.lag"
+	// metricCleanupDeleted counts rows removed by cleanup.
+	metricCleanupDeleted = "oncemill.store.cleanup.deleted"
 )
 
 const meterName = "github.com/oncemill/oncemill/store/postgres"
@@ -42,12 +42,12 @@ func newTelemetry(s *Store) (*telemetry, error) {
 	t.tableAttrs = metric.WithAttributes(t.table)
 
 	var err error
-	if t.deleted, err = m.Int64Counter(MetricCleanupDeleted,
+	if t.deleted, err = m.Int64Counter(metricCleanupDeleted,
 		metric.WithUnit("{record}"),
 		metric.WithDescription("Expired records removed by cleanup.")); err != nil {
 		return nil, fmt.Errorf("oncemill: postgres: metrics: %w", err)
 	}
-	lag, err := m.Float64ObservableGauge(MetricCleanupLag,
+	lag, err := m.Float64ObservableGauge(metricCleanupLag,
 		metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest expired record not yet removed, by the database clock; 0 when none."))
 	if err != nil {

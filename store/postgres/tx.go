@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres/internal/guardtx"
 )
 
 // The one-transaction mode (store.Transactional). Claim sends BEGIN and the
@@ -68,7 +68,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		res, tx, err := s.claimTx(ctx, conn, req, purge, waitMS, lock)
 		if err == nil && res.Decision == store.DecisionExecute {
 			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
-			t.handler = &handlerTx{Tx: tx, owner: t, top: true}
+			t.handler = newHandlerTx(tx, t, true)
 			return store.TxResult{ClaimResult: res, Tx: t}, nil
 		}
 		// Nothing to keep: end the transaction and give the connection back.
@@ -159,7 +159,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 	}
 	defer s.leave(cancel)
 	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
-		micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, MaxErrorMessageLen), micros(out.TTL),
+		micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
 		claimLockKey(lease.Scope, lease.Key))
 	if err != nil {
 		return wrap("record rollback", err)
@@ -263,13 +263,11 @@ func (t *claimTx) Rollback(ctx context.Context) error {
 	return nil
 }
 
-// TxFromContext returns the transaction the handler runs in: the
-// one-transaction mode's (receiver.NewTransactional), or one a TxManager
-// began. Do the handler's database writes on it: in the one-transaction
-// mode they commit together with the record of the message's success, or
-// not at all. Its Commit and Rollback return ErrTxOwned (for the
-// one-transaction mode) or end it early (TxManager): let the stage end it.
-// ok is false outside those stages.
+// TxFromContext returns the transaction the handler runs in, in the
+// one-transaction mode (receiver.NewTransactional). Do the handler's
+// database writes on it: they commit together with the record of the
+// message's success, or not at all. Its Commit and Rollback return
+// ErrTxOwned: the stage ends it. ok is false outside that mode.
 func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
 	tx, ok = ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok
@@ -279,34 +277,31 @@ func TxFromContext(ctx context.Context) (tx pgx.Tx, ok bool) {
 // own transaction from Claim's batch, which the stage commits or rolls back
 // on the connection directly (so that the completion can share COMMIT's
 // round trip). At the top level it refuses to end the transaction itself;
-// its savepoints (ClaimLease) are handlerTx values too. Once the stage has ended
+// its savepoints (Begin) are handlerTx values too. Once the stage has ended
 // the transaction, every call fails with pgx.ErrTxClosed: the connection is
-// back in the pool.
+// back in the pool (guardtx).
 type handlerTx struct {
-	pgx.Tx
+	guardtx.Tx
 	owner *claimTx
 	top   bool
 }
 
 var _ pgx.Tx = (*handlerTx)(nil)
 
-func (h *handlerTx) check() error {
-	if h.owner.ended {
-		return pgx.ErrTxClosed
-	}
-	return nil
+func newHandlerTx(tx pgx.Tx, owner *claimTx, top bool) *handlerTx {
+	return &handlerTx{Tx: guardtx.Tx{Tx: tx, Ended: &owner.ended}, owner: owner, top: top}
 }
 
-// ClaimLease starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
+// Begin starts a pseudo nested transaction (a savepoint), as pgx.Tx does.
 func (h *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := h.check(); err != nil {
+	if err := h.Check(); err != nil {
 		return nil, err
 	}
-	tx, err := h.Tx.Begin(ctx)
+	tx, err := h.Tx.Tx.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &handlerTx{Tx: tx, owner: h.owner}, nil
+	return newHandlerTx(tx, h.owner, false), nil
 }
 
 // Commit of the top level refuses: the stage commits when the handler
@@ -315,10 +310,10 @@ func (h *handlerTx) Commit(ctx context.Context) error {
 	if h.top {
 		return ErrTxOwned
 	}
-	if err := h.check(); err != nil {
+	if err := h.Check(); err != nil {
 		return err
 	}
-	return h.Tx.Commit(ctx)
+	return h.Tx.Tx.Commit(ctx)
 }
 
 // Rollback of the top level refuses: the stage rolls back when the handler
@@ -328,109 +323,8 @@ func (h *handlerTx) Rollback(ctx context.Context) error {
 	if h.top {
 		return ErrTxOwned
 	}
-	if err := h.check(); err != nil {
+	if err := h.Check(); err != nil {
 		return err
 	}
-	return h.Tx.Rollback(ctx)
-}
-
-func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := h.check(); err != nil {
-		return 0, err
-	}
-	return h.Tx.CopyFrom(ctx, table, columns, src)
-}
-
-func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := h.check(); err != nil {
-		return pgx.FailedBatchResults(b, err)
-	}
-	return h.Tx.SendBatch(ctx, b)
-}
-
-func (h *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := h.check(); err != nil {
-		return nil, err
-	}
-	return h.Tx.Prepare(ctx, name, sql)
-}
-
-func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := h.check(); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return h.Tx.Exec(ctx, sql, args...)
-}
-
-func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := h.check(); err != nil {
-		return nil, err
-	}
-	return h.Tx.Query(ctx, sql, args...)
-}
-
-func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := h.check(); err != nil {
-		return errRow{err}
-	}
-	return h.Tx.QueryRow(ctx, sql, args...)
-}
-
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
-// TxManager begins, commits and rolls back transactions on a pool, for the
-// transaction stage of the lease mode (pipeline.TxManager; this package
-// does not import pipeline): a transaction around the handler whose
-// records live elsewhere (Redis, another database), and commit apart from
-// it. The handler finds its transaction with TxFromContext. For records in
-// the same database as the business data, use the one-transaction mode
-// instead: Store is a store.Transactional.
-type TxManager struct {
-	pool *pgxpool.Pool
-	opts pgx.TxOptions
-}
-
-// NewTxManager returns a transaction manager over pool.
-func NewTxManager(pool *pgxpool.Pool, opts pgx.TxOptions) (*TxManager, error) {
-	if pool == nil {
-		return nil, oncemill.InvalidConfig("pool", "nil; pass a *pgxpool.Pool from pgxpool.New")
-	}
-	return &TxManager{pool: pool, opts: opts}, nil
-}
-
-// ClaimLease starts a transaction and returns a context carrying it.
-func (m *TxManager) Begin(ctx context.Context) (context.Context, error) {
-	tx, err := m.pool.BeginTx(ctx, m.opts)
-	if err != nil {
-		return ctx, wrap("begin transaction", err)
-	}
-	return context.WithValue(ctx, txKey{}, tx), nil
-}
-
-// Commit commits the transaction ctx carries. A failed commit leaves it
-// rolled back.
-func (m *TxManager) Commit(ctx context.Context) error {
-	tx, ok := TxFromContext(ctx)
-	if !ok {
-		return fmt.Errorf("oncemill: postgres: commit: %w", store.ErrNoTransaction)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return wrap("commit", err)
-	}
-	return nil
-}
-
-// Rollback rolls back the transaction ctx carries. Rolling back a
-// transaction that already ended is not an error.
-func (m *TxManager) Rollback(ctx context.Context) error {
-	tx, ok := TxFromContext(ctx)
-	if !ok {
-		return fmt.Errorf("oncemill: postgres: rollback: %w", store.ErrNoTransaction)
-	}
-	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return wrap("rollback", err)
-	}
-	return nil
+	return h.Tx.Tx.Rollback(ctx)
 }

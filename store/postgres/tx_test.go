@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -23,10 +22,6 @@ import (
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
-
-// The separate transaction manager satisfies the pipeline's interface
-// without store/postgres importing pipeline.
-var _ pipeline.TxManager = (*postgres.TxManager)(nil)
 
 // ledgerFixture is a store, a ledger table for the handler's business
 // writes, and the receiver in the one-transaction mode around a handler
@@ -544,73 +539,6 @@ func TestTransactionalAbortedTransactionIsNotASuccess(t *testing.T) {
 	}
 	if rec, err := f.s.Get(t.Context(), "ledger", "m-11"); err != nil || rec.Status != store.StatusRetryable {
 		t.Fatalf("record = %v, %v; want retryable", rec.Status, err)
-	}
-}
-
-func TestTxManager(t *testing.T) {
-	t.Parallel()
-	pool := testenv.Pool(t)
-	ctx := t.Context()
-	if _, err := postgres.NewTxManager(nil, pgx.TxOptions{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
-		t.Fatalf("NewTxManager(nil) = %v", err)
-	}
-	tm, err := postgres.NewTxManager(pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tm.Commit(ctx); !errors.Is(err, store.ErrNoTransaction) {
-		t.Errorf("Commit without a transaction = %v", err)
-	}
-	if err := tm.Rollback(ctx); !errors.Is(err, store.ErrNoTransaction) {
-		t.Errorf("Rollback without a transaction = %v", err)
-	}
-	txCtx, err := tm.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, ok := postgres.TxFromContext(txCtx)
-	if !ok {
-		t.Fatal("TxFromContext found no transaction")
-	}
-	schema := testenv.Schema(t, pool)
-	tbl := pgx.Identifier{schema, "t"}.Sanitize()
-	for _, q := range []string{"CREATE SCHEMA " + pgx.Identifier{schema}.Sanitize(), "CREATE TABLE " + tbl + " (v int)"} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	count := func() (n int) {
-		t.Helper()
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	if _, err := tx.Exec(txCtx, "INSERT INTO "+tbl+" VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tm.Rollback(txCtx); err != nil {
-		t.Fatal(err)
-	}
-	if err := tm.Rollback(txCtx); err != nil {
-		t.Errorf("second Rollback = %v, want nil", err)
-	}
-	if n := count(); n != 0 {
-		t.Fatalf("%d rows after Rollback, want 0", n)
-	}
-	txCtx, err = tm.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, _ = postgres.TxFromContext(txCtx)
-	if _, err := tx.Exec(txCtx, "INSERT INTO "+tbl+" VALUES (1)"); err != nil {
-		t.Fatal(err)
-	}
-	if err := tm.Commit(txCtx); err != nil {
-		t.Fatal(err)
-	}
-	if n := count(); n != 1 {
-		t.Fatalf("%d rows after Commit, want 1", n)
 	}
 }
 

@@ -81,7 +81,7 @@ func Example() {
 	}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != tiered.MetricReplays {
+			if m.Name != "oncemill.store.tier.replays" {
 				continue
 			}
 			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {

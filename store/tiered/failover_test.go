@@ -121,11 +121,11 @@ func testRedisKilledMidRun(t *testing.T, transactional bool, opts tiered.Options
 	if truth == 0 {
 		t.Error("no replay came from the truth after Redis died")
 	}
-	if n := count(t, m, tiered.MetricFallbacks, "", ""); n == 0 {
+	if n := count(t, m, "oncemill.store.tier.fallbacks", "", ""); n == 0 {
 		t.Error("no fallback was counted")
 	}
 	t.Logf("replays: local %d, redis %d, truth %d; fallbacks: begin %d, claim %d, complete %d, commit %d",
 		local, redis, truth,
-		count(t, m, tiered.MetricFallbacks, "operation", "begin"), count(t, m, tiered.MetricFallbacks, "operation", "claim"),
-		count(t, m, tiered.MetricFallbacks, "operation", "complete"), count(t, m, tiered.MetricFallbacks, "operation", "commit"))
+		count(t, m, "oncemill.store.tier.fallbacks", "operation", "begin"), count(t, m, "oncemill.store.tier.fallbacks", "operation", "claim"),
+		count(t, m, "oncemill.store.tier.fallbacks", "operation", "complete"), count(t, m, "oncemill.store.tier.fallbacks", "operation", "commit"))
 }

@@ -59,7 +59,7 @@ func (db *truthDB) advance(tb testing.TB, d time.Duration) {
 		purge_at = purge_at - $1 * interval '1 microsecond',
 		expires_at = expires_at - $1 * interval '1 microsecond',
 		created_at = created_at - $1 * interval '1 microsecond',
-		updated_at = updated_at - $1 * interval '1 microsecond'`, pgx.Identifier{db.schema, postgres.DefaultTable}.Sanitize()), d.Microseconds())
+		updated_at = updated_at - $1 * interval '1 microsecond'`, pgx.Identifier{db.schema, "oncemill_records"}.Sanitize()), d.Microseconds())
 	if err != nil {
 		tb.Fatalf("advancing the database clock by %v: %v", d, err)
 	}
@@ -72,7 +72,7 @@ func (db *truthDB) remaining(tb testing.TB, scope, key string) (time.Duration, b
 	var us int64
 	err := db.pool.QueryRow(context.Background(), fmt.Sprintf(
 		`SELECT (extract(epoch FROM expires_at - now()) * 1000000)::bigint FROM %s WHERE scope = $1 AND key = $2`,
-		pgx.Identifier{db.schema, postgres.DefaultTable}.Sanitize()), scope, key).Scan(&us)
+		pgx.Identifier{db.schema, "oncemill_records"}.Sanitize()), scope, key).Scan(&us)
 	if err == pgx.ErrNoRows || err == nil && us <= 0 {
 		return 0, false
 	}

@@ -11,15 +11,15 @@ import (
 	"github.com/oncemill/oncemill"
 )
 
-// Defaults of Options.
+// Defaults of Options (each field's doc states its default).
 const (
-	DefaultPrefix              = "oncemill-tiered"
-	DefaultLocalCapacity       = 4096
-	DefaultLocalMaxRecordBytes = 16 << 10
-	DefaultMaxLocalAge         = 10 * time.Second
-	DefaultRedisTimeout        = 50 * time.Millisecond
-	DefaultRedisBackoff        = time.Second
-	DefaultClockMargin         = 100 * time.Millisecond
+	defaultPrefix              = "oncemill-tiered"
+	defaultLocalCapacity       = 4096
+	defaultLocalMaxRecordBytes = 16 << 10
+	defaultMaxLocalAge         = 10 * time.Second
+	defaultRedisTimeout        = 50 * time.Millisecond
+	defaultRedisBackoff        = time.Second
+	defaultClockMargin         = 100 * time.Millisecond
 )
 
 // prefixRE is what Options.Prefix must match: no spaces, braces (a Redis
@@ -81,40 +81,40 @@ func (o Options) withDefaults() (Options, error) {
 		errs = append(errs, oncemill.InvalidConfig("tiered.Options", format, args...))
 	}
 	if o.Prefix == "" {
-		o.Prefix = DefaultPrefix
+		o.Prefix = defaultPrefix
 	}
 	if !prefixRE.MatchString(o.Prefix) {
-		bad("Prefix %q is not a plain key prefix; use letters, digits and _-.:/ only, up to 128 bytes (for example %q)", o.Prefix, DefaultPrefix)
+		bad("Prefix %q is not a plain key prefix; use letters, digits and _-.:/ only, up to 128 bytes (for example %q)", o.Prefix, defaultPrefix)
 	}
 	if o.LocalCapacity == 0 {
-		o.LocalCapacity = DefaultLocalCapacity
+		o.LocalCapacity = defaultLocalCapacity
 	}
 	switch {
 	case o.LocalMaxRecordBytes == 0:
-		o.LocalMaxRecordBytes = DefaultLocalMaxRecordBytes
+		o.LocalMaxRecordBytes = defaultLocalMaxRecordBytes
 	case o.LocalMaxRecordBytes < 0:
-		bad("LocalMaxRecordBytes is %d; use a positive size, or 0 for the default %d (turn the local tier off with a negative LocalCapacity)", o.LocalMaxRecordBytes, DefaultLocalMaxRecordBytes)
+		bad("LocalMaxRecordBytes is %d; use a positive size, or 0 for the default %d (turn the local tier off with a negative LocalCapacity)", o.LocalMaxRecordBytes, defaultLocalMaxRecordBytes)
 	}
 	switch {
 	case o.MaxLocalAge == 0:
-		o.MaxLocalAge = DefaultMaxLocalAge
+		o.MaxLocalAge = defaultMaxLocalAge
 	case o.MaxLocalAge < 0:
-		bad("MaxLocalAge is %v; use a positive duration, or 0 for the default %v (turn the local tier off with a negative LocalCapacity)", o.MaxLocalAge, DefaultMaxLocalAge)
+		bad("MaxLocalAge is %v; use a positive duration, or 0 for the default %v (turn the local tier off with a negative LocalCapacity)", o.MaxLocalAge, defaultMaxLocalAge)
 	}
 	switch {
 	case o.RedisTimeout == 0:
-		o.RedisTimeout = DefaultRedisTimeout
+		o.RedisTimeout = defaultRedisTimeout
 	case o.RedisTimeout < time.Millisecond:
-		bad("RedisTimeout is %v; use 1ms or more, or 0 for the default %v", o.RedisTimeout, DefaultRedisTimeout)
+		bad("RedisTimeout is %v; use 1ms or more, or 0 for the default %v", o.RedisTimeout, defaultRedisTimeout)
 	}
 	if o.RedisBackoff == 0 {
-		o.RedisBackoff = DefaultRedisBackoff
+		o.RedisBackoff = defaultRedisBackoff
 	}
 	switch {
 	case o.ClockMargin == 0:
-		o.ClockMargin = DefaultClockMargin
+		o.ClockMargin = defaultClockMargin
 	case o.ClockMargin < time.Millisecond:
-		bad("ClockMargin is %v; use 1ms or more (Redis TTLs are whole milliseconds), or 0 for the default %v", o.ClockMargin, DefaultClockMargin)
+		bad("ClockMargin is %v; use 1ms or more (Redis TTLs are whole milliseconds), or 0 for the default %v", o.ClockMargin, defaultClockMargin)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -9,20 +9,20 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Metric names.
+// Metric names (the package documentation and docs/observability.md list them).
 const (
-	// MetricFallbacks counts the Redis calls the store went on without:
+	// metricFallbacks counts the Redis calls the store went on without:
 	// failed, timed out, or skipped while Redis was backed off
 	// (Options.RedisBackoff). Attribute operation: begin and claim (a read
 	// that the truth answered instead), complete, commit and
 	// record_rollback (a fill dropped), release and record_rollback (a
 	// removal left to the record's own TTL). A Delete that cannot reach
 	// Redis fails instead, and is not counted.
-	MetricFallbacks = "oncemill.store.tier.fallbacks"
-	// MetricReplays counts the ClaimLease and Claim calls answered with a
+	metricFallbacks = "oncemill.store.tier.fallbacks"
+	// metricReplays counts the ClaimLease and Claim calls answered with a
 	// finished record (a replay or a mismatch), by the tier that answered:
 	// attribute tier = local, redis or truth.
-	MetricReplays = "oncemill.store.tier.replays"
+	metricReplays = "oncemill.store.tier.replays"
 )
 
 const meterName = "github.com/oncemill/oncemill/store/tiered"
@@ -69,11 +69,11 @@ func newTelemetry(mp metric.MeterProvider) (*telemetry, error) {
 	m := mp.Meter(meterName)
 	t := &telemetry{}
 	var err error
-	if t.fallbacks, err = m.Int64Counter(MetricFallbacks, metric.WithUnit("{call}"),
+	if t.fallbacks, err = m.Int64Counter(metricFallbacks, metric.WithUnit("{call}"),
 		metric.WithDescription("Redis calls the tiered store went on without (failed, timed out, or skipped while Redis was backed off), by operation.")); err != nil {
 		return nil, fmt.Errorf("oncemill: tiered: metrics: %w", err)
 	}
-	if t.replays, err = m.Int64Counter(MetricReplays, metric.WithUnit("{call}"),
+	if t.replays, err = m.Int64Counter(metricReplays, metric.WithUnit("{call}"),
 		metric.WithDescription("ClaimLease and Claim calls answered with a finished record, by the tier that answered: local, redis or truth.")); err != nil {
 		return nil, fmt.Errorf("oncemill: tiered: metrics: %w", err)
 	}

@@ -319,7 +319,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 
 // Error texts a write-through copies as they are: what store/postgres
 // stores unchanged (valid UTF-8 without NUL, error kinds up to 256 bytes,
-// messages up to postgres.MaxErrorMessageLen). The truth rewrites other
+// messages up to 16 KiB). The truth rewrites other
 // texts, so their records are cached from the truth's replay instead.
 const (
 	maxPlainKind    = 256

@@ -22,9 +22,9 @@ const scope = "tiers"
 // replays reads how many replays each tier answered.
 func replays(t *testing.T, m *teltest.Kit) (local, redis, truth int64) {
 	t.Helper()
-	return count(t, m, tiered.MetricReplays, "tier", "local"),
-		count(t, m, tiered.MetricReplays, "tier", "redis"),
-		count(t, m, tiered.MetricReplays, "tier", "truth")
+	return count(t, m, "oncemill.store.tier.replays", "tier", "local"),
+		count(t, m, "oncemill.store.tier.replays", "tier", "redis"),
+		count(t, m, "oncemill.store.tier.replays", "tier", "truth")
 }
 
 func wantReplays(t *testing.T, m *teltest.Kit, local, redis, truth int64) {
@@ -375,7 +375,7 @@ func TestRedisDownAndStalled(t *testing.T) {
 		expect(t, store.DecisionReplay, c, scope, "k", "")
 	}
 	srv.signal(t, syscall.SIGCONT)
-	if n := count(t, m, tiered.MetricFallbacks, "operation", "begin"); n != 3 {
+	if n := count(t, m, "oncemill.store.tier.fallbacks", "operation", "begin"); n != 3 {
 		t.Fatalf("%d begin fallbacks, want 3 (one timeout, then two skipped in the backoff)", n)
 	}
 
