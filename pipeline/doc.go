@@ -1,10 +1,15 @@
-// Package pipeline holds oncemill's stages, each an ordinary Watermill
-// message.HandlerMiddleware that can be used alone.
+// Package pipeline holds the idempotency stage in its two modes, Leased
+// (NewLeased) and Transactional (NewTransactional): each one Watermill
+// message.HandlerMiddleware that validates, computes the key, claims it,
+// runs the handler through retry and the circuit breaker, and records the
+// outcome, in that fixed order. package receiver's builder fills their
+// Config; they can also be used alone.
 //
 // The idempotency stage does what docs/concepts.md's table "What a
 // duplicate gets" says:
 //
-//   - Execute: the handler runs under a lease that a heartbeat keeps alive.
+//   - Execute: the handler runs under a lease that a heartbeat keeps alive
+//     (Leased), or in the claim's transaction (Transactional).
 //     On success the produced messages (UUID, metadata, payload) are stored
 //     as the result and returned to the router.
 //   - Replay of a success: the stored produced messages are returned again

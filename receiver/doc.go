@@ -8,12 +8,16 @@
 //	if err != nil { ... }
 //	router.AddMiddleware(r.Middleware)
 //
-// Build refuses configuration that cannot work, with a *oncemill.ConfigError
-// that names the setting and says what to change. Everything not set keeps
-// its default: the message UUID is the key, the handler name the scope, and
-// the zero Policy's defaults apply.
+// The builder is the one way to assemble the pipeline: validation →
+// idempotency → retry → circuit breaker → transaction → handler, in that
+// order. Build refuses configuration that cannot work, or that has no
+// effect in the chosen mode, with a *oncemill.ConfigError that names the
+// builder method the value came from and says what to change. Everything
+// not set keeps its default: the message UUID is the key, the handler name
+// the scope, and the zero policy.Policy's defaults apply.
 //
-// A handler needs nothing but this package: Permanent and Transient classify
-// its errors, ClaimFromContext gives its fencing token, and Event and the
-// Outcome constants describe what oncemill decided.
+// Each name has one home: a handler classifies its errors with
+// policy.Cached and policy.Retryable, reads its fencing token with
+// pipeline.ClaimFromContext, and pipeline.Event and the pipeline.Outcome
+// constants describe what oncemill decided.
 package receiver
