@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/oncemill/oncemill/oncemilltest"
 	"github.com/oncemill/oncemill/pipeline"
@@ -48,7 +49,7 @@ func newBuilder(st store.Store) *receiver.Builder {
 		WithPolicy(policy.Policy{CachedErrors: []error{errOutOfStock}}).
 		WithValidation(validate).
 		WithRetry(pipeline.RetryConfig{InitialInterval: time.Millisecond, MaxTries: 3}).
-		WithCircuitBreaker(pipeline.BreakerConfig{Name: "warehouse", Timeout: 10 * time.Second})
+		WithCircuitBreaker(gobreaker.Settings{Name: "warehouse", Timeout: 10 * time.Second})
 }
 
 func newStore(t *testing.T) *memory.Store {
@@ -110,7 +111,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 		var s shipper
 		ds := oncemilltest.DeliverTwice(t, newBuilder(newStore(t)), oncemilltest.NoPublish(s.ship),
 			newOrder("order-4", `{"item":"unobtainium","quantity":1}`))
-		ds.RequireOutcomes(t, pipeline.OutcomeFailureCached, pipeline.OutcomeFailureReplayed)
+		ds.RequireOutcomes(t, pipeline.OutcomeCachedFailure, pipeline.OutcomeCachedFailureReplayed)
 		ds.RequireRuns(t, 1)
 		ds.RequireAllAcked(t)
 		s.shipped.RequireCount(t, "order-4", 0)
