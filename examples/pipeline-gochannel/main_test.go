@@ -40,7 +40,7 @@ func TestPipeline(t *testing.T) {
 		{[]string{"order-3: executed"}, 1},
 		// A permanent failure: cached and dead-lettered once; the duplicate
 		// gets the cached failure without running.
-		{[]string{"order-4: cached_failure", "out of stock"}, 1},
+		{[]string{"order-4: cached_failure (", "out of stock"}, 1},
 		{[]string{"order-4: cached_failure_replayed"}, 1},
 		{[]string{"dead letter: order-4, cached_failure", "out of stock"}, 1},
 		{[]string{"dead letter:"}, 2},

@@ -57,12 +57,12 @@ func TestSQSPostgres(t *testing.T) {
 	})
 	exampletest.Eventually(t, 60*time.Second, log, "3 orders executed, 1 replayed and 1 failure cached", func() (bool, error) {
 		return log.Count("outcome=executed") == 3 && log.Count("outcome=replayed") == 1 &&
-			log.Count("outcome=cached_failure") == 1, prog.Exited()
+			log.Count("outcome=cached_failure\n") == 1, prog.Exited()
 	})
 	if n := log.Count("outcome=replayed", "uuid="+books.UUID); n != 1 {
 		exampletest.Fatalf(t, log, "the duplicate books order replayed %d times, want 1", n)
 	}
-	if n := log.Count("outcome=cached_failure", "uuid="+bad.UUID); n != 1 {
+	if n := log.Count("outcome=cached_failure\n", "uuid="+bad.UUID); n != 1 {
 		exampletest.Fatalf(t, log, "the bad order's failure cached %d times, want 1", n)
 	}
 	exampletest.ExactlyOnce(t, exampletest.CountRows(t, pool, pgx.Identifier{schema, "orders"}.Sanitize()),
