@@ -27,7 +27,7 @@ import (
 func TestAttemptCapKeepsTheMessageWithoutADeadLetter(t *testing.T) {
 	t.Parallel()
 	logs, logger := testenv.NewLogs()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxAttempts, c.Logger = 2, logger })
+	h := newHarness(t, func(c *stageConfig) { c.Policy.MaxAttempts, c.Logger = 2, logger })
 	var calls atomic.Int32
 	healed := false
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -69,8 +69,8 @@ func TestAttemptCapKeepsTheMessageWithoutADeadLetter(t *testing.T) {
 // attempt, ±20%, up to the cap; a negative AttemptDelay means none.
 func TestAttemptPauseSchedule(t *testing.T) {
 	t.Parallel()
-	stage := func(p policy.Policy) *pipeline.Idempotency {
-		s, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: newHarness(t, nil).store, Keys: keygen.UUID(), Policy: p})
+	stage := func(p policy.Policy) *pipeline.Leased {
+		s, err := pipeline.NewLeased(newHarness(t, nil).store, pipeline.Config{KeyGenerator: keygen.UUID(), Policy: p})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,13 +94,17 @@ func TestAttemptPauseSchedule(t *testing.T) {
 // all (docs/concepts.md).
 func TestDefaultAttemptsSpanTheDocumentedTime(t *testing.T) {
 	t.Parallel()
-	s, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: newHarness(t, nil).store, Keys: keygen.UUID()})
+	s, err := pipeline.NewLeased(newHarness(t, nil).store, pipeline.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	maxAttempts := policy.Policy{}.WithDefaults().MaxAttempts
+	if maxAttempts != 5 {
+		t.Fatalf("the default MaxAttempts is %d; docs/concepts.md says 5", maxAttempts)
+	}
 	for range 1000 {
 		var span time.Duration
-		for attempt := 1; attempt < policy.DefaultMaxAttempts; attempt++ {
+		for attempt := 1; attempt < maxAttempts; attempt++ {
 			span += pipeline.AttemptPause(s, attempt)
 		}
 		if span < 36*time.Second || span > 54*time.Second+time.Microsecond {
@@ -115,7 +119,7 @@ func TestDefaultAttemptsSpanTheDocumentedTime(t *testing.T) {
 func TestRetryableFailureNacksAfterThePause(t *testing.T) {
 	t.Parallel()
 	const delay = 40 * time.Millisecond
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.AttemptDelay, c.Policy.MaxAttempts = delay, 10 })
+	h := newHarness(t, func(c *stageConfig) { c.Policy.AttemptDelay, c.Policy.MaxAttempts = delay, 10 })
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("down") })
 	for attempt := 1; attempt <= 3; attempt++ {
 		start := time.Now()
@@ -148,7 +152,7 @@ func (c *completeFails) Complete(ctx context.Context, l store.Claim, o store.Com
 func completionDown(t *testing.T, lease, heartbeat time.Duration) (*harness, *completeFails) {
 	fails := &completeFails{}
 	fails.down.Store(true)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		fails.Store = c.Store
 		c.Store = fails
 		c.Policy.LeaseDuration, c.Policy.Heartbeat = lease, heartbeat
@@ -231,7 +235,7 @@ func (l *lostDuringCheck) Extend(ctx context.Context, lease store.Claim, d time.
 func TestCheckLeaseWhileAHeartbeatLosesTheLease(t *testing.T) {
 	t.Parallel()
 	ls := &lostDuringCheck{checking: make(chan struct{})}
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		ls.Store = c.Store
 		c.Store = ls
 		c.Policy.LeaseDuration, c.Policy.Heartbeat = time.Second, 50*time.Millisecond
@@ -273,7 +277,7 @@ func (l *lostReply) Complete(ctx context.Context, lease store.Claim, o store.Com
 func TestCompletionRetryFindsItsOwnLostWrite(t *testing.T) {
 	t.Parallel()
 	lr := &lostReply{}
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		lr.Store = c.Store.(*memory.Store)
 		c.Store = lr
 	})

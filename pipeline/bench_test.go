@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/cespare/xxhash/v2"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
@@ -23,14 +24,14 @@ import (
 
 var benchPayload = []byte(`{"payment_id":"p-000123","account":"acc-17","amount_cents":1234,"currency":"EUR","meta":{"sent_at":"2026-11-21T10:00:00Z","attempt":1}}`)
 
-func benchStage(b *testing.B) *pipeline.Idempotency {
+func benchStage(b *testing.B) *pipeline.Leased {
 	b.Helper()
 	st, err := memory.New(memory.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = st.Close() })
-	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: st, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Policy{}.WithDefaults()})
+	stage, err := pipeline.NewLeased(st, pipeline.Config{KeyGenerator: keygen.UUID(), Scope: "bench", Policy: policy.Policy{}.WithDefaults()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,8 +40,8 @@ func benchStage(b *testing.B) *pipeline.Idempotency {
 
 // BenchmarkRouterThroughput runs the same router on gochannel bare, with
 // oncemill as the builder makes it (idempotency and a delivery span), with
-// Watermill's Deduplicator, with oncemill's full chain, and with the
-// idempotency stage alone (no span), in one process. The five routers take
+// Watermill's Deduplicator, with oncemill with every option (full-chain), and
+// with the idempotency stage alone, in one process. The five routers take
 // turns (takeTurns), and the ratios are reported directly. Every message is unique, so oncemill executes each one
 // and stores its record: this is its full cost.
 func BenchmarkRouterThroughput(b *testing.B) {
@@ -107,7 +108,7 @@ func cpuWork(d time.Duration) func() {
 //
 //	go test -run='^$' -bench=RouterOverhead -count=3 ./pipeline
 func BenchmarkRouterOverhead(b *testing.B) {
-	nop, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: keepNothing{}, Keys: keygen.UUID(), Scope: "bench", Policy: policy.Policy{}.WithDefaults()})
+	nop, err := pipeline.NewLeased(keepNothing{}, pipeline.Config{KeyGenerator: keygen.UUID(), Scope: "bench", Policy: policy.Policy{}.WithDefaults()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -163,9 +164,9 @@ func (keepNothing) Delete(context.Context, string, string) error    { return nil
 func (keepNothing) DeleteExpired(context.Context, int) (int, error) { return 0, nil }
 
 // benchReceiver is what a user builds: receiver.New(st) with the UUID key
-// (idempotency and the delivery span), and with full, every other stage too,
-// each with nothing to do: validation passes, the handler never fails (no
-// retry, the breaker stays closed), and the transaction manager does nothing.
+// (idempotency and the delivery span), and with full, every other option
+// too, each with nothing to do: validation passes, and the handler never
+// fails (no retry, the breaker stays closed).
 func benchReceiver(b *testing.B, full bool) *receiver.Receiver {
 	b.Helper()
 	st, err := memory.New(memory.Options{})
@@ -178,8 +179,7 @@ func benchReceiver(b *testing.B, full bool) *receiver.Receiver {
 		builder = builder.
 			WithValidation(func(*message.Message) error { return nil }).
 			WithRetry(pipeline.RetryConfig{}).
-			WithCircuitBreaker(pipeline.BreakerConfig{}).
-			WithSeparateTransaction(nopTxManager{})
+			WithCircuitBreaker(gobreaker.Settings{})
 	}
 	r, err := builder.Build()
 	if err != nil {
@@ -187,12 +187,6 @@ func benchReceiver(b *testing.B, full bool) *receiver.Receiver {
 	}
 	return r
 }
-
-type nopTxManager struct{}
-
-func (nopTxManager) Begin(ctx context.Context) (context.Context, error) { return ctx, nil }
-func (nopTxManager) Commit(context.Context) error                       { return nil }
-func (nopTxManager) Rollback(context.Context) error                     { return nil }
 
 type benchedRouter struct {
 	name    string

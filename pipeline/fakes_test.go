@@ -3,7 +3,6 @@ package pipeline_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,66 +10,8 @@ import (
 	"github.com/oncemill/oncemill/store/memory"
 )
 
-// fakeTxManager is a transaction manager whose transactions stage writes and
-// apply them on commit: enough to test the transaction stage's logic. The
-// real one (store/postgres) is tested against PostgreSQL.
-type fakeTxManager struct {
-	begins, commits, rollbacks atomic.Int32
-	failCommit                 atomic.Bool
-}
-
+// fakeTxKey carries a fakeClaimTx in the handler's context.
 type fakeTxKey struct{}
-
-type fakeTx struct {
-	mu     sync.Mutex
-	writes []func() error
-}
-
-func (m *fakeTxManager) Begin(ctx context.Context) (context.Context, error) {
-	m.begins.Add(1)
-	return context.WithValue(ctx, fakeTxKey{}, &fakeTx{}), nil
-}
-
-func (m *fakeTxManager) Commit(ctx context.Context) error {
-	tx := ctx.Value(fakeTxKey{}).(*fakeTx)
-	if m.failCommit.Load() {
-		return errors.New("could not serialize access")
-	}
-	tx.mu.Lock()
-	defer tx.mu.Unlock()
-	for _, w := range tx.writes {
-		if err := w(); err != nil {
-			return err
-		}
-	}
-	m.commits.Add(1)
-	return nil
-}
-
-func (m *fakeTxManager) Rollback(ctx context.Context) error {
-	m.rollbacks.Add(1)
-	return nil
-}
-
-// txStore is the memory store counting Completes, under the lease mode's
-// separate transaction (fakeTxManager).
-type txStore struct {
-	*memory.Store
-	completes atomic.Int32
-}
-
-func newTxStore() *txStore {
-	st, err := memory.New(memory.Options{})
-	if err != nil {
-		panic(err)
-	}
-	return &txStore{Store: st}
-}
-
-func (s *txStore) Complete(ctx context.Context, l store.Claim, o store.Completion) error {
-	s.completes.Add(1)
-	return s.Store.Complete(ctx, l, o)
-}
 
 // countingStore counts Extend calls.
 type countingStore struct {
@@ -106,7 +47,11 @@ func (c *contendedSignal) ClaimLease(ctx context.Context, req store.LeaseRequest
 // (store/postgres) is tested against PostgreSQL.
 type fakeTxStore struct {
 	*memory.Store
-	claims, commits, rollbacks, records atomic.Int32
+	// txs counts the transactions opened for the handler (a claim that
+	// executes); commits those committed, rollbacks those rolled back.
+	claims, txs, commits, rollbacks, records atomic.Int32
+	// failCommit makes Commit fail, having rolled back, as pgx's does.
+	failCommit atomic.Bool
 }
 
 func newFakeTxStore() *fakeTxStore {
@@ -123,6 +68,7 @@ func (s *fakeTxStore) ClaimInTx(ctx context.Context, req store.TxRequest) (store
 	if err != nil || res.Decision != store.DecisionExecute {
 		return store.TxResult{ClaimResult: res}, err
 	}
+	s.txs.Add(1)
 	return store.TxResult{ClaimResult: res, Tx: &fakeClaimTx{s: s, lease: res.Claim, ttl: req.SuccessTTL}}, nil
 }
 
@@ -154,8 +100,15 @@ func (t *fakeClaimTx) Context(ctx context.Context) context.Context {
 }
 
 func (t *fakeClaimTx) Commit(ctx context.Context, result []byte) error {
+	if t.s.failCommit.Load() {
+		_ = t.s.Delete(ctx, t.lease.Scope, t.lease.Key) // rolled back, claim included
+		return errors.New("could not serialize access")
+	}
+	if err := t.s.Complete(ctx, t.lease, store.Completion{Status: store.StatusSucceeded, Result: result, TTL: t.ttl}); err != nil {
+		return err
+	}
 	t.s.commits.Add(1)
-	return t.s.Complete(ctx, t.lease, store.Completion{Status: store.StatusSucceeded, Result: result, TTL: t.ttl})
+	return nil
 }
 
 func (t *fakeClaimTx) Rollback(ctx context.Context) error {

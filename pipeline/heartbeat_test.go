@@ -48,8 +48,8 @@ func TestHeartbeatBeatsEveryRunningHandler(t *testing.T) {
 	}
 	defer st.Close()
 	counted := &keyExtends{Store: st, n: map[string]int{}}
-	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
-		Store: counted, Keys: keygen.UUID(), Scope: "s",
+	stage, err := pipeline.NewLeased(counted, pipeline.Config{
+		KeyGenerator: keygen.UUID(), Scope: "s",
 		Policy: policy.Policy{LeaseDuration: time.Minute, Heartbeat: 5 * time.Millisecond},
 	})
 	if err != nil {
@@ -130,8 +130,8 @@ func TestHeartbeatsDoNotPileUpOnASlowStore(t *testing.T) {
 	}
 	defer st.Close()
 	slow := &slowExtends{Store: st, pause: 50 * time.Millisecond}
-	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
-		Store: slow, Keys: keygen.UUID(), Scope: "s",
+	stage, err := pipeline.NewLeased(slow, pipeline.Config{
+		KeyGenerator: keygen.UUID(), Scope: "s",
 		Policy: policy.Policy{LeaseDuration: time.Minute, Heartbeat: 5 * time.Millisecond},
 	})
 	if err != nil {

@@ -27,18 +27,25 @@ import (
 
 var errDeclined = errors.New("card declined")
 
-// harness is one idempotency stage over a memory store with a manual clock,
+// stageConfig is what a lease-mode stage is made of, for a test to change
+// before it is made: the store and the Config.
+type stageConfig struct {
+	Store store.Store
+	pipeline.Config
+}
+
+// harness is one lease-mode stage over a memory store with a manual clock,
 // recording every event.
 type harness struct {
 	t      *testing.T
 	store  *memory.Store
 	clock  *storetest.Clock
-	stage  *pipeline.Idempotency
+	stage  *pipeline.Leased
 	mu     sync.Mutex
 	events []pipeline.Event
 }
 
-func newHarness(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *harness {
+func newHarness(t *testing.T, mutate func(*stageConfig)) *harness {
 	t.Helper()
 	h := &harness{t: t, clock: storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 	st, err := memory.New(memory.Options{Now: h.clock.Now})
@@ -47,22 +54,21 @@ func newHarness(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *harness
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	h.store = st
-	cfg := pipeline.IdempotencyConfig{
-		Store:  st,
-		Keys:   keygen.UUID(),
-		Scope:  "test",
-		Policy: policy.Policy{}.WithDefaults(),
-		OnEvent: func(e pipeline.Event) {
+	cfg := stageConfig{Store: st, Config: pipeline.Config{
+		KeyGenerator: keygen.UUID(),
+		Scope:        "test",
+		Policy:       policy.Policy{}.WithDefaults(),
+		EventHandler: func(e pipeline.Event) {
 			h.mu.Lock()
 			h.events = append(h.events, e)
 			h.mu.Unlock()
 		},
-	}
+	}}
 	cfg.Policy.NackDelay, cfg.Policy.AttemptDelay = -1, -1 // no pauses
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	h.stage, err = pipeline.NewIdempotency(cfg)
+	h.stage, err = pipeline.NewLeased(cfg.Store, cfg.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +173,7 @@ func TestCachedFailureIsAckedAndNotRerun(t *testing.T) {
 
 func TestCachedErrorsByErrorsIs(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.CachedErrors = []error{errDeclined} })
+	h := newHarness(t, func(c *stageConfig) { c.Policy.CachedErrors = []error{errDeclined} })
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, errors.Join(errors.New("charging"), errDeclined)
 	})
@@ -222,7 +228,7 @@ func TestRetryableFailureReleasesAndNacks(t *testing.T) {
 func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 	t.Parallel()
 	logs, logger := testenv.NewLogs()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Policy.MaxAttempts, c.Policy.Exhausted, c.Logger = 3, policy.ExhaustedDrop, logger
 	})
 	var calls atomic.Int32
@@ -263,7 +269,7 @@ func TestAttemptCapDropsUnderExhaustedDrop(t *testing.T) {
 func TestInProgressWaitsThenReplays(t *testing.T) {
 	t.Parallel()
 	signal := &contendedSignal{inProgress: make(chan struct{}, 1)}
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Policy.HeldKeyTimeout = time.Minute
 		signal.Store = c.Store
 		c.Store = signal
@@ -319,7 +325,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 	for _, mode := range []policy.HeldKeyMode{policy.HeldKeyWait, policy.HeldKeyNack} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+			h := newHarness(t, func(c *stageConfig) {
 				c.Policy.HeldKey = mode
 				c.Policy.HeldKeyTimeout = 30 * time.Millisecond
 				c.Policy.NackDelay = 10 * time.Millisecond
@@ -341,7 +347,7 @@ func TestInProgressPastTheBoundNacks(t *testing.T) {
 
 func TestInProgressRejectAcksAsPermanent(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.HeldKey = policy.HeldKeyReject })
+	h := newHarness(t, func(c *stageConfig) { c.Policy.HeldKey = policy.HeldKeyReject })
 	if _, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: "m1", LeaseDuration: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +383,7 @@ func TestMismatchIsPermanentAndNeverRuns(t *testing.T) {
 
 func TestWithoutFingerprintTreatsAChangedPayloadAsDuplicate(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Fingerprint = func(*message.Message) string { return "" } })
+	h := newHarness(t, func(c *stageConfig) { c.Fingerprint = func(*message.Message) string { return "" } })
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
 	_, _ = handler(msg("m1", `{"amount":1}`))
@@ -403,8 +409,8 @@ func TestMissingKey(t *testing.T) {
 	})
 	t.Run("empty key from a function", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-			c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", nil })
+		h := newHarness(t, func(c *stageConfig) {
+			c.KeyGenerator = keygen.Func(func(*message.Message) (string, error) { return "", nil })
 		})
 		var calls atomic.Int32
 		_, _ = h.stage.Middleware(produce(&calls))(msg("m1", "x"))
@@ -414,7 +420,7 @@ func TestMissingKey(t *testing.T) {
 	})
 	t.Run("execute unguarded", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MissingKey = policy.MissingKeyRunUnguarded })
+		h := newHarness(t, func(c *stageConfig) { c.Policy.MissingKey = policy.MissingKeyRunUnguarded })
 		var calls atomic.Int32
 		out, err := h.stage.Middleware(produce(&calls))(msg("", "x"))
 		if err != nil || len(out) != 1 || calls.Load() != 1 {
@@ -454,7 +460,7 @@ func TestPanicReleasesTheKeyLikeRecoverer(t *testing.T) {
 
 func TestPayloadTooLargeIsRejected(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxPayloadBytes = 10 })
+	h := newHarness(t, func(c *stageConfig) { c.Policy.MaxPayloadBytes = 10 })
 	var calls atomic.Int32
 	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "0123456789ab")); err != nil {
 		t.Fatal(err)
@@ -467,7 +473,7 @@ func TestPayloadTooLargeIsRejected(t *testing.T) {
 
 func TestResultTooLargeIsRememberedWithoutMessages(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Policy.MaxResultBytes = 16 })
+	h := newHarness(t, func(c *stageConfig) { c.Policy.MaxResultBytes = 16 })
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
 	first, err := handler(msg("m1", "a payload long enough to overflow"))
@@ -485,7 +491,7 @@ func TestResultTooLargeIsRememberedWithoutMessages(t *testing.T) {
 
 func TestLeaseLostCancelsTheHandler(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Policy.LeaseDuration = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond // real time; the lease runs on the manual clock
 	})
@@ -515,7 +521,7 @@ func TestLeaseLostCancelsTheHandler(t *testing.T) {
 
 func TestHeartbeatKeepsTheLease(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Policy.LeaseDuration = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond
 	})
@@ -574,7 +580,7 @@ func (f *failingStore) Complete(ctx context.Context, l store.Claim, o store.Comp
 
 func TestStoreDownOnBeginNacks(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = &failingStore{Store: c.Store, failBegin: true} })
+	h := newHarness(t, func(c *stageConfig) { c.Store = &failingStore{Store: c.Store, failBegin: true} })
 	var calls atomic.Int32
 	_, err := h.stage.Middleware(produce(&calls))(msg("m1", "x"))
 	if !errors.Is(err, errStoreDown) || calls.Load() != 0 {
@@ -587,7 +593,7 @@ func TestStoreDownOnBeginNacks(t *testing.T) {
 
 func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Store = &failingStore{Store: c.Store, failComplete: true}
 		// The completion is retried while the lease is held: keep it short.
 		c.Policy.LeaseDuration, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
@@ -604,7 +610,7 @@ func TestStoreDownOnCompleteStillAcksTheEffect(t *testing.T) {
 
 func TestStoreDownWhenCachingAFailureNacks(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Store = &failingStore{Store: c.Store, failComplete: true}
 		// The completion is retried while the lease is held: keep it short.
 		c.Policy.LeaseDuration, c.Policy.Heartbeat = 500*time.Millisecond, 100*time.Millisecond
@@ -634,18 +640,50 @@ func TestLongKeysAreHashedToTheStoreLimit(t *testing.T) {
 	}
 }
 
-func TestNewIdempotencyRefusesBadConfig(t *testing.T) {
+// limitedStore is a store with other limits.
+type limitedStore struct {
+	store.Store
+	limits store.Limits
+}
+
+func (l limitedStore) Limits() store.Limits { return l.limits }
+
+// Every setting NewLeased refuses is named in its ConfigError; a nil
+// KeyGenerator is not one of them: it means keygen.UUID().
+func TestNewLeasedRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
-	for name, cfg := range map[string]pipeline.IdempotencyConfig{
-		"no store":   {Keys: keygen.UUID()},
-		"no keys":    {Store: st},
-		"bad policy": {Store: st, Keys: keygen.UUID(), Policy: policy.Policy{LeaseDuration: -1}},
+	for name, tc := range map[string]struct {
+		st      store.Store
+		cfg     pipeline.Config
+		setting string
+	}{
+		"no store":          {nil, pipeline.Config{}, "store"},
+		"bad policy":        {st, pipeline.Config{Policy: policy.Policy{LeaseDuration: -1}}, "policy.LeaseDuration"},
+		"bad scope":         {st, pipeline.Config{Scope: "a\x00b"}, "Config.Scope"},
+		"topic without pub": {st, pipeline.Config{DeadLetterTopic: "dead"}, "Config.DeadLetterTopic"},
+		"result over limit": {limitedStore{st, store.Limits{MaxResultBytes: 100}}, pipeline.Config{Policy: policy.Policy{MaxResultBytes: 101}}, "policy.MaxResultBytes"},
+		"bad retry":         {st, pipeline.Config{Retry: &pipeline.RetryConfig{MaxTries: -1}}, "Config.Retry.MaxTries"},
 	} {
-		if _, err := pipeline.NewIdempotency(cfg); !errors.Is(err, oncemill.ErrInvalidConfig) {
-			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
+		var ce *oncemill.ConfigError
+		if _, err := pipeline.NewLeased(tc.st, tc.cfg); !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Setting != tc.setting {
+			t.Errorf("%s: got %v, want a ConfigError for %s", name, err, tc.setting)
 		}
+	}
+	stage, err := pipeline.NewLeased(st, pipeline.Config{Scope: "s"})
+	if err != nil {
+		t.Fatalf("the zero Config (nil KeyGenerator) is the defaults, got %v", err)
+	}
+	var calls atomic.Int32
+	handler := stage.Middleware(produce(&calls))
+	for range 2 {
+		if _, err := handler(msg("m1", "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times for two deliveries of one UUID: a nil KeyGenerator must guard by UUID", calls.Load())
 	}
 }
 
@@ -733,8 +771,8 @@ func TestKeyGeneratorErrorsAreClassified(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-				c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", tt.err })
+			h := newHarness(t, func(c *stageConfig) {
+				c.KeyGenerator = keygen.Func(func(*message.Message) (string, error) { return "", tt.err })
 				c.Policy.MissingKey = tt.missing
 			})
 			var calls atomic.Int32
@@ -777,10 +815,9 @@ func TestHeartbeatKeepsTheLeaseOnASlowStore(t *testing.T) {
 	p := policy.Policy{}.WithDefaults()
 	p.LeaseDuration, p.Heartbeat = time.Second, 200*time.Millisecond
 	p.HeldKey, p.NackDelay = policy.HeldKeyNack, -1
-	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{
-		Store: slowExtend{Store: st, delay: 400 * time.Millisecond}, // slower than a beat, within the lease
-		Keys:  keygen.UUID(), Scope: "s", Policy: p,
-	})
+	stage, err := pipeline.NewLeased(
+		slowExtend{Store: st, delay: 400 * time.Millisecond}, // slower than a beat, within the lease
+		pipeline.Config{KeyGenerator: keygen.UUID(), Scope: "s", Policy: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -821,7 +858,7 @@ func (refusingStore) ClaimLease(context.Context, store.LeaseRequest) (store.Clai
 // it is rejected (acked), not nacked forever.
 func TestStoreRefusingTheRequestRejects(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Store = refusingStore{c.Store} })
+	h := newHarness(t, func(c *stageConfig) { c.Store = refusingStore{c.Store} })
 	var calls atomic.Int32
 	if _, err := h.stage.Middleware(produce(&calls))(msg("m1", "x")); err != nil {
 		t.Fatalf("delivery = %v, want an ack", err)
@@ -836,9 +873,9 @@ func TestUnstorableHandlerNameIsHashed(t *testing.T) {
 	t.Parallel()
 	var scopes []string
 	var mu sync.Mutex
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Scope = ""
-		c.OnEvent = func(e pipeline.Event) { mu.Lock(); scopes = append(scopes, e.Scope); mu.Unlock() }
+		c.EventHandler = func(e pipeline.Event) { mu.Lock(); scopes = append(scopes, e.Scope); mu.Unlock() }
 	})
 	rr := newRouterRun(t)
 	handler := rr.router.AddConsumerHandler("handler\x00name", "in", rr.pubSub, func(*message.Message) error { return nil })
@@ -874,7 +911,7 @@ func TestStoreFailurePauseGrows(t *testing.T) {
 	var down atomic.Bool
 	down.Store(true)
 	const nackDelay = 20 * time.Millisecond
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Store = failingBegin{Store: c.Store, down: &down}
 		c.Policy.NackDelay = nackDelay
 	})

@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/oncemill/oncemill/internal/testenv"
-	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 )
 
@@ -21,7 +20,7 @@ import (
 func TestStoreFailureIsLogged(t *testing.T) {
 	t.Parallel()
 	logs, logger := testenv.NewLogs()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Store, c.Logger = &failingStore{Store: c.Store, failBegin: true}, logger
 	})
 	handler := h.stage.Middleware(produce(new(atomic.Int32)))
@@ -51,13 +50,9 @@ func TestDeadLetterFailureIsLogged(t *testing.T) {
 	defer pubSub.Close()
 	pub := &failingPublisher{Publisher: pubSub}
 	pub.fail.Store(2)
-	dl, err := pipeline.NewDeadLetter(pub, "dead")
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs, logger := testenv.NewLogs()
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.DeadLetter, c.Logger = dl, logger
+	h := newHarness(t, func(c *stageConfig) {
+		c.DeadLetterPublisher, c.DeadLetterTopic, c.Logger = pub, "dead", logger
 		c.Policy.MaxPayloadBytes = 4
 	})
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
@@ -83,27 +78,19 @@ func TestDeadLetterFailureIsLogged(t *testing.T) {
 	}
 }
 
-// The validation stage logs a dead letter it could not forward, too.
+// Validation logs a dead letter it could not forward, too.
 func TestValidationDeadLetterFailureIsLogged(t *testing.T) {
 	t.Parallel()
 	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	defer pubSub.Close()
 	pub := &failingPublisher{Publisher: pubSub}
 	pub.fail.Store(1)
-	dl, err := pipeline.NewDeadLetter(pub, "dead")
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs, logger := testenv.NewLogs()
-	v, err := pipeline.NewValidation(pipeline.ValidationConfig{
-		Validate:   func(*message.Message) error { return errors.New("no amount") },
-		DeadLetter: dl,
-		Logger:     logger,
+	h := newHarness(t, func(c *stageConfig) {
+		c.Validation = func(*message.Message) error { return errors.New("no amount") }
+		c.DeadLetterPublisher, c.DeadLetterTopic, c.Logger = pub, "dead", logger
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := v.Middleware(produce(new(atomic.Int32)))(msg("m1", "x")); err == nil {
+	if _, err := h.stage.Middleware(produce(new(atomic.Int32)))(msg("m1", "x")); err == nil {
 		t.Fatal("an invalid message whose forward failed must nack")
 	}
 	errs := logs.At(slog.LevelError)

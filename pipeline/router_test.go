@@ -71,18 +71,18 @@ func (rr *routerRun) waitAcks(n int32) {
 	testenv.WaitFor(rr.t, 10*time.Second, "the router to ack the deliveries", func() bool { return rr.acks.Load() >= n })
 }
 
-func newStage(t *testing.T, mutate func(*pipeline.IdempotencyConfig)) *pipeline.Idempotency {
+func newStage(t *testing.T, mutate func(*stageConfig)) *pipeline.Leased {
 	t.Helper()
 	st, err := memory.New(memory.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	cfg := pipeline.IdempotencyConfig{Store: st, Keys: keygen.UUID(), Policy: policy.Policy{}.WithDefaults()}
+	cfg := stageConfig{Store: st, Config: pipeline.Config{KeyGenerator: keygen.UUID(), Policy: policy.Policy{}.WithDefaults()}}
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	stage, err := pipeline.NewIdempotency(cfg)
+	stage, err := pipeline.NewLeased(cfg.Store, cfg.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,8 +183,8 @@ func TestScopeDefaultsToTheHandlerName(t *testing.T) {
 	rr := newRouterRun(t)
 	var mu sync.Mutex
 	scopes := map[string]int{}
-	stage := newStage(t, func(c *pipeline.IdempotencyConfig) {
-		c.OnEvent = func(e pipeline.Event) {
+	stage := newStage(t, func(c *stageConfig) {
+		c.EventHandler = func(e pipeline.Event) {
 			if e.Outcome == pipeline.OutcomeExecuted {
 				mu.Lock()
 				scopes[e.Scope]++

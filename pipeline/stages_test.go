@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,18 +24,15 @@ import (
 	"github.com/oncemill/oncemill/store/memory"
 )
 
-func fastRetry(t *testing.T, mutate func(*pipeline.RetryConfig)) *pipeline.Retry {
+// retryHarness is the harness's stage with in-process retries of a few
+// milliseconds, changed by mutate.
+func retryHarness(t *testing.T, mutate func(*pipeline.RetryConfig)) *harness {
 	t.Helper()
-	rc := pipeline.RetryConfig{}
-	rc.InitialInterval, rc.MaxInterval = time.Millisecond, 2*time.Millisecond
+	rc := &pipeline.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}
 	if mutate != nil {
-		mutate(&rc)
+		mutate(rc)
 	}
-	r, err := pipeline.NewRetry(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return newHarness(t, func(c *stageConfig) { c.Retry = rc })
 }
 
 func TestRetryRetriesOnlyRetryableErrors(t *testing.T) {
@@ -50,13 +49,14 @@ func TestRetryRetriesOnlyRetryableErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			h := retryHarness(t, nil)
 			var calls atomic.Int32
-			_, err := fastRetry(t, nil).Middleware(func(*message.Message) ([]*message.Message, error) {
+			_, _ = h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 				calls.Add(1)
 				return nil, tc.err
 			})(msg("m1", "x"))
-			if !errors.Is(err, tc.err) || calls.Load() != tc.wantCalls {
-				t.Fatalf("got %v after %d calls, want the error after %d", err, calls.Load(), tc.wantCalls)
+			if e := h.last(); !errors.Is(e.Err, tc.err) || calls.Load() != tc.wantCalls {
+				t.Fatalf("got %v after %d calls, want the error after %d", e.Err, calls.Load(), tc.wantCalls)
 			}
 		})
 	}
@@ -66,11 +66,11 @@ func TestRetrySucceedsAfterTransientFailures(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
 	var waits []time.Duration
-	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
+	h := retryHarness(t, func(rc *pipeline.RetryConfig) {
 		rc.MaxTries = 5
 		rc.OnRetry = func(try int, err error, wait time.Duration) { waits = append(waits, wait) }
 	})
-	out, err := r.Middleware(func(*message.Message) ([]*message.Message, error) {
+	out, err := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if calls.Add(1) < 3 {
 			return nil, errors.New("timeout")
 		}
@@ -79,11 +79,14 @@ func TestRetrySucceedsAfterTransientFailures(t *testing.T) {
 	if err != nil || len(out) != 1 || calls.Load() != 3 || len(waits) != 2 {
 		t.Fatalf("out %v err %v calls %d waits %v", out, err, calls.Load(), waits)
 	}
+	if e := h.last(); e.Outcome != pipeline.OutcomeExecuted || e.Attempt != 1 {
+		t.Fatalf("event %+v, want executed in the delivery's one attempt", e)
+	}
 }
 
 func TestRetryStopsWhenTheContextEnds(t *testing.T) {
 	t.Parallel()
-	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
+	h := retryHarness(t, func(rc *pipeline.RetryConfig) {
 		rc.InitialInterval, rc.MaxInterval, rc.MaxElapsedTime, rc.MaxTries = time.Hour, time.Hour, 2*time.Hour, 10
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -92,7 +95,7 @@ func TestRetryStopsWhenTheContextEnds(t *testing.T) {
 	timeout := errors.New("timeout")
 	done := make(chan error, 1)
 	go func() {
-		_, err := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, timeout })(m)
+		_, err := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, timeout })(m)
 		done <- err
 	}()
 	time.Sleep(10 * time.Millisecond)
@@ -110,36 +113,37 @@ func TestRetryStopsWhenTheContextEnds(t *testing.T) {
 func TestRetryStopsAtMaxElapsedTime(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
-	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
+	h := retryHarness(t, func(rc *pipeline.RetryConfig) {
 		rc.InitialInterval, rc.MaxInterval, rc.MaxElapsedTime, rc.MaxTries = time.Minute, time.Minute, time.Second, 10
 	})
-	_, err := r.Middleware(func(*message.Message) ([]*message.Message, error) { calls.Add(1); return nil, errors.New("x") })(msg("m1", "x"))
-	if err == nil || calls.Load() != 1 {
+	start := time.Now()
+	_, err := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) { calls.Add(1); return nil, errors.New("x") })(msg("m1", "x"))
+	if err == nil || calls.Load() != 1 || time.Since(start) > 30*time.Second {
 		t.Fatalf("a first wait past MaxElapsedTime must give up at once: %v after %d calls", err, calls.Load())
 	}
 }
 
-// Inside the idempotency stage the heartbeat runs while retry waits.
+// The heartbeat runs while retry waits.
 func TestRetryKeepsTheLeaseAliveWhileItWaits(t *testing.T) {
 	st, _ := memory.New(memory.Options{})
 	defer st.Close()
 	counting := &countingStore{Store: st}
 	p := policy.Policy{}.WithDefaults()
 	p.LeaseDuration, p.Heartbeat = time.Minute, 5*time.Millisecond
-	stage, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: counting, Keys: keygen.UUID(), Scope: "s", Policy: p})
+	stage, err := pipeline.NewLeased(counting, pipeline.Config{
+		KeyGenerator: keygen.UUID(), Scope: "s", Policy: p,
+		Retry: &pipeline.RetryConfig{InitialInterval: 40 * time.Millisecond, MaxInterval: 40 * time.Millisecond, RandomizationFactor: -1},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := fastRetry(t, func(rc *pipeline.RetryConfig) {
-		rc.InitialInterval, rc.MaxInterval, rc.RandomizationFactor = 40*time.Millisecond, 40*time.Millisecond, -1
-	})
 	var calls atomic.Int32
-	_, err = stage.Middleware(r.Middleware(func(*message.Message) ([]*message.Message, error) {
+	_, err = stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if calls.Add(1) < 3 {
 			return nil, errors.New("timeout")
 		}
 		return nil, nil
-	}))(msg("m1", "x"))
+	})(msg("m1", "x"))
 	if err != nil || calls.Load() != 3 {
 		t.Fatalf("err %v calls %d", err, calls.Load())
 	}
@@ -148,118 +152,102 @@ func TestRetryKeepsTheLeaseAliveWhileItWaits(t *testing.T) {
 	}
 }
 
-func TestNewRetryRefusesBadConfig(t *testing.T) {
+func TestRetryConfigRefusesBadValues(t *testing.T) {
 	t.Parallel()
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
 	for name, tc := range map[string]struct {
 		cfg     pipeline.RetryConfig
 		setting string
 	}{
-		"initial": {pipeline.RetryConfig{InitialInterval: -1}, "RetryConfig.InitialInterval"},
-		"mult":    {pipeline.RetryConfig{Multiplier: 0.5}, "RetryConfig.Multiplier"},
-		"max":     {pipeline.RetryConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}, "RetryConfig.MaxInterval"},
-		"jitter":  {pipeline.RetryConfig{RandomizationFactor: 1}, "RetryConfig.RandomizationFactor"},
-		"elapsed": {pipeline.RetryConfig{MaxElapsedTime: -1}, "RetryConfig.MaxElapsedTime"},
-		"tries":   {pipeline.RetryConfig{MaxTries: -1}, "RetryConfig.MaxTries"},
+		"initial": {pipeline.RetryConfig{InitialInterval: -1}, "Config.Retry.InitialInterval"},
+		"mult":    {pipeline.RetryConfig{Multiplier: 0.5}, "Config.Retry.Multiplier"},
+		"max":     {pipeline.RetryConfig{InitialInterval: time.Second, MaxInterval: time.Millisecond}, "Config.Retry.MaxInterval"},
+		"jitter":  {pipeline.RetryConfig{RandomizationFactor: 1}, "Config.Retry.RandomizationFactor"},
+		"elapsed": {pipeline.RetryConfig{MaxElapsedTime: -1}, "Config.Retry.MaxElapsedTime"},
+		"tries":   {pipeline.RetryConfig{MaxTries: -1}, "Config.Retry.MaxTries"},
 	} {
 		var ce *oncemill.ConfigError
-		if _, err := pipeline.NewRetry(tc.cfg); !errors.As(err, &ce) || ce.Setting != tc.setting {
+		if _, err := pipeline.NewLeased(st, pipeline.Config{Retry: &tc.cfg}); !errors.As(err, &ce) || ce.Setting != tc.setting {
 			t.Errorf("%s: got %v, want a ConfigError for %s", name, err, tc.setting)
 		}
+		if _, err := pipeline.NewTransactional(newFakeTxStore(), pipeline.Config{Retry: &tc.cfg}); !errors.As(err, &ce) || ce.Setting != tc.setting {
+			t.Errorf("%s, one-transaction mode: got %v, want a ConfigError for %s", name, err, tc.setting)
+		}
 	}
-	if _, err := pipeline.NewRetry(pipeline.RetryConfig{}); err != nil {
+	if _, err := pipeline.NewLeased(st, pipeline.Config{Retry: &pipeline.RetryConfig{}}); err != nil {
 		t.Errorf("the zero RetryConfig is the defaults, got %v", err)
 	}
 }
 
 func TestBreakerCountsOnlyRetryableFailures(t *testing.T) {
 	t.Parallel()
+	var mu sync.Mutex
 	var changes []string
-	bc := pipeline.BreakerConfig{}
-	bc.Name = "gateway"
-	bc.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 }
-	bc.OnStateChange = func(name string, from, to gobreaker.State) {
-		changes = append(changes, name+":"+from.String()+"->"+to.String())
-	}
-	b, err := pipeline.NewBreaker(bc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := newHarness(t, func(c *stageConfig) {
+		c.CircuitBreaker = &gobreaker.Settings{
+			Name:        "gateway",
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 },
+			OnStateChange: func(name string, from, to gobreaker.State) {
+				mu.Lock()
+				changes = append(changes, name+":"+from.String()+"->"+to.String())
+				mu.Unlock()
+			},
+		}
+	})
 	declined := policy.Cached(errors.New("declined"))
-	h := b.Middleware(func(m *message.Message) ([]*message.Message, error) {
-		if m.UUID == "business" {
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		if string(m.Payload) == "business" {
 			return nil, declined
 		}
 		return nil, errors.New("connection refused")
 	})
 	for i := 0; i < 5; i++ {
-		if _, err := h(msg("business", "")); !errors.Is(err, declined) {
+		if _, err := handler(msg(fmt.Sprint("b", i), "business")); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if b.State() != gobreaker.StateClosed {
-		t.Fatal("business failures opened the circuit")
-	}
-	_, _ = h(msg("infra", ""))
-	_, _ = h(msg("infra", ""))
-	if b.State() != gobreaker.StateOpen || len(changes) != 1 || changes[0] != "gateway:closed->open" {
-		t.Fatalf("state %v, changes %v", b.State(), changes)
-	}
-	if _, err := h(msg("infra", "")); !errors.Is(err, pipeline.ErrCircuitOpen) || !errors.Is(err, gobreaker.ErrOpenState) {
-		t.Fatalf("open circuit returned %v", err)
-	}
-}
-
-func TestNewBreakerRefusesBadConfig(t *testing.T) {
-	t.Parallel()
-	for name, tc := range map[string]struct {
-		cfg     pipeline.BreakerConfig
-		setting string
-	}{
-		"timeout":  {pipeline.BreakerConfig{Timeout: -1}, "BreakerConfig.Timeout"},
-		"interval": {pipeline.BreakerConfig{Interval: -1}, "BreakerConfig.Interval"},
-	} {
-		var ce *oncemill.ConfigError
-		if _, err := pipeline.NewBreaker(tc.cfg); !errors.As(err, &ce) || ce.Setting != tc.setting {
-			t.Errorf("%s: got %v, want a ConfigError for %s", name, err, tc.setting)
+		if e := h.last(); !errors.Is(e.Err, declined) || e.Outcome != pipeline.OutcomeCachedFailure {
+			t.Fatalf("business failure %d: %+v", i, e)
 		}
 	}
-	if _, err := pipeline.NewBreaker(pipeline.BreakerConfig{}); err != nil {
-		t.Errorf("the zero BreakerConfig is the defaults, got %v", err)
+	changed := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(changes)
+	}
+	if got := changed(); len(got) != 0 {
+		t.Fatalf("business failures changed the circuit: %v", got)
+	}
+	_, _ = handler(msg("i1", "infra"))
+	_, _ = handler(msg("i2", "infra"))
+	if got := changed(); len(got) != 1 || got[0] != "gateway:closed->open" {
+		t.Fatalf("changes %v, want the circuit opened once", got)
+	}
+	var calls atomic.Int32
+	open := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) { calls.Add(1); return nil, nil })
+	if _, err := open(msg("i3", "infra")); !errors.Is(err, pipeline.ErrCircuitOpen) || !errors.Is(err, gobreaker.ErrOpenState) || calls.Load() != 0 {
+		t.Fatalf("open circuit returned %v after %d handler calls", err, calls.Load())
 	}
 }
 
-// The transaction stage alone: commit after success, rollback on error and
-// on panic (which goes on to the caller).
-func TestTransactionStandalone(t *testing.T) {
+// The zero gobreaker.Settings are gobreaker's defaults: the circuit opens
+// after more than five consecutive retryable failures, named "oncemill".
+func TestBreakerZeroSettingsAreGobreakersDefaults(t *testing.T) {
 	t.Parallel()
-	tm := &fakeTxManager{}
-	tx, err := pipeline.NewTransaction(tm)
-	if err != nil {
-		t.Fatal(err)
+	h := newHarness(t, func(c *stageConfig) { c.CircuitBreaker = &gobreaker.Settings{} })
+	var calls atomic.Int32
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
+		calls.Add(1)
+		return nil, errors.New("connection refused")
+	})
+	for i := range 6 {
+		if _, err := handler(msg(fmt.Sprint("m", i), "x")); err == nil || errors.Is(err, pipeline.ErrCircuitOpen) {
+			t.Fatalf("failure %d: %v, want the handler's own error with the circuit still closed", i+1, err)
+		}
 	}
-	var sawTx bool
-	if _, err := tx.Middleware(func(m *message.Message) ([]*message.Message, error) {
-		_, sawTx = m.Context().Value(fakeTxKey{}).(*fakeTx)
-		return nil, nil
-	})(msg("m1", "")); err != nil || !sawTx || tm.commits.Load() != 1 {
-		t.Fatalf("success: err %v, handler saw its tx %v, commits %d", err, sawTx, tm.commits.Load())
-	}
-	if _, err := tx.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("x") })(msg("m2", "")); err == nil || tm.rollbacks.Load() != 1 {
-		t.Fatalf("error: %v rollbacks %d", err, tm.rollbacks.Load())
-	}
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Error("the panic must go on to the caller")
-			}
-		}()
-		_, _ = tx.Middleware(func(*message.Message) ([]*message.Message, error) { panic("boom") })(msg("m3", ""))
-	}()
-	if tm.rollbacks.Load() != 2 || tm.commits.Load() != 1 {
-		t.Fatalf("after panic: rollbacks %d commits %d", tm.rollbacks.Load(), tm.commits.Load())
-	}
-	if _, err := pipeline.NewTransaction(nil); !errors.Is(err, oncemill.ErrInvalidConfig) {
-		t.Fatalf("nil manager: %v", err)
+	_, err := handler(msg("m6", "x"))
+	if !errors.Is(err, pipeline.ErrCircuitOpen) || !strings.Contains(err.Error(), "oncemill") || calls.Load() != 6 {
+		t.Fatalf("after six failures: %v after %d calls, want ErrCircuitOpen of the breaker named oncemill, without a call", err, calls.Load())
 	}
 }
 
@@ -288,11 +276,7 @@ func TestDeadLetterOnceAndNeverLost(t *testing.T) {
 	}
 	pub := &failingPublisher{Publisher: pubSub}
 	pub.fail.Store(1)
-	dl, err := pipeline.NewDeadLetter(pub, "dead")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.DeadLetter = dl })
+	h := newHarness(t, func(c *stageConfig) { c.DeadLetterPublisher, c.DeadLetterTopic = pub, "dead" })
 	var calls atomic.Int32
 	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		calls.Add(1)
@@ -322,11 +306,12 @@ func TestDeadLetterOnceAndNeverLost(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Fatalf("handler ran %d times, want 2 (first try, redelivery)", calls.Load())
 	}
-	if _, err := pipeline.NewDeadLetter(nil, "t"); !errors.Is(err, oncemill.ErrInvalidConfig) {
-		t.Fatal(err)
-	}
-	if _, err := pipeline.NewDeadLetter(pubSub, ""); !errors.Is(err, oncemill.ErrInvalidConfig) || !strings.Contains(err.Error(), "topic") {
-		t.Fatal(err)
+	// The publisher and the topic come together.
+	for _, cfg := range []pipeline.Config{{DeadLetterTopic: "t"}, {DeadLetterPublisher: pubSub}} {
+		var ce *oncemill.ConfigError
+		if _, err := pipeline.NewLeased(h.store, cfg); !errors.As(err, &ce) || ce.Setting != "Config.DeadLetterTopic" || !strings.Contains(err.Error(), "topic") {
+			t.Fatalf("dead letter publisher %v, topic %q: %v, want a ConfigError for Config.DeadLetterTopic", cfg.DeadLetterPublisher, cfg.DeadLetterTopic, err)
+		}
 	}
 }
 
@@ -335,8 +320,7 @@ func TestMismatchIsDeadLettered(t *testing.T) {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10}, watermill.NopLogger{})
 	defer pubSub.Close()
 	dead, _ := pubSub.Subscribe(context.Background(), "dead")
-	dl, _ := pipeline.NewDeadLetter(pubSub, "dead")
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.DeadLetter = dl })
+	h := newHarness(t, func(c *stageConfig) { c.DeadLetterPublisher, c.DeadLetterTopic = pubSub, "dead" })
 	var calls atomic.Int32
 	handler := h.stage.Middleware(produce(&calls))
 	_, _ = handler(msg("m1", `{"amount":1}`))
@@ -347,12 +331,5 @@ func TestMismatchIsDeadLettered(t *testing.T) {
 	got.Ack()
 	if string(got.Payload) != `{"amount":2}` || pipeline.DeadLetterReason(got.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonMismatch {
 		t.Fatalf("dead letter %q %v", got.Payload, got.Metadata)
-	}
-}
-
-func TestNewValidationRefusesNil(t *testing.T) {
-	t.Parallel()
-	if _, err := pipeline.NewValidation(pipeline.ValidationConfig{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
-		t.Fatal(err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -32,21 +33,24 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// telKit is teltest's SDK with oncemill's Telemetry over it.
+// instrumentationName names oncemill's tracer and meter: the
+// instrumentation scope of every span and metric it records.
+const instrumentationName = "github.com/oncemill/oncemill"
+
+// telKit is teltest's SDK, for a stage to record into (use).
 type telKit struct {
 	*teltest.Kit
-	tel *pipeline.Telemetry
 }
 
 func newTelKit(t *testing.T) *telKit {
 	t.Helper()
-	k := &telKit{Kit: teltest.New(t)}
-	var err error
-	k.tel, err = pipeline.NewTelemetry(pipeline.TelemetryConfig{TracerProvider: k.TracerProvider, MeterProvider: k.MeterProvider, MessagingSystem: "kafka"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
+	return &telKit{Kit: teltest.New(t)}
+}
+
+// use makes the stage configured by c record into the kit, as a Kafka
+// consumer.
+func (k *telKit) use(c *pipeline.Config) {
+	c.TracerProvider, c.MeterProvider, c.MessagingSystem = k.TracerProvider, k.MeterProvider, "kafka"
 }
 
 // deliveries returns the ended delivery spans (kind Consumer). Outside a
@@ -79,8 +83,8 @@ func (k *telKit) collect(t *testing.T) map[string]metricdata.Metrics {
 	t.Helper()
 	rm := k.Collect(t)
 	for _, sm := range rm.ScopeMetrics {
-		if sm.Scope.Name != pipeline.InstrumentationName {
-			t.Errorf("instrumentation scope %q, want %q", sm.Scope.Name, pipeline.InstrumentationName)
+		if sm.Scope.Name != instrumentationName {
+			t.Errorf("instrumentation scope %q, want %q", sm.Scope.Name, instrumentationName)
 		}
 	}
 	return teltest.ByName(rm)
@@ -100,13 +104,13 @@ func telNoop(*message.Message) ([]*message.Message, error) { return nil, nil }
 func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
+	h := newHarness(t, func(c *stageConfig) {
 		c.Scope = "" // the Watermill handler name
-		c.Telemetry = k.tel
+		k.use(&c.Config)
 	})
 	rr := newRouterRun(t)
 	handler := rr.router.AddConsumerHandler("payments", "payments.in", rr.pubSub, func(*message.Message) error { return nil })
-	handler.AddMiddleware(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware)
+	handler.AddMiddleware(h.stage.Middleware)
 	rr.start()
 
 	long := strings.Repeat("k", 500)
@@ -141,7 +145,7 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 		if s.Status().Code != codes.Unset {
 			t.Errorf("delivery %d: status %v, want unset for an acked delivery", i, s.Status())
 		}
-		if s.InstrumentationScope().Name != pipeline.InstrumentationName {
+		if s.InstrumentationScope().Name != instrumentationName {
 			t.Errorf("delivery %d: scope %q", i, s.InstrumentationScope().Name)
 		}
 		attrs := teltest.SpanAttrs(s)
@@ -190,9 +194,9 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 func TestTelemetryReleaseSpan(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	h := newHarness(t, func(c *stageConfig) { k.use(&c.Config) })
 	errDown := errors.New("database briefly unavailable")
-	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(*message.Message) ([]*message.Message, error) {
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		return nil, errDown
 	})
 	if err := telRun(handler, msg("m1", "x")); !errors.Is(err, errDown) {
@@ -223,12 +227,12 @@ func TestTelemetryReleaseSpan(t *testing.T) {
 func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Telemetry = k.tel
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
 		c.Policy.LeaseDuration = time.Minute
 		c.Policy.Heartbeat = 5 * time.Millisecond
 	})
-	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(*message.Message) ([]*message.Message, error) {
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		// Wait a bit: until at least one heartbeat has fired and ended.
 		testenv.WaitFor(t, 10*time.Second, "an ended extend span", func() bool { return len(k.Named("oncemill.store.extend")) > 0 })
 		return nil, nil
@@ -265,8 +269,8 @@ func TestTelemetryHeartbeatExtendSpan(t *testing.T) {
 func TestTelemetryCheckLeaseExtendSpan(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
-	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(func(m *message.Message) ([]*message.Message, error) {
+	h := newHarness(t, func(c *stageConfig) { k.use(&c.Config) })
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
 		return nil, pipeline.CheckLease(m.Context())
 	})
 	if err := telRun(handler, msg("m1", "x")); err != nil {
@@ -281,31 +285,40 @@ func TestTelemetryCheckLeaseExtendSpan(t *testing.T) {
 	}
 }
 
-// Without the delivery-span middleware, the stage uses whatever recording
-// span is in the message context (one an upstream middleware started): it
-// sets the idempotency attributes there and puts the store spans under it.
-func TestTelemetryStageUsesTheSpanInTheMessageContext(t *testing.T) {
+// The stage opens its delivery span under whatever span is in the message
+// context (one an upstream middleware started): the idempotency attributes
+// go on the delivery span, and the store spans under it.
+func TestTelemetryDeliverySpanIsAChildOfTheSpanInTheMessageContext(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	h := newHarness(t, func(c *stageConfig) { k.use(&c.Config) })
 	ctx, upstream := k.TracerProvider.Tracer("upstream").Start(context.Background(), "upstream")
 	m := msg("m1", "x")
 	m.SetContext(ctx)
 	if err := telRun(h.stage.Middleware(telNoop), m); err != nil {
 		t.Fatal(err)
 	}
-	upstream.End()
-	spans := k.Named("upstream")
-	if len(spans) != 1 {
-		t.Fatalf("%d upstream spans", len(spans))
+	if m.Context() != ctx {
+		t.Fatal("the message context must be restored after the delivery")
 	}
-	attrs := teltest.SpanAttrs(spans[0])
+	upstream.End()
+	spans, delivery := k.Named("upstream"), k.deliveries()
+	if len(spans) != 1 || len(delivery) != 1 {
+		t.Fatalf("%d upstream spans, %d delivery spans; want 1 and 1", len(spans), len(delivery))
+	}
+	if p := delivery[0].Parent(); p.SpanID() != spans[0].SpanContext().SpanID() || p.TraceID() != spans[0].SpanContext().TraceID() {
+		t.Fatalf("delivery span parent %v, want the upstream span %v", p, spans[0].SpanContext())
+	}
+	attrs := teltest.SpanAttrs(delivery[0])
 	if attrs["idempotency.key"].AsString() != "m1" || attrs["idempotency.scope"].AsString() != "test" ||
 		attrs["idempotency.decision"].AsString() != "execute" || attrs["idempotency.outcome"].AsString() != "executed" ||
 		attrs["idempotency.attempt"].AsInt64() != 1 {
-		t.Fatalf("upstream span attributes %v", attrs)
+		t.Fatalf("delivery span attributes %v", attrs)
 	}
-	if names := k.storeSpanNames(spans[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.begin,oncemill.store.complete" {
+	if up := teltest.SpanAttrs(spans[0]); len(up) != 0 {
+		t.Fatalf("upstream span attributes %v, want none of oncemill's", up)
+	}
+	if names := k.storeSpanNames(delivery[0].SpanContext()); strings.Join(names, ",") != "oncemill.store.begin,oncemill.store.complete" {
 		t.Fatalf("store spans %v", names)
 	}
 }
@@ -317,11 +330,13 @@ func TestTelemetryOneTransactionSpans(t *testing.T) {
 	k := newTelKit(t)
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Policy{}.WithDefaults(), Telemetry: k.tel})
+	cfg := pipeline.Config{KeyGenerator: keygen.UUID(), Scope: "s", Policy: txPolicy()}
+	k.use(&cfg)
+	idem, err := pipeline.NewTransactional(st, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	handler := pipeline.Chain{Telemetry: k.tel, Idempotency: idem}.Middleware(telNoop)
+	handler := idem.Middleware(telNoop)
 	if err := telRun(handler, msg("m1", "x")); err != nil {
 		t.Fatal(err)
 	}
@@ -393,13 +408,13 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			k := newTelKit(t)
-			h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-				c.Telemetry = k.tel
+			h := newHarness(t, func(c *stageConfig) {
+				k.use(&c.Config)
 				tc.fail.Store = c.Store
 				c.Store = tc.fail
 				c.Policy.LeaseDuration, c.Policy.Heartbeat = 300*time.Millisecond, 100*time.Millisecond
 			})
-			err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(tc.handler), msg("m1", "x"))
+			err := telRun(h.stage.Middleware(tc.handler), msg("m1", "x"))
 			if (err != nil) != tc.deliveryErr {
 				t.Fatalf("delivery error %v, want error %v", err, tc.deliveryErr)
 			}
@@ -469,12 +484,12 @@ func TestTelemetryFailingStoreSpans(t *testing.T) {
 func TestTelemetryUnguarded(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Telemetry = k.tel
-		c.Keys = keygen.Func(func(*message.Message) (string, error) { return "", nil })
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
+		c.KeyGenerator = keygen.Func(func(*message.Message) (string, error) { return "", nil })
 		c.Policy.MissingKey = policy.MissingKeyRunUnguarded
 	})
-	if err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(telNoop), msg("m1", "x")); err != nil {
+	if err := telRun(h.stage.Middleware(telNoop), msg("m1", "x")); err != nil {
 		t.Fatal(err)
 	}
 	delivery := k.deliveries()
@@ -505,22 +520,54 @@ func TestTelemetryUnguarded(t *testing.T) {
 	}
 }
 
-// Without a recording delivery span, no store span is started: the stage
-// alone, under an SDK TracerProvider, creates no spans at all.
-func TestTelemetryNoStoreSpansWithoutADeliverySpan(t *testing.T) {
+// countingTracerProvider counts the spans its tracers start.
+type countingTracerProvider struct {
+	trace.TracerProvider
+	starts *atomic.Int32
+}
+
+func (p countingTracerProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return countingTracer{Tracer: p.TracerProvider.Tracer(name, opts...), starts: p.starts}
+}
+
+type countingTracer struct {
+	trace.Tracer
+	starts *atomic.Int32
+}
+
+func (t countingTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	t.starts.Add(1)
+	return t.Tracer.Start(ctx, name, opts...)
+}
+
+// Without a recording delivery span (a sampler that drops it), no store
+// span is started: the stage starts the delivery span and nothing else.
+// The metrics are recorded all the same.
+func TestTelemetryNoStoreSpansWithoutARecordingDeliverySpan(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
+	var starts atomic.Int32
+	unsampled := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()), sdktrace.WithSpanProcessor(k.Spans))
+	t.Cleanup(func() { _ = unsampled.Shutdown(context.Background()) })
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
+		c.TracerProvider = countingTracerProvider{TracerProvider: unsampled, starts: &starts}
+	})
 	if err := telRun(h.stage.Middleware(telNoop), msg("m1", "x")); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(k.Spans.Ended()); n != 0 {
-		t.Fatalf("%d spans without a delivery span, want 0", n)
+	if n := starts.Load(); n != 1 {
+		t.Fatalf("%d spans started for one delivery under a sampler that drops it, want 1 (the delivery span)", n)
 	}
-	// The metrics are recorded all the same.
+	if n := len(k.Spans.Ended()); n != 0 {
+		t.Fatalf("%d spans recorded, want 0", n)
+	}
 	ms := k.collect(t)
 	if got := teltest.Sums(t, ms, "oncemill.decisions", "decision"); !maps.Equal(got, map[string]int64{"execute": 1}) {
 		t.Fatalf("decisions %v", got)
+	}
+	if got := teltest.HistCounts(t, ms, "oncemill.store.duration", "operation"); !maps.Equal(got, map[string]uint64{"begin": 1, "complete": 1}) {
+		t.Fatalf("store.duration counts %v: the store calls are timed without their spans", got)
 	}
 }
 
@@ -529,8 +576,8 @@ func TestTelemetryNoStoreSpansWithoutADeliverySpan(t *testing.T) {
 func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Telemetry = k.tel
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
 		c.Policy.HeldKey = policy.HeldKeyNack
 		c.Policy.MaxPayloadBytes = 64
 	})
@@ -623,8 +670,8 @@ func TestTelemetryDecisionsAndOutcomes(t *testing.T) {
 func TestTelemetryHeldKeyRejected(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Telemetry = k.tel
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
 		c.Policy.HeldKey = policy.HeldKeyReject
 	})
 	started, proceed, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
@@ -636,7 +683,7 @@ func TestTelemetryHeldKeyRejected(t *testing.T) {
 		}), msg("m1", "x"))
 	}()
 	<-started
-	if err := telRun(pipeline.Chain{Telemetry: k.tel, Idempotency: h.stage}.Middleware(telNoop), msg("m1", "x")); err != nil {
+	if err := telRun(h.stage.Middleware(telNoop), msg("m1", "x")); err != nil {
 		t.Fatalf("a rejected duplicate is acked, got %v", err)
 	}
 	close(proceed)
@@ -644,8 +691,12 @@ func TestTelemetryHeldKeyRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	delivery := k.deliveries()
-	if len(delivery) != 1 {
-		t.Fatalf("%d delivery spans", len(delivery))
+	if len(delivery) != 2 {
+		t.Fatalf("%d delivery spans, want 2", len(delivery))
+	}
+	// The duplicate's span ended first: the first delivery waited for it.
+	if first := teltest.SpanAttrs(delivery[1]); first["idempotency.outcome"].AsString() != "executed" {
+		t.Fatalf("first delivery's attributes %v", first)
 	}
 	attrs := teltest.SpanAttrs(delivery[0])
 	if attrs["idempotency.decision"].AsString() != "held" || attrs["idempotency.outcome"].AsString() != "rejected" {
@@ -666,32 +717,20 @@ func TestTelemetryInstruments(t *testing.T) {
 	k := newTelKit(t)
 	ps := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = ps.Close() })
-	dl, err := pipeline.NewDeadLetter(ps, "dead")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel; c.DeadLetter = dl })
-	v, err := pipeline.NewValidation(pipeline.ValidationConfig{Validate: func(m *message.Message) error {
-		if string(m.Payload) == "bad" {
-			return errors.New("bad")
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
+		c.DeadLetterPublisher, c.DeadLetterTopic = ps, "dead"
+		c.Validation = func(m *message.Message) error {
+			if string(m.Payload) == "bad" {
+				return errors.New("bad")
+			}
+			return nil
 		}
-		return nil
-	}, DeadLetter: dl, Telemetry: k.tel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := pipeline.NewRetry(telRetryConfig(k.tel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bc := pipeline.BreakerConfig{}
-	bc.Telemetry = k.tel
-	b, err := pipeline.NewBreaker(bc)
-	if err != nil {
-		t.Fatal(err)
-	}
+		c.Retry = telRetryConfig()
+		c.CircuitBreaker = &gobreaker.Settings{}
+	})
 	var calls atomic.Int32
-	handler := pipeline.Chain{Validation: v, Idempotency: h.stage, Retry: r, Breaker: b}.Middleware(func(*message.Message) ([]*message.Message, error) {
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if calls.Add(1) == 1 {
 			return nil, errors.New("try again")
 		}
@@ -742,11 +781,8 @@ func TestTelemetryInstruments(t *testing.T) {
 	}
 }
 
-func telRetryConfig(tel *pipeline.Telemetry) pipeline.RetryConfig {
-	cfg := pipeline.RetryConfig{}
-	cfg.InitialInterval, cfg.MaxInterval, cfg.RandomizationFactor = time.Millisecond, time.Millisecond, -1
-	cfg.Telemetry = tel
-	return cfg
+func telRetryConfig() *pipeline.RetryConfig {
+	return &pipeline.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, RandomizationFactor: -1}
 }
 
 // oncemill.retries counts the retry stage's in-process retries: three tries,
@@ -754,15 +790,13 @@ func telRetryConfig(tel *pipeline.Telemetry) pipeline.RetryConfig {
 func TestTelemetryRetries(t *testing.T) {
 	t.Parallel()
 	k := newTelKit(t)
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = k.tel })
-	cfg := telRetryConfig(k.tel)
-	cfg.MaxTries = 3
-	r, err := pipeline.NewRetry(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
+		c.Retry = telRetryConfig()
+		c.Retry.MaxTries = 3
+	})
 	var calls atomic.Int32
-	handler := pipeline.Chain{Idempotency: h.stage, Retry: r}.Middleware(func(*message.Message) ([]*message.Message, error) {
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if calls.Add(1) <= 2 {
 			return nil, errors.New("database briefly unavailable")
 		}
@@ -793,30 +827,29 @@ func TestTelemetryBreakerState(t *testing.T) {
 	k := newTelKit(t)
 	var halfOpen atomic.Int64
 	halfOpen.Store(-1)
-	cfg := pipeline.BreakerConfig{}
-	cfg.Name = "payments-db"
-	cfg.Timeout = time.Millisecond
-	cfg.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 }
-	cfg.Telemetry = k.tel
-	cfg.OnStateChange = func(_ string, _, to gobreaker.State) {
-		if to == gobreaker.StateHalfOpen {
-			// The gauge is recorded before this callback runs.
-			halfOpen.Store(teltest.Gauge[int64](t, k.collect(t), "oncemill.breaker.state", "breaker")["payments-db"])
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
+		c.CircuitBreaker = &gobreaker.Settings{
+			Name:        "payments-db",
+			Timeout:     time.Millisecond,
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 },
+			OnStateChange: func(_ string, _, to gobreaker.State) {
+				if to == gobreaker.StateHalfOpen {
+					// The gauge is recorded before this callback runs.
+					halfOpen.Store(teltest.Gauge[int64](t, k.collect(t), "oncemill.breaker.state", "breaker")["payments-db"])
+				}
+			},
 		}
-	}
-	b, err := pipeline.NewBreaker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	state := func() map[string]int64 {
 		return teltest.Gauge[int64](t, k.collect(t), "oncemill.breaker.state", "breaker")
 	}
 	if got := state(); !maps.Equal(got, map[string]int64{"payments-db": 0}) {
-		t.Fatalf("after NewBreaker: %v, want closed (0)", got)
+		t.Fatalf("after NewLeased: %v, want closed (0)", got)
 	}
 	var fail atomic.Bool
 	fail.Store(true)
-	handler := b.Middleware(func(*message.Message) ([]*message.Message, error) {
+	handler := h.stage.Middleware(func(*message.Message) ([]*message.Message, error) {
 		if fail.Load() {
 			return nil, errors.New("connection refused")
 		}
@@ -824,17 +857,18 @@ func TestTelemetryBreakerState(t *testing.T) {
 	})
 	_ = telRun(handler, msg("m1", "x"))
 	_ = telRun(handler, msg("m2", "x"))
-	if b.State() != gobreaker.StateOpen {
-		t.Fatalf("breaker %v after two failures", b.State())
-	}
 	if got := state(); !maps.Equal(got, map[string]int64{"payments-db": 2}) {
-		t.Fatalf("after opening: %v, want open (2)", got)
+		t.Fatalf("after two failures: %v, want open (2)", got)
+	}
+	if err := telRun(handler, msg("m3", "x")); !errors.Is(err, pipeline.ErrCircuitOpen) {
+		t.Fatalf("a delivery at once after opening: %v, want ErrCircuitOpen", err)
 	}
 	fail.Store(false)
-	testenv.WaitFor(t, 10*time.Second, "a probe through the half-open breaker to succeed", func() bool { return telRun(handler, msg("m3", "x")) == nil })
-	if b.State() != gobreaker.StateClosed {
-		t.Fatalf("breaker %v after a successful probe", b.State())
-	}
+	probe := 0
+	testenv.WaitFor(t, 10*time.Second, "a probe through the half-open breaker to succeed", func() bool {
+		probe++
+		return telRun(handler, msg(fmt.Sprint("probe", probe), "x")) == nil
+	})
 	if got := state(); !maps.Equal(got, map[string]int64{"payments-db": 0}) {
 		t.Fatalf("after closing: %v, want closed (0)", got)
 	}
@@ -854,29 +888,18 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dl, err := pipeline.NewDeadLetter(ps, "dead")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-		c.Telemetry = k.tel
-		c.DeadLetter = dl
+	h := newHarness(t, func(c *stageConfig) {
+		k.use(&c.Config)
+		c.DeadLetterPublisher, c.DeadLetterTopic = ps, "dead"
 		c.Policy.MaxPayloadBytes = 64
-	})
-	v, err := pipeline.NewValidation(pipeline.ValidationConfig{
-		Validate: func(m *message.Message) error {
+		c.Validation = func(m *message.Message) error {
 			if string(m.Payload) == "bad" {
 				return errors.New("amount missing")
 			}
 			return nil
-		},
-		DeadLetter: dl,
-		Telemetry:  k.tel,
+		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	handler := pipeline.Chain{Validation: v, Idempotency: h.stage}.Middleware(func(m *message.Message) ([]*message.Message, error) {
+	handler := h.stage.Middleware(func(m *message.Message) ([]*message.Message, error) {
 		if string(m.Payload) == "declined" {
 			return nil, policy.Cached(errors.New("card declined"))
 		}
@@ -952,14 +975,14 @@ func telRaceEnabled() bool {
 // Allocations per delivery, pinned at what they are now (measured with
 // Go 1.26, Watermill v1.5.3 and otel v1.47.0 over the memory store).
 const (
-	// The idempotency stage alone, without an SDK (the default global
-	// providers, or explicit no-op ones), and with an SDK's meter provider
-	// but no delivery span.
+	// The stage without an SDK: the default global providers (no delivery
+	// span is started while they are idle), and an SDK's meter provider
+	// with them.
 	telReplayAllocs  = 2
 	telExecuteAllocs = 5
-	// The same with the delivery-span middleware (Chain.Telemetry, which the
-	// builder always adds) over the default global providers: the API's
-	// non-recording span and the contexts carrying it.
+	// The same with explicit no-op providers, or an SDK's meter provider
+	// and a no-op tracer provider: the delivery span is started, and the
+	// API's non-recording span and the contexts carrying it are allocated.
 	telSpanReplayAllocs  = 5
 	telSpanExecuteAllocs = 8
 )
@@ -970,37 +993,29 @@ const (
 // started. Every message passes through the stage, so this guards that
 // design: a change that makes telemetry allocate without an SDK (an
 // attribute built per message, a span started regardless) raises these
-// numbers and fails here. The stage costs the same with the global providers
-// as with explicit no-op ones, and an SDK's metrics add nothing per message
-// either (prebuilt attribute sets).
+// numbers and fails here. An SDK's metrics add nothing per message either
+// (prebuilt attribute sets).
 func TestTelemetryAllocatesNothingWithoutAnSDK(t *testing.T) {
 	if telRaceEnabled() {
 		t.Skip("the race detector changes allocation counts")
 	}
-	noopTel, err := pipeline.NewTelemetry(pipeline.TelemetryConfig{
-		TracerProvider: tracenoop.NewTracerProvider(),
-		MeterProvider:  metricnoop.NewMeterProvider(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	globalTel, err := pipeline.NewTelemetry(pipeline.TelemetryConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sdkMetrics := newTelKit(t).MeterProvider
 	for _, tc := range []struct {
 		name                  string
-		stageTel, spanTel     *pipeline.Telemetry
+		tp                    trace.TracerProvider
+		mp                    metric.MeterProvider
 		maxReplay, maxExecute float64
 	}{
-		{"global providers", nil, nil, telReplayAllocs, telExecuteAllocs}, // nil: the stage's default
-		{"noop providers", noopTel, nil, telReplayAllocs, telExecuteAllocs},
-		{"SDK metrics without a delivery span", newTelKit(t).tel, nil, telReplayAllocs, telExecuteAllocs},
-		{"delivery span over global providers", nil, globalTel, telSpanReplayAllocs, telSpanExecuteAllocs},
+		{"global providers", nil, nil, telReplayAllocs, telExecuteAllocs}, // nil: the globals
+		{"SDK metrics, global tracer provider", nil, sdkMetrics, telReplayAllocs, telExecuteAllocs},
+		{"noop providers", tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider(), telSpanReplayAllocs, telSpanExecuteAllocs},
+		{"SDK metrics, noop tracer provider", tracenoop.NewTracerProvider(), sdkMetrics, telSpanReplayAllocs, telSpanExecuteAllocs},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, func(c *pipeline.IdempotencyConfig) { c.Telemetry = tc.stageTel; c.OnEvent = nil })
-			handler := pipeline.Chain{Telemetry: tc.spanTel, Idempotency: h.stage}.Middleware(telNoop)
+			h := newHarness(t, func(c *stageConfig) {
+				c.TracerProvider, c.MeterProvider, c.EventHandler = tc.tp, tc.mp, nil
+			})
+			handler := h.stage.Middleware(telNoop)
 
 			dup := msg("m0", "x")
 			if err := telRun(handler, dup); err != nil {
@@ -1033,18 +1048,15 @@ func TestTelemetryAttemptsExhausted(t *testing.T) {
 	k := newTelKit(t)
 	dead := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = dead.Close() })
-	deadLetter, err := pipeline.NewDeadLetter(dead, "dead")
-	if err != nil {
-		t.Fatal(err)
-	}
 	failing := func(*message.Message) ([]*message.Message, error) { return nil, errors.New("down") }
-	for _, mutate := range []func(*pipeline.IdempotencyConfig){
-		func(c *pipeline.IdempotencyConfig) {}, // kept: two deliveries past the cap
-		func(c *pipeline.IdempotencyConfig) { c.Policy.Exhausted = policy.ExhaustedDrop },
-		func(c *pipeline.IdempotencyConfig) { c.DeadLetter = deadLetter },
+	for _, mutate := range []func(*stageConfig){
+		func(c *stageConfig) {}, // kept: two deliveries past the cap
+		func(c *stageConfig) { c.Policy.Exhausted = policy.ExhaustedDrop },
+		func(c *stageConfig) { c.DeadLetterPublisher, c.DeadLetterTopic = dead, "dead" },
 	} {
-		h := newHarness(t, func(c *pipeline.IdempotencyConfig) {
-			c.Telemetry, c.Policy.MaxAttempts = k.tel, 1
+		h := newHarness(t, func(c *stageConfig) {
+			k.use(&c.Config)
+			c.Policy.MaxAttempts = 1
 			mutate(c)
 		})
 		for range 2 {

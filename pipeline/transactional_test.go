@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/oncemill/oncemill"
@@ -15,34 +16,49 @@ import (
 	"github.com/oncemill/oncemill/policy"
 )
 
-// txChain is the chain in the one-transaction mode over a fakeTxStore, with
-// retry and a breaker that opens after one failure.
-func txChain(t *testing.T) (*fakeTxStore, pipeline.Chain, chan pipeline.Event) {
-	t.Helper()
-	st := newFakeTxStore()
-	t.Cleanup(func() { _ = st.Close() })
-	events := make(chan pipeline.Event, 100)
+// txPolicy is the default policy without what the one-transaction mode
+// refuses (the lease and its heartbeat), and without pauses.
+func txPolicy() policy.Policy {
 	p := policy.Policy{}.WithDefaults()
-	p.NackDelay, p.AttemptDelay = -1, -1 // no pauses
-	var c pipeline.Chain
-	var err error
-	if c.Idempotency, err = pipeline.NewIdempotency(pipeline.IdempotencyConfig{
-		TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: p, OnEvent: func(e pipeline.Event) { events <- e },
-	}); err != nil {
+	p.LeaseDuration, p.Heartbeat = 0, 0
+	p.NackDelay, p.AttemptDelay = -1, -1
+	return p
+}
+
+// txStage is the one-transaction mode over a fakeTxStore, with retry and a
+// breaker that opens after three failures; breakerRequests counts the
+// requests the breaker lets through, state is its last state.
+type txStage struct {
+	st              *fakeTxStore
+	handler         func(message.HandlerFunc) message.HandlerFunc
+	events          chan pipeline.Event
+	breakerRequests atomic.Int32
+	state           atomic.Int32 // a gobreaker.State
+}
+
+func newTxStage(t *testing.T) *txStage {
+	t.Helper()
+	s := &txStage{st: newFakeTxStore(), events: make(chan pipeline.Event, 100)}
+	t.Cleanup(func() { _ = s.st.Close() })
+	p := txPolicy()
+	stage, err := pipeline.NewTransactional(s.st, pipeline.Config{
+		KeyGenerator: keygen.UUID(), Scope: "s", Policy: p, EventHandler: func(e pipeline.Event) { s.events <- e },
+		Retry: &pipeline.RetryConfig{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond},
+		CircuitBreaker: &gobreaker.Settings{
+			Timeout:     time.Hour,
+			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 },
+			IsSuccessful: func(err error) bool {
+				s.breakerRequests.Add(1)
+				return err == nil || p.Classify(err) == policy.ClassCached
+			},
+			OnStateChange: func(_ string, _, to gobreaker.State) { s.state.Store(int32(to)) },
+		},
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	rc := pipeline.RetryConfig{}
-	rc.InitialInterval, rc.MaxInterval, rc.Classify = time.Millisecond, 2*time.Millisecond, p.Classify
-	if c.Retry, err = pipeline.NewRetry(rc); err != nil {
-		t.Fatal(err)
-	}
-	bc := pipeline.BreakerConfig{}
-	bc.Classify, bc.Timeout = p.Classify, time.Hour
-	bc.ReadyToTrip = func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 3 }
-	if c.Breaker, err = pipeline.NewBreaker(bc); err != nil {
-		t.Fatal(err)
-	}
-	return st, c, events
+	s.handler = stage.Middleware
+	return s
 }
 
 // The claim comes before retry and the breaker: a duplicate is replayed
@@ -50,10 +66,11 @@ func txChain(t *testing.T) (*fakeTxStore, pipeline.Chain, chan pipeline.Event) {
 // in a fresh transaction.
 func TestTxModeOrder(t *testing.T) {
 	t.Parallel()
-	st, c, events := txChain(t)
+	s := newTxStage(t)
+	st, events := s.st, s.events
 	var calls atomic.Int32
 	fail := atomic.Bool{}
-	h := c.Middleware(func(m *message.Message) ([]*message.Message, error) {
+	h := s.handler(func(m *message.Message) ([]*message.Message, error) {
 		calls.Add(1)
 		if m.UUID == "flaky" && calls.Load() == 1 {
 			return nil, errors.New("transient")
@@ -81,17 +98,18 @@ func TestTxModeOrder(t *testing.T) {
 	if e := <-events; e.Outcome != pipeline.OutcomeReleased {
 		t.Fatalf("outcome %v, want released", e.Outcome)
 	}
-	if c.Breaker.State() != gobreaker.StateOpen {
-		t.Fatalf("breaker %v, want open", c.Breaker.State())
+	if gobreaker.State(s.state.Load()) != gobreaker.StateOpen {
+		t.Fatalf("breaker %v, want open", gobreaker.State(s.state.Load()))
 	}
 	// A duplicate of the first is replayed while the circuit is open.
-	before, requests := calls.Load(), c.Breaker.Counts().Requests
+	before, requests, txs := calls.Load(), s.breakerRequests.Load(), st.txs.Load()
 	out, err := h(msg("flaky", "x"))
 	if err != nil || len(out) != 1 || out[0].UUID != "out-flaky" {
 		t.Fatalf("duplicate under an open circuit = %v, %v; want the replay", out, err)
 	}
-	if e := <-events; e.Outcome != pipeline.OutcomeReplayed || calls.Load() != before || c.Breaker.Counts().Requests != requests {
-		t.Fatalf("outcome %v, calls %d→%d; want a replay that reaches neither the breaker nor the handler", e.Outcome, before, calls.Load())
+	if e := <-events; e.Outcome != pipeline.OutcomeReplayed || calls.Load() != before || s.breakerRequests.Load() != requests || st.txs.Load() != txs {
+		t.Fatalf("outcome %v, calls %d→%d, transactions %d→%d; want a replay that reaches neither the breaker nor the handler, and opens no transaction",
+			e.Outcome, before, calls.Load(), txs, st.txs.Load())
 	}
 
 	// A new key under the open circuit: claimed, refused by the breaker,
@@ -103,17 +121,20 @@ func TestTxModeOrder(t *testing.T) {
 	if e := <-events; e.Outcome != pipeline.OutcomeReleased {
 		t.Fatalf("outcome %v, want released", e.Outcome)
 	}
-	if st.rollbacks.Load() != rollbacks+1 || st.records.Load() != records+1 {
-		t.Fatalf("rollbacks %d→%d records %d→%d; want the claim rolled back and the attempt recorded", rollbacks, st.rollbacks.Load(), records, st.records.Load())
+	if st.rollbacks.Load() != rollbacks+1 || st.records.Load() != records+1 || calls.Load() != before {
+		t.Fatalf("rollbacks %d→%d records %d→%d calls %d→%d; want the claim rolled back, the attempt recorded, the handler not run",
+			rollbacks, st.rollbacks.Load(), records, st.records.Load(), before, calls.Load())
 	}
 }
 
-// The stage alone (no chain) ends the claim's transaction itself.
+// The stage alone (no retry, no breaker) ends the claim's transaction
+// itself: a commit after a success, a rollback after an error or a panic
+// (which comes back as Watermill's RecoveredPanicError).
 func TestTxModeStageAlone(t *testing.T) {
 	t.Parallel()
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
-	idem, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{TxStore: st, Keys: keygen.UUID(), Scope: "s", Policy: policy.Policy{}.WithDefaults()})
+	idem, err := pipeline.NewTransactional(st, pipeline.Config{KeyGenerator: keygen.UUID(), Scope: "s", Policy: txPolicy()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +149,46 @@ func TestTxModeStageAlone(t *testing.T) {
 	if _, err := idem.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, errors.New("x") })(msg("m2", "x")); err == nil || st.rollbacks.Load() != 1 {
 		t.Fatalf("failure: %v, rollbacks %d", err, st.rollbacks.Load())
 	}
-	if _, err := pipeline.NewIdempotency(pipeline.IdempotencyConfig{Store: st, TxStore: st, Keys: keygen.UUID(), Policy: policy.Policy{}.WithDefaults()}); !errors.Is(err, oncemill.ErrInvalidConfig) {
-		t.Fatalf("both stores: %v, want ErrInvalidConfig", err)
+	_, err = idem.Middleware(func(*message.Message) ([]*message.Message, error) { panic("boom") })(msg("m3", "x"))
+	var rp middleware.RecoveredPanicError
+	if !errors.As(err, &rp) || rp.V != "boom" || st.rollbacks.Load() != 2 || st.commits.Load() != 1 {
+		t.Fatalf("panic: %v, rollbacks %d commits %d; want a RecoveredPanicError after a rollback", err, st.rollbacks.Load(), st.commits.Load())
+	}
+}
+
+// NewTransactional refuses a nil store, and the lease settings that have
+// no effect in its mode, naming each.
+func TestNewTransactionalRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	st := newFakeTxStore()
+	t.Cleanup(func() { _ = st.Close() })
+	withDefaults := policy.Policy{}.WithDefaults()
+	for name, tc := range map[string]struct {
+		nilStore bool
+		policy   policy.Policy
+		setting  string
+	}{
+		"no store":  {true, txPolicy(), "store"},
+		"lease":     {false, policy.Policy{LeaseDuration: time.Minute}, "policy.LeaseDuration"},
+		"heartbeat": {false, policy.Policy{Heartbeat: time.Second}, "policy.Heartbeat"},
+		"defaults":  {false, withDefaults, "policy.LeaseDuration"},
+	} {
+		var ts *fakeTxStore
+		if !tc.nilStore {
+			ts = st
+		}
+		var err error
+		if ts == nil {
+			_, err = pipeline.NewTransactional(nil, pipeline.Config{Policy: tc.policy})
+		} else {
+			_, err = pipeline.NewTransactional(ts, pipeline.Config{Policy: tc.policy})
+		}
+		var ce *oncemill.ConfigError
+		if !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Setting != tc.setting {
+			t.Errorf("%s: got %v, want a ConfigError for %s", name, err, tc.setting)
+		}
+	}
+	if _, err := pipeline.NewTransactional(st, pipeline.Config{}); err != nil {
+		t.Errorf("the zero Config: %v", err)
 	}
 }
