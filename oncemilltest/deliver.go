@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
@@ -23,7 +24,7 @@ import (
 type Delivery struct {
 	// Event is what oncemill decided, as WithEventHandler reports it. Its
 	// Outcome is zero if the receiver reported nothing.
-	Event receiver.Event
+	Event pipeline.Event
 	// Messages and Err are what the receiver returned to the router: it
 	// publishes Messages, and acks the message when Err is nil, nacks it
 	// otherwise.
@@ -35,13 +36,13 @@ type Delivery struct {
 	// Crashed marks the first delivery of DeliverAfterCrash: its worker
 	// died after the handler returned, so nothing was published or acked.
 	Crashed bool
+	// Acked is whether the broker counts the delivery done: the receiver
+	// returned no error and the worker did not crash.
+	Acked bool
 }
 
-// Acked reports whether the broker would count the delivery done: the
-// receiver returned no error and the worker did not crash.
-func (d Delivery) Acked() bool { return d.Err == nil && !d.Crashed }
-
-func (d Delivery) String() string {
+// describe is how a failed assertion shows d.
+func (d Delivery) describe() string {
 	var b strings.Builder
 	b.WriteString(d.Event.Outcome.String())
 	if d.Event.Attempt > 0 {
@@ -71,17 +72,17 @@ func (d Delivery) String() string {
 // that made them gives.
 type Deliveries []Delivery
 
-// Outcomes returns each delivery's outcome.
-func (ds Deliveries) Outcomes() []receiver.Outcome {
-	out := make([]receiver.Outcome, len(ds))
+// outcomes returns each delivery's outcome.
+func (ds Deliveries) outcomes() []pipeline.Outcome {
+	out := make([]pipeline.Outcome, len(ds))
 	for i, d := range ds {
 		out[i] = d.Event.Outcome
 	}
 	return out
 }
 
-// Runs returns how many times the handler ran, over all the deliveries.
-func (ds Deliveries) Runs() int {
+// runs returns how many times the handler ran, over all the deliveries.
+func (ds Deliveries) runs() int {
 	n := 0
 	for _, d := range ds {
 		n += d.Runs
@@ -89,20 +90,21 @@ func (ds Deliveries) Runs() int {
 	return n
 }
 
-func (ds Deliveries) String() string {
+// describe is how a failed assertion shows ds: one delivery a line.
+func (ds Deliveries) describe() string {
 	var b strings.Builder
 	for i, d := range ds {
-		fmt.Fprintf(&b, "\n\t%d: %v", i+1, d)
+		fmt.Fprintf(&b, "\n\t%d: %s", i+1, d.describe())
 	}
 	return b.String()
 }
 
 // RequireOutcomes fails the test unless the deliveries' outcomes are want,
 // in order.
-func (ds Deliveries) RequireOutcomes(t testing.TB, want ...receiver.Outcome) {
+func (ds Deliveries) RequireOutcomes(t testing.TB, want ...pipeline.Outcome) {
 	t.Helper()
-	if got := ds.Outcomes(); !slices.Equal(got, want) {
-		t.Fatalf("oncemilltest: outcomes %v, want %v; the deliveries:%v", got, want, ds)
+	if got := ds.outcomes(); !slices.Equal(got, want) {
+		t.Fatalf("oncemilltest: outcomes %v, want %v; the deliveries:%s", got, want, ds.describe())
 	}
 }
 
@@ -114,14 +116,14 @@ func (ds Deliveries) RequireExecutedOnce(t testing.TB) {
 	executed, ranElsewhere := 0, 0
 	for _, d := range ds {
 		switch {
-		case d.Event.Outcome == receiver.OutcomeExecuted:
+		case d.Event.Outcome == pipeline.OutcomeExecuted:
 			executed++
 		case d.Runs > 0:
 			ranElsewhere++
 		}
 	}
 	if executed != 1 || ranElsewhere != 0 {
-		t.Fatalf("oncemilltest: %d deliveries executed and %d others ran the handler, want exactly one execution; the deliveries:%v", executed, ranElsewhere, ds)
+		t.Fatalf("oncemilltest: %d deliveries executed and %d others ran the handler, want exactly one execution; the deliveries:%s", executed, ranElsewhere, ds.describe())
 	}
 }
 
@@ -129,8 +131,8 @@ func (ds Deliveries) RequireExecutedOnce(t testing.TB) {
 // deliveries.
 func (ds Deliveries) RequireRuns(t testing.TB, n int) {
 	t.Helper()
-	if got := ds.Runs(); got != n {
-		t.Fatalf("oncemilltest: the handler ran %d times, want %d; the deliveries:%v", got, n, ds)
+	if got := ds.runs(); got != n {
+		t.Fatalf("oncemilltest: the handler ran %d times, want %d; the deliveries:%s", got, n, ds.describe())
 	}
 }
 
@@ -139,8 +141,8 @@ func (ds Deliveries) RequireRuns(t testing.TB, n int) {
 func (ds Deliveries) RequireAllAcked(t testing.TB) {
 	t.Helper()
 	for i, d := range ds {
-		if !d.Acked() {
-			t.Fatalf("oncemilltest: delivery %d was not acked; the deliveries:%v", i+1, ds)
+		if !d.Acked {
+			t.Fatalf("oncemilltest: delivery %d was not acked; the deliveries:%s", i+1, ds.describe())
 		}
 	}
 }
@@ -153,18 +155,11 @@ func NoPublish(h message.NoPublishHandlerFunc) message.HandlerFunc {
 	}
 }
 
-// DeliverTwice delivers msg twice in sequence through a receiver built from
-// b, as a broker does when its ack of the first delivery is lost: see
-// DeliverInSequence.
-func DeliverTwice(t testing.TB, b *receiver.Builder, h message.HandlerFunc, msg *message.Message) Deliveries {
-	t.Helper()
-	return DeliverInSequence(t, b, h, msg, 2)
-}
-
-// DeliverInSequence delivers msg n times, one after the other, through one
+// DeliverTwice delivers msg twice, one after the other, through one
 // receiver built from b around h: one worker that gets the message again
-// after each delivery, acked or not. Each delivery is a copy of msg (its
-// UUID, payload, metadata and context), as a broker's redelivery is.
+// after its first delivery, acked or not, as from a broker whose ack was
+// lost. Each delivery is a copy of msg (its UUID, payload, metadata and
+// context), as a broker's redelivery is.
 //
 // The helper builds the receiver itself, with an event handler of its own
 // in place of b's (a builder has one): the outcomes are in the returned
@@ -172,12 +167,13 @@ func DeliverTwice(t testing.TB, b *receiver.Builder, h message.HandlerFunc, msg 
 // each need a builder of their own. Deliveries do not pass through a
 // router, so there is no handler name to scope the keys by: they share b's
 // WithScope, or the empty scope. The records stay in b's store, so a later
-// delivery of the same message, by this or another helper, finds them.
-func DeliverInSequence(t testing.TB, b *receiver.Builder, h message.HandlerFunc, msg *message.Message, n int) Deliveries {
+// delivery of the same message, by this or another helper, finds them: call
+// DeliverTwice again on b for a third and fourth delivery.
+func DeliverTwice(t testing.TB, b *receiver.Builder, h message.HandlerFunc, msg *message.Message) Deliveries {
 	t.Helper()
-	check(t, b != nil, h, msg, n)
+	check(t, b != nil, h, msg, 2)
 	w := newWorker(t, b, h, nil)
-	ds := make(Deliveries, n)
+	ds := make(Deliveries, 2)
 	for i := range ds {
 		ds[i] = w.deliver(msg)
 	}
@@ -198,7 +194,7 @@ const settle = 20 * time.Millisecond
 // until every delivery has started, and a moment more for them to reach the
 // store; they then wait for it as policy.HeldKey says. That is a strong
 // nudge, not a guarantee: Event.Contended tells whether a delivery met the
-// key held. What DeliverInSequence says of b holds here too.
+// key held. What DeliverTwice says of b holds here too.
 func DeliverConcurrently(t testing.TB, b *receiver.Builder, h message.HandlerFunc, msg *message.Message, n int) Deliveries {
 	t.Helper()
 	check(t, b != nil, h, msg, n)
@@ -231,7 +227,7 @@ func DeliverConcurrently(t testing.TB, b *receiver.Builder, h message.HandlerFun
 // errCrash is what the crashed worker's store writes fail with. A dead
 // process's store is closed to it (store.ErrClosed), so the receiver does
 // not try the write again.
-var errCrash = fmt.Errorf("%w: the worker crashed before the outcome was recorded (%w)", ErrInjected, store.ErrClosed)
+var errCrash = fmt.Errorf("the worker crashed before the outcome was recorded (%w)", store.ErrClosed)
 
 // DeliverAfterCrash delivers msg to a worker that crashes between the
 // handler's effect and the ack, and then again once the broker redelivers
@@ -259,7 +255,7 @@ var errCrash = fmt.Errorf("%w: the worker crashed before the outcome was recorde
 // What it does not cover: a worker frozen past its lease that wakes up and
 // acts late (deliver from two goroutines over a memory store on a
 // storetest.Clock, move the clock while the first handler is held, and call
-// receiver.CheckLease right before the effect); a crash after the outcome was
+// pipeline.CheckLease right before the effect); a crash after the outcome was
 // recorded but before the ack (that is a duplicate: DeliverTwice); and the
 // one-transaction mode, where a crash rolls the effect back with the claim
 // (see the package documentation for testing that with PostgreSQL).
@@ -272,32 +268,56 @@ func DeliverAfterCrash(t testing.TB, newBuilder func(st store.Store) *receiver.B
 		t.Fatalf("oncemilltest: DeliverAfterCrash: memory store: %v", err)
 	}
 	defer mem.Close()
-	st := NewFaultyStore(mem)
 	var crashing atomic.Bool
-	crash := func(context.Context, Call) error {
-		if crashing.Load() {
+	var claims atomic.Int64
+	st := &FaultyStore{Store: mem, Fail: func(_ context.Context, op string, _ int) error {
+		switch {
+		case op == "ClaimLease":
+			claims.Add(1)
+		case crashing.Load() && (op == "Complete" || op == "Release"):
 			return errCrash
 		}
 		return nil
-	}
-	st.Fail(OpComplete, crash)
-	st.Fail(OpRelease, crash)
+	}}
 
 	first := newWorker(t, build(t, newBuilder, st), h, nil)
 	crashing.Store(true)
 	crashed := first.deliver(msg)
 	crashing.Store(false)
-	if crashed.Event.Decision != 0 && st.Count(OpBegin) == 0 {
+	if crashed.Event.Decision != 0 && claims.Load() == 0 {
 		t.Fatalf("oncemilltest: DeliverAfterCrash: the receiver decided without the store it was given; newBuilder must build over its st")
 	}
-	crashed.Crashed, crashed.Messages, crashed.Err = true, nil, nil
+	crashed.Crashed, crashed.Acked, crashed.Messages, crashed.Err = true, false, nil, nil
 
 	// The broker redelivers; the new delivery finds the lease expired.
-	if exp := st.leaseExpiry(); exp.After(clock.Now()) {
+	if exp := leaseExpiry(t, mem); exp.After(clock.Now()) {
 		clock.Advance(exp.Sub(clock.Now()) + time.Millisecond)
 	}
 	second := newWorker(t, build(t, newBuilder, st), h, nil)
 	return Deliveries{crashed, second.deliver(msg)}
+}
+
+// leaseExpiry is the latest lease expiry of the records in progress in st,
+// the crashed worker's store: when its lease is gone at the latest.
+func leaseExpiry(t testing.TB, st *memory.Store) time.Time {
+	t.Helper()
+	var last time.Time
+	req := store.ListRequest{Status: store.StatusInProgress}
+	for {
+		page, err := st.List(context.Background(), req)
+		if err != nil {
+			t.Fatalf("oncemilltest: DeliverAfterCrash: listing the leases: %v", err)
+		}
+		for _, rec := range page.Records {
+			if rec.LeaseExpiresAt.After(last) {
+				last = rec.LeaseExpiresAt
+			}
+		}
+		if page.Next == "" {
+			return last
+		}
+		req.After = page.Next
+	}
 }
 
 func build(t testing.TB, newBuilder func(store.Store) *receiver.Builder, st store.Store) *receiver.Builder {
@@ -358,7 +378,7 @@ func newWorker(t testing.TB, b *receiver.Builder, h message.HandlerFunc, before 
 	return w
 }
 
-func (w *worker) event(e receiver.Event) {
+func (w *worker) event(e pipeline.Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cur != nil {
@@ -376,7 +396,7 @@ func (w *worker) deliver(msg *message.Message) Delivery {
 	w.mu.Lock()
 	w.cur = nil
 	w.mu.Unlock()
-	d.Messages, d.Err = msgs, err
+	d.Messages, d.Err, d.Acked = msgs, err, err == nil
 	return d
 }
 

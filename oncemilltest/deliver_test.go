@@ -26,7 +26,7 @@ func TestDeliverTwice(t *testing.T) {
 	msg.Metadata.Set("tenant", "acme")
 
 	ds := oncemilltest.DeliverTwice(t, b, p.handle, msg)
-	ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 	ds.RequireExecutedOnce(t)
 	ds.RequireRuns(t, 1)
 	ds.RequireAllAcked(t)
@@ -39,7 +39,7 @@ func TestDeliverTwice(t *testing.T) {
 		}
 	}
 	if ds[0].Event.Attempt != 1 || ds[0].Event.Token == 0 || ds[1].Runs != 0 {
-		t.Errorf("deliveries:%v", ds)
+		t.Errorf("deliveries:%s", show(ds))
 	}
 }
 
@@ -56,10 +56,10 @@ func TestDeliveriesAreCopies(t *testing.T) {
 			t.Errorf("handler got %s %q %v", m.UUID, m.Payload, m.Metadata)
 		}
 		seen = append(seen, m)
-		return nil, receiver.Transient(errTimeout) // so that each delivery runs it
+		return nil, policy.Retryable(errTimeout) // so that each delivery runs it
 	}
 	oncemilltest.DeliverTwice(t, receiver.New(newStore(t)).WithPolicy(testPolicy()), h, msg).
-		RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeReleased)
+		RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeReleased)
 	if len(seen) != 2 || seen[0] == msg || seen[1] == msg || seen[0] == seen[1] {
 		t.Errorf("the handler got %p and %p for %p; want two copies", seen[0], seen[1], msg)
 	}
@@ -69,7 +69,7 @@ func TestDeliverTwiceCachedFailure(t *testing.T) {
 	var p payments
 	ds := oncemilltest.DeliverTwice(t, receiver.New(newStore(t)).WithPolicy(testPolicy()), p.handle,
 		message.NewMessage("pay-3", []byte("declined")))
-	ds.RequireOutcomes(t, receiver.OutcomeFailureCached, receiver.OutcomeFailureReplayed)
+	ds.RequireOutcomes(t, pipeline.OutcomeCachedFailure, pipeline.OutcomeCachedFailureReplayed)
 	ds.RequireRuns(t, 1)
 	ds.RequireAllAcked(t)
 	p.charges.RequireCount(t, "pay-3", 0)
@@ -82,28 +82,32 @@ func TestDeliverTwiceCachedFailure(t *testing.T) {
 // the policy's attempts it is still nacked, without a dead letter (the
 // default, policy.ExhaustedKeep); under policy.ExhaustedDrop the failure is
 // cached and acked.
-func TestDeliverInSequenceRetryable(t *testing.T) {
+func TestDeliverTwiceRetryable(t *testing.T) {
 	p := testPolicy()
 	p.MaxAttempts = 3
 	h := func(*message.Message) error { return errTimeout }
-	ds := oncemilltest.DeliverInSequence(t, receiver.New(newStore(t)).WithPolicy(p), oncemilltest.NoPublish(h),
-		message.NewMessage("pay-4", nil), 4)
-	ds.RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeReleased, receiver.OutcomeReleased, receiver.OutcomeReleased)
+	// Four deliveries: DeliverTwice twice on one builder, whose store keeps
+	// the attempts.
+	fourTimes := func(b *receiver.Builder) oncemilltest.Deliveries {
+		msg := message.NewMessage("pay-4", nil)
+		return append(oncemilltest.DeliverTwice(t, b, oncemilltest.NoPublish(h), msg), oncemilltest.DeliverTwice(t, b, oncemilltest.NoPublish(h), msg)...)
+	}
+	ds := fourTimes(receiver.New(newStore(t)).WithPolicy(p))
+	ds.RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeReleased, pipeline.OutcomeReleased, pipeline.OutcomeReleased)
 	ds.RequireRuns(t, 4)
 	for i, d := range ds {
-		if d.Acked() || d.Event.Exhausted != (i >= 2) {
-			t.Errorf("delivery %d acked %v, exhausted %v; want nacked, exhausted from the third:%v", i+1, d.Acked(), d.Event.Exhausted, ds)
+		if d.Acked || d.Event.Exhausted != (i >= 2) {
+			t.Errorf("delivery %d acked %v, exhausted %v; want nacked, exhausted from the third:%s", i+1, d.Acked, d.Event.Exhausted, show(ds))
 		}
 	}
 
 	p.Exhausted = policy.ExhaustedDrop
-	dropped := oncemilltest.DeliverInSequence(t, receiver.New(newStore(t)).WithPolicy(p), oncemilltest.NoPublish(h),
-		message.NewMessage("pay-4", nil), 4)
-	dropped.RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeReleased, receiver.OutcomeFailureCached, receiver.OutcomeFailureReplayed)
+	dropped := fourTimes(receiver.New(newStore(t)).WithPolicy(p))
+	dropped.RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeReleased, pipeline.OutcomeCachedFailure, pipeline.OutcomeCachedFailureReplayed)
 	dropped.RequireRuns(t, 3)
 	for i, d := range dropped {
-		if want := i >= 2; d.Acked() != want {
-			t.Errorf("ExhaustedDrop: delivery %d acked %v, want %v:%v", i+1, d.Acked(), want, dropped)
+		if want := i >= 2; d.Acked != want {
+			t.Errorf("ExhaustedDrop: delivery %d acked %v, want %v:%s", i+1, d.Acked, want, show(dropped))
 		}
 	}
 	if ds[0].Err == nil || !errors.Is(ds[0].Err, errTimeout) {
@@ -115,8 +119,8 @@ func TestDeliverConcurrently(t *testing.T) {
 	var p payments
 	ds := oncemilltest.DeliverConcurrently(t, receiver.New(newStore(t)).WithPolicy(testPolicy()), p.handle,
 		message.NewMessage("pay-5", []byte("1.00 EUR")), 5)
-	ds.RequireOutcomes(t, receiver.OutcomeExecuted,
-		receiver.OutcomeReplayed, receiver.OutcomeReplayed, receiver.OutcomeReplayed, receiver.OutcomeReplayed)
+	ds.RequireOutcomes(t, pipeline.OutcomeExecuted,
+		pipeline.OutcomeReplayed, pipeline.OutcomeReplayed, pipeline.OutcomeReplayed, pipeline.OutcomeReplayed)
 	ds.RequireExecutedOnce(t)
 	ds.RequireAllAcked(t)
 	p.charges.RequireOnce(t, "pay-5")
@@ -124,7 +128,7 @@ func TestDeliverConcurrently(t *testing.T) {
 	// all met the key held.
 	for _, d := range ds[1:] {
 		if !d.Event.Contended {
-			t.Errorf("a duplicate did not meet the key held:%v", ds)
+			t.Errorf("a duplicate did not meet the key held:%s", show(ds))
 		}
 	}
 }
@@ -135,7 +139,7 @@ func TestDeliverConcurrentlyHeldKeyReject(t *testing.T) {
 	pol.HeldKey = policy.HeldKeyReject
 	ds := oncemilltest.DeliverConcurrently(t, receiver.New(newStore(t)).WithPolicy(pol), p.handle,
 		message.NewMessage("pay-6", nil), 3)
-	ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeRejected, receiver.OutcomeRejected)
+	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeRejected, pipeline.OutcomeRejected)
 	ds.RequireExecutedOnce(t)
 	p.charges.RequireOnce(t, "pay-6")
 }
@@ -149,20 +153,18 @@ func TestDeliverAfterCrash(t *testing.T) {
 	t.Run("naive effect", func(t *testing.T) {
 		var p payments
 		ds := oncemilltest.DeliverAfterCrash(t, newBuilder, p.handle, message.NewMessage("pay-7", nil))
-		ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeExecuted)
+		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeExecuted)
 		ds.RequireRuns(t, 2)
 		p.charges.RequireCount(t, "pay-7", 2)
 
 		crashed, redelivered := ds[0], ds[1]
-		if !crashed.Crashed || crashed.Acked() || crashed.Messages != nil || !errors.Is(crashed.Event.Err, oncemilltest.ErrInjected) {
-			t.Errorf("crashed delivery %v", crashed)
+		if !crashed.Crashed || crashed.Acked || crashed.Messages != nil || crashed.Err != nil ||
+			!errors.Is(crashed.Event.Err, store.ErrClosed) || !strings.Contains(crashed.Event.Err.Error(), "the worker crashed") {
+			t.Errorf("crashed delivery %s", show(ds[:1]))
 		}
-		if redelivered.Crashed || !redelivered.Acked() || !redelivered.Event.Takeover || redelivered.Event.Attempt != 2 ||
+		if redelivered.Crashed || !redelivered.Acked || !redelivered.Event.Takeover || redelivered.Event.Attempt != 2 ||
 			redelivered.Event.Token <= crashed.Event.Token || len(redelivered.Messages) != 1 {
-			t.Errorf("redelivery %v", redelivered)
-		}
-		if s := ds.String(); !strings.Contains(s, "crashed before the ack") || !strings.Contains(s, "takeover") {
-			t.Errorf("deliveries read %s", s)
+			t.Errorf("redelivery %s", show(ds[1:]))
 		}
 	})
 
@@ -176,7 +178,7 @@ func TestDeliverAfterCrash(t *testing.T) {
 			return nil
 		}
 		ds := oncemilltest.DeliverAfterCrash(t, newBuilder, oncemilltest.NoPublish(upsert), message.NewMessage("pay-8", nil))
-		ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeExecuted)
+		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeExecuted)
 		runs.RequireCount(t, "pay-8", 2)
 		ledger.RequireOnce(t, "pay-8")
 	})
@@ -192,20 +194,20 @@ func TestDeliverAfterCrash(t *testing.T) {
 			return nil
 		}
 		ds := oncemilltest.DeliverAfterCrash(t, newBuilder, oncemilltest.NoPublish(h), message.NewMessage("pay-9", nil))
-		ds.RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeExecuted)
+		ds.RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeExecuted)
 		if !ds[1].Event.Takeover {
-			t.Errorf("the redelivery did not take the crashed lease over:%v", ds)
+			t.Errorf("the redelivery did not take the crashed lease over:%s", show(ds))
 		}
 	})
 
 	// The lease is the policy's, however long: the clock is moved past it.
 	t.Run("long lease", func(t *testing.T) {
 		long := func(st store.Store) *receiver.Builder {
-			return receiver.New(st).WithPolicy(receiver.Policy{LeaseDuration: 24 * time.Hour})
+			return receiver.New(st).WithPolicy(policy.Policy{LeaseDuration: 24 * time.Hour})
 		}
 		start := time.Now()
 		ds := oncemilltest.DeliverAfterCrash(t, long, oncemilltest.NoPublish(func(*message.Message) error { return nil }), message.NewMessage("pay-10", nil))
-		ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeExecuted)
+		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeExecuted)
 		if time.Since(start) > 10*time.Second {
 			t.Errorf("took %v; the lease must expire on the manual clock", time.Since(start))
 		}
@@ -263,8 +265,10 @@ func TestAssertionsFail(t *testing.T) {
 		want string
 	}{
 		{"RequireOutcomes", func(tb testing.TB) {
-			crash.RequireOutcomes(tb, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
-		}, "outcomes [executed executed], want [executed replayed]; the deliveries:\n\t1: executed (attempt 1"},
+			crash.RequireOutcomes(tb, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
+		}, "outcomes [executed executed], want [executed replayed]; the deliveries:\n" +
+			"\t1: executed (attempt 1, token 1), handler ran 1×, crashed before the ack\n" +
+			"\t2: executed (attempt 2, token 2, takeover), handler ran 1×, acked"},
 		{"RequireExecutedOnce", func(tb testing.TB) { crash.RequireExecutedOnce(tb) }, "2 deliveries executed and 0 others ran the handler"},
 		{"RequireRuns", func(tb testing.TB) { crash.RequireRuns(tb, 1) }, "the handler ran 2 times, want 1"},
 		{"RequireAllAcked", func(tb testing.TB) { crash.RequireAllAcked(tb) }, "delivery 1 was not acked"},
@@ -298,12 +302,12 @@ func TestBuilderReusedAfterHelper(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 	p.charges.RequireOnce(t, "pay-15")
 
 	// A later helper call on the same builder and message finds the record.
 	oncemilltest.DeliverTwice(t, b, p.handle, message.NewMessage("pay-14", nil)).
-		RequireOutcomes(t, receiver.OutcomeReplayed, receiver.OutcomeReplayed)
+		RequireOutcomes(t, pipeline.OutcomeReplayed, pipeline.OutcomeReplayed)
 }
 
 // With the retry stage, one delivery runs the handler more than once.
@@ -317,10 +321,10 @@ func TestRunsCountRetries(t *testing.T) {
 	}
 	b := receiver.New(newStore(t)).WithPolicy(testPolicy()).WithRetry(retryNow())
 	ds := oncemilltest.DeliverTwice(t, b, oncemilltest.NoPublish(h), message.NewMessage("pay-16", nil))
-	ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 	ds.RequireExecutedOnce(t)
 	if ds[0].Runs != 3 {
-		t.Errorf("first delivery ran the handler %d times, want 3:%v", ds[0].Runs, ds)
+		t.Errorf("first delivery ran the handler %d times, want 3:%s", ds[0].Runs, show(ds))
 	}
 }
 
@@ -339,7 +343,9 @@ func TestPausedWorkerChecksItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mem.Close()
-	b := receiver.New(mem).WithPolicy(receiver.Policy{LeaseDuration: time.Minute, NackDelay: -1})
+	newBuilder := func() *receiver.Builder {
+		return receiver.New(mem).WithPolicy(policy.Policy{LeaseDuration: time.Minute, NackDelay: -1, AttemptDelay: -1})
+	}
 
 	var charges oncemilltest.Effects
 	var paused atomic.Bool
@@ -349,7 +355,7 @@ func TestPausedWorkerChecksItsLease(t *testing.T) {
 			close(frozen)
 			<-wake
 		}
-		if err := receiver.CheckLease(msg.Context()); err != nil {
+		if err := pipeline.CheckLease(msg.Context()); err != nil {
 			return err // another delivery has the key: do nothing
 		}
 		charges.Add(msg.UUID)
@@ -357,14 +363,18 @@ func TestPausedWorkerChecksItsLease(t *testing.T) {
 	}
 	msg := message.NewMessage("pay-17", nil)
 	late := make(chan oncemilltest.Deliveries)
-	go func() { late <- oncemilltest.DeliverInSequence(t, b, oncemilltest.NoPublish(h), msg, 1) }()
+	// Each worker has a builder of its own: the helpers set its event
+	// handler.
+	go func() { late <- oncemilltest.DeliverTwice(t, newBuilder(), oncemilltest.NoPublish(h), msg) }()
 	<-frozen
 	clock.Advance(2 * time.Minute) // the frozen worker's lease expires
-	oncemilltest.DeliverInSequence(t, b, oncemilltest.NoPublish(h), msg, 1).
-		RequireOutcomes(t, receiver.OutcomeExecuted)
+	oncemilltest.DeliverTwice(t, newBuilder(), oncemilltest.NoPublish(h), msg).
+		RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 	close(wake)
 	ds := <-late
-	ds.RequireOutcomes(t, receiver.OutcomeReleased)
+	// The woken worker's first delivery finds its lease lost and does
+	// nothing; its redelivery replays the other worker's success.
+	ds.RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeReplayed)
 	if !errors.Is(ds[0].Err, store.ErrLeaseLost) {
 		t.Errorf("the woken worker returned %v, want its lease lost", ds[0].Err)
 	}

@@ -16,15 +16,15 @@
 //
 //		msg := message.NewMessage("pay-1", []byte(`{"amount":1200}`))
 //		oncemilltest.DeliverTwice(t, receiver.New(st), charge, msg).
-//			RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+//			RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 //		charges.RequireOnce(t, "pay-1")
 //	}
 //
 // # Deliveries
 //
-// DeliverTwice, DeliverInSequence and DeliverConcurrently take the
-// receiver's *receiver.Builder (over the store and with the policy the test
-// wants), the handler as the router would call it (NoPublish adapts one that
+// DeliverTwice and DeliverConcurrently take the receiver's
+// *receiver.Builder (over the store and with the policy the test wants),
+// the handler as the router would call it (NoPublish adapts one that
 // produces nothing), and the message. They build the receiver themselves,
 // so that they can put an event handler of their own in it (a builder holds
 // one, which they replace), and hand each delivery a copy of the message
@@ -53,7 +53,7 @@
 // It does not cover a worker frozen past its lease (a GC pause, a stopped
 // VM) that wakes and acts late, while a redelivery has taken the key over:
 // hold the handler of one delivery, move a storetest.Clock past the lease,
-// deliver again, and let the first go on; receiver.CheckLease right before
+// deliver again, and let the first go on; pipeline.CheckLease right before
 // the effect is what keeps it from acting twice. Nor a crash after the
 // outcome was recorded: that is a plain duplicate (DeliverTwice).
 //
@@ -76,16 +76,16 @@
 //		}
 //		return nil, nil
 //	}, msg)
-//	ds.RequireOutcomes(t, receiver.OutcomeReleased, receiver.OutcomeExecuted)
+//	ds.RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeExecuted)
 //	// and SELECT count(*) FROM payments WHERE id = msg.UUID is 1
 //
 // # Store failures
 //
-// FaultyStore wraps a store.Store, FaultyAdminStore a store with the
-// operator's operations too, and fail the operations a test chooses: every
-// call (Always), the nth (Nth), or whatever a Fault decides, before the call
-// reaches the store (Fail) or after it took effect (FailAfter). They record
-// every call. Injected errors wrap ErrInjected.
+// FaultyStore wraps a store.Store and fails the calls a test chooses: its
+// Fail func is asked before each call reaches the store, FailAfter once the
+// call took effect (an answer lost on the way back), each with the
+// operation's name and the call's number. They see every call, so a test
+// counts or holds calls there too.
 //
 // # Integration tests
 //

@@ -12,28 +12,29 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/oncemill/oncemill/oncemilltest"
+	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
 )
 
 // outcomes counts the receiver's outcomes per message.
 type outcomes struct {
 	mu sync.Mutex
-	by map[string][]receiver.Outcome
+	by map[string][]pipeline.Outcome
 }
 
-func (o *outcomes) record(e receiver.Event) {
+func (o *outcomes) record(e pipeline.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.by == nil {
-		o.by = map[string][]receiver.Outcome{}
+		o.by = map[string][]pipeline.Outcome{}
 	}
 	o.by[e.MessageUUID] = append(o.by[e.MessageUUID], e.Outcome)
 }
 
-func (o *outcomes) get(uuid string) []receiver.Outcome {
+func (o *outcomes) get(uuid string) []pipeline.Outcome {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]receiver.Outcome(nil), o.by[uuid]...)
+	return append([]pipeline.Outcome(nil), o.by[uuid]...)
 }
 
 // runRouter runs a gochannel router whose "charge" handler charges p,

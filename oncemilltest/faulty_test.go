@@ -3,62 +3,108 @@ package oncemilltest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/oncemilltest"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 )
 
 var errDown = errors.New("connection refused")
 
+// calls records what a FaultyStore's faults were asked, as "op n" and, for
+// FailAfter, "op n after".
+type calls struct {
+	mu  sync.Mutex
+	log []string
+}
+
+func (c *calls) add(op string, n int, after bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := fmt.Sprintf("%s %d", op, n)
+	if after {
+		s += " after"
+	}
+	c.log = append(c.log, s)
+}
+
+func (c *calls) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.log, ", ")
+}
+
 // A store that cannot be reached to claim the key: nothing runs, and the
 // delivery is nacked so that it comes back.
-func TestFaultyStoreBeginFails(t *testing.T) {
+func TestFaultyStoreClaimFails(t *testing.T) {
 	var p payments
-	st := oncemilltest.NewFaultyStore(newStore(t))
-	st.Fail(oncemilltest.OpBegin, oncemilltest.Always(errDown))
-	b := receiver.New(st).WithPolicy(testPolicy())
-	ds := oncemilltest.DeliverTwice(t, b, p.handle, message.NewMessage("pay-1", nil))
-	ds.RequireOutcomes(t, receiver.OutcomeStoreFailed, receiver.OutcomeStoreFailed)
+	st := &oncemilltest.FaultyStore{Store: newStore(t), Fail: func(_ context.Context, op string, _ int) error {
+		if op == "ClaimLease" {
+			return errDown
+		}
+		return nil
+	}}
+	ds := oncemilltest.DeliverTwice(t, receiver.New(st).WithPolicy(testPolicy()), p.handle, message.NewMessage("pay-1", nil))
+	ds.RequireOutcomes(t, pipeline.OutcomeStoreFailed, pipeline.OutcomeStoreFailed)
 	ds.RequireRuns(t, 0)
 	for _, d := range ds {
-		if d.Acked() || !errors.Is(d.Err, oncemilltest.ErrInjected) || !errors.Is(d.Err, errDown) {
-			t.Errorf("delivery %v, want a nack with the injected error", d)
+		if d.Acked || !errors.Is(d.Err, errDown) {
+			t.Errorf("delivery acked %v with %v, want a nack with the injected error", d.Acked, d.Err)
 		}
 	}
 
-	// The store is back: the next delivery runs.
-	st.Fail(oncemilltest.OpBegin, nil)
-	oncemilltest.DeliverTwice(t, b, p.handle, message.NewMessage("pay-1", nil)).
-		RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+	// The store is back: the next deliveries, by a new receiver, run.
+	st.Fail = nil
+	oncemilltest.DeliverTwice(t, receiver.New(st).WithPolicy(testPolicy()), p.handle, message.NewMessage("pay-1", nil)).
+		RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 	p.charges.RequireOnce(t, "pay-1")
 }
 
+// The injected error names the operation and the call, and wraps the
+// fault's error; the calls it lets through reach the store.
 func TestFaultyStoreErrorText(t *testing.T) {
-	st := oncemilltest.NewFaultyStore(newStore(t))
-	st.Fail(oncemilltest.OpBegin, oncemilltest.Nth(2, errDown))
-	st.Fail(oncemilltest.OpRelease, oncemilltest.Always(nil))
+	mem := newStore(t)
+	st := &oncemilltest.FaultyStore{Store: mem, Fail: func(_ context.Context, op string, n int) error {
+		switch {
+		case op == "ClaimLease" && n == 2:
+			return errDown
+		case op == "Release":
+			return store.ErrLeaseLost
+		}
+		return nil
+	}}
 	ctx := t.Context()
 	req := store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute}
 	res, err := st.ClaimLease(ctx, req)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("first ClaimLease: %v, %v", res.Decision, err)
 	}
 	_, err = st.ClaimLease(ctx, req)
-	if want := "oncemill: oncemilltest: ClaimLease call 2: injected store failure: connection refused"; err == nil || err.Error() != want {
+	if want := "oncemill: oncemilltest: ClaimLease call 2: connection refused"; err == nil || err.Error() != want || !errors.Is(err, errDown) {
 		t.Errorf("ClaimLease: %v, want %q", err, want)
 	}
-	if _, err := st.ClaimLease(ctx, req); err != nil {
-		t.Errorf("third ClaimLease: %v", err)
+	if res, err := st.ClaimLease(ctx, req); err != nil || res.Decision != store.DecisionHeld {
+		t.Errorf("third ClaimLease: %v, %v; want the key held by the first", res.Decision, err)
 	}
 	err = st.Release(ctx, res.Claim, 0)
-	if want := "oncemill: oncemilltest: Release call 1: injected store failure"; err == nil || err.Error() != want || !errors.Is(err, oncemilltest.ErrInjected) {
+	if want := "oncemill: oncemilltest: Release call 1: " + store.ErrLeaseLost.Error(); err == nil || err.Error() != want || !errors.Is(err, store.ErrLeaseLost) {
 		t.Errorf("Release: %v, want %q", err, want)
+	}
+	// The failed Release never reached the store: the lease is still held.
+	if rec, err := mem.Get(ctx, "s", "k"); err != nil || rec.Status != store.StatusInProgress || rec.Token != res.Claim.Token {
+		t.Errorf("after the failed Release: %+v, %v; want the first lease in progress", rec, err)
+	}
+	if st.Limits() != mem.Limits() {
+		t.Errorf("Limits %+v", st.Limits())
 	}
 }
 
@@ -66,30 +112,21 @@ func TestFaultyStoreErrorText(t *testing.T) {
 // recorded; the duplicate is replayed.
 func TestFaultyStoreCompleteFailsOnce(t *testing.T) {
 	var p payments
-	st := oncemilltest.NewFaultyStore(newStore(t))
-	st.Fail(oncemilltest.OpComplete, oncemilltest.Nth(1, nil))
-	ds := oncemilltest.DeliverTwice(t, receiver.New(st).WithPolicy(testPolicy()), p.handle, message.NewMessage("pay-2", nil))
-	ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
-	ds.RequireExecutedOnce(t)
-	if got := st.Count(oncemilltest.OpComplete); got != 2 {
-		t.Errorf("%d Completes, want 2 (one failed, one retried)", got)
-	}
-
-	var ops []string
-	for _, c := range st.Calls() {
-		ops = append(ops, string(c.Op))
-		if c.Key != "pay-2" {
-			t.Errorf("call %+v, want key pay-2", c)
+	var seen calls
+	st := &oncemilltest.FaultyStore{Store: newStore(t), Fail: func(_ context.Context, op string, n int) error {
+		seen.add(op, n, false)
+		if op == "Complete" && n == 1 {
+			return errDown
 		}
-	}
-	if got := strings.Join(ops, " "); got != "ClaimLease Complete Complete ClaimLease" {
-		t.Errorf("calls %s", got)
-	}
-	calls := st.Calls()
-	if calls[0].Decision != store.DecisionExecute || calls[0].Lease.Token == 0 || calls[0].N != 1 ||
-		calls[1].Lease != calls[0].Lease || !errors.Is(calls[1].Err, oncemilltest.ErrInjected) ||
-		calls[2].N != 2 || calls[2].Err != nil || calls[3].Decision != store.DecisionReplay {
-		t.Errorf("calls %+v", calls)
+		return nil
+	}}
+	ds := oncemilltest.DeliverTwice(t, receiver.New(st).WithPolicy(testPolicy()), p.handle, message.NewMessage("pay-2", nil))
+	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
+	ds.RequireExecutedOnce(t)
+	ds.RequireAllAcked(t)
+	p.charges.RequireOnce(t, "pay-2")
+	if got, want := seen.String(), "ClaimLease 1, Complete 1, Complete 2, ClaimLease 2"; got != want {
+		t.Errorf("calls %s, want %s", got, want)
 	}
 }
 
@@ -98,22 +135,43 @@ func TestFaultyStoreCompleteFailsOnce(t *testing.T) {
 // the record says succeeded, so the duplicate is replayed.
 func TestFaultyStoreFailAfter(t *testing.T) {
 	var p payments
-	st := oncemilltest.NewFaultyStore(newStore(t))
-	st.FailAfter(oncemilltest.OpComplete, oncemilltest.Always(errDown))
+	var seen calls
+	st := &oncemilltest.FaultyStore{Store: newStore(t),
+		Fail: func(_ context.Context, op string, n int) error {
+			seen.add(op, n, false)
+			return nil
+		},
+		FailAfter: func(_ context.Context, op string, n int) error {
+			seen.add(op, n, true)
+			if op == "Complete" {
+				return errDown
+			}
+			return nil
+		},
+	}
 	ds := oncemilltest.DeliverTwice(t, receiver.New(st).WithPolicy(testPolicy()), p.handle, message.NewMessage("pay-3", nil))
-	ds.RequireOutcomes(t, receiver.OutcomeExecuted, receiver.OutcomeReplayed)
+	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 	ds.RequireAllAcked(t)
 	p.charges.RequireOnce(t, "pay-3")
 	if !errors.Is(ds[0].Event.Err, store.ErrLeaseLost) {
 		t.Errorf("event error %v, want the retried Complete's lost lease", ds[0].Event.Err)
+	}
+	// The retried Complete failed in the store itself (the lease was
+	// finished), so FailAfter was not asked for it.
+	if got, want := seen.String(), "ClaimLease 1, ClaimLease 1 after, Complete 1, Complete 1 after, Complete 2, ClaimLease 2, ClaimLease 2 after"; got != want {
+		t.Errorf("calls %s, want %s", got, want)
 	}
 }
 
 // An injected store.ErrLeaseLost on Extend is taken for a lost lease: the
 // running handler's context is cancelled with a cause wrapping it.
 func TestFaultyStoreLosesLease(t *testing.T) {
-	st := oncemilltest.NewFaultyStore(newStore(t))
-	st.Fail(oncemilltest.OpExtend, oncemilltest.Always(store.ErrLeaseLost))
+	st := &oncemilltest.FaultyStore{Store: newStore(t), Fail: func(_ context.Context, op string, _ int) error {
+		if op == "Extend" {
+			return store.ErrLeaseLost
+		}
+		return nil
+	}}
 	h := func(msg *message.Message) error {
 		select {
 		case <-msg.Context().Done():
@@ -122,21 +180,26 @@ func TestFaultyStoreLosesLease(t *testing.T) {
 			return errors.New("the lease was never lost")
 		}
 	}
-	b := receiver.New(st).WithPolicy(receiver.Policy{LeaseDuration: 300 * time.Millisecond, Heartbeat: 20 * time.Millisecond, NackDelay: -1})
-	ds := oncemilltest.DeliverInSequence(t, b, oncemilltest.NoPublish(h), message.NewMessage("pay-4", nil), 1)
-	ds.RequireOutcomes(t, receiver.OutcomeReleased)
-	if !errors.Is(ds[0].Err, store.ErrLeaseLost) {
-		t.Errorf("handler returned %v, want the lost lease", ds[0].Err)
+	b := receiver.New(st).WithPolicy(policy.Policy{LeaseDuration: 300 * time.Millisecond, Heartbeat: 20 * time.Millisecond, NackDelay: -1, AttemptDelay: -1})
+	ds := oncemilltest.DeliverTwice(t, b, oncemilltest.NoPublish(h), message.NewMessage("pay-4", nil))
+	ds.RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeReleased)
+	ds.RequireRuns(t, 2)
+	for _, d := range ds {
+		if !errors.Is(d.Err, store.ErrLeaseLost) {
+			t.Errorf("handler returned %v, want the lost lease", d.Err)
+		}
 	}
 }
 
-// A Fault that blocks holds the call until it returns: here Complete, while
+// A fault that blocks holds the call until it returns: here Complete, while
 // the test looks at the record still in progress.
 func TestFaultyStoreBlockingFault(t *testing.T) {
 	mem := newStore(t)
-	st := oncemilltest.NewFaultyAdminStore(mem)
 	held, release := make(chan struct{}), make(chan struct{})
-	st.Fail(oncemilltest.OpComplete, func(ctx context.Context, c oncemilltest.Call) error {
+	st := &oncemilltest.FaultyStore{Store: mem, Fail: func(ctx context.Context, op string, n int) error {
+		if op != "Complete" || n != 1 {
+			return nil
+		}
 		close(held)
 		select {
 		case <-release:
@@ -144,78 +207,20 @@ func TestFaultyStoreBlockingFault(t *testing.T) {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	})
+	}}
 	done := make(chan oncemilltest.Deliveries)
 	go func() {
-		done <- oncemilltest.DeliverInSequence(t, receiver.New(st).WithScope("pay"), oncemilltest.NoPublish(func(*message.Message) error { return nil }),
-			message.NewMessage("pay-5", nil), 1)
+		done <- oncemilltest.DeliverTwice(t, receiver.New(st).WithScope("pay"), oncemilltest.NoPublish(func(*message.Message) error { return nil }),
+			message.NewMessage("pay-5", nil))
 	}()
 	<-held
-	rec, err := st.Get(t.Context(), "pay", "pay-5")
+	rec, err := mem.Get(t.Context(), "pay", "pay-5")
 	if err != nil || rec.Status != store.StatusInProgress {
 		t.Errorf("during Complete: %+v, %v; want the record in progress", rec, err)
 	}
 	close(release)
-	(<-done).RequireOutcomes(t, receiver.OutcomeExecuted)
-	if rec, err := st.Get(t.Context(), "pay", "pay-5"); err != nil || rec.Status != store.StatusSucceeded {
+	(<-done).RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
+	if rec, err := mem.Get(t.Context(), "pay", "pay-5"); err != nil || rec.Status != store.StatusSucceeded {
 		t.Errorf("after Complete: %+v, %v", rec, err)
 	}
-}
-
-func TestFaultyAdminStore(t *testing.T) {
-	ctx := t.Context()
-	st := oncemilltest.NewFaultyAdminStore(newStore(t))
-	res, err := st.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	st.Fail(oncemilltest.OpGet, oncemilltest.Always(nil))
-	if _, err := st.Get(ctx, "s", "k"); !errors.Is(err, oncemilltest.ErrInjected) {
-		t.Errorf("Get: %v, want injected", err)
-	}
-	st.Fail(oncemilltest.OpGet, nil)
-	if rec, err := st.Get(ctx, "s", "k"); err != nil || rec.Token != res.Claim.Token {
-		t.Errorf("Get: %+v, %v", rec, err)
-	}
-	if page, err := st.List(ctx, store.ListRequest{Scope: "s"}); err != nil || len(page.Records) != 1 {
-		t.Errorf("List: %+v, %v", page, err)
-	}
-	st.FailAfter(oncemilltest.OpCompareAndDelete, oncemilltest.Always(errDown))
-	if err := st.CompareAndDelete(ctx, "s", "k", res.Claim.Token); !errors.Is(err, errDown) {
-		t.Errorf("CompareAndDelete: %v, want the lost answer", err)
-	}
-	if _, err := st.Get(ctx, "s", "k"); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("Get after CompareAndDelete: %v; FailAfter must let the call take effect", err)
-	}
-	if err := st.Delete(ctx, "s", "k"); err != nil {
-		t.Errorf("Delete: %v", err)
-	}
-	if n, err := st.DeleteExpired(ctx, 10); err != nil || n != 0 {
-		t.Errorf("DeleteExpired: %d, %v", n, err)
-	}
-	want := map[oncemilltest.Op]int{
-		oncemilltest.OpBegin: 1, oncemilltest.OpGet: 3, oncemilltest.OpList: 1,
-		oncemilltest.OpCompareAndDelete: 1, oncemilltest.OpDelete: 1, oncemilltest.OpDeleteExpired: 1,
-	}
-	for op, n := range want {
-		if got := st.Count(op); got != n {
-			t.Errorf("Count(%s) = %d, want %d", op, got, n)
-		}
-	}
-	if got := len(st.Calls()); got != 8 {
-		t.Errorf("%d calls recorded, want 8", got)
-	}
-	if st.Limits() != newStore(t).Limits() {
-		t.Errorf("Limits %+v", st.Limits())
-	}
-}
-
-func TestFaultyStoreUnknownOp(t *testing.T) {
-	defer func() {
-		if r := recover(); r == nil || !strings.HasPrefix(r.(string), "oncemill: oncemilltest: \"Commit\" is not a store operation") {
-			t.Errorf("recovered %v", r)
-		}
-	}()
-	oncemilltest.NewFaultyStore(newStore(t)).Fail("Commit", oncemilltest.Always(nil))
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/oncemilltest"
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store/memory"
 )
 
@@ -45,9 +45,9 @@ func (p *payments) handle(msg *message.Message) ([]*message.Message, error) {
 	return []*message.Message{message.NewMessage("receipt-"+msg.UUID, msg.Payload)}, nil
 }
 
-func testPolicy() receiver.Policy {
+func testPolicy() policy.Policy {
 	// No pause before a nack: a test does not wait for a broker.
-	return receiver.Policy{CachedErrors: []error{errDeclined}, NackDelay: -1, AttemptDelay: -1}
+	return policy.Policy{CachedErrors: []error{errDeclined}, NackDelay: -1, AttemptDelay: -1}
 }
 
 // failing runs f with a testing.TB that records failures instead of
@@ -100,3 +100,13 @@ func (r *recorder) Failed() bool {
 }
 
 func (r *recorder) FailNow() { runtime.Goexit() }
+
+// show lists deliveries for a test's failure message.
+func show(ds oncemilltest.Deliveries) string {
+	var b strings.Builder
+	for i, d := range ds {
+		fmt.Fprintf(&b, "\n\t%d: %v (attempt %d, token %d, takeover %v), handler ran %d×, acked %v, crashed %v, err %v, event error %v",
+			i+1, d.Event.Outcome, d.Event.Attempt, d.Event.Token, d.Event.Takeover, d.Runs, d.Acked, d.Crashed, d.Err, d.Event.Err)
+	}
+	return b.String()
+}

@@ -127,8 +127,8 @@ func TestShipWithOncemilltest(t *testing.T) {
 		ds := oncemilltest.DeliverAfterCrash(t, newBuilder, oncemilltest.NoPublish(s.ship),
 			newOrder("order-5", `{"item":"desk","quantity":1}`))
 		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeExecuted)
-		if !ds[1].Event.Takeover || !ds[1].Acked() {
-			t.Errorf("the redelivery did not take the crashed lease over:%v", ds)
+		if !ds[1].Event.Takeover || !ds[1].Acked {
+			t.Errorf("the redelivery did not take the crashed lease over: takeover %v, acked %v", ds[1].Event.Takeover, ds[1].Acked)
 		}
 		s.shipped.RequireCount(t, "order-5", 2)
 	})
