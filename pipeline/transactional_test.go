@@ -14,6 +14,7 @@ import (
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/store"
 )
 
 // txPolicy is the default policy without what the one-transaction mode
@@ -162,29 +163,18 @@ func TestNewTransactionalRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	st := newFakeTxStore()
 	t.Cleanup(func() { _ = st.Close() })
-	withDefaults := policy.Policy{}.WithDefaults()
 	for name, tc := range map[string]struct {
-		nilStore bool
-		policy   policy.Policy
-		setting  string
+		st      store.Transactional
+		policy  policy.Policy
+		setting string
 	}{
-		"no store":  {true, txPolicy(), "store"},
-		"lease":     {false, policy.Policy{LeaseDuration: time.Minute}, "policy.LeaseDuration"},
-		"heartbeat": {false, policy.Policy{Heartbeat: time.Second}, "policy.Heartbeat"},
-		"defaults":  {false, withDefaults, "policy.LeaseDuration"},
+		"no store":  {nil, txPolicy(), "store"},
+		"lease":     {st, policy.Policy{LeaseDuration: time.Minute}, "policy.LeaseDuration"},
+		"heartbeat": {st, policy.Policy{Heartbeat: time.Second}, "policy.Heartbeat"},
+		"defaults":  {st, policy.Policy{}.WithDefaults(), "policy.LeaseDuration"},
 	} {
-		var ts *fakeTxStore
-		if !tc.nilStore {
-			ts = st
-		}
-		var err error
-		if ts == nil {
-			_, err = pipeline.NewTransactional(nil, pipeline.Config{Policy: tc.policy})
-		} else {
-			_, err = pipeline.NewTransactional(ts, pipeline.Config{Policy: tc.policy})
-		}
 		var ce *oncemill.ConfigError
-		if !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Setting != tc.setting {
+		if _, err := pipeline.NewTransactional(tc.st, pipeline.Config{Policy: tc.policy}); !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Setting != tc.setting {
 			t.Errorf("%s: got %v, want a ConfigError for %s", name, err, tc.setting)
 		}
 	}
