@@ -11,7 +11,7 @@ import (
 // SIGKILLed every 1–3 s and replaced. With sarama's default rebalance
 // timeout (60 s, longer than its 30 s network read timeout) a group on kfake
 // made no progress for minutes under such churn; the example worker bounds
-// the rebalance by the session timeout (cmd/example-worker/worker/kafka.go,
+// the rebalance by the session timeout (internal/worker/kafka.go,
 // docs/kafka.md). Every payment is charged exactly once in the end.
 func TestKafkaGroupProgressesWhileWorkersCrash(t *testing.T) {
 	h := newHarness(t, brokerKinds[0], storeKinds[1]) // kafka, redis

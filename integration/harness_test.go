@@ -47,7 +47,7 @@ func (h *harness) payments() string    { return h.ns + "-payments-0" }
 func (h *harness) settlements() string { return h.ns + "-settlements" }
 func (h *harness) deadLetters() string { return h.ns + "-dead-letters" }
 
-// start starts an example worker of this harness (the soak tool where the
+// start starts a worker (cmd/worker-rig, or the soak tool where the
 // broker's client needs it); extra flags come last.
 func (h *harness) start(name string, extra ...string) *worker {
 	h.t.Helper()

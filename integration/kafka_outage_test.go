@@ -23,7 +23,7 @@ import (
 // left waiting that long (TestKfakeDropsJoinOfMemberWhoseSessionExpires),
 // and the group stopped until sarama's 30 s read timeout. The example
 // worker ends a delivery when its partition is revoked and bounds the read
-// timeout (cmd/example-worker/worker/kafka.go, docs/kafka.md, "A rebalance
+// timeout (internal/worker/kafka.go, docs/kafka.md, "A rebalance
 // during an outage"). From the cut's end until every payment is charged,
 // the ledger (read from PostgreSQL directly) must never go 15 s without a
 // new charge, a liveness bound, not a speed target; and every payment is

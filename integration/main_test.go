@@ -11,11 +11,12 @@ import (
 )
 
 // env is what TestMain set up: the services' addresses and the worker
-// binaries: the example worker, and the soak tool (the same worker with
-// fault injection and test switches).
+// binaries: the worker rig (the payments worker of internal/worker with every
+// flag the tests set), and the soak tool (the same worker with fault
+// injection and test switches).
 var env struct {
-	workerBin   string // cmd/example-worker
-	soakBin     string // cmd/oncemill-soak
+	workerBin   string // integration/cmd/worker-rig
+	soakBin     string // integration/cmd/oncemill-soak
 	postgresDSN string
 	redisAddr   string
 	amqpURL     string
@@ -51,12 +52,12 @@ func runTests(m *testing.M) int {
 	defer os.RemoveAll(dir)
 
 	start := time.Now()
-	env.workerBin = filepath.Join(dir, "example-worker")
+	env.workerBin = filepath.Join(dir, "worker-rig")
 	env.soakBin = filepath.Join(dir, "oncemill-soak")
-	build := exec.Command("go", "build", "-o", dir, "../cmd/example-worker", "../cmd/oncemill-soak")
+	build := exec.Command("go", "build", "-o", dir, "./cmd/worker-rig", "./cmd/oncemill-soak")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "integration: FAIL: building the example worker and the soak tool: %v\n", err)
+		fmt.Fprintf(os.Stderr, "integration: FAIL: building the worker rig and the soak tool: %v\n", err)
 		return 1
 	}
 

@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// worker is one process of the example worker (or of the soak tool) in
+// worker is one process of the worker rig (or of the soak tool) in
 // consume mode.
 type worker struct {
 	t    *testing.T

@@ -5,6 +5,7 @@ package main
 // the worker's addresses point at services of the file, on their ports.
 
 import (
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -13,8 +14,6 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
 )
 
 type composeFile struct {
@@ -147,11 +146,14 @@ func TestComposeWorkerPointsAtTheServices(t *testing.T) {
 		}
 		t.Setenv(variable, "from-env")
 	}
-	cfg := worker.DefaultConfig()
+	cfg, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for variable, got := range map[string]string{
-		"ONCEMILL_KAFKA_BROKERS": cfg.KafkaBrokers, "ONCEMILL_AMQP_URL": cfg.AMQPURL, "ONCEMILL_SQS_ENDPOINT": cfg.SQSEndpoint,
-		"ONCEMILL_POSTGRES_DSN": cfg.PostgresDSN, "ONCEMILL_REDIS_ADDR": cfg.RedisAddr, "ONCEMILL_OTLP_ENDPOINT": cfg.OTLPEndpoint,
-		"ONCEMILL_HTTP_ADDR": cfg.HTTPAddr,
+		"ONCEMILL_KAFKA_BROKERS": cfg.kafkaBrokers, "ONCEMILL_AMQP_URL": cfg.amqpURL, "ONCEMILL_SQS_ENDPOINT": cfg.sqsEndpoint,
+		"ONCEMILL_POSTGRES_DSN": cfg.postgresDSN, "ONCEMILL_REDIS_ADDR": cfg.redisAddr, "ONCEMILL_OTLP_ENDPOINT": cfg.otlpEndpoint,
+		"ONCEMILL_HTTP_ADDR": cfg.httpAddr,
 	} {
 		if got != "from-env" {
 			t.Errorf("the worker does not read %s", variable)

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
 )
 
 var summaryLine = regexp.MustCompile(`^summary: published=\d+ deliveries=\d+ unique=\d+ effects=\d+ replays=\d+ cached_failures=\d+ double_effects=0 lost=0 msgs_per_sec=\d+$`)
@@ -17,7 +15,7 @@ var summaryLine = regexp.MustCompile(`^summary: published=\d+ deliveries=\d+ uni
 // line is the summary.
 func TestDemoEndsWithTheSummaryLine(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := realMain([]string{"--count=500", "--progress=0"}, &stdout, &stderr); code != 0 {
+	if code := realMain([]string{"--count=500"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit code %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
 	lines := strings.Split(strings.TrimRight(stdout.String(), "\n"), "\n")
@@ -35,7 +33,7 @@ func TestExitCodes(t *testing.T) {
 		args []string
 		want int
 	}{
-		{"one partition", []string{"--count=50", "--partitions=1", "--progress=0"}, 0},
+		{"one partition", []string{"--count=50", "--partitions=1"}, 0},
 		{"bad flag", []string{"--count=0"}, 2},
 		{"a soak tool's flag", []string{"--no-idempotency"}, 2},
 		{"help", []string{"-h"}, 0},
@@ -55,14 +53,14 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if cfg != worker.DefaultConfig() {
-		t.Errorf("no flags gave %+v, want the defaults", cfg)
+	if cfg.mode != "run" || cfg.broker != "gochannel" || cfg.store != "memory" || cfg.count != 10000 || cfg.logLevel != "off" || cfg.httpAddr != "" {
+		t.Errorf("no flags gave %+v, want the demo's defaults", cfg)
 	}
 	cfg, err = parseFlags([]string{"--count=7", "--partitions=3", "--lease=2s", "--mode=consume", "--broker=sqs"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Count != 7 || cfg.Partitions != 3 || cfg.Lease != 2*time.Second || cfg.LogFormat != "json" || cfg.HTTPAddr != ":8080" {
+	if cfg.count != 7 || cfg.partitions != 3 || cfg.lease != 2*time.Second || cfg.logLevel != "info" || cfg.httpAddr != ":8080" {
 		t.Errorf("flags or consume-mode defaults not applied: %+v", cfg)
 	}
 
@@ -73,6 +71,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--count=0"}, "--count=0"},
 		{[]string{"--lease=0s"}, "--lease=0s"},
 		{[]string{"--timeout=-1s"}, "--timeout=-1s"},
+		{[]string{"--scope="}, "--scope is empty"},
 		{[]string{"--broker=nats"}, `--broker="nats" is not available; choose one of: gochannel, kafka, amqp, sqs`},
 		{[]string{"--store=mysql"}, `--store="mysql" is not available; choose one of: memory, postgres, redis`},
 		{[]string{"--mode=serve"}, `--mode="serve" is not available`},
@@ -80,7 +79,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--mode=produce"}, "--mode=produce with --broker=gochannel"},
 		{[]string{"--sqs-visibility-timeout=1500ms"}, "whole seconds"},
 		{[]string{"--kafka-partitions=0"}, "--kafka-partitions=0"},
-		{[]string{"--kafka-session-timeout=30s"}, "must be below 30s"},
+		{[]string{"--sqs-workers=0"}, "--sqs-workers=0"},
+		{[]string{"--kafka-session-timeout=30s"}, "below 30s"},
 		{[]string{"--drain-timeout=0s"}, "--drain-timeout=0s"},
 		{[]string{"--log-level=loud"}, `--log-level="loud"`},
 		{[]string{"--count=ten"}, "invalid value"},

@@ -5,7 +5,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v2/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
+	"github.com/oncemill/oncemill/integration/internal/worker"
 )
 
 // newAMQPv2 connects to RabbitMQ through watermill-amqp/v2

@@ -10,9 +10,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
+	"github.com/oncemill/oncemill/integration/internal/worker"
+	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
-	"github.com/oncemill/oncemill/receiver"
 )
 
 // withoutIdempotency replaces oncemill's receiver: the handler runs as a
@@ -25,19 +25,19 @@ func withoutIdempotency(_ worker.Config, d worker.ReceiverDeps) (message.Handler
 	if logger == nil {
 		logger = slog.Default()
 	}
-	var classify receiver.Policy
+	var classify policy.Policy
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			msgs, err := h(msg)
-			ev := receiver.Event{MessageUUID: msg.UUID, Outcome: receiver.OutcomeExecuted, Err: err}
+			ev := pipeline.Event{MessageUUID: msg.UUID, Outcome: pipeline.OutcomeExecuted, Err: err}
 			switch {
 			case err == nil:
 			case classify.Classify(err) == policy.ClassCached:
-				ev.Outcome = receiver.OutcomeFailureCached
+				ev.Outcome = pipeline.OutcomeCachedFailure
 				logger.Error("Handler failed permanently; the message is acked", "message_uuid", msg.UUID, "error", err)
 				msgs, err = nil, nil
 			default:
-				ev.Outcome = receiver.OutcomeReleased
+				ev.Outcome = pipeline.OutcomeReleased
 			}
 			d.OnEvent(ev)
 			return msgs, err

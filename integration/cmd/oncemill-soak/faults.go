@@ -17,8 +17,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/integration/internal/worker"
+	"github.com/oncemill/oncemill/policy"
 )
 
 var errGatewayTimeout = errors.New("payment gateway timed out")
@@ -120,7 +120,7 @@ func (g *gateway) middleware(h message.HandlerFunc) message.HandlerFunc {
 		var cmd faultyCommand
 		if json.Unmarshal(msg.Payload, &cmd) == nil && cmd.AmountCents > 0 {
 			if err := g.authorize(msg.Context(), cmd.PaymentID, cmd.Fault); err != nil {
-				return nil, receiver.Transient(fmt.Errorf("payment %s: %w", cmd.PaymentID, err))
+				return nil, policy.Retryable(fmt.Errorf("payment %s: %w", cmd.PaymentID, err))
 			}
 		}
 		return h(msg)

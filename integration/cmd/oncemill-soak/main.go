@@ -1,7 +1,8 @@
 // Command oncemill-soak tests oncemill beyond the example worker's demo. It
-// runs the example worker (cmd/example-worker/worker: the same handler,
-// wiring, brokers and stores) with the faults of at-least-once delivery
-// injected, and checks that every valid payment took effect exactly once.
+// runs the integration tests' payments worker (integration/internal/worker:
+// the example worker's handler, with brokers, stores and a ledger the tests
+// can count) with the faults of at-least-once delivery injected, and checks
+// that every valid payment took effect exactly once.
 // The integration tests (integration/) run it as their worker process.
 //
 // On top of the example worker's flags it has:
@@ -38,7 +39,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
+	"github.com/oncemill/oncemill/integration/internal/worker"
 )
 
 // config is the example worker's configuration and the faults.

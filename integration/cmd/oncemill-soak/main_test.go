@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/pipeline"
 )
 
 var summaryLine = regexp.MustCompile(`^summary: published=\d+ deliveries=\d+ unique=\d+ effects=\d+ replays=\d+ cached_failures=\d+ double_effects=\d+ lost=\d+ msgs_per_sec=\d+$`)
@@ -73,13 +73,13 @@ func TestWorkloadIsExactlyOnceWithOncemill(t *testing.T) {
 	if sum.Replays == 0 {
 		t.Error("replays=0: no duplicate was answered from a stored success")
 	}
-	if sum.CachedFailures == 0 || o[receiver.OutcomeFailureReplayed] == 0 {
-		t.Errorf("cached_failures=%d cached_failure_replayed=%d: want both above 0", sum.CachedFailures, o[receiver.OutcomeFailureReplayed])
+	if sum.CachedFailures == 0 || o[pipeline.OutcomeCachedFailureReplayed] == 0 {
+		t.Errorf("cached_failures=%d cached_failure_replayed=%d: want both above 0", sum.CachedFailures, o[pipeline.OutcomeCachedFailureReplayed])
 	}
-	if got := o[receiver.OutcomeFailureCached]; got != int64(invalid) {
+	if got := o[pipeline.OutcomeCachedFailure]; got != int64(invalid) {
 		t.Errorf("cached_failure=%d, want one per invalid command (%d)", got, invalid)
 	}
-	if o[receiver.OutcomeReleased] == 0 {
+	if o[pipeline.OutcomeReleased] == 0 {
 		t.Error("released=0: no transient failure was retried")
 	}
 	if sum.ContendedKeys == 0 {
@@ -88,8 +88,8 @@ func TestWorkloadIsExactlyOnceWithOncemill(t *testing.T) {
 	// Takeovers are not asserted: on a starved machine a pause of the whole
 	// process can outlast a lease; the lease check before the charge keeps
 	// that from becoming a double effect, which is what is asserted.
-	if o[receiver.OutcomeRejected] != 0 {
-		t.Errorf("rejected=%d, want 0: no command may be refused", o[receiver.OutcomeRejected])
+	if o[pipeline.OutcomeRejected] != 0 {
+		t.Errorf("rejected=%d, want 0: no command may be refused", o[pipeline.OutcomeRejected])
 	}
 	if sum.SettledUUIDs != sum.Effects || sum.Settled != sum.Effects+int(sum.Replays) {
 		t.Errorf("settlements received=%d distinct=%d, want %d distinct (one per effect) and %d in all (replays re-publish them)",
@@ -133,7 +133,7 @@ func TestExitCodes(t *testing.T) {
 		want int
 	}{
 		{"a run with the receiver passes", small, 0},
-		{"unguarded run fails", append(small, "--no-idempotency"), 1},
+		{"run without oncemill fails", append(small, "--no-idempotency"), 1},
 		{"bad flag", []string{"--redeliver=2"}, 2},
 		{"help", []string{"-h"}, 0},
 	}

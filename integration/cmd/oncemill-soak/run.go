@@ -15,8 +15,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/integration/internal/worker"
+	"github.com/oncemill/oncemill/pipeline"
 )
 
 // summary is what a soak run reports: the example worker's summary and
@@ -29,7 +29,7 @@ type summary struct {
 	Planned       int // deliveries planned
 	AckedByRouter int // deliveries the handlers acknowledged, as the router saw it, the broker's own redeliveries included
 	AckedByEvents int64
-	Outcomes      map[receiver.Outcome]int64
+	Outcomes      map[pipeline.Outcome]int64
 	Takeovers     int64
 	ContendedKeys int // keys a delivery found held by another live lease
 	Produced      int // settlements returned by handlers
@@ -62,7 +62,7 @@ func (s *summary) write(w io.Writer) {
 	fmt.Fprintf(w, "faults: invalid=%d transient=%d stall=%d redeliver=%d resend=%d concurrent=%d\n",
 		f.invalid, f.transient, f.stall, f.redeliver, f.resend, f.concurrent)
 	var counts []string
-	for oc := receiver.OutcomeExecuted; oc <= receiver.OutcomeKeyFailed; oc++ {
+	for oc := pipeline.OutcomeExecuted; oc <= pipeline.OutcomeKeyFailed; oc++ {
 		counts = append(counts, fmt.Sprintf("%s=%d", oc, o[oc]))
 	}
 	fmt.Fprintf(w, "outcomes: %s takeovers=%d contended_keys=%d\n", strings.Join(counts, " "), s.Takeovers, s.ContendedKeys)
@@ -173,7 +173,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (*summary, e
 		Planned:       w.deliveries,
 		AckedByRouter: fs.acked + fs.extraAcks,
 		AckedByEvents: outcomes.Acked(),
-		Outcomes:      map[receiver.Outcome]int64{},
+		Outcomes:      map[pipeline.Outcome]int64{},
 		Takeovers:     outcomes.takeovers.Load(),
 		ContendedKeys: outcomes.contendedKeys(),
 		Produced:      fs.produced,
@@ -184,7 +184,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (*summary, e
 		Idempotent:    !cfg.NoIdempotency,
 	}
 	sum.Audit(counts, w.Plan)
-	for o := receiver.OutcomeExecuted; o <= receiver.OutcomeKeyFailed; o++ {
+	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeKeyFailed; o++ {
 		sum.Outcomes[o] = outcomes.Count(o)
 	}
 	sum.write(stdout)

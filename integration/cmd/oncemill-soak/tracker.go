@@ -13,8 +13,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/integration/internal/worker"
+	"github.com/oncemill/oncemill/pipeline"
 )
 
 // tally counts the outcome of every delivery, from the events oncemill
@@ -30,7 +30,7 @@ type tally struct {
 	contended map[string]struct{}
 }
 
-func (t *tally) record(ev receiver.Event) {
+func (t *tally) record(ev pipeline.Event) {
 	t.Record(ev)
 	if ev.Takeover {
 		t.takeovers.Add(1)

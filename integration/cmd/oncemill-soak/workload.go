@@ -12,7 +12,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/oncemill/oncemill/cmd/example-worker/worker"
+	"github.com/oncemill/oncemill/integration/internal/worker"
 )
 
 // rates are fractions of the commands. A rate above zero always selects at

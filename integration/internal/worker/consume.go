@@ -13,8 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/pipeline"
 )
 
 // Consume runs the worker until ctx ends (SIGTERM), then drains.
@@ -50,7 +49,7 @@ func Consume(ctx context.Context, cfg Config, hooks Hooks, stdout, stderr io.Wri
 func serve(ctx context.Context, cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores, tel *Telemetry, stdout io.Writer) error {
 	tp := Topics{Prefix: cfg.TopicPrefix}
 	var outcomes Tally
-	onEvent := func(ev receiver.Event) {
+	onEvent := func(ev pipeline.Event) {
 		outcomes.Record(ev)
 		if log.Enabled(context.Background(), slog.LevelDebug) {
 			attrs := []any{"outcome", ev.Outcome.String(), "message_uuid", ev.MessageUUID, "key", ev.Key,

@@ -14,8 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/pipeline"
 )
 
 // acks follows the demo's deliveries from oncemill's events. An ack of a
@@ -40,7 +39,7 @@ func (a *acks) publishing(_ int, uuid string) {
 	a.published++
 }
 
-func (a *acks) record(ev receiver.Event) {
+func (a *acks) record(ev pipeline.Event) {
 	if !ev.Outcome.Acked() {
 		return
 	}
@@ -121,7 +120,7 @@ func Run(ctx context.Context, cfg Config, plan *Plan, stderr io.Writer) (*Summar
 	var tally Tally
 	flow := newAcks()
 	router, err := NewRouter(cfg, Hooks{}, log, b, ss, RouterOptions{
-		OnEvent:      func(ev receiver.Event) { tally.Record(ev); flow.record(ev) },
+		OnEvent:      func(ev pipeline.Event) { tally.Record(ev); flow.record(ev) },
 		CloseTimeout: 10 * time.Second,
 	})
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/pipeline"
 )
 
 // The demo on gochannel and the memory store: every valid payment takes
@@ -88,6 +88,6 @@ func TestAcksIgnoreBrokerRedeliveries(t *testing.T) {
 	}
 }
 
-func eventOf(uuid string) receiver.Event {
-	return receiver.Event{MessageUUID: uuid, Outcome: receiver.OutcomeExecuted}
+func eventOf(uuid string) pipeline.Event {
+	return pipeline.Event{MessageUUID: uuid, Outcome: pipeline.OutcomeExecuted}
 }

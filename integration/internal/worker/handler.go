@@ -1,14 +1,16 @@
-// Package worker is the example worker's payments service: the handler
-// (this file), its oncemill wiring (wiring.go), the brokers and stores it
-// runs on, the deployable consume mode (consume.go) and the demo workload
-// (demo.go). cmd/example-worker is its command line; cmd/oncemill-soak
-// drives the same code with faults injected through Hooks.
+// Package worker is the integration tests' payments service, the rig
+// behind cmd/example-worker's example: the handler (this file), its
+// oncemill wiring (wiring.go), the brokers and stores it runs on, the
+// consume mode (consume.go) and the workload (demo.go). integration/cmd/
+// worker-rig is its command line; integration/cmd/oncemill-soak drives the
+// same code with faults injected through Hooks.
 package worker
 
 // The payments handler: validate the command, charge the ledger (the side
 // effect that must happen once), and produce a payment.settled event. This
-// is the part of the example a service copies: a plain Watermill handler,
-// with oncemill's lease check right before the effect.
+// is the handler of cmd/example-worker, with a ledger the tests can count: a
+// plain Watermill handler, with oncemill's lease check right before the
+// effect.
 
 import (
 	"encoding/json"
@@ -18,8 +20,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 )
 
 // Command is the message the handler consumes. Meta is the envelope: it
@@ -62,10 +64,10 @@ type PaymentHandler struct {
 func (h *PaymentHandler) Handle(msg *message.Message) ([]*message.Message, error) {
 	var cmd Command
 	if err := json.Unmarshal(msg.Payload, &cmd); err != nil {
-		return nil, receiver.Permanent(fmt.Errorf("decode payment command: %w", err))
+		return nil, policy.Cached(fmt.Errorf("decode payment command: %w", err))
 	}
 	if cmd.AmountCents <= 0 {
-		return nil, receiver.Permanent(fmt.Errorf("payment %s: %w (got %d)", cmd.PaymentID, ErrInvalidAmount, cmd.AmountCents))
+		return nil, policy.Cached(fmt.Errorf("payment %s: %w (got %d)", cmd.PaymentID, ErrInvalidAmount, cmd.AmountCents))
 	}
 	// A real service would ask its payment provider here; an error it
 	// should retry is returned as policy.Retryable(err).
@@ -75,16 +77,16 @@ func (h *PaymentHandler) Handle(msg *message.Message) ([]*message.Message, error
 	// lets a waiting duplicate take the key over; resumed, this handler would
 	// charge a second time. The ledger is not always transactional with the
 	// store, so the lease is confirmed right before the effect.
-	if err := receiver.CheckLease(msg.Context()); err != nil {
-		return nil, receiver.Transient(fmt.Errorf("payment %s: lease check before charging: %w", cmd.PaymentID, err))
+	if err := pipeline.CheckLease(msg.Context()); err != nil {
+		return nil, policy.Retryable(fmt.Errorf("payment %s: lease check before charging: %w", cmd.PaymentID, err))
 	}
-	lease, _ := receiver.LeaseFromContext(msg.Context())
+	lease, _ := pipeline.ClaimFromContext(msg.Context())
 	// The effect. With the postgres store it is written in the transaction
 	// that also records the success (see ledger_postgres.go).
 	if err := h.Ledger.Charge(msg.Context(), Charge{
 		Scope: h.Scope, PaymentID: cmd.PaymentID, MessageUUID: msg.UUID, Token: lease.Token, Attempt: lease.Attempt,
 	}); err != nil {
-		return nil, receiver.Transient(fmt.Errorf("payment %s: booking the charge: %w", cmd.PaymentID, err))
+		return nil, policy.Retryable(fmt.Errorf("payment %s: booking the charge: %w", cmd.PaymentID, err))
 	}
 
 	payload, err := json.Marshal(Settlement{

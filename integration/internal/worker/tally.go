@@ -7,18 +7,18 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/pipeline"
 )
 
 // Tally counts the outcome of every delivery, from the events oncemill
 // reports (Record is its event handler).
 type Tally struct {
-	outcomes [receiver.OutcomeKeyFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
+	outcomes [pipeline.OutcomeKeyFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
 	acked    atomic.Int64
 }
 
 // Record counts ev.
-func (t *Tally) Record(ev receiver.Event) {
+func (t *Tally) Record(ev pipeline.Event) {
 	o := ev.Outcome
 	if o < 0 || int(o) >= len(t.outcomes) {
 		o = 0
@@ -30,19 +30,19 @@ func (t *Tally) Record(ev receiver.Event) {
 }
 
 // Count is the number of deliveries with outcome o.
-func (t *Tally) Count(o receiver.Outcome) int64 { return t.outcomes[o].Load() }
+func (t *Tally) Count(o pipeline.Outcome) int64 { return t.outcomes[o].Load() }
 
 // Acked is the number of deliveries whose outcome acks them.
 func (t *Tally) Acked() int64 { return t.acked.Load() }
 
 // Replays counts deliveries answered from a stored success (the handler was
 // not called; the stored settlement was returned again).
-func (t *Tally) Replays() int64 { return t.Count(receiver.OutcomeReplayed) }
+func (t *Tally) Replays() int64 { return t.Count(pipeline.OutcomeReplayed) }
 
 // CachedFailures counts deliveries acked as a cached failure: the first time
 // (FailureCached) or replayed to a duplicate (FailureReplayed).
 func (t *Tally) CachedFailures() int64 {
-	return t.Count(receiver.OutcomeFailureCached) + t.Count(receiver.OutcomeFailureReplayed)
+	return t.Count(pipeline.OutcomeCachedFailure) + t.Count(pipeline.OutcomeCachedFailureReplayed)
 }
 
 // Deliveries is the number of deliveries counted.
@@ -58,7 +58,7 @@ func (t *Tally) Deliveries() int64 {
 // "executed=3 replayed=1", in the order of the constants.
 func (t *Tally) Outcomes() string {
 	var parts []string
-	for o := receiver.OutcomeExecuted; o <= receiver.OutcomeKeyFailed; o++ {
+	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeKeyFailed; o++ {
 		if n := t.Count(o); n > 0 {
 			parts = append(parts, fmt.Sprintf("%s=%d", o, n))
 		}
@@ -69,7 +69,7 @@ func (t *Tally) Outcomes() string {
 // LogAttrs are the counts for a log record: deliveries, then each outcome.
 func (t *Tally) LogAttrs() []any {
 	attrs := []any{"deliveries", t.Deliveries()}
-	for o := receiver.OutcomeExecuted; o <= receiver.OutcomeKeyFailed; o++ {
+	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeKeyFailed; o++ {
 		attrs = append(attrs, o.String(), t.Count(o))
 	}
 	return attrs

@@ -15,6 +15,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 )
@@ -39,7 +41,7 @@ type ReceiverDeps struct {
 	Tx        store.Transactional // nil: the lease mode over Store
 	Keys      keygen.Generator
 	Log       *slog.Logger
-	OnEvent   func(receiver.Event)
+	OnEvent   func(pipeline.Event)
 	DeadPub   message.Publisher // nil: no dead-letter topic
 	DeadTopic string
 	Tel       *Telemetry // nil: the global OpenTelemetry providers
@@ -52,7 +54,7 @@ type ReceiverDeps struct {
 func NewReceiver(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error) {
 	// With PostgreSQL, the one-transaction mode: the ledger row and the
 	// "processed" record commit in one transaction. Otherwise the lease mode.
-	p := receiver.Policy{
+	p := policy.Policy{
 		LeaseDuration: cfg.Lease, // the heartbeat renews it every Lease/3
 		// A duplicate of a running command waits for it (HeldKeyWait,
 		// the default) and then replays; the wait outlasts a handler
@@ -94,7 +96,7 @@ func NewReceiver(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error) 
 // RouterOptions say how NewRouter assembles the router.
 type RouterOptions struct {
 	// OnEvent is told what oncemill decided for each delivery.
-	OnEvent func(receiver.Event)
+	OnEvent func(pipeline.Event)
 	// First wrap partition i's handler outermost, before the hooks' Outer.
 	First func(partition int) []message.HandlerMiddleware
 	// CloseTimeout bounds how long Close waits for the handlers in flight.
@@ -204,8 +206,8 @@ func OpenBroker(ctx context.Context, cfg Config, hooks Hooks, log *slog.Logger) 
 	return b, nil
 }
 
-// Hooks change the worker for a test tool (cmd/oncemill-soak); the example
-// worker sets none.
+// Hooks change the worker for a test tool (integration/cmd/oncemill-soak);
+// the worker rig sets none.
 type Hooks struct {
 	// Broker opens the broker in place of NewBroker.
 	Broker func(cfg Config, logger watermill.LoggerAdapter) (*Broker, error)
