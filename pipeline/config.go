@@ -104,11 +104,11 @@ type RetryConfig struct {
 	OnRetry func(try int, err error, wait time.Duration)
 }
 
-// newIdempotency validates cfg against the store's limits, in one place for
-// both modes, and returns what the two modes share.
-func newIdempotency(cfg Config, limits store.Limits) (idempotency, error) {
-	bad := func(setting, format string, args ...any) (idempotency, error) {
-		return idempotency{}, oncemill.InvalidConfig(setting, format, args...)
+// configure validates cfg against the store's limits, in one place for
+// both modes, and sets up what the two modes share.
+func (s *idempotency) configure(cfg Config, limits store.Limits) error {
+	bad := func(setting, format string, args ...any) error {
+		return oncemill.InvalidConfig(setting, format, args...)
 	}
 	if !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen {
 		return bad("Config.Scope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)
@@ -117,7 +117,7 @@ func newIdempotency(cfg Config, limits store.Limits) (idempotency, error) {
 		return bad("Config.DeadLetterTopic", "set together with DeadLetterPublisher: set both, the publisher and the topic to forward to, or neither")
 	}
 	if err := cfg.Policy.Validate(); err != nil {
-		return idempotency{}, err
+		return err
 	}
 	p := cfg.Policy.WithDefaults()
 	if limits.MaxResultBytes > 0 && p.MaxResultBytes > limits.MaxResultBytes {
@@ -128,9 +128,9 @@ func newIdempotency(cfg Config, limits store.Limits) (idempotency, error) {
 	}
 	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider, cfg.MessagingSystem)
 	if err != nil {
-		return idempotency{}, err
+		return err
 	}
-	s := idempotency{
+	*s = idempotency{
 		retain:      max(p.SuccessTTL, p.FailureTTL),
 		keys:        cfg.KeyGenerator,
 		fingerprint: cfg.Fingerprint,
@@ -158,11 +158,11 @@ func newIdempotency(cfg Config, limits store.Limits) (idempotency, error) {
 	}
 	if cfg.Retry != nil {
 		if s.retry, err = newRetrier(*cfg.Retry, p.Classify, tel); err != nil {
-			return idempotency{}, err
+			return err
 		}
 	}
 	if cfg.CircuitBreaker != nil {
 		s.breaker = newBreaker(*cfg.CircuitBreaker, p.Classify, tel)
 	}
-	return s, nil
+	return nil
 }

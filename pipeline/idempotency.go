@@ -64,33 +64,37 @@ type delivery struct {
 	event Event
 }
 
-// mode is how a delivery whose key is known is claimed, run and recorded.
-type mode interface {
-	claimAndRun(d *delivery, h message.HandlerFunc) ([]*message.Message, error)
+// Both modes' Middleware read: refuse what validation refuses; for the
+// rest, compute the key, claim and run (the mode's own handle), and report
+// the decision. Each mode calls these itself, with no interface call on the
+// way: the delivery then stays on the stack.
+
+// refused runs Config.Validation and answers a message it refuses.
+func (s *idempotency) refused(msg *message.Message) (refused bool, msgs []*message.Message, err error) {
+	if s.validate == nil {
+		return false, nil, nil
+	}
+	if verr := s.validate(msg); verr != nil {
+		msgs, err = s.refuse(msg, verr)
+		return true, msgs, err
+	}
+	return false, nil, nil
 }
 
-// deliver is a message's way through the stage: validation, the key, then
-// the mode; the decision is measured and reported however it ends.
-func (s *idempotency) deliver(msg *message.Message, h message.HandlerFunc, m mode) ([]*message.Message, error) {
-	if s.validate != nil {
-		if err := s.validate(msg); err != nil {
-			return s.refuse(msg, err)
-		}
-	}
-	d := &delivery{msg: msg, event: Event{MessageUUID: msg.UUID}}
-	msgs, err := s.keyed(d, h, m)
-	s.tel.decided(msg.Context(), &d.event)
+// decided measures and reports what became of the delivery.
+func (s *idempotency) decided(d *delivery) {
+	s.tel.decided(d.msg.Context(), &d.event)
 	if s.onEvent != nil {
 		s.onEvent(d.event)
 	}
-	return msgs, err
 }
 
-// keyed computes the scope and the key, then hands the delivery to the
-// mode. It keeps the common path in one small frame: every message runs on a
-// fresh router goroutine, whose stack would otherwise grow and be copied.
-// Rare paths live in their own functions.
-func (s *idempotency) keyed(d *delivery, h message.HandlerFunc, m mode) ([]*message.Message, error) {
+// keyed computes the scope and the key. A message without a usable key is
+// answered here (done): rejected, run unguarded, or nacked. It keeps the
+// common path in one small frame: every message runs on a fresh router
+// goroutine, whose stack would otherwise grow and be copied. Rare paths
+// live in their own functions.
+func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (done bool, msgs []*message.Message, err error) {
 	msg := d.msg
 	d.event.Scope = s.scope
 	if d.event.Scope == "" {
@@ -98,17 +102,19 @@ func (s *idempotency) keyed(d *delivery, h message.HandlerFunc, m mode) ([]*mess
 		d.event.Scope = keygen.StorableKey(message.HandlerNameFromCtx(msg.Context()), store.MaxScopeLen)
 	}
 	if len(msg.Payload) > s.policy.MaxPayloadBytes {
-		return s.tooLarge(d)
+		msgs, err = s.tooLarge(d)
+		return true, msgs, err
 	}
 	key, err := s.keys.Key(msg)
 	if err == nil && key == "" {
 		err = keygen.ErrEmptyKey
 	}
 	if err != nil {
-		return s.keyFailed(d, h, err)
+		msgs, err = s.keyFailed(d, h, err)
+		return true, msgs, err
 	}
 	d.event.Key = keygen.StorableKey(key, s.maxKeyLen)
-	return m.claimAndRun(d, h)
+	return false, nil, nil
 }
 
 // answer acts on every decision but Execute: it replays, rejects, or waits

@@ -32,11 +32,10 @@ func NewLeased(st store.Store, cfg Config) (*Leased, error) {
 	if st == nil {
 		return nil, oncemill.InvalidConfig("store", "nil; pass a store such as memory.New(memory.Options{})")
 	}
-	core, err := newIdempotency(cfg, st.Limits())
-	if err != nil {
+	s := &Leased{store: st}
+	if err := s.configure(cfg, st.Limits()); err != nil {
 		return nil, err
 	}
-	s := &Leased{idempotency: core, store: st}
 	s.beats = newHeartbeats(s.policy.Heartbeat, s.policy.LeaseDuration)
 	return s, nil
 }
@@ -45,13 +44,22 @@ func NewLeased(st store.Store, cfg Config) (*Leased, error) {
 func (s *Leased) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	h = s.breaker.wrap(h)
 	return s.tel.wrap(func(msg *message.Message) ([]*message.Message, error) {
-		return s.deliver(msg, h, s)
+		if refused, msgs, err := s.refused(msg); refused {
+			return msgs, err
+		}
+		d := &delivery{msg: msg, event: Event{MessageUUID: msg.UUID}}
+		msgs, err := s.handle(d, h)
+		s.decided(d)
+		return msgs, err
 	})
 }
 
-// claimAndRun asks the store for the key until it decides: execute under a
+// handle computes the key, then asks the store for the key until it decides: execute under a
 // new lease, or answer a duplicate (replay, wait for the holder, reject).
-func (s *Leased) claimAndRun(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+func (s *Leased) handle(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+	if done, msgs, err := s.keyed(d, h); done {
+		return msgs, err
+	}
 	req := store.LeaseRequest{
 		Scope:         d.event.Scope,
 		Key:           d.event.Key,

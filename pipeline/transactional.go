@@ -46,28 +46,37 @@ func NewTransactional(ts store.Transactional, cfg Config) (*Transactional, error
 	case cfg.Policy.Heartbeat != 0:
 		return nil, oncemill.InvalidConfig("policy.Heartbeat", "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
 	}
-	core, err := newIdempotency(cfg, ts.Limits())
-	if err != nil {
+	s := &Transactional{store: ts}
+	if err := s.configure(cfg, ts.Limits()); err != nil {
 		return nil, err
 	}
-	return &Transactional{idempotency: core, store: ts}, nil
+	return s, nil
 }
 
 // Middleware is the stage as a Watermill middleware.
 func (s *Transactional) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	h = s.breaker.wrap(h)
 	return s.tel.wrap(func(msg *message.Message) ([]*message.Message, error) {
-		return s.deliver(msg, h, s)
+		if refused, msgs, err := s.refused(msg); refused {
+			return msgs, err
+		}
+		d := &delivery{msg: msg, event: Event{MessageUUID: msg.UUID}}
+		msgs, err := s.handle(d, h)
+		s.decided(d)
+		return msgs, err
 	})
 }
 
-// claimAndRun claims the key with the first statement of a new transaction,
+// handle computes the key, then claims it with the first statement of a new transaction,
 // before retry and the breaker, so that a duplicate is answered from the
 // record even while the circuit is open. The claim itself waits for a
 // transaction that holds the key, up to policy.HeldKeyTimeout; the waiter
 // polls only records that another worker committed in progress (the lease
 // mode's, on a shared table).
-func (s *Transactional) claimAndRun(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+	if done, msgs, err := s.keyed(d, h); done {
+		return msgs, err
+	}
 	req := store.TxRequest{
 		Scope:       d.event.Scope,
 		Key:         d.event.Key,
