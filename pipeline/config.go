@@ -161,8 +161,16 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 			return err
 		}
 	}
-	if cfg.CircuitBreaker != nil {
-		s.breaker = newBreaker(*cfg.CircuitBreaker, p.Classify, tel)
+	if st := cfg.CircuitBreaker; st != nil {
+		// gobreaker takes a negative value for its default; a negative
+		// duration is more likely a mistake than a wish for the default.
+		switch {
+		case st.Timeout < 0:
+			return bad("Config.CircuitBreaker.Timeout", "%v is negative; set how long the circuit stays open, or leave it 0 for gobreaker's 60s", st.Timeout)
+		case st.Interval < 0:
+			return bad("Config.CircuitBreaker.Interval", "%v is negative; set how often the counts clear while closed, or leave it 0 to never clear them", st.Interval)
+		}
+		s.breaker = newBreaker(*st, p.Classify, tel)
 	}
 	return nil
 }

@@ -240,6 +240,8 @@ func (b *Builder) asWritten(err error) error {
 		ce.Setting = "WithDeadLetter"
 	case field == "Retry":
 		ce.Setting = "WithRetry(RetryConfig." + rest + ")"
+	case field == "CircuitBreaker":
+		ce.Setting = "WithCircuitBreaker(gobreaker.Settings." + rest + ")"
 	default:
 		ce.Setting = "With" + field
 	}

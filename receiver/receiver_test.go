@@ -140,6 +140,9 @@ func TestBuildNamesTheBuilderMethod(t *testing.T) {
 		{"bad retry config", func() *receiver.Builder {
 			return receiver.New(st).WithRetry(pipeline.RetryConfig{Multiplier: 0.5})
 		}, "WithRetry(RetryConfig.Multiplier)", "below 1"},
+		{"negative breaker timeout", func() *receiver.Builder {
+			return receiver.New(st).WithCircuitBreaker(gobreaker.Settings{Timeout: -time.Second})
+		}, "WithCircuitBreaker(gobreaker.Settings.Timeout)", "negative"},
 		{"heartbeat not shorter than the lease", func() *receiver.Builder {
 			return receiver.New(st).WithPolicy(policy.Policy{LeaseDuration: time.Second, Heartbeat: 2 * time.Second})
 		}, "WithPolicy(Policy.Heartbeat)", "not shorter"},
