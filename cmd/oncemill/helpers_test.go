@@ -38,6 +38,8 @@ type fixture struct {
 	name  string
 	st    adminStore
 	flags []string
+	// prefix is the Redis store's key prefix (Redis only).
+	prefix string
 	// nativeExpiry: the store drops finished records when they expire
 	// (Redis), so no expired success is ever listed.
 	nativeExpiry bool
@@ -151,7 +153,7 @@ func newRedisFixture(t *testing.T) *fixture {
 		t.Fatalf("redis.New: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	return &fixture{name: "redis", st: st, flags: redisFlags(prefix), nativeExpiry: true}
+	return &fixture{name: "redis", st: st, flags: redisFlags(prefix), prefix: prefix, nativeExpiry: true}
 }
 
 // newTieredFixture is the tiered store: the records in PostgreSQL (as the

@@ -15,7 +15,6 @@ import (
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
-	"github.com/oncemill/oncemill/store/redisstore"
 )
 
 const scope = "payments"
@@ -520,7 +519,7 @@ func TestEnvironment(t *testing.T) {
 	if r.stdout != "" {
 		t.Errorf("list of the empty prefix %s: %q", prefix, r.stdout)
 	}
-	r = runCLI(t, nil, "--json", "--redis-prefix", fx.st.(*redisstore.Store).Prefix(), "list").mustCode(t, exitOK)
+	r = runCLI(t, nil, "--json", "--redis-prefix", fx.prefix, "list").mustCode(t, exitOK)
 	if got := jsonLines[recordView](t, r); len(got) != 1 || got[0].Key != "from-flags" {
 		t.Errorf("list with the flag over the variable: %+v", got)
 	}

@@ -71,3 +71,6 @@ func ScriptName(sha string) string {
 	}
 	return ""
 }
+
+// Prefix returns the key prefix in use.
+func (s *Store) Prefix() string { return s.prefix }

@@ -213,9 +213,6 @@ func (s *Store) checkKey(op, key string) error {
 	return nil
 }
 
-// Prefix returns the key prefix in use.
-func (s *Store) Prefix() string { return s.prefix }
-
 // maxDuration bounds every lease, TTL and keep: "forever" (math.MaxInt64 is
 // 292 years) counts as 100 years.
 const maxDuration = 100 * 365 * 24 * time.Hour
