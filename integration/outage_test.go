@@ -27,6 +27,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -203,7 +204,7 @@ var outageModes = []outageMode{
 		st, err := tiered.New(r.pgStore(t), cache, tiered.Options{Prefix: r.ns})
 		must(t, err)
 		t.Cleanup(func() { _ = st.Close() })
-		return receiver.New(st).WithPolicy(receiver.Policy{LeaseDuration: outageTieredLease}), r.bookOnPool
+		return receiver.New(st).WithPolicy(policy.Policy{LeaseDuration: outageTieredLease}), r.bookOnPool
 	}},
 }
 
@@ -249,7 +250,7 @@ func (r *outageRun) bookOnPool(m *message.Message) error {
 	ctx, cancel := context.WithTimeout(m.Context(), 5*time.Second)
 	defer cancel()
 	insert := "INSERT INTO " + r.ledger + " (uuid) VALUES ($1)"
-	if lease, _ := receiver.LeaseFromContext(m.Context()); lease.Attempt > 1 {
+	if lease, _ := pipeline.ClaimFromContext(m.Context()); lease.Attempt > 1 {
 		insert = "INSERT INTO " + r.ledger + " (uuid) SELECT $1 WHERE NOT EXISTS (SELECT FROM " + r.ledger + " WHERE uuid = $1)"
 	}
 	_, err := r.pool.Exec(ctx, insert, m.UUID)

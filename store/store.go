@@ -74,12 +74,12 @@ type ListRequest struct {
 	UpdatedBefore time.Time
 	// After is the Next of the previous page; empty for the first.
 	After string
-	// Limit bounds the page; zero means DefaultListLimit.
+	// Limit bounds the page; zero means 100.
 	Limit int
 }
 
-// DefaultListLimit is the page size of a ListRequest without a Limit.
-const DefaultListLimit = 100
+// defaultListLimit is the page size of a ListRequest without a Limit.
+const defaultListLimit = 100
 
 // ListPage is one page of Admin.List.
 type ListPage struct {
@@ -198,8 +198,6 @@ var (
 	ErrInvalidRequest = errors.New("invalid store request")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("store closed")
-	// ErrNoTransaction: no transaction of the store in the context.
-	ErrNoTransaction = errors.New("no transaction in the context")
 )
 
 // MaxScopeLen is the longest scope in bytes that every store holds. The
@@ -392,7 +390,7 @@ func ListCursor(scope, key string) string {
 // how many records it holds at most.
 func (r ListRequest) Page() (afterScope, afterKey string, limit int, err error) {
 	if r.Limit < 0 {
-		return "", "", 0, fmt.Errorf("%w: list limit %d is negative; use 0 for %d", ErrInvalidRequest, r.Limit, DefaultListLimit)
+		return "", "", 0, fmt.Errorf("%w: list limit %d is negative; use 0 for %d", ErrInvalidRequest, r.Limit, defaultListLimit)
 	}
 	b, err := base64.RawURLEncoding.DecodeString(r.After)
 	if err != nil {
@@ -402,7 +400,7 @@ func (r ListRequest) Page() (afterScope, afterKey string, limit int, err error) 
 	if !ok && r.After != "" {
 		return "", "", 0, fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, r.After)
 	}
-	return afterScope, afterKey, cmp.Or(r.Limit, DefaultListLimit), nil
+	return afterScope, afterKey, cmp.Or(r.Limit, defaultListLimit), nil
 }
 
 // Matches reports whether rec is selected by r's filters (not its page).

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
 )
@@ -90,7 +91,7 @@ func ExampleTxFromContext() {
 	}
 
 	r, err := receiver.NewTransactional(st).
-		WithEventHandler(func(e receiver.Event) { fmt.Println("outcome:", e.Outcome) }).
+		WithEventHandler(func(e pipeline.Event) { fmt.Println("outcome:", e.Outcome) }).
 		Build()
 	if err != nil {
 		log.Fatal(err)

@@ -9,9 +9,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -259,7 +261,7 @@ func TestResultLimitsAgreeWithTheStore(t *testing.T) {
 	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{})
 	for _, b := range []*receiver.Builder{receiver.New(s), receiver.NewTransactional(s)} {
-		if _, err := b.WithPolicy(receiver.Policy{MaxResultBytes: 8 << 20}).Build(); !errors.Is(err, receiver.ErrInvalidConfig) || !strings.Contains(err.Error(), "above the store's limit") {
+		if _, err := b.WithPolicy(policy.Policy{MaxResultBytes: 8 << 20}).Build(); !errors.Is(err, oncemill.ErrInvalidConfig) || !strings.Contains(err.Error(), "above the store's limit") {
 			t.Fatalf("Build with a result limit above the store's = %v, want ErrInvalidConfig", err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -40,7 +41,7 @@ func TestHandlerTransactionIsTheTruths(t *testing.T) {
 			return nil, err
 		}
 		if string(msg.Payload) == "fail" {
-			return nil, receiver.Permanent(fail)
+			return nil, policy.Cached(fail)
 		}
 		return nil, nil
 	})
