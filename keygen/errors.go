@@ -12,7 +12,7 @@ var (
 	ErrEmptyUUID = fmt.Errorf("%w: message UUID is empty", ErrNoKey)
 
 	// ErrMissingMetadata: the metadata field a generator reads is missing
-	// or empty. The error returned is a *MissingMetadataError naming it.
+	// or empty. The error returned wraps it and names the field.
 	ErrMissingMetadata = fmt.Errorf("%w: metadata field is missing or empty", ErrNoKey)
 
 	// ErrNotJSON: ContentHash with RejectNonJSON got a payload that is not
@@ -26,16 +26,3 @@ var (
 	// errNilMessage keeps every generator panic-free when handed nil.
 	errNilMessage = fmt.Errorf("%w: message is nil", ErrNoKey)
 )
-
-// MissingMetadataError is returned by a Metadata generator when the message
-// lacks the field. It matches ErrMissingMetadata and ErrNoKey with errors.Is.
-type MissingMetadataError struct {
-	Field string
-}
-
-func (e *MissingMetadataError) Error() string {
-	return fmt.Sprintf("oncemill: no key: metadata field %q is missing or empty", e.Field)
-}
-
-// Unwrap returns ErrMissingMetadata, which itself wraps ErrNoKey.
-func (e *MissingMetadataError) Unwrap() error { return ErrMissingMetadata }

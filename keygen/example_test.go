@@ -36,13 +36,12 @@ func ExampleMetadata() {
 	fmt.Println(key)
 
 	_, err = g.Key(message.NewMessage("uuid-2", []byte(`{"amount":10}`)))
-	var missing *keygen.MissingMetadataError
-	fmt.Println(errors.As(err, &missing), missing.Field)
+	fmt.Println(errors.Is(err, keygen.ErrMissingMetadata))
 	fmt.Println(err)
 	// Output:
 	// pay-7
-	// true Idempotency-Key
-	// oncemill: no key: metadata field "Idempotency-Key" is missing or empty
+	// true
+	// oncemill: no key: metadata field is missing or empty: "Idempotency-Key"
 }
 
 func ExampleContentHash() {

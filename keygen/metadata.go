@@ -1,6 +1,8 @@
 package keygen
 
 import (
+	"fmt"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill"
@@ -8,7 +10,7 @@ import (
 
 // Metadata keys a message by one metadata field, such as an idempotency key
 // header the producer sets and keeps across re-sends. A missing or empty
-// field is a *MissingMetadataError. An empty field name is oncemill.ErrInvalidConfig.
+// field wraps ErrMissingMetadata and names the field. An empty field name is oncemill.ErrInvalidConfig.
 func Metadata(field string) (Generator, error) {
 	if field == "" {
 		return nil, oncemill.InvalidConfig("keygen.Metadata", "the field name is empty; name the metadata field that holds the key")
@@ -20,6 +22,6 @@ func Metadata(field string) (Generator, error) {
 		if v := msg.Metadata.Get(field); v != "" {
 			return v, nil
 		}
-		return "", &MissingMetadataError{Field: field}
+		return "", fmt.Errorf("%w: %q", ErrMissingMetadata, field)
 	}), nil
 }

@@ -13,20 +13,20 @@ func Storable(s string) bool {
 	return strings.IndexByte(s, 0) < 0 && utf8.ValidString(s)
 }
 
-// HashedKeyPrefix starts every key StorableKey hashed. A key that arrives with it
+// hashedKeyPrefix starts every key StorableKey hashed. A key that arrives with it
 // already is hashed too, so that a hashed key can never equal a literal one:
 // a message whose UUID is the hashed form of another message's long key is
 // a different key.
-const HashedKeyPrefix = "hashed:sha256:"
+const hashedKeyPrefix = "hashed:sha256:"
 
-// hashedKeyLen is the length of HashedKeyPrefix followed by 64 hex digits.
-const hashedKeyLen = len(HashedKeyPrefix) + 2*sha256.Size
+// hashedKeyLen is the length of hashedKeyPrefix followed by 64 hex digits.
+const hashedKeyLen = len(hashedKeyPrefix) + 2*sha256.Size
 
 // StorableKey fits a key into what every store holds: a text column of max
 // bytes (no limit when max <= 0). A key of at most max bytes is returned
 // unchanged; a longer key, one with a NUL byte or bytes that are not UTF-8
 // (PostgreSQL text holds neither), or one that starts with
-// HashedKeyPrefix, is replaced by HashedKeyPrefix and the lowercase hex
+// hashedKeyPrefix, is replaced by hashedKeyPrefix and the lowercase hex
 // SHA-256 of the whole key (78 bytes). So the same key is stored the same
 // way on every store, and no key is refused for its bytes. It never
 // truncates: two long keys sharing a prefix stay distinct.
@@ -34,7 +34,7 @@ const hashedKeyLen = len(HashedKeyPrefix) + 2*sha256.Size
 // The result is always 78 bytes for a hashed key, so a max below 78 still
 // returns 78 bytes; give stores at least 78.
 func StorableKey(key string, max int) string {
-	if (max <= 0 || len(key) <= max) && Storable(key) && !strings.HasPrefix(key, HashedKeyPrefix) {
+	if (max <= 0 || len(key) <= max) && Storable(key) && !strings.HasPrefix(key, hashedKeyPrefix) {
 		return key
 	}
 	return hashKey(key)
@@ -47,7 +47,7 @@ func StorableKey(key string, max int) string {
 func hashKey(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	var buf [hashedKeyLen]byte
-	copy(buf[:], HashedKeyPrefix)
-	hex.Encode(buf[len(HashedKeyPrefix):], sum[:])
+	copy(buf[:], hashedKeyPrefix)
+	hex.Encode(buf[len(hashedKeyPrefix):], sum[:])
 	return string(buf[:])
 }

@@ -14,7 +14,7 @@ func TestStorableKey(t *testing.T) {
 	long := strings.Repeat("k", 10<<10)
 	hashed := func(s string) string {
 		sum := sha256.Sum256([]byte(s))
-		return keygen.HashedKeyPrefix + hex.EncodeToString(sum[:])
+		return "hashed:sha256:" + hex.EncodeToString(sum[:])
 	}
 	tests := []struct {
 		name string
@@ -29,7 +29,7 @@ func TestStorableKey(t *testing.T) {
 		{"no limit", long, 0, long},
 		{"negative is no limit", long, -1, long},
 		{"max below 78 still hashes", strings.Repeat("a", 20), 10, hashed(strings.Repeat("a", 20))},
-		{"a short key in the hashed form is hashed", keygen.HashedKeyPrefix + "abc", 255, hashed(keygen.HashedKeyPrefix + "abc")},
+		{"a short key in the hashed form is hashed", "hashed:sha256:" + "abc", 255, hashed("hashed:sha256:" + "abc")},
 		{"a content hash key is kept", "sha256:" + strings.Repeat("0", 64), 255, "sha256:" + strings.Repeat("0", 64)},
 		{"a NUL byte is hashed", "order\x0042", 255, hashed("order\x0042")},
 		{"invalid UTF-8 is hashed", "order-\xff", 255, hashed("order-\xff")},
@@ -61,11 +61,11 @@ func TestLimitNeverTruncates(t *testing.T) {
 	if ka != keygen.StorableKey(a, 255) {
 		t.Error("not deterministic")
 	}
-	if strings.ContainsRune(ka[len(keygen.HashedKeyPrefix):], 'x') {
+	if strings.ContainsRune(ka[len("hashed:sha256:"):], 'x') {
 		t.Errorf("%q holds a piece of the key", ka)
 	}
-	if !strings.HasPrefix(ka, keygen.HashedKeyPrefix) {
-		t.Errorf("%q lacks the prefix %s", ka, keygen.HashedKeyPrefix)
+	if !strings.HasPrefix(ka, "hashed:sha256:") {
+		t.Errorf("%q lacks the prefix %s", ka, "hashed:sha256:")
 	}
 }
 

@@ -122,7 +122,7 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 
 	spans := k.Named("process payments.in")
 	hashed := keygen.StorableKey(long, 128)
-	if !strings.HasPrefix(hashed, keygen.HashedKeyPrefix) || len(hashed) != 78 {
+	if !strings.HasPrefix(hashed, "hashed:sha256:") || len(hashed) != 78 {
 		t.Fatalf("keygen.StorableKey(500 bytes, 128) = %q", hashed)
 	}
 	want := []struct {

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"errors"
-	"fmt"
 )
 
 // Class is what a failure is: remembered and acked, or released and retried.
@@ -50,11 +49,6 @@ func Retryable(err error) error {
 		return nil
 	}
 	return &classified{err: err, class: ClassRetryable}
-}
-
-// Cachedf is fmt.Errorf followed by Permanent.
-func Cachedf(format string, args ...any) error {
-	return Cached(fmt.Errorf(format, args...))
 }
 
 // Classify sorts err. The order, first match wins:

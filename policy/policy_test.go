@@ -113,7 +113,6 @@ func TestClassify(t *testing.T) {
 		{"deadline is retryable", fmt.Errorf("call: %w", context.DeadlineExceeded), policy.ClassRetryable},
 		{"permanent marker", policy.Cached(errors.New("bad")), policy.ClassCached},
 		{"permanent marker wrapped", fmt.Errorf("handler: %w", policy.Cached(errors.New("bad"))), policy.ClassCached},
-		{"permanentf", policy.Cachedf("amount %d", -1), policy.ClassCached},
 		{"transient marker beats CachedErrors", policy.Retryable(errNotFound), policy.ClassRetryable},
 		{"outermost marker wins", policy.Cached(policy.Retryable(errors.New("x"))), policy.ClassCached},
 		{"outermost marker wins, other way", policy.Retryable(policy.Cached(errors.New("x"))), policy.ClassRetryable},

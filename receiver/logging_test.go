@@ -46,7 +46,7 @@ func TestNoLoggerStillLogsARejectionThroughSlogDefault(t *testing.T) {
 	}
 	l := errs[0]
 	lerr, _ := l.Attrs["error"].(error)
-	const want = `metadata field "Idempotency-Key" is missing or empty`
+	const want = `metadata field is missing or empty: "Idempotency-Key"`
 	if lerr == nil || !strings.Contains(lerr.Error(), want) || !errors.Is(lerr, keygen.ErrNoKey) {
 		t.Fatalf("error line %+v: its error %v does not name the key generator's error %q", l, lerr, want)
 	}

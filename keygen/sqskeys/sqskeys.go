@@ -38,7 +38,7 @@ func (u Unmarshaler) Unmarshal(m *types.Message) (*message.Message, error) {
 
 // MessageID keys a message by its SQS MessageId, which Unmarshaler puts in
 // the metadata. A message without it (not read through Unmarshaler) has no
-// key: a *keygen.MissingMetadataError.
+// key: an error wrapping keygen.ErrMissingMetadata.
 //
 // SQS gives a message one MessageId when it is sent, and every receive of it
 // carries the same one, so the key catches what SQS itself redelivers: a
