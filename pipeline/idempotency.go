@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/oncemill/oncemill/internal/result"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
@@ -291,7 +292,7 @@ func (s *idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message
 		return nil, nil
 	}
 	d.event.Outcome = OutcomeReplayed
-	msgs, omitted, err := decodeResult(rec.Result)
+	msgs, omitted, err := result.Decode(rec.Result)
 	switch {
 	case err != nil:
 		d.event.Err = err
@@ -305,7 +306,7 @@ func (s *idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message
 // successOutcome is what a success stores: the produced messages, or a
 // marker that they were too large to keep.
 func (s *idempotency) successOutcome(msgs []*message.Message) store.Completion {
-	result, err := encodeResult(msgs, s.policy.MaxResultBytes)
+	result, err := result.Encode(msgs, s.policy.MaxResultBytes)
 	if err != nil {
 		s.logger.LogAttrs(context.Background(), slog.LevelError, "Produced messages are not stored; a duplicate will not re-publish them", slog.Any("error", err))
 	}

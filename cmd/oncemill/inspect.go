@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/internal/result"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -56,7 +56,7 @@ func (c *inspectCmd) Run(a *app) error {
 		if c.Messages {
 			s := base64.StdEncoding.EncodeToString(rec.Result)
 			v.ResultBase64 = &s
-			if msgs, omitted, err := pipeline.DecodeResult(rec.Result); err == nil {
+			if msgs, omitted, err := result.Decode(rec.Result); err == nil {
 				v.Omitted = omitted
 				for _, m := range msgs {
 					v.Messages = append(v.Messages, producedView{UUID: m.UUID, Metadata: m.Metadata, Payload: string(m.Payload)})

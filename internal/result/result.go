@@ -1,4 +1,7 @@
-package pipeline
+// Package result is the encoding of a success's stored result: the
+// messages the handler produced, which a duplicate is answered with. The
+// idempotency stage writes and reads it; the operator's CLI reads it.
+package result
 
 import (
 	"encoding/binary"
@@ -20,17 +23,17 @@ const (
 	flagOmitted = 1
 )
 
-// ErrCorruptResult: a stored result cannot be decoded.
-var ErrCorruptResult = errors.New("oncemill: stored result is corrupt")
+// ErrCorrupt: a stored result cannot be decoded.
+var ErrCorrupt = errors.New("oncemill: stored result is corrupt")
 
-// errResultTooLarge is internal: encodeResult returns it with the omitted marker.
-var errResultTooLarge = errors.New("oncemill: produced messages exceed the maximum result size")
+// errTooLarge is internal: Encode returns it with the omitted marker.
+var errTooLarge = errors.New("oncemill: produced messages exceed the maximum result size")
 
 var omittedResult = []byte{resultVersion, flagOmitted}
 
-// encodeResult returns nil for a success that produced nothing: the common
+// Encode returns nil for a success that produced nothing: the common
 // consumer handler then stores no result bytes at all.
-func encodeResult(msgs []*message.Message, maxBytes int) ([]byte, error) {
+func Encode(msgs []*message.Message, maxBytes int) ([]byte, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -61,7 +64,7 @@ func encodeResult(msgs []*message.Message, maxBytes int) ([]byte, error) {
 		buf = append(buf, m.Payload...)
 	}
 	if len(buf) > maxBytes {
-		return omittedResult, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxResultBytes)", errResultTooLarge, len(buf), maxBytes)
+		return omittedResult, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxResultBytes)", errTooLarge, len(buf), maxBytes)
 	}
 	return buf, nil
 }
@@ -71,23 +74,15 @@ func appendString(buf []byte, s string) []byte {
 	return append(buf, s...)
 }
 
-// DecodeResult reads a success's stored result (store.Record.Result) back
-// into the produced messages a duplicate is answered with, for operators'
-// tools: omitted is true when they were too large to keep, and an error
-// wrapping ErrCorruptResult means the bytes are not a result of this
-// encoding.
-func DecodeResult(b []byte) (msgs []*message.Message, omitted bool, err error) {
-	return decodeResult(b)
-}
-
-// decodeResult returns the stored messages, and omitted=true when the result
-// was too large to keep.
-func decodeResult(b []byte) (msgs []*message.Message, omitted bool, err error) {
+// Decode returns the stored messages, and omitted=true when the result
+// was too large to keep; an error wrapping ErrCorrupt means the bytes are
+// not a result of this encoding.
+func Decode(b []byte) (msgs []*message.Message, omitted bool, err error) {
 	if len(b) == 0 {
 		return nil, false, nil // a success that produced nothing
 	}
 	if len(b) < 2 || b[0] != resultVersion {
-		return nil, false, fmt.Errorf("%w: unknown header", ErrCorruptResult)
+		return nil, false, fmt.Errorf("%w: unknown header", ErrCorrupt)
 	}
 	if b[1]&flagOmitted != 0 {
 		return nil, true, nil
@@ -95,7 +90,7 @@ func decodeResult(b []byte) (msgs []*message.Message, omitted bool, err error) {
 	d := decoder{b: b[2:]}
 	n := d.uvarint()
 	if n > uint64(len(d.b)) { // every message takes at least one byte
-		return nil, false, fmt.Errorf("%w: %d messages in %d bytes", ErrCorruptResult, n, len(d.b))
+		return nil, false, fmt.Errorf("%w: %d messages in %d bytes", ErrCorrupt, n, len(d.b))
 	}
 	msgs = make([]*message.Message, 0, n)
 	for i := uint64(0); i < n && d.err == nil; i++ {
@@ -123,7 +118,7 @@ func decodeResult(b []byte) (msgs []*message.Message, omitted bool, err error) {
 		d.err = fmt.Errorf("%d trailing bytes", len(d.b))
 	}
 	if d.err != nil {
-		return nil, false, fmt.Errorf("%w: %w", ErrCorruptResult, d.err)
+		return nil, false, fmt.Errorf("%w: %w", ErrCorrupt, d.err)
 	}
 	return msgs, false, nil
 }

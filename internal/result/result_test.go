@@ -1,4 +1,4 @@
-package pipeline
+package result
 
 import (
 	"errors"
@@ -16,11 +16,11 @@ func TestResultRoundTrip(t *testing.T) {
 	b := message.NewMessage("uuid-b", nil)
 	empty := message.NewMessage("", []byte{})
 	for _, msgs := range [][]*message.Message{nil, {a}, {a, b, empty}} {
-		enc, err := encodeResult(msgs, 1<<20)
+		enc, err := Encode(msgs, 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, omitted, err := decodeResult(enc)
+		got, omitted, err := Decode(enc)
 		if err != nil || omitted || len(got) != len(msgs) {
 			t.Fatalf("decode: %v omitted=%v len=%d want %d", err, omitted, len(got), len(msgs))
 		}
@@ -38,9 +38,9 @@ func TestResultEncodingIsDeterministic(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		m.Metadata.Set(strings.Repeat("k", i+1), "v")
 	}
-	first, _ := encodeResult([]*message.Message{m}, 1<<20)
+	first, _ := Encode([]*message.Message{m}, 1<<20)
 	for i := 0; i < 10; i++ {
-		again, _ := encodeResult([]*message.Message{m}, 1<<20)
+		again, _ := Encode([]*message.Message{m}, 1<<20)
 		if string(again) != string(first) {
 			t.Fatal("map iteration order leaked into the encoding")
 		}
@@ -49,11 +49,11 @@ func TestResultEncodingIsDeterministic(t *testing.T) {
 
 func TestResultOverTheLimitIsOmitted(t *testing.T) {
 	t.Parallel()
-	enc, err := encodeResult([]*message.Message{message.NewMessage("u", make([]byte, 100))}, 50)
-	if !errors.Is(err, errResultTooLarge) || !strings.Contains(err.Error(), "limit 50") {
+	enc, err := Encode([]*message.Message{message.NewMessage("u", make([]byte, 100))}, 50)
+	if !errors.Is(err, errTooLarge) || !strings.Contains(err.Error(), "limit 50") {
 		t.Fatalf("got %v", err)
 	}
-	msgs, omitted, err := decodeResult(enc)
+	msgs, omitted, err := Decode(enc)
 	if err != nil || !omitted || msgs != nil {
 		t.Fatalf("decode of an omitted result: %v %v %v", msgs, omitted, err)
 	}
@@ -61,7 +61,7 @@ func TestResultOverTheLimitIsOmitted(t *testing.T) {
 
 func TestCorruptResultsAreErrorsNotPanics(t *testing.T) {
 	t.Parallel()
-	good, _ := encodeResult([]*message.Message{message.NewMessage("uuid", []byte("payload"))}, 1<<20)
+	good, _ := Encode([]*message.Message{message.NewMessage("uuid", []byte("payload"))}, 1<<20)
 	inputs := [][]byte{
 		{9},                                  // unknown version
 		{resultVersion, 0, 0xff},             // bad count varint
@@ -73,27 +73,27 @@ func TestCorruptResultsAreErrorsNotPanics(t *testing.T) {
 		inputs = append(inputs, good[:i])
 	}
 	for _, in := range inputs {
-		if _, _, err := decodeResult(in); !errors.Is(err, ErrCorruptResult) {
-			t.Errorf("decode(%v) = %v, want ErrCorruptResult", in, err)
+		if _, _, err := Decode(in); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("decode(%v) = %v, want ErrCorrupt", in, err)
 		}
 	}
 }
 
 func FuzzDecodeResult(f *testing.F) {
-	good, _ := encodeResult([]*message.Message{message.NewMessage("uuid", []byte("payload"))}, 1<<20)
+	good, _ := Encode([]*message.Message{message.NewMessage("uuid", []byte("payload"))}, 1<<20)
 	f.Add(good)
 	f.Add([]byte{resultVersion, flagOmitted})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		msgs, _, err := decodeResult(b)
+		msgs, _, err := Decode(b)
 		if err != nil {
 			return
 		}
 		// Whatever decodes must encode back to a result that decodes the same.
-		enc, err := encodeResult(msgs, 1<<30)
+		enc, err := Encode(msgs, 1<<30)
 		if err != nil {
 			t.Fatal(err)
 		}
-		again, _, err := decodeResult(enc)
+		again, _, err := Decode(enc)
 		if err != nil || len(again) != len(msgs) {
 			t.Fatalf("re-decode: %v", err)
 		}
