@@ -71,15 +71,15 @@ type delivery struct {
 // way: the delivery then stays on the stack.
 
 // refused runs Config.Validation and answers a message it refuses.
-func (s *idempotency) refused(msg *message.Message) (refused bool, msgs []*message.Message, err error) {
+func (s *idempotency) refused(msg *message.Message) (msgs []*message.Message, refused bool, err error) {
 	if s.validate == nil {
-		return false, nil, nil
+		return nil, false, nil
 	}
 	if verr := s.validate(msg); verr != nil {
 		msgs, err = s.refuse(msg, verr)
-		return true, msgs, err
+		return msgs, true, err
 	}
-	return false, nil, nil
+	return nil, false, nil
 }
 
 // decided measures and reports what became of the delivery.
@@ -95,7 +95,7 @@ func (s *idempotency) decided(d *delivery) {
 // common path in one small frame: every message runs on a fresh router
 // goroutine, whose stack would otherwise grow and be copied. Rare paths
 // live in their own functions.
-func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (done bool, msgs []*message.Message, err error) {
+func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (msgs []*message.Message, done bool, err error) {
 	msg := d.msg
 	d.event.Scope = s.scope
 	if d.event.Scope == "" {
@@ -104,7 +104,7 @@ func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (done bool, msgs
 	}
 	if len(msg.Payload) > s.policy.MaxPayloadBytes {
 		msgs, err = s.tooLarge(d)
-		return true, msgs, err
+		return msgs, true, err
 	}
 	key, err := s.keys.Key(msg)
 	if err == nil && key == "" {
@@ -112,10 +112,10 @@ func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (done bool, msgs
 	}
 	if err != nil {
 		msgs, err = s.keyFailed(d, h, err)
-		return true, msgs, err
+		return msgs, true, err
 	}
 	d.event.Key = keygen.StorableKey(key, s.maxKeyLen)
-	return false, nil, nil
+	return nil, false, nil
 }
 
 // answer acts on every decision but Execute: it replays, rejects, or waits

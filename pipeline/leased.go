@@ -44,7 +44,7 @@ func NewLeased(st store.Store, cfg Config) (*Leased, error) {
 func (s *Leased) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	h = s.breaker.wrap(h)
 	return s.tel.wrap(func(msg *message.Message) ([]*message.Message, error) {
-		if refused, msgs, err := s.refused(msg); refused {
+		if msgs, refused, err := s.refused(msg); refused {
 			return msgs, err
 		}
 		d := &delivery{msg: msg, event: Event{MessageUUID: msg.UUID}}
@@ -54,10 +54,11 @@ func (s *Leased) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	})
 }
 
-// handle computes the key, then asks the store for the key until it decides: execute under a
-// new lease, or answer a duplicate (replay, wait for the holder, reject).
+// handle computes the key, then asks the store for it until the store
+// decides: execute under a new lease, or answer a duplicate (replay, wait
+// for the holder, reject).
 func (s *Leased) handle(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
-	if done, msgs, err := s.keyed(d, h); done {
+	if msgs, done, err := s.keyed(d, h); done {
 		return msgs, err
 	}
 	req := store.LeaseRequest{

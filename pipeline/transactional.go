@@ -57,7 +57,7 @@ func NewTransactional(ts store.Transactional, cfg Config) (*Transactional, error
 func (s *Transactional) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	h = s.breaker.wrap(h)
 	return s.tel.wrap(func(msg *message.Message) ([]*message.Message, error) {
-		if refused, msgs, err := s.refused(msg); refused {
+		if msgs, refused, err := s.refused(msg); refused {
 			return msgs, err
 		}
 		d := &delivery{msg: msg, event: Event{MessageUUID: msg.UUID}}
@@ -67,14 +67,14 @@ func (s *Transactional) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	})
 }
 
-// handle computes the key, then claims it with the first statement of a new transaction,
-// before retry and the breaker, so that a duplicate is answered from the
-// record even while the circuit is open. The claim itself waits for a
+// handle computes the key, then claims it with the first statement of a new
+// transaction, before retry and the breaker, so that a duplicate is
+// answered from the record even while the circuit is open. The claim itself waits for a
 // transaction that holds the key, up to policy.HeldKeyTimeout; the waiter
 // polls only records that another worker committed in progress (the lease
 // mode's, on a shared table).
 func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
-	if done, msgs, err := s.keyed(d, h); done {
+	if msgs, done, err := s.keyed(d, h); done {
 		return msgs, err
 	}
 	req := store.TxRequest{
