@@ -110,7 +110,7 @@ type stores struct {
 	close  func()
 }
 
-func openStore(ctx context.Context, cfg config, concurrency int) (*stores, error) {
+func openStore(ctx context.Context, cfg config) (*stores, error) {
 	switch cfg.store {
 	case "postgres":
 		pc, err := pgxpool.ParseConfig(cfg.postgresDSN)
@@ -118,27 +118,21 @@ func openStore(ctx context.Context, cfg config, concurrency int) (*stores, error
 			return nil, err
 		}
 		if !strings.Contains(cfg.postgresDSN, "pool_max_conns") {
-			pc.MaxConns = int32(concurrency + 4) // each handler holds one for its transaction
+			pc.MaxConns = int32(cfg.partitions + 4) // each handler holds one for its transaction
 		}
 		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {
 			return nil, err
 		}
-		st, err := postgres.New(pool, postgres.Options{Schema: cfg.postgresSchema})
+		st, err := postgres.New(pool, postgres.Options{Schema: "oncemill"})
 		if err == nil {
 			err = st.Migrate(ctx)
 		}
 		// No unique constraint, on purpose: a second charge is a second row.
-		table := pgx.Identifier{cfg.postgresSchema, "oncemill_ledger"}.Sanitize()
-		if err == nil { // workers may start at once: one creates the table
-			err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, table)
-				if err == nil {
-					_, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (id bigserial PRIMARY KEY, scope text NOT NULL, payment_id text NOT NULL,
+		table := pgx.Identifier{"oncemill", "oncemill_ledger"}.Sanitize()
+		if err == nil {
+			_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (id bigserial PRIMARY KEY, scope text NOT NULL, payment_id text NOT NULL,
 	message_uuid text NOT NULL, fencing_token bigint NOT NULL, attempt integer NOT NULL, charged_at timestamptz NOT NULL DEFAULT now())`)
-				}
-				return err
-			})
 		}
 		if err != nil {
 			pool.Close()
@@ -162,8 +156,8 @@ func openStore(ctx context.Context, cfg config, concurrency int) (*stores, error
 			},
 		}, nil
 	case "redis":
-		client := goredis.NewClient(&goredis.Options{Addr: cfg.redisAddr, PoolSize: 2*concurrency + 10})
-		st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.redisPrefix})
+		client := goredis.NewClient(&goredis.Options{Addr: cfg.redisAddr, PoolSize: 2*cfg.partitions + 10})
+		st, err := redisstore.New(client, redisstore.Options{Prefix: "oncemill"})
 		if err == nil {
 			err = client.Ping(ctx).Err()
 		}
@@ -172,7 +166,7 @@ func openStore(ctx context.Context, cfg config, concurrency int) (*stores, error
 			return nil, fmt.Errorf("redis (%s): %w", cfg.redisAddr, err)
 		}
 		// The ledger is a hash, payment_id -> charges, written after the effect.
-		key := fmt.Sprintf("%s:ledger:{%s}", cfg.redisPrefix, cfg.scope)
+		key := "oncemill:ledger:{" + cfg.scope + "}"
 		return &stores{store: st, close: func() { _ = client.Close() },
 			ping: func(ctx context.Context) error { return client.Ping(ctx).Err() },
 			charge: func(ctx context.Context, id, _ string, _ store.Claim) error {
