@@ -1,7 +1,7 @@
 // Command example-worker is oncemill's example: a payments worker on
 // Watermill whose handler charges each payment once, however often the
-// broker delivers the command. Copy handler.go (the handler and oncemill's
-// receiver), brokers.go and run.go (the demo and the deployable worker).
+// broker delivers the command. Copy handler.go (the handler, oncemill's
+// receiver around it, the stores), brokers.go and main.go (the modes).
 //
 // --mode=run (the default) is the demo: it publishes payment commands to
 // itself with the duplicates of at-least-once delivery and some invalid
