@@ -8,12 +8,12 @@ import (
 	"github.com/oncemill/oncemill/keygen"
 )
 
-// MessageIDKey is the metadata field Unmarshaler sets to the SQS MessageId.
-const MessageIDKey = "sqs_message_id"
+// messageIDKey is the metadata field Unmarshaler sets to the SQS MessageId.
+const messageIDKey = "sqs_message_id"
 
 // Unmarshaler is a watermill-aws sqs.Unmarshaler that keeps the SQS
 // MessageId, which watermill-aws drops, in the message's metadata under
-// MessageIDKey. Next does the rest (nil: sqs.DefaultMarshalerUnmarshaler).
+// "sqs_message_id", where MessageID reads it. Next does the rest (nil: sqs.DefaultMarshalerUnmarshaler).
 // Set it as the subscriber's sqs.SubscriberConfig.Unmarshaler.
 type Unmarshaler struct {
 	Next sqs.Unmarshaler
@@ -32,12 +32,13 @@ func (u Unmarshaler) Unmarshal(m *types.Message) (*message.Message, error) {
 	if msg.Metadata == nil {
 		msg.Metadata = message.Metadata{}
 	}
-	msg.Metadata.Set(MessageIDKey, *m.MessageId)
+	msg.Metadata.Set(messageIDKey, *m.MessageId)
 	return msg, nil
 }
 
 // MessageID keys a message by its SQS MessageId, which Unmarshaler puts in
-// the metadata. A message without it (not read through Unmarshaler) has no
+// the metadata (the field "sqs_message_id", the same as
+// keygen.Metadata("sqs_message_id")). A message without it (not read through Unmarshaler) has no
 // key: an error wrapping keygen.ErrMissingMetadata.
 //
 // SQS gives a message one MessageId when it is sent, and every receive of it
@@ -46,9 +47,9 @@ func (u Unmarshaler) Unmarshal(m *types.Message) (*message.Message, error) {
 // message the producer sent twice: those are two MessageIds. Key those by
 // the Watermill UUID or the content (docs/keys.md).
 func MessageID() keygen.Generator {
-	g, err := keygen.Metadata(MessageIDKey)
+	g, err := keygen.Metadata(messageIDKey)
 	if err != nil {
-		panic(err) // MessageIDKey is not empty
+		panic(err) // messageIDKey is not empty
 	}
 	return g
 }

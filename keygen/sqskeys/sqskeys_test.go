@@ -27,6 +27,9 @@ func TestMessageIDFromTheUnmarshaler(t *testing.T) {
 	if err != nil || key != "5fea7756-0ea4-451a-a703-a558b933e274" || string(msg.Payload) != `{"amount":100}` {
 		t.Fatalf("key %q, %v; payload %q", key, err, msg.Payload)
 	}
+	if got := msg.Metadata.Get("sqs_message_id"); got != key {
+		t.Fatalf("metadata sqs_message_id = %q, want the MessageId %q (the field the documentation names)", got, key)
+	}
 	if _, err := sqskeys.MessageID().Key(message.NewMessage("m-1", nil)); !errors.Is(err, keygen.ErrNoKey) {
 		t.Fatalf("Key of a message not read through the unmarshaler = %v, want keygen.ErrNoKey", err)
 	}
