@@ -101,7 +101,7 @@ func (t *fakeClaimTx) Context(ctx context.Context) context.Context {
 
 func (t *fakeClaimTx) Commit(ctx context.Context, result []byte) error {
 	if t.s.failCommit.Load() {
-		_ = t.s.Delete(ctx, t.lease.Scope, t.lease.Key) // rolled back, claim included
+		_ = t.s.Delete(ctx, t.lease.Scope, t.lease.Key, t.lease.Token) // rolled back, claim included
 		return errors.New("could not serialize access")
 	}
 	if err := t.s.Complete(ctx, t.lease, store.Completion{Status: store.StatusSucceeded, Result: result, TTL: t.ttl}); err != nil {
@@ -113,5 +113,5 @@ func (t *fakeClaimTx) Commit(ctx context.Context, result []byte) error {
 
 func (t *fakeClaimTx) Rollback(ctx context.Context) error {
 	t.s.rollbacks.Add(1)
-	return t.s.Delete(ctx, t.lease.Scope, t.lease.Key)
+	return t.s.Delete(ctx, t.lease.Scope, t.lease.Key, t.lease.Token)
 }

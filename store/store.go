@@ -43,22 +43,12 @@ type Admin interface {
 	// List returns the records the store holds that match req, expired or
 	// not (Record.ExpiresAt says), in (scope, key) order, a page at a time.
 	List(ctx context.Context, req ListRequest) (ListPage, error)
-	// Delete removes the record of (scope, key), whatever its state. It is
-	// for operators; deleting a live lease lets a duplicate run again.
-	Delete(ctx context.Context, scope, key string) error
-	// CompareAndDelete removes the record of (scope, key) only if its
-	// fencing token is still token: what an operator inspected is what goes.
+	// Delete removes the record of (scope, key) only if its fencing token is
+	// still token: what an operator inspected (Get, List) is what goes.
 	// ErrLeaseLost when another delivery has taken the key since (the token
-	// changed), ErrNotFound when there is no record.
-	CompareAndDelete(ctx context.Context, scope, key string, token int64) error
-	// DeleteExpired removes up to limit expired records and returns how many
-	// it removed. Expired records are already invisible; this frees space.
-	// A record is kept at least for the Retain of the ClaimLease that claimed it,
-	// beyond its lease, so that an expired lease carries its attempt count
-	// to the next ClaimLease; after that, expired leases are removed too, and the
-	// next ClaimLease of their key starts again at attempt 1. ErrInvalidRequest
-	// if limit is not positive.
-	DeleteExpired(ctx context.Context, limit int) (int, error)
+	// changed), ErrNotFound when there is no record. It is for operators;
+	// deleting a live lease lets a duplicate run again.
+	Delete(ctx context.Context, scope, key string, token int64) error
 }
 
 // ListRequest selects records for Admin.List. Zero fields select

@@ -22,13 +22,13 @@
 // or a redis:// URL) and --redis-prefix (ONCEMILL_REDIS_PREFIX). A flag
 // wins over its variable.
 //
-// Every command works through store.Admin (Get, List, CompareAndDelete),
+// Every command works through store.Admin (Get, List, Delete),
 // so it behaves the same on every store. Record times are compared with
 // the store's clock: PostgreSQL's now(), or for Redis, whose record times
 // are the workers' clocks, this machine's.
 //
 // release and purge delete a record only under the fencing token they read
-// (CompareAndDelete): a key that another delivery took or finished
+// (store.Admin's Delete takes it): a key that another delivery took or finished
 // meanwhile is reported and left alone. Neither touches a live in-progress
 // lease without --force. release asks y/N on standard input unless --yes;
 // purge only prints what it would delete unless --dry-run=false. Both print

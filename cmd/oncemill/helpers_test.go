@@ -179,31 +179,31 @@ func newTieredFixture(t *testing.T) *fixture {
 	return &fixture{name: "tiered", st: st, flags: flags, age: pg.age}
 }
 
-// result is one run of the CLI.
-type result struct {
+// cliRun is one run of the CLI.
+type cliRun struct {
 	code           int
 	stdout, stderr string
 }
 
 // runCLI runs the CLI in process with args and stdin.
-func runCLI(t *testing.T, stdin io.Reader, args ...string) result {
+func runCLI(t *testing.T, stdin io.Reader, args ...string) cliRun {
 	t.Helper()
 	if stdin == nil {
 		stdin = strings.NewReader("")
 	}
 	var out, errb bytes.Buffer
 	code := run(t.Context(), args, stdin, &out, &errb)
-	return result{code: code, stdout: out.String(), stderr: errb.String()}
+	return cliRun{code: code, stdout: out.String(), stderr: errb.String()}
 }
 
 // cli runs the CLI against the fixture's store.
-func (fx *fixture) cli(t *testing.T, stdin io.Reader, args ...string) result {
+func (fx *fixture) cli(t *testing.T, stdin io.Reader, args ...string) cliRun {
 	t.Helper()
 	return runCLI(t, stdin, append(append([]string{}, fx.flags...), args...)...)
 }
 
 // mustCode fails the test unless r exited with code.
-func (r result) mustCode(t *testing.T, code int) result {
+func (r cliRun) mustCode(t *testing.T, code int) cliRun {
 	t.Helper()
 	if r.code != code {
 		t.Fatalf("exit code %d, want %d\nstdout:\n%s\nstderr:\n%s", r.code, code, r.stdout, r.stderr)
@@ -212,7 +212,7 @@ func (r result) mustCode(t *testing.T, code int) result {
 }
 
 // jsonObject decodes stdout as one JSON object.
-func jsonObject[T any](t *testing.T, r result) T {
+func jsonObject[T any](t *testing.T, r cliRun) T {
 	t.Helper()
 	var v T
 	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
@@ -222,7 +222,7 @@ func jsonObject[T any](t *testing.T, r result) T {
 }
 
 // jsonLines decodes stdout as JSON lines.
-func jsonLines[T any](t *testing.T, r result) []T {
+func jsonLines[T any](t *testing.T, r cliRun) []T {
 	t.Helper()
 	var out []T
 	sc := bufio.NewScanner(strings.NewReader(r.stdout))
@@ -247,7 +247,7 @@ const (
 const (
 	keyLive           = "live"            // in progress, a live lease
 	keySucceeded      = "succeeded"       // succeeded, with a stored result
-	keyFailed         = "failed"          // a cached (permanent) failure
+	keyFailed         = "failed"          // a cached failure
 	keyRetryable      = "retryable"       // released after a retryable failure
 	keyDeadLease      = "dead-lease"      // in progress, its lease expired: a crashed worker's
 	keyExpiredSuccess = "expired-success" // succeeded and expired (PostgreSQL keeps it until cleanup)

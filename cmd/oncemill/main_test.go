@@ -52,7 +52,7 @@ func TestInspect(t *testing.T) {
 		}
 
 		failed := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", scope, keyFailed).mustCode(t, exitOK))
-		if failed.Status != "failed" || failed.ErrorKind != "permanent" || failed.ErrorMessage != "card declined: do not honour" {
+		if failed.Status != "cached_failure" || failed.ErrorKind != "cached" || failed.ErrorMessage != "card declined: do not honour" {
 			t.Errorf("cached failure: %+v", failed)
 		}
 		table = fx.cli(t, nil, "inspect", scope, keyFailed).mustCode(t, exitOK).stdout
@@ -107,9 +107,9 @@ func TestList(t *testing.T) {
 			t.Fatalf("list --scope: keys %v, want %v in order", keys, want)
 		}
 
-		failed := jsonLines[recordView](t, fx.cli(t, nil, "--json", "list", "--status", "failed").mustCode(t, exitOK))
-		if len(failed) != 2 || failed[0].Scope != "emails" || failed[1].Scope != scope || failed[0].Key != keyFailed || failed[0].ErrorKind != "permanent" {
-			t.Errorf("list --status failed: %+v", failed)
+		failed := jsonLines[recordView](t, fx.cli(t, nil, "--json", "list", "--status", "cached_failure").mustCode(t, exitOK))
+		if len(failed) != 2 || failed[0].Scope != "emails" || failed[1].Scope != scope || failed[0].Key != keyFailed || failed[0].ErrorKind != "cached" {
+			t.Errorf("list --status cached_failure: %+v", failed)
 		}
 
 		inProgress := jsonLines[recordView](t, fx.cli(t, nil, "--json", "list", "--scope", scope, "--status", "in_progress").mustCode(t, exitOK))
@@ -187,11 +187,11 @@ func TestStats(t *testing.T) {
 			got[c.Scope+"/"+c.Status] = c
 		}
 		wantCounts := map[string]countEntry{
-			"emails/in_progress":   {Scope: "emails", Status: "in_progress", Live: 1},
-			"payments/in_progress": {Scope: scope, Status: "in_progress", Live: 1, Expired: 1},
-			"payments/succeeded":   {Scope: scope, Status: "succeeded", Live: 1, Expired: expired - 1},
-			"payments/failed":      {Scope: scope, Status: "failed", Live: 1},
-			"payments/retryable":   {Scope: scope, Status: "retryable", Live: 1},
+			"emails/in_progress":      {Scope: "emails", Status: "in_progress", Live: 1},
+			"payments/in_progress":    {Scope: scope, Status: "in_progress", Live: 1, Expired: 1},
+			"payments/succeeded":      {Scope: scope, Status: "succeeded", Live: 1, Expired: expired - 1},
+			"payments/cached_failure": {Scope: scope, Status: "cached_failure", Live: 1},
+			"payments/retryable":      {Scope: scope, Status: "retryable", Live: 1},
 		}
 		if len(got) != len(wantCounts) {
 			t.Errorf("stats counts: %+v, want %+v", v.Counts, wantCounts)
@@ -274,7 +274,7 @@ func TestReleaseCachedFailure(t *testing.T) {
 		}
 
 		r := fx.cli(t, strings.NewReader("y\n"), "release", scope, keyFailed).mustCode(t, exitOK)
-		if !strings.Contains(r.stderr, "[y/N]") || !strings.Contains(r.stdout, "released payments/failed (was failed") {
+		if !strings.Contains(r.stderr, "[y/N]") || !strings.Contains(r.stdout, "released payments/failed (was cached_failure") {
 			t.Errorf("release: stdout %q, stderr %q", r.stdout, r.stderr)
 		}
 		next := decide(t, fx.st, scope, keyFailed)
@@ -395,12 +395,12 @@ func TestPurge(t *testing.T) {
 		}
 
 		// By status, and live leases with --force.
-		r = fx.cli(t, nil, "purge", "--status", "failed", "--dry-run=false").mustCode(t, exitOK)
+		r = fx.cli(t, nil, "purge", "--status", "cached_failure", "--dry-run=false").mustCode(t, exitOK)
 		if !strings.Contains(r.stdout, "deleted 1 of 1 matching records in 1 batches") {
-			t.Errorf("purge --status failed:\n%s", r.stdout)
+			t.Errorf("purge --status cached_failure:\n%s", r.stdout)
 		}
 		if _, err := fx.st.Get(t.Context(), "emails", keyFailed); !errors.Is(err, store.ErrNotFound) {
-			t.Errorf("emails/failed after purge --status failed: %v", err)
+			t.Errorf("emails/failed after purge --status cached_failure: %v", err)
 		}
 		fx.cli(t, nil, "purge", "--status", "in_progress", "--force", "--dry-run=false").mustCode(t, exitOK)
 		if left := listAll(t, fx.st, scope); len(left) != 0 {

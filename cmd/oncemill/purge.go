@@ -138,7 +138,7 @@ func (c *purgeCmd) purgeOne(a *app, b *backend, r store.Record, now time.Time) (
 	if c.DryRun {
 		return actionWouldDelete, nil
 	}
-	err := b.admin.CompareAndDelete(a.ctx, r.Scope, r.Key, r.Token)
+	err := b.admin.Delete(a.ctx, r.Scope, r.Key, r.Token)
 	switch {
 	case err == nil:
 		return actionDeleted, nil

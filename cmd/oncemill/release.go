@@ -72,7 +72,7 @@ func (c *releaseCmd) Run(a *app) error {
 				return refused("not released: not confirmed")
 			}
 		}
-		err = b.admin.CompareAndDelete(a.ctx, c.Scope, c.Key, rec.Token)
+		err = b.admin.Delete(a.ctx, c.Scope, c.Key, rec.Token)
 		switch {
 		case errors.Is(err, store.ErrLeaseLost):
 			return refused("not released: %s changed since it was read (its token is no longer %d: another delivery took it or finished it); inspect it again", id(c.Scope, c.Key), rec.Token)

@@ -9,8 +9,7 @@
 // Release, takeover, expiry and Delete.
 //
 // Expiry is judged by Options.Now. An expired record is invisible at once;
-// a background sweeper (Options.CleanupInterval) frees its memory later, and
-// DeleteExpired does the same on demand.
+// a background sweeper (Options.CleanupInterval) frees its memory later.
 //
 // Visibility rules, shared with every store through store/storetest:
 //
@@ -18,8 +17,9 @@
 //     an in-progress record that is the lease expiry, so Get reports an
 //     expired lease as store.ErrNotFound.
 //   - ClaimLease on an in-progress record whose lease has expired takes it over
-//     with attempt n+1. Once the sweeper or DeleteExpired has removed such a
-//     record, the next ClaimLease starts again at attempt 1.
+//     with attempt n+1. Once the sweeper has removed such a record (after
+//     the claim's LeaseRequest.Retain), the next ClaimLease starts again at
+//     attempt 1.
 //   - Complete and Release accept a lease whose expiry has passed as long as
 //     its token is still current (nobody took it over and it was not swept):
 //     finishing late is safe because the token proves nobody else ran the

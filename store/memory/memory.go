@@ -473,26 +473,8 @@ func (s *Store) Get(_ context.Context, scope, key string) (store.Record, error) 
 	return s.snapshot(rec), nil
 }
 
-// Delete implements store.Store.
-func (s *Store) Delete(_ context.Context, scope, key string) error {
-	if err := checkKey("delete", key); err != nil {
-		return err
-	}
-	if err := s.checkOpen("delete"); err != nil {
-		return err
-	}
-
-	sh, h := s.locate(scope, key)
-	sh.mu.Lock()
-	if rec := sh.find(h, scope, key); rec != nil {
-		sh.remove(h, rec)
-	}
-	sh.mu.Unlock()
-	return nil
-}
-
-// CompareAndDelete implements store.Admin.
-func (s *Store) CompareAndDelete(_ context.Context, scope, key string, token int64) error {
+// Delete implements store.Admin: it removes the record only under token.
+func (s *Store) Delete(_ context.Context, scope, key string, token int64) error {
 	if err := checkKey("delete", key); err != nil {
 		return err
 	}
@@ -513,21 +495,11 @@ func (s *Store) CompareAndDelete(_ context.Context, scope, key string, token int
 	return nil
 }
 
-// DeleteExpired implements store.Store. It removes records that have expired
-// and whose LeaseRequest.Retain has passed, expired leases included: the
-// next ClaimLease of such a key then starts again at attempt 1.
-func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, fmt.Errorf("oncemill: memory: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
-	}
-	if err := s.checkOpen("delete expired"); err != nil {
-		return 0, err
-	}
-	return s.deleteExpired(ctx, limit)
-}
-
 // deleteExpired removes up to limit expired records, or all of them when
-// limit is 0. It holds one shard's lock at a time.
+// limit is 0: records that have expired and whose LeaseRequest.Retain has
+// passed, expired leases included (the next ClaimLease of such a key then
+// starts again at attempt 1). It holds one shard's lock at a time. The
+// sweeper runs it.
 func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 	removed := 0
 	full := func() bool { return limit > 0 && removed == limit }

@@ -85,8 +85,8 @@ func TestSweeperDisabled(t *testing.T) {
 	if n := s.len(); n != 1 {
 		t.Fatalf("%d records held, want the expired one still there", n)
 	}
-	if n, err := s.DeleteExpired(ctx, 10); err != nil || n != 1 {
-		t.Fatalf("DeleteExpired = %d, %v; want 1", n, err)
+	if n, err := s.deleteExpired(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("deleteExpired = %d, %v; want 1", n, err)
 	}
 }
 
@@ -157,7 +157,11 @@ func TestCollisionChainRemoval(t *testing.T) {
 	}
 	// Remove from the middle, the head and the tail of the chain.
 	for _, k := range []string{"b", "d", "a"} {
-		if err := s.Delete(ctx, "", k); err != nil {
+		rec, err := s.Get(ctx, "", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(ctx, "", k, rec.Token); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Get(ctx, "", k); err == nil {

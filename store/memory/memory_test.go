@@ -144,8 +144,7 @@ func TestClose(t *testing.T) {
 	ops["Release"] = s.Release(ctx, res.Claim, time.Minute)
 	_, ops["Extend"] = s.Extend(ctx, res.Claim, time.Minute)
 	_, ops["Get"] = s.Get(ctx, "", "k")
-	ops["Delete"] = s.Delete(ctx, "", "k")
-	_, ops["DeleteExpired"] = s.DeleteExpired(ctx, 10)
+	ops["Delete"] = s.Delete(ctx, "", "k", res.Claim.Token)
 	for op, err := range ops {
 		if !errors.Is(err, store.ErrClosed) {
 			t.Errorf("%s after Close: err = %v, want ErrClosed", op, err)

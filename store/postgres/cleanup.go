@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/oncemill/oncemill/store"
 )
 
-// DeleteExpired implements store.Store: one bounded DELETE of up to limit
-// expired records (expired leases included) whose purge time has come (the
-// claim's LeaseRequest.Retain), oldest first. It skips rows
+// DeleteExpired removes expired records on demand, a batch at a time,
+// beside the background cleaner (Options.CleanupInterval), or instead of it
+// when that is off: one bounded DELETE of up to limit expired records
+// (expired leases included) whose purge time has come (the claim's
+// LeaseRequest.Retain), oldest first, returning how many it removed. Until
+// then an expired lease keeps its attempt count for the next ClaimLease;
+// after it, the next ClaimLease of the key starts again at attempt 1. To
+// remove everything expired, call it until it returns 0. It skips rows
 // that another transaction holds (FOR UPDATE SKIP LOCKED), so it never waits
 // for a ClaimLease, and holds its own row locks for one short statement.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
@@ -31,22 +34,15 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return n, nil
 }
 
-// CleanupPass removes every expired record in batches of
+// cleanupPass removes every expired record in batches of
 // Options.CleanupBatch, unless another worker is cleaning the same table:
-// then it returns at once with ran false. The background cleaner runs the
-// same pass every Options.CleanupInterval.
+// then it returns at once with ran false. The background cleaner runs it
+// every Options.CleanupInterval.
 //
 // One cleaner at a time: the pass holds a session advisory lock
 // (pg_try_advisory_lock) on a connection of its own for its duration, and a
 // worker that dies mid-pass releases it with its session. Each batch is its
 // own short transaction, so no lock is held from one batch to the next.
-func (s *Store) CleanupPass(ctx context.Context) (removed int, ran bool, err error) {
-	if s.isClosed() {
-		return 0, false, fmt.Errorf("oncemill: postgres: cleanup: %w", store.ErrClosed)
-	}
-	return s.cleanupPass(ctx)
-}
-
 func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err error) {
 	s.cleanupMu.Lock()
 	defer s.cleanupMu.Unlock()

@@ -38,9 +38,8 @@ func TestClose(t *testing.T) {
 	ops["Release"] = s.Release(ctx, res.Claim, time.Minute)
 	_, ops["Extend"] = s.Extend(ctx, res.Claim, time.Minute)
 	_, ops["Get"] = s.Get(ctx, "", "k")
-	ops["Delete"] = s.Delete(ctx, "", "k")
+	ops["Delete"] = s.Delete(ctx, "", "k", res.Claim.Token)
 	_, ops["DeleteExpired"] = s.DeleteExpired(ctx, 10)
-	_, _, ops["CleanupPass"] = s.CleanupPass(ctx)
 	_, ops["Claim"] = s.ClaimInTx(ctx, store.TxRequest{Key: "k2", SuccessTTL: time.Minute, Wait: time.Second})
 	ops["RecordRollback"] = s.RecordRollback(ctx, res.Claim, "", store.Completion{Status: store.StatusRetryable, TTL: time.Minute})
 	for op, err := range ops {

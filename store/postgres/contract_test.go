@@ -1,17 +1,30 @@
 package postgres_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/oncemill/oncemill/internal/testenv"
+	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/storetest"
 )
 
-// TestContract runs the store contract suite against the real database. The
-// subtests share one migrated table (each uses its own scope); Advance moves
-// every stored deadline earlier; the background cleaner is off.
+// The store has what the contract suite checks beyond store.Store and
+// store.Admin: if it lost either, its subtests would be skipped, and this
+// would not compile.
+var (
+	_ store.Transactional = (*postgres.Store)(nil)
+	_ interface {
+		DeleteExpired(context.Context, int) (int, error)
+	} = (*postgres.Store)(nil)
+)
+
+// TestContract runs the store contract suite against the real database,
+// the one-transaction mode's contract (Transactional/) and DeleteExpired
+// included. The subtests share one migrated table (each uses its own scope);
+// Advance moves every stored deadline earlier; the background cleaner is off.
 func TestContract(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
@@ -49,23 +62,6 @@ func TestContractAsyncBegin(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return storetest.Harness{
 			Store:   s,
-			Advance: func(d time.Duration) { advance(t, pool, qualified, d) },
-		}
-	})
-}
-
-// TestTransactionalContract runs the one-transaction mode's contract suite
-// against the real database.
-func TestTransactionalContract(t *testing.T) {
-	t.Parallel()
-	pool := testenv.Pool(t)
-	schema := testenv.Schema(t, pool)
-	s := newStore(t, pool, postgres.Options{Schema: schema})
-	qualified := table(schema, "")
-	storetest.RunTransactional(t, func(t *testing.T) storetest.TxHarness {
-		return storetest.TxHarness{
-			Store:   s,
-			Get:     s.Get,
 			Advance: func(d time.Duration) { advance(t, pool, qualified, d) },
 		}
 	})

@@ -7,6 +7,11 @@ import "context"
 // Reruns is how many claims ran again after the READ COMMITTED corner.
 func (s *Store) Reruns() int64 { return s.reruns.Load() }
 
+// CleanupPass runs one pass of the background cleaner now.
+func (s *Store) CleanupPass(ctx context.Context) (removed int, ran bool, err error) {
+	return s.cleanupPass(ctx)
+}
+
 // CleanupLockKey is the advisory lock key of the store's cleaner.
 func (s *Store) CleanupLockKey() int64 { return s.cleanupKey }
 

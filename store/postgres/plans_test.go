@@ -24,7 +24,7 @@ var planArgs = map[string]string{
 	"release":        `('s', 'k', 7, 1000000)`,
 	"releaseDelete":  `('s', 'k', 7)`,
 	"get":            `('s', 'k')`,
-	"del":            `('s', 'k')`,
+	"del":            `('s', 'k', 7)`,
 	"cleanupBatch":   `(100, '-infinity')`,
 	"cleanupLag":     ``,
 }

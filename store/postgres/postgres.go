@@ -456,9 +456,9 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 	return rec, err
 }
 
-// CompareAndDelete implements store.Admin: one statement, which deletes
-// the row only under token and says why it did not.
-func (s *Store) CompareAndDelete(ctx context.Context, scope, key string, token int64) error {
+// Delete implements store.Admin: one statement, which deletes the row only
+// under token and says why it did not.
+func (s *Store) Delete(ctx context.Context, scope, key string, token int64) error {
 	if err := s.checkID("delete", scope, key); err != nil {
 		return err
 	}
@@ -468,7 +468,7 @@ func (s *Store) CompareAndDelete(ctx context.Context, scope, key string, token i
 	}
 	defer s.leave(cancel)
 	var deleted, exists bool
-	if err := s.pool.QueryRow(ctx, s.sql.compareAndDelete, scope, key, token).Scan(&deleted, &exists); err != nil {
+	if err := s.pool.QueryRow(ctx, s.sql.del, scope, key, token).Scan(&deleted, &exists); err != nil {
 		return wrap("delete", err)
 	}
 	switch {
@@ -478,20 +478,4 @@ func (s *Store) CompareAndDelete(ctx context.Context, scope, key string, token i
 		return fmt.Errorf("oncemill: postgres: delete %q/%q with token %d: the record has another token now: %w", scope, key, token, store.ErrLeaseLost)
 	}
 	return fmt.Errorf("oncemill: postgres: delete %q/%q: %w", scope, key, store.ErrNotFound)
-}
-
-// Delete implements store.Store.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	if err := s.checkID("delete", scope, key); err != nil {
-		return err
-	}
-	ctx, cancel, err := s.enter(ctx, "delete", 0)
-	if err != nil {
-		return err
-	}
-	defer s.leave(cancel)
-	if _, err := s.pool.Exec(ctx, s.sql.del, scope, key); err != nil {
-		return wrap("delete", err)
-	}
-	return nil
 }

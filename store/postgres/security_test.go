@@ -62,7 +62,7 @@ func TestHostileValuesRoundTrip(t *testing.T) {
 		if err != nil || again.Decision != store.DecisionReplay {
 			t.Fatalf("second Begin(%q) = %v, %v; want replay", v, again.Decision, err)
 		}
-		if err := s.Delete(ctx, scope, key); err != nil {
+		if err := s.Delete(ctx, scope, key, rec.Token); err != nil {
 			t.Fatalf("Delete(%q): %v", v, err)
 		}
 		if _, err := s.Get(ctx, scope, key); !errors.Is(err, store.ErrNotFound) {
@@ -118,7 +118,7 @@ func TestUnstorableTextRefused(t *testing.T) {
 	for op, err := range map[string]error{
 		"Complete": s.Complete(ctx, bad, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}),
 		"Release":  s.Release(ctx, bad, time.Minute),
-		"Delete":   s.Delete(ctx, "", "x\x00"),
+		"Delete":   s.Delete(ctx, "", "x\x00", 1),
 	} {
 		if !errors.Is(err, store.ErrInvalidRequest) {
 			t.Errorf("%s with a NUL key = %v, want ErrInvalidRequest", op, err)
@@ -211,7 +211,7 @@ func TestLimitsApplyToNewRecords(t *testing.T) {
 	if _, err := narrow.Get(ctx, "", key); err != nil {
 		t.Fatalf("Get: %v", err)
 	}
-	if err := narrow.Delete(ctx, "", key); err != nil {
+	if err := narrow.Delete(ctx, "", key, res.Claim.Token); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
 }

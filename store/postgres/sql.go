@@ -297,12 +297,10 @@ WHERE (scope, key) > ($4::text, $5::text)
 ORDER BY scope, key
 LIMIT $6`
 
-const sqlDelete = `DELETE FROM {{TABLE}} WHERE scope = $1 AND key = $2`
-
-// sqlCompareAndDelete deletes the row of ($1, $2) only under token $3, and
-// says whether it did and whether the row exists (in the statement's
-// snapshot, so a deleted row still counts as existing).
-const sqlCompareAndDelete = `
+// sqlDelete deletes the row of ($1, $2) only under token $3, and says
+// whether it did and whether the row exists (in the statement's snapshot,
+// so a deleted row still counts as existing).
+const sqlDelete = `
 WITH d AS (DELETE FROM {{TABLE}} WHERE scope = $1 AND key = $2 AND token = $3 RETURNING 1)
 SELECT EXISTS (SELECT 1 FROM d), EXISTS (SELECT 1 FROM {{TABLE}} WHERE scope = $1 AND key = $2)`
 
@@ -348,7 +346,7 @@ SELECT coalesce(extract(epoch FROM now() - (
 // statements are the store's SQL with its names filled in.
 type statements struct {
 	begin, claimNew, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
-	get, list, del, compareAndDelete, cleanupBatch, cleanupLag string
+	get, list, del, cleanupBatch, cleanupLag string
 }
 
 func newStatements(n names, async bool) statements {
@@ -358,20 +356,19 @@ func newStatements(n names, async bool) statements {
 	}
 	return statements{
 		// The forms leave placeholders of their own, which render fills in.
-		begin:            n.render(begin.Replace(sqlClaim)),
-		claimNew:         n.render(sqlClaimNew),
-		claim:            n.render(claimForm.Replace(sqlClaim)),
-		commitResult:     n.render(sqlCommitResult),
-		recordRollback:   n.render(sqlRecordRollback),
-		complete:         n.render(sqlComplete),
-		extend:           n.render(sqlExtend),
-		release:          n.render(sqlRelease),
-		releaseDelete:    n.render(sqlReleaseDelete),
-		get:              n.render(sqlGet),
-		list:             n.render(sqlList),
-		del:              n.render(sqlDelete),
-		compareAndDelete: n.render(sqlCompareAndDelete),
-		cleanupBatch:     n.render(sqlCleanupBatch),
-		cleanupLag:       n.render(sqlCleanupLag),
+		begin:          n.render(begin.Replace(sqlClaim)),
+		claimNew:       n.render(sqlClaimNew),
+		claim:          n.render(claimForm.Replace(sqlClaim)),
+		commitResult:   n.render(sqlCommitResult),
+		recordRollback: n.render(sqlRecordRollback),
+		complete:       n.render(sqlComplete),
+		extend:         n.render(sqlExtend),
+		release:        n.render(sqlRelease),
+		releaseDelete:  n.render(sqlReleaseDelete),
+		get:            n.render(sqlGet),
+		list:           n.render(sqlList),
+		del:            n.render(sqlDelete),
+		cleanupBatch:   n.render(sqlCleanupBatch),
+		cleanupLag:     n.render(sqlCleanupLag),
 	}
 }

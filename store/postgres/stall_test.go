@@ -110,7 +110,7 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 			return s.RecordRollback(ctx, claimed.Claim, "", store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
 		}},
 		{"Get", func() error { _, err := s.Get(ctx, "", "leased"); return err }},
-		{"Delete", func() error { return s.Delete(ctx, "", "other") }},
+		{"Delete", func() error { return s.Delete(ctx, "", "other", 1) }},
 		{"DeleteExpired", func() error { _, err := s.DeleteExpired(ctx, 10); return err }},
 		{"CleanupLag", func() error { _, err := s.CleanupLag(ctx); return err }},
 	}

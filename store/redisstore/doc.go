@@ -48,8 +48,7 @@
 // (the ClaimLease's Retain), during which an expired lease still counts attempts:
 // the next ClaimLease takes it over with attempt n+1. A lease is live while the
 // key's PTTL is above its tail. No expiry is judged by a worker's clock, and
-// DeleteExpired has nothing to remove. Durations above 100 years count as
-// 100 years.
+// no cleanup is needed. Durations above 100 years count as 100 years.
 //
 // # Redis Cluster
 //

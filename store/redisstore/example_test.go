@@ -40,7 +40,6 @@ func Example() {
 	})
 	// Runs of this example share the Redis: each takes a key of its own.
 	uuid := "order-42/" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	defer st.Delete(context.Background(), "billing", uuid)
 	for range 2 { // the broker delivers it twice
 		if _, err := charge(message.NewMessage(uuid, []byte("12.00 EUR"))); err != nil {
 			log.Fatal(err)
@@ -52,6 +51,10 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Println(rec.Status, "attempt", rec.Attempt)
+	// An operator deletes what they read: under its token.
+	if err := st.Delete(context.Background(), "billing", uuid, rec.Token); err != nil {
+		log.Fatal(err)
+	}
 	// Output:
 	// charging 12.00 EUR
 	// succeeded attempt 1

@@ -63,7 +63,7 @@ func SetIfEqRefused(s *Store) bool { return s.noSetIfEq.Load() }
 func ScriptName(sha string) string {
 	for name, script := range map[string]*goredis.Script{
 		"claim": claimScript, "finish": finishScript, "setIfEq": setIfEqScript, "extend": extendScript,
-		"compareAndDelete": compareAndDeleteScript, "get": getScript, "migrate": migrateScript,
+		"delete": deleteScript, "get": getScript, "migrate": migrateScript,
 	} {
 		if script.Hash() == sha {
 			return name + " script"

@@ -530,23 +530,13 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	return store.Record{}, fmt.Errorf("oncemill: redis: get %q/%q: %w", scope, key, store.ErrNotFound)
 }
 
-// Delete implements store.Admin.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
+// Delete implements store.Admin: one script, which deletes the record only
+// under token and says why it did not.
+func (s *Store) Delete(ctx context.Context, scope, key string, token int64) error {
 	if err := s.checkKey("delete", key); err != nil {
 		return err
 	}
-	if err := s.client.Del(ctx, keysFor(s.prefix, scope, key)).Err(); err != nil {
-		return fail("delete", scope, key, err)
-	}
-	return nil
-}
-
-// CompareAndDelete implements store.Admin.
-func (s *Store) CompareAndDelete(ctx context.Context, scope, key string, token int64) error {
-	if err := s.checkKey("delete", key); err != nil {
-		return err
-	}
-	code, err := s.run(ctx, compareAndDeleteScript, keysFor(s.prefix, scope, key), token).Int64()
+	code, err := s.run(ctx, deleteScript, keysFor(s.prefix, scope, key), token).Int64()
 	switch {
 	case err != nil:
 		return fail("delete", scope, key, err)
@@ -556,17 +546,4 @@ func (s *Store) CompareAndDelete(ctx context.Context, scope, key string, token i
 		return fmt.Errorf("oncemill: redis: delete %q/%q: %w", scope, key, store.ErrNotFound)
 	}
 	return nil
-}
-
-// DeleteExpired implements store.Admin. Redis frees every record by its
-// native TTL, an expired lease included once its tail has passed, so there
-// is nothing left for it to remove: it returns 0.
-func (s *Store) DeleteExpired(_ context.Context, limit int) (int, error) {
-	if err := s.checkOpen("delete expired"); err != nil {
-		return 0, err
-	}
-	if limit <= 0 {
-		return 0, fmt.Errorf("oncemill: redis: delete expired: limit is %d, must be positive: %w", limit, store.ErrInvalidRequest)
-	}
-	return 0, nil
 }

@@ -199,7 +199,11 @@ func TestKeysAreData(t *testing.T) {
 	}
 
 	// Delete of one identity leaves its look-alikes alone.
-	if err := s.Delete(ctx, "a:b", "c"); err != nil {
+	ab, err := s.Get(ctx, "a:b", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "a:b", "c", ab.Token); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Get(ctx, "a:b", "c"); !errors.Is(err, store.ErrNotFound) {
@@ -300,7 +304,7 @@ func TestNativeTTLs(t *testing.T) {
 	}
 	near("succeeded", pttl(rec), 2*time.Hour)
 
-	// Redis removes an expired record by itself, with no DeleteExpired.
+	// Redis removes an expired record by itself.
 	res, err = s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "short", LeaseDuration: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -336,7 +340,7 @@ func TestTokensRiseAcrossDelete(t *testing.T) {
 		return res.Claim
 	}
 	first := begin()
-	if err := s.Delete(ctx, "s", "k"); err != nil {
+	if err := s.Delete(ctx, "s", "k", first.Token); err != nil {
 		t.Fatal(err)
 	}
 	second := begin()

@@ -86,9 +86,9 @@ return 8
 
 var extendScript = goredis.NewScript(extendSrc)
 
-// compareAndDeleteSrc: KEYS[1] the record. ARGV[1] the token. Reply:
+// deleteSrc: KEYS[1] the record. ARGV[1] the token. Reply:
 // codeOK deleted, codeLeaseLost another token, 5 no record.
-const compareAndDeleteSrc = `
+const deleteSrc = `
 local v = redis.call('GET', KEYS[1])
 if not v then return 5 end
 if string.match(v, '^1|%a|(%d+)|') ~= ARGV[1] then return 6 end
@@ -96,7 +96,7 @@ redis.call('DEL', KEYS[1])
 return 8
 `
 
-var compareAndDeleteScript = goredis.NewScript(compareAndDeleteSrc)
+var deleteScript = goredis.NewScript(deleteSrc)
 
 // getSrc: KEYS[1] the record. Reply: {value, PTTL}, or 0 when absent.
 const getSrc = `

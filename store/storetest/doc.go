@@ -21,7 +21,14 @@
 // d instead, which the suite cannot tell apart from time passing. A store
 // that frees expired records by itself sets Harness.NativeExpiry.
 //
-// newHarness is called once per subtest. The store behind it may be shared
+// Run checks what a store has beyond store.Store and store.Admin, found on
+// Harness.Store: a DeleteExpired(ctx, limit) (int, error) method (the
+// DeleteExpired subtest) and store.Transactional (the one-transaction
+// mode's contract, under Transactional/, reading records back with the
+// store's Get). A store without one of them skips that subtest, saying so.
+//
+// newHarness is called once per subtest, and once for the Transactional
+// group itself, to see whether the store has that mode. The store behind it may be shared
 // between subtests (a real database): every subtest uses its own random
 // scope, so records of different subtests and different runs never meet.
 // The suite runs its subtests one after another, because Advance moves time
@@ -36,14 +43,17 @@
 //   - A record is visible (Get, Replay, Held) while the store's clock is
 //     before its ExpiresAt. An in-progress record whose lease has expired is
 //     hidden from Get but still counts attempts: the next ClaimLease takes it over
-//     with attempt n+1, unless DeleteExpired removed it first (then the next
-//     ClaimLease starts again at attempt 1).
+//     with attempt n+1 until the claim's LeaseRequest.Retain has passed;
+//     once cleanup (DeleteExpired, or the store's own expiry) has removed
+//     it, the next ClaimLease starts again at attempt 1.
 //   - The fingerprint is checked against every record whose state the new
 //     delivery would carry on: live records and in-progress records being
 //     taken over. An empty fingerprint on either side skips the check.
 //   - Release with keep <= 0 removes the record (the key is absent again).
 //   - Extend with d <= 0 and DeleteExpired with limit <= 0 are invalid
 //     requests.
+//   - Delete removes a record only under the token it was read with
+//     (store.ErrLeaseLost after a takeover, store.ErrNotFound when absent).
 //   - Fencing tokens of one (scope, key) strictly increase across Release,
 //     takeover, expiry and Delete.
 //   - Result bytes are copied in and out: changing the slice given to Complete

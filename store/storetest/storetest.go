@@ -17,14 +17,18 @@ import (
 
 // Harness is what a store's test gives the suite.
 type Harness struct {
+	// Store is the store under test. When it also implements
+	// store.Transactional, Run checks the one-transaction mode too; when it
+	// has a DeleteExpired(ctx, limit) (int, error) method (store/postgres's),
+	// Run checks that as well.
 	Store Store
 	// Advance moves the store's clock forward by d. Stores judged by a server
 	// clock (PostgreSQL now(), Redis TIME) implement it by moving every stored
 	// deadline d earlier.
 	Advance func(d time.Duration)
 	// NativeExpiry says the store frees expired records by itself (Redis's
-	// TTLs): an expired record is gone once Advance has passed its expiry,
-	// and DeleteExpired finds nothing left to remove.
+	// TTLs): Run then checks that an expired record is gone, not just
+	// hidden, once Advance has passed its expiry and its claim's Retain.
 	NativeExpiry bool
 }
 
@@ -35,8 +39,26 @@ type Store interface {
 	store.Admin
 }
 
+// expirer is a store that removes expired records on request, up to limit
+// at a time, and returns how many it removed. A record is kept at least for
+// the Retain of the ClaimLease that claimed it, beyond its lease, so that an
+// expired lease carries its attempt count to the next ClaimLease; after
+// that, expired leases are removed too, and the next ClaimLease of their key
+// starts again at attempt 1. A limit that is not positive is
+// store.ErrInvalidRequest.
+type expirer interface {
+	DeleteExpired(ctx context.Context, limit int) (int, error)
+}
+
 // Run runs the contract suite against the stores newHarness builds. It calls
 // newHarness once per subtest, with that subtest's t.
+//
+// What a store has beyond Store is found on the Harness.Store of a
+// subtest, so the checks of those capabilities are groups of subtests that
+// look first: DeleteExpired (a store with that method), NativeExpiry
+// (Harness.NativeExpiry) and Transactional (a store.Transactional, whose
+// contract runs under Transactional/). A store without the capability
+// skips its group, saying so.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Helper()
 
@@ -57,7 +79,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"AttemptsCountedAcrossRelease", testAttemptsCountedAcrossRelease},
 		{"ReleaseStaleLease", testReleaseStaleLease},
 		{"Delete", testDelete},
-		{"DeleteExpired", testDeleteExpired},
+		{"DeleteUnderTheReadToken", testDeleteUnderTheReadToken},
 		{"AttemptsSurviveCleanupForRetain", testAttemptsSurviveCleanupForRetain},
 		{"InvalidRequests", testInvalidRequests},
 		{"ScopesIsolate", testScopesIsolate},
@@ -65,26 +87,38 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"TokensIncrease", testTokensIncrease},
 		{"KeyLimit", testKeyLimit},
 		{"ListFiltersAndPages", testListFiltersAndPages},
-		{"CompareAndDelete", testCompareAndDelete},
+		{"DeleteExpired", testDeleteExpired},
+		{"NativeExpiry", testNativeExpiry},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
-			if h.Store == nil {
-				t.Fatal("storetest: Harness.Store is nil")
-			}
-			if h.Advance == nil {
-				t.Fatal("storetest: Harness.Advance is nil")
-			}
-			tt.run(t, &env{
-				t:       t,
-				ctx:     t.Context(),
-				s:       h.Store,
-				advance: h.Advance,
-				native:  h.NativeExpiry,
-				scope:   "storetest/" + t.Name() + "/" + rand.Text()[:10],
-			})
+			tt.run(t, newEnv(t, newHarness(t)))
 		})
+	}
+	t.Run("Transactional", func(t *testing.T) {
+		if _, ok := newHarness(t).Store.(store.Transactional); !ok {
+			t.Skip("storetest: the store is not a store.Transactional")
+		}
+		runTransactional(t, func(t *testing.T) *env { return newEnv(t, newHarness(t)) })
+	})
+}
+
+// newEnv checks h and makes the env of the subtest t.
+func newEnv(t *testing.T, h Harness) *env {
+	t.Helper()
+	if h.Store == nil {
+		t.Fatal("storetest: Harness.Store is nil")
+	}
+	if h.Advance == nil {
+		t.Fatal("storetest: Harness.Advance is nil")
+	}
+	return &env{
+		t:       t,
+		ctx:     t.Context(),
+		s:       h.Store,
+		advance: h.Advance,
+		native:  h.NativeExpiry,
+		scope:   "storetest/" + t.Name() + "/" + rand.Text()[:10],
 	}
 }
 
@@ -601,40 +635,55 @@ func testReleaseStaleLease(t *testing.T, e *env) {
 func testDelete(t *testing.T, e *env) {
 	l := e.execute("k", "fp")
 	e.complete(l, success([]byte("r")))
-	if err := e.s.Delete(e.ctx, e.scope, "k"); err != nil {
-		t.Fatalf("Delete: %v", err)
-	}
+	e.remove("k")
 	e.getNotFound("k")
 	if l := e.execute("k", "other-fp"); l.Attempt != 1 {
 		t.Fatalf("ClaimLease after Delete = attempt %d, want 1", l.Attempt)
 	}
 
-	if err := e.s.Delete(e.ctx, e.scope, "absent"); err != nil {
-		t.Fatalf("Delete of an absent key: %v", err)
+	if err := e.s.Delete(e.ctx, e.scope, "absent", l.Token); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Delete of an absent key = %v, want ErrNotFound", err)
 	}
 }
 
-func testDeleteExpired(t *testing.T, e *env) {
-	const limit = 5
-
-	// A shared store may hold expired records of other subtests (Advance
-	// moves all of them): clear them first so the counts below are ours.
-	for i := 0; ; i++ {
-		n, err := e.s.DeleteExpired(e.ctx, 1000)
-		if err != nil {
-			t.Fatalf("DeleteExpired: %v", err)
-		}
-		if n == 0 {
-			break
-		}
-		if i == 1000 {
-			t.Fatal("DeleteExpired never ran out of expired records")
-		}
+// remove deletes key's record under the token Get reads, as an operator
+// does.
+func (e *env) remove(key string) {
+	e.t.Helper()
+	rec := e.get(key)
+	if err := e.s.Delete(e.ctx, e.scope, key, rec.Token); err != nil {
+		e.t.Fatalf("Delete(%q, token %d): %v", key, rec.Token, err)
 	}
+}
 
+// Delete removes a record only under the token it was read with.
+func testDeleteUnderTheReadToken(t *testing.T, e *env) {
+	first := e.execute("k", "")
+	e.advance(lease + time.Second) // the first worker hangs; a redelivery takes over
+	second := e.expect(store.DecisionExecute, "k", "", lease).Claim
+
+	if err := e.s.Delete(e.ctx, e.scope, "k", first.Token); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Delete with the token before the takeover = %v, want ErrLeaseLost", err)
+	}
+	if rec := e.get("k"); rec.Token != second.Token {
+		t.Fatalf("a refused Delete changed the record: token %d, want %d", rec.Token, second.Token)
+	}
+	if err := e.s.Delete(e.ctx, e.scope, "k", second.Token); err != nil {
+		t.Fatalf("Delete with the current token: %v", err)
+	}
+	e.getNotFound("k")
+	e.leaseLost("Complete after the record was deleted", e.s.Complete(e.ctx, second, success(nil)))
+	if err := e.s.Delete(e.ctx, e.scope, "k", second.Token); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Delete of a deleted record = %v, want ErrNotFound", err)
+	}
+}
+
+// expiring writes records of every kind, some to expire within two minutes
+// (finished, crashed leases, released keys), some to live an hour, and
+// returns their keys.
+func (e *env) expiring() (expired, inProgress, live []string) {
 	short := store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Minute}
 	long := store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour}
-	var expired, inProgress, live []string
 	for i := range 7 {
 		key := fmt.Sprintf("short-%d", i)
 		e.complete(e.execute(key, ""), short)
@@ -659,8 +708,55 @@ func testDeleteExpired(t *testing.T, e *env) {
 	e.expect(store.DecisionExecute, "long-lease", "", time.Hour)
 	e.release(e.execute("long-release", ""), time.Hour)
 	live = append(live, "long-lease", "long-release")
+	return expired, inProgress, live
+}
 
-	if n, err := e.s.DeleteExpired(e.ctx, limit); err != nil || n != 0 {
+// expiredAreGone checks that the live records are there and the expired
+// ones are removed, not just hidden: an expired lease that was still there
+// would be taken over with attempt 2.
+func (e *env) expiredAreGone(expired, inProgress, live []string) {
+	e.t.Helper()
+	for _, key := range live {
+		e.get(key)
+	}
+	for _, key := range expired {
+		e.getNotFound(key)
+	}
+	for _, key := range inProgress {
+		res := e.expect(store.DecisionExecute, key, "", lease)
+		if res.Takeover || res.Claim.Attempt != 1 {
+			e.t.Errorf("%s: ClaimLease after the record expired = takeover %v attempt %d; want a fresh attempt 1", key, res.Takeover, res.Claim.Attempt)
+		}
+	}
+}
+
+// DeleteExpired (a store that has it) removes expired records in batches of
+// at most its limit, expired leases included, and keeps the live ones.
+func testDeleteExpired(t *testing.T, e *env) {
+	x, ok := e.s.(expirer)
+	if !ok {
+		t.Skip("storetest: the store has no DeleteExpired")
+	}
+	const limit = 5
+
+	// A shared store may hold expired records of other subtests (Advance
+	// moves all of them): clear them first so the counts below are ours.
+	for i := 0; ; i++ {
+		n, err := x.DeleteExpired(e.ctx, 1000)
+		if err != nil {
+			t.Fatalf("DeleteExpired: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("DeleteExpired never ran out of expired records")
+		}
+	}
+
+	expired, inProgress, live := e.expiring()
+
+	if n, err := x.DeleteExpired(e.ctx, limit); err != nil || n != 0 {
 		t.Fatalf("DeleteExpired with nothing expired = %d, %v; want 0", n, err)
 	}
 
@@ -668,7 +764,7 @@ func testDeleteExpired(t *testing.T, e *env) {
 
 	total := 0
 	for i := 0; !e.native; i++ {
-		n, err := e.s.DeleteExpired(e.ctx, limit)
+		n, err := x.DeleteExpired(e.ctx, limit)
 		if err != nil {
 			t.Fatalf("DeleteExpired: %v", err)
 		}
@@ -688,32 +784,33 @@ func testDeleteExpired(t *testing.T, e *env) {
 	}
 	switch {
 	case e.native:
-		if n, err := e.s.DeleteExpired(e.ctx, limit); err != nil || n != 0 {
+		if n, err := x.DeleteExpired(e.ctx, limit); err != nil || n != 0 {
 			t.Fatalf("DeleteExpired of a store that frees its records itself = %d, %v; want 0", n, err)
 		}
 	case total < len(expired):
 		t.Fatalf("DeleteExpired removed %d records in total, want %d", total, len(expired))
 	}
+	e.expiredAreGone(expired, inProgress, live)
 
-	for _, key := range live {
-		e.get(key)
+	_, err := x.DeleteExpired(e.ctx, 0)
+	e.invalid("DeleteExpired with limit 0", err)
+}
+
+// A store with Harness.NativeExpiry removes expired records by itself,
+// expired leases included once their Retain has passed.
+func testNativeExpiry(t *testing.T, e *env) {
+	if !e.native {
+		t.Skip("storetest: the store does not free expired records by itself (Harness.NativeExpiry)")
 	}
-	for _, key := range expired {
-		e.getNotFound(key)
-	}
-	// Removed, not just hidden: an expired lease that was still there would
-	// be taken over with attempt 2.
-	for _, key := range inProgress {
-		res := e.expect(store.DecisionExecute, key, "", lease)
-		if res.Takeover || res.Claim.Attempt != 1 {
-			t.Errorf("%s: ClaimLease after DeleteExpired = takeover %v attempt %d; want a fresh attempt 1", key, res.Takeover, res.Claim.Attempt)
-		}
-	}
+	expired, inProgress, live := e.expiring()
+	e.advance(2 * time.Minute)
+	e.expiredAreGone(expired, inProgress, live)
 }
 
 // A worker that crashes holding a lease leaves the attempt count behind for
-// the claim's Retain: cleanup does not reset it, so a message that crashes
-// every worker still reaches the attempt cap.
+// the claim's Retain: cleanup (DeleteExpired when the store has it, else
+// its own expiry) does not reset it, so a message that crashes every worker
+// still reaches the attempt cap.
 func testAttemptsSurviveCleanupForRetain(t *testing.T, e *env) {
 	req := e.req("crashed", "fp", lease)
 	req.Retain = 30 * time.Minute
@@ -722,13 +819,15 @@ func testAttemptsSurviveCleanupForRetain(t *testing.T, e *env) {
 		t.Fatalf("ClaimLease = %v, %v", res.Decision, err)
 	}
 	e.advance(2 * time.Minute) // the lease ran out; the worker is gone
-	for {
-		n, err := e.s.DeleteExpired(e.ctx, 1000)
-		if err != nil {
-			t.Fatalf("DeleteExpired: %v", err)
-		}
-		if n == 0 {
-			break
+	if x, ok := e.s.(expirer); ok {
+		for {
+			n, err := x.DeleteExpired(e.ctx, 1000)
+			if err != nil {
+				t.Fatalf("DeleteExpired: %v", err)
+			}
+			if n == 0 {
+				break
+			}
 		}
 	}
 	again, err := e.s.ClaimLease(e.ctx, req)
@@ -760,9 +859,6 @@ func testInvalidRequests(t *testing.T, e *env) {
 		_, err = e.s.Extend(e.ctx, l, d)
 		e.invalid(fmt.Sprintf("Extend by %v", d), err)
 	}
-	_, err = e.s.DeleteExpired(e.ctx, 0)
-	e.invalid("DeleteExpired with limit 0", err)
-
 	// Nothing of the above touched the lease.
 	if rec := e.get("k"); rec.Status != store.StatusInProgress || rec.Token != l.Token {
 		t.Fatalf("record = %v token %d, want in_progress token %d", rec.Status, rec.Token, l.Token)
@@ -794,7 +890,7 @@ func testScopesIsolate(t *testing.T, e *env) {
 		t.Errorf("other scope's record = %v fp %q, want in_progress fp %q", rec.Status, rec.Fingerprint, "b")
 	}
 
-	if err := e.s.Delete(e.ctx, other, "k"); err != nil {
+	if err := e.s.Delete(e.ctx, other, "k", b.Token); err != nil {
 		t.Fatalf("Delete in the other scope: %v", err)
 	}
 	if rec := e.get("k"); string(rec.Result) != "a" {
@@ -900,9 +996,7 @@ func testTokensIncrease(t *testing.T, e *env) {
 	e.advance(lease + time.Second)
 	stale := take(e.execute("k", "")) // takeover
 
-	if err := e.s.Delete(e.ctx, e.scope, "k"); err != nil {
-		t.Fatalf("Delete: %v", err)
-	}
+	e.remove("k")
 	fresh := take(e.execute("k", "")) // after Delete
 	if fresh.Attempt != 1 {
 		t.Errorf("attempt after Delete = %d, want 1", fresh.Attempt)
@@ -1002,26 +1096,4 @@ func testListFiltersAndPages(t *testing.T, e *env) {
 	e.invalid("List with a cursor it did not make", err)
 	_, err = e.s.List(e.ctx, store.ListRequest{Limit: -1})
 	e.invalid("List with a negative limit", err)
-}
-
-// CompareAndDelete removes a record only under the token it was read with.
-func testCompareAndDelete(t *testing.T, e *env) {
-	first := e.execute("k", "")
-	e.advance(lease + time.Second) // the first worker hangs; a redelivery takes over
-	second := e.expect(store.DecisionExecute, "k", "", lease).Claim
-
-	if err := e.s.CompareAndDelete(e.ctx, e.scope, "k", first.Token); !errors.Is(err, store.ErrLeaseLost) {
-		t.Fatalf("CompareAndDelete with the token before the takeover = %v, want ErrLeaseLost", err)
-	}
-	if rec := e.get("k"); rec.Token != second.Token {
-		t.Fatalf("a refused CompareAndDelete changed the record: token %d, want %d", rec.Token, second.Token)
-	}
-	if err := e.s.CompareAndDelete(e.ctx, e.scope, "k", second.Token); err != nil {
-		t.Fatalf("CompareAndDelete with the current token: %v", err)
-	}
-	e.getNotFound("k")
-	e.leaseLost("Complete after the record was deleted", e.s.Complete(e.ctx, second, success(nil)))
-	if err := e.s.CompareAndDelete(e.ctx, e.scope, "k", second.Token); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("CompareAndDelete of a deleted record = %v, want ErrNotFound", err)
-	}
 }

@@ -1,8 +1,6 @@
 package storetest
 
 import (
-	"context"
-	"crypto/rand"
 	"errors"
 	"testing"
 	"time"
@@ -10,19 +8,10 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// TxHarness is what a transactional store's test gives RunTransactional.
-type TxHarness struct {
-	Store store.Transactional
-	// Get reads the unexpired record of (scope, key), as store.Store.Get does.
-	Get func(ctx context.Context, scope, key string) (store.Record, error)
-	// Advance moves the store's clock forward by d, as Harness.Advance does.
-	Advance func(d time.Duration)
-}
-
-// RunTransactional runs the contract of the one-transaction mode
-// (store.Transactional) against the stores newHarness builds, calling it
-// once per subtest.
-func RunTransactional(t *testing.T, newHarness func(t *testing.T) TxHarness) {
+// runTransactional runs the contract of the one-transaction mode
+// (store.Transactional) as subtests of t, calling newEnv once per subtest
+// for a store that is a store.Transactional.
+func runTransactional(t *testing.T, newEnv func(t *testing.T) *env) {
 	t.Helper()
 	tests := []struct {
 		name string
@@ -43,20 +32,20 @@ func RunTransactional(t *testing.T, newHarness func(t *testing.T) TxHarness) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
-			if h.Store == nil || h.Get == nil || h.Advance == nil {
-				t.Fatal("storetest: TxHarness needs Store, Get and Advance")
+			e := newEnv(t)
+			tx, ok := e.s.(store.Transactional)
+			if !ok {
+				t.Fatal("storetest: the harness gave a store.Transactional once and another store now")
 			}
-			tt.run(t, &txEnv{t: t, ctx: t.Context(), h: h, scope: "storetest/" + t.Name() + "/" + rand.Text()[:10]})
+			tt.run(t, &txEnv{env: e, tx: tx})
 		})
 	}
 }
 
+// txEnv is a subtest's env with the store's one-transaction mode.
 type txEnv struct {
-	t     *testing.T
-	ctx   context.Context
-	h     TxHarness
-	scope string
+	*env
+	tx store.Transactional
 }
 
 func (e *txEnv) req(key, fp string) store.TxRequest {
@@ -66,7 +55,7 @@ func (e *txEnv) req(key, fp string) store.TxRequest {
 // claim claims key and checks the decision.
 func (e *txEnv) claim(want store.Decision, key, fp string) store.TxResult {
 	e.t.Helper()
-	res, err := e.h.Store.ClaimInTx(e.ctx, e.req(key, fp))
+	res, err := e.tx.ClaimInTx(e.ctx, e.req(key, fp))
 	if err != nil {
 		e.t.Fatalf("Claim(%q): %v", key, err)
 	}
@@ -94,7 +83,7 @@ func (e *txEnv) rollback(res store.TxResult) {
 }
 
 func (e *txEnv) record(l store.Claim, out store.Completion) error {
-	return e.h.Store.RecordRollback(e.ctx, l, "fp", out)
+	return e.tx.RecordRollback(e.ctx, l, "fp", out)
 }
 
 var retryable = store.Completion{Status: store.StatusRetryable, TTL: ttl}
@@ -105,7 +94,7 @@ func testTxCommitThenReplay(t *testing.T, e *txEnv) {
 		t.Fatalf("first claim's lease = %+v, takeover %v; want attempt 1 with a token", first.Claim, first.Takeover)
 	}
 	// Until the commit, nobody sees the record.
-	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := e.s.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get before the commit = %v, want ErrNotFound", err)
 	}
 	e.commit(first, []byte("result"))
@@ -127,7 +116,7 @@ func testTxRollbackLeavesTheKeyFree(t *testing.T, e *txEnv) {
 	} else {
 		e.rollback(again)
 	}
-	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := e.s.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get after rollbacks = %v, want ErrNotFound", err)
 	}
 }
@@ -138,7 +127,7 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 	if err := e.record(first.Claim, retryable); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := e.h.Get(e.ctx, e.scope, "k")
+	rec, err := e.s.Get(e.ctx, e.scope, "k")
 	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 1 {
 		t.Fatalf("record = %+v, %v; want retryable at attempt 1", rec, err)
 	}
@@ -147,7 +136,7 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 		t.Fatalf("the next claim = attempt %d takeover %v, want attempt 2 without takeover", second.Claim.Attempt, second.Takeover)
 	}
 	e.commit(second, nil)
-	if rec, err := e.h.Get(e.ctx, e.scope, "k"); err != nil || rec.Status != store.StatusSucceeded || rec.Attempt != 2 {
+	if rec, err := e.s.Get(e.ctx, e.scope, "k"); err != nil || rec.Status != store.StatusSucceeded || rec.Attempt != 2 {
 		t.Fatalf("record = %+v, %v; want succeeded at attempt 2", rec, err)
 	}
 }
@@ -190,7 +179,7 @@ func (e *txEnv) runClaim(key string, wait time.Duration) <-chan store.TxResult {
 	req := e.req(key, "fp")
 	req.Wait = wait
 	go func() {
-		res, err := e.h.Store.ClaimInTx(e.ctx, req)
+		res, err := e.tx.ClaimInTx(e.ctx, req)
 		if err != nil {
 			e.t.Errorf("concurrent Claim: %v", err)
 		}
@@ -242,8 +231,8 @@ func testTxMismatch(t *testing.T, e *txEnv) {
 
 func testTxExpiredSuccessFreesTheKey(t *testing.T, e *txEnv) {
 	e.commit(e.claim(store.DecisionExecute, "k", "fp"), nil)
-	e.h.Advance(ttl + time.Minute)
-	if _, err := e.h.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
+	e.advance(ttl + time.Minute)
+	if _, err := e.s.Get(e.ctx, e.scope, "k"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("Get of an expired success = %v, want ErrNotFound", err)
 	}
 	if res := e.claim(store.DecisionExecute, "k", "fp"); res.Claim.Attempt != 1 {
@@ -275,7 +264,7 @@ func testTxInvalidRequests(t *testing.T, e *txEnv) {
 		"no wait":         {Scope: e.scope, Key: "k", SuccessTTL: ttl},
 		"negative retain": {Scope: e.scope, Key: "k", SuccessTTL: ttl, Wait: time.Second, Retain: -time.Second},
 	} {
-		if _, err := e.h.Store.ClaimInTx(e.ctx, req); !errors.Is(err, store.ErrInvalidRequest) {
+		if _, err := e.tx.ClaimInTx(e.ctx, req); !errors.Is(err, store.ErrInvalidRequest) {
 			t.Errorf("Claim with %s = %v, want ErrInvalidRequest", name, err)
 		}
 	}

@@ -22,8 +22,8 @@
 // in the one-transaction mode Commit and a cached failure's
 // RecordRollback, write the finished record through to both caches once
 // the truth has it (after a successful commit, never before). Release,
-// Extend, Get, List and DeleteExpired are the truth's. Limits are the
-// truth's.
+// Extend, Get and List are the truth's, and so are Limits and the removal
+// of expired records (store/postgres's cleaner).
 //
 // # A cached record never outlives its truth
 //
@@ -57,7 +57,7 @@
 //
 // # Deletes and invalidation
 //
-// Delete (and CompareAndDelete, the same way) writes a tombstone over the key in Redis first (it lives a minute,
+// Delete writes a tombstone over the key in Redis first (it lives a minute,
 // and fills are written with NX, so a fill that read the record before the
 // Delete cannot put it back), then deletes from the truth, then drops the
 // key from this process's local tier and publishes the key on

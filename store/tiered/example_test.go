@@ -68,7 +68,12 @@ func Example() {
 		return nil, nil
 	})
 	uuid := "order-" + rand.Text() // a fresh key for every run of the example
-	defer st.Delete(ctx, "billing", uuid)
+	// Afterwards, an operator's delete: under the token of what Get read.
+	defer func() {
+		if rec, err := st.Get(ctx, "billing", uuid); err == nil {
+			_ = st.Delete(ctx, "billing", uuid, rec.Token)
+		}
+	}()
 	for range 3 { // the broker delivers it three times
 		if _, err := charge(message.NewMessage(uuid, []byte("12.00 EUR"))); err != nil {
 			log.Fatal(err)

@@ -414,15 +414,6 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	return s.truth.List(ctx, req)
 }
 
-// DeleteExpired implements store.Admin: the truth's. The caches hold
-// nothing the truth has let expire.
-func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	if s.closed.Load() {
-		return 0, closedErr("delete expired")
-	}
-	return s.truth.DeleteExpired(ctx, limit)
-}
-
 // Delete implements store.Admin. It reaches every tier, or fails:
 //
 //  1. a tombstone replaces the key in Redis (for a minute), so that no
@@ -430,24 +421,16 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 //     before the delete can put it back. If Redis cannot take it, Delete
 //     fails and deletes nothing: a delete that left Redis serving the
 //     record would be a silent stale replay.
-//  2. the truth deletes the record.
+//  2. the truth deletes the record, only under token. When it refuses
+//     (store.ErrLeaseLost, store.ErrNotFound) the record stays, and so does
+//     the tombstone: Redis serves the key again after it, once a replay has
+//     cached it anew.
 //  3. this process's local tier drops the key, and an invalidation goes
 //     out on the prefix's channel to every other store's local tier. If it
 //     cannot be sent, Delete fails after the fact: the other local tiers
 //     drop the key within MaxLocalAge by themselves.
-func (s *Store) Delete(ctx context.Context, scope, key string) error {
-	return s.deleteEverywhere(ctx, "delete", scope, key, func() error { return s.truth.Delete(ctx, scope, key) })
-}
-
-// CompareAndDelete implements store.Admin: Delete's steps, with the
-// truth's CompareAndDelete in the middle. When the truth refuses
-// (store.ErrLeaseLost, store.ErrNotFound) the record stays, and so does
-// the tombstone: Redis serves the key again after it, once a replay has
-// cached it anew.
-func (s *Store) CompareAndDelete(ctx context.Context, scope, key string, token int64) error {
-	return s.deleteEverywhere(ctx, "compare and delete", scope, key, func() error {
-		return s.truth.CompareAndDelete(ctx, scope, key, token)
-	})
+func (s *Store) Delete(ctx context.Context, scope, key string, token int64) error {
+	return s.deleteEverywhere(ctx, "delete", scope, key, func() error { return s.truth.Delete(ctx, scope, key, token) })
 }
 
 // deleteEverywhere runs the steps of Delete around truthDelete.

@@ -178,13 +178,14 @@ func TestDeleteReachesEveryTier(t *testing.T) {
 	b := w.store(t, tiered.Options{})
 	waitSubscribed(t, a, b)
 
-	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Claim, "r", time.Hour)
+	first := expect(t, store.DecisionExecute, a, scope, "k", "").Claim
+	complete(t, a, first, "r", time.Hour)
 	expect(t, store.DecisionReplay, b, scope, "k", "") // b's local tier has it now
 	if _, ok := b.LocalRemaining(scope, "k"); !ok {
 		t.Fatal("b did not cache the record locally")
 	}
 
-	if err := a.Delete(context.Background(), scope, "k"); err != nil {
+	if err := a.Delete(context.Background(), scope, "k", first.Token); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := a.LocalRemaining(scope, "k"); ok {
@@ -213,15 +214,16 @@ func TestDeleteReachesEveryTier(t *testing.T) {
 		t.Fatalf("replay after the second run = %q, want %q", res.Record.Result, "second")
 	}
 
-	// CompareAndDelete takes the same way.
+	// A Delete under another token deletes nothing; under the record's
+	// (read with Get, as an operator does) it takes the same way.
 	rec, err := a.Get(context.Background(), scope, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.CompareAndDelete(context.Background(), scope, "k", rec.Token+1); !errors.Is(err, store.ErrLeaseLost) {
-		t.Fatalf("CompareAndDelete with another token = %v, want ErrLeaseLost", err)
+	if err := a.Delete(context.Background(), scope, "k", rec.Token+1); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Delete with another token = %v, want ErrLeaseLost", err)
 	}
-	if err := a.CompareAndDelete(context.Background(), scope, "k", rec.Token); err != nil {
+	if err := a.Delete(context.Background(), scope, "k", rec.Token); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "b's local tier to drop the record", func() bool {
@@ -240,13 +242,14 @@ func TestLostInvalidationIsBoundedByMaxLocalAge(t *testing.T) {
 	b := w.store(t, tiered.Options{MaxLocalAge: 30 * time.Second})
 	waitSubscribed(t, a, b)
 
-	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Claim, "r", time.Hour)
+	first := expect(t, store.DecisionExecute, a, scope, "k", "").Claim
+	complete(t, a, first, "r", time.Hour)
 	expect(t, store.DecisionReplay, b, scope, "k", "")
 	if d, ok := b.LocalRemaining(scope, "k"); !ok || d > 30*time.Second {
 		t.Fatalf("b's local tier keeps the record for %v (cached %v), want at most MaxLocalAge", d, ok)
 	}
 	b.StopInvalidations()
-	if err := a.Delete(context.Background(), scope, "k"); err != nil {
+	if err := a.Delete(context.Background(), scope, "k", first.Token); err != nil {
 		t.Fatal(err)
 	}
 	// Still served by b's local tier: what the documentation promises is
@@ -365,7 +368,8 @@ func TestRedisDownAndStalled(t *testing.T) {
 		return s
 	}
 	a := newStore(tiered.Options{})
-	complete(t, a, expect(t, store.DecisionExecute, a, scope, "k", "").Claim, "r", time.Hour)
+	first := expect(t, store.DecisionExecute, a, scope, "k", "").Claim
+	complete(t, a, first, "r", time.Hour)
 
 	// Stalled: a fresh store (empty local tier) times out on Redis and
 	// asks the truth.
@@ -380,7 +384,7 @@ func TestRedisDownAndStalled(t *testing.T) {
 	}
 
 	srv.kill()
-	if err := a.Delete(context.Background(), scope, "k"); err == nil {
+	if err := a.Delete(context.Background(), scope, "k", first.Token); err == nil {
 		t.Fatal("Delete with Redis down succeeded")
 	}
 	if _, err := a.Get(context.Background(), scope, "k"); err != nil {
