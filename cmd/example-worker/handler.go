@@ -124,12 +124,12 @@ func openStore(ctx context.Context, cfg config) (*stores, error) {
 		if err != nil {
 			return nil, err
 		}
-		st, err := postgres.New(pool, postgres.Options{Schema: "oncemill"})
+		st, err := postgres.New(pool, postgres.Options{Schema: cfg.postgresSchema})
 		if err == nil {
 			err = st.Migrate(ctx)
 		}
 		// No unique constraint, on purpose: a second charge is a second row.
-		table := pgx.Identifier{"oncemill", "oncemill_ledger"}.Sanitize()
+		table := pgx.Identifier{cfg.postgresSchema, "oncemill_ledger"}.Sanitize()
 		if err == nil {
 			_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (id bigserial PRIMARY KEY, scope text NOT NULL, payment_id text NOT NULL,
 	message_uuid text NOT NULL, fencing_token bigint NOT NULL, attempt integer NOT NULL, charged_at timestamptz NOT NULL DEFAULT now())`)
@@ -157,7 +157,7 @@ func openStore(ctx context.Context, cfg config) (*stores, error) {
 		}, nil
 	case "redis":
 		client := goredis.NewClient(&goredis.Options{Addr: cfg.redisAddr, PoolSize: 2*cfg.partitions + 10})
-		st, err := redisstore.New(client, redisstore.Options{Prefix: "oncemill"})
+		st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.redisPrefix})
 		if err == nil {
 			err = client.Ping(ctx).Err()
 		}
@@ -166,7 +166,7 @@ func openStore(ctx context.Context, cfg config) (*stores, error) {
 			return nil, fmt.Errorf("redis (%s): %w", cfg.redisAddr, err)
 		}
 		// The ledger is a hash, payment_id -> charges, written after the effect.
-		key := "oncemill:ledger:{" + cfg.scope + "}"
+		key := cfg.redisPrefix + ":ledger:{" + cfg.scope + "}"
 		return &stores{store: st, close: func() { _ = client.Close() },
 			ping: func(ctx context.Context) error { return client.Ping(ctx).Err() },
 			charge: func(ctx context.Context, id, _ string, _ store.Claim) error {

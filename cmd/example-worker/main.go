@@ -51,7 +51,8 @@ import (
 // config is what the flags say.
 type config struct {
 	mode, broker, store, logLevel, httpAddr, otlpEndpoint, scope, topicPrefix string
-	postgresDSN, redisAddr, kafkaBrokers, amqpURL, sqsEndpoint                string
+	postgresDSN, postgresSchema, redisAddr, redisPrefix                       string
+	kafkaBrokers, amqpURL, sqsEndpoint                                        string
 	partitions, count                                                         int
 	lease, timeout, drainTimeout, kafkaSession, sqsVisibility                 time.Duration
 }
@@ -82,7 +83,9 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	str(&c.scope, "scope", "ONCEMILL_SCOPE", "payments", "oncemill scope and ledger scope (run mode on a shared store: a fresh one per run)")
 	str(&c.topicPrefix, "topic-prefix", "ONCEMILL_TOPIC_PREFIX", "", "prefix of the topics payments-0, payments-1, ..., settlements, dead-letters")
 	str(&c.postgresDSN, "postgres-dsn", "ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL")
+	str(&c.postgresSchema, "postgres-schema", "ONCEMILL_POSTGRES_SCHEMA", "oncemill", "schema of the records and ledger tables")
 	str(&c.redisAddr, "redis-addr", "ONCEMILL_REDIS_ADDR", "127.0.0.1:6379", "Redis")
+	str(&c.redisPrefix, "redis-prefix", "ONCEMILL_REDIS_PREFIX", "oncemill", "prefix of the records and ledger keys")
 	str(&c.kafkaBrokers, "kafka-brokers", "ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092", "comma-separated Kafka brokers")
 	str(&c.amqpURL, "amqp-url", "ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ")
 	str(&c.sqsEndpoint, "sqs-endpoint", "ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566", "SQS (region us-east-1, static credentials)")
