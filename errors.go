@@ -2,7 +2,6 @@ package oncemill
 
 import (
 	"errors"
-	"fmt"
 )
 
 // ErrInvalidConfig is wrapped by every error a constructor, Build or
@@ -20,13 +19,6 @@ type ConfigError struct {
 	Problem string
 	// Err is the underlying cause, if any (a parse error, for example).
 	Err error
-}
-
-// InvalidConfig returns a *ConfigError for setting; format and args make its
-// Problem. A %w verb in format sets Err.
-func InvalidConfig(setting, format string, args ...any) *ConfigError {
-	e := fmt.Errorf(format, args...)
-	return &ConfigError{Setting: setting, Problem: e.Error(), Err: errors.Unwrap(e)}
 }
 
 func (e *ConfigError) Error() string {

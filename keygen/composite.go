@@ -7,7 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // Composite keys a message by several generators at once, for example a
@@ -24,11 +24,11 @@ import (
 // is ErrEmptyKey. Zero parts or a nil part is oncemill.ErrInvalidConfig.
 func Composite(parts ...Generator) (Generator, error) {
 	if len(parts) == 0 {
-		return nil, oncemill.InvalidConfig("keygen.Composite", "no parts; pass at least one generator")
+		return nil, configerr.New("keygen.Composite", "no parts; pass at least one generator")
 	}
 	for i, p := range parts {
 		if p == nil {
-			return nil, oncemill.InvalidConfig("keygen.Composite", "part %d is nil; pass a generator", i)
+			return nil, configerr.New("keygen.Composite", "part %d is nil; pass a generator", i)
 		}
 	}
 	// Copy, so the caller reusing its slice cannot change the generator.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // ContentHashOptions configures ContentHash.
@@ -55,7 +55,7 @@ func ContentHash(opts ContentHashOptions) (Generator, error) {
 	}
 	for _, name := range opts.IncludeMetadata {
 		if name == "" {
-			return nil, oncemill.InvalidConfig("ContentHashOptions.IncludeMetadata", "an empty name; name each metadata field to include")
+			return nil, configerr.New("ContentHashOptions.IncludeMetadata", "an empty name; name each metadata field to include")
 		}
 	}
 	meta := slices.Compact(slices.Sorted(slices.Values(opts.IncludeMetadata)))

@@ -3,7 +3,7 @@ package keygen
 import (
 	"strings"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // exclusions decides which object members ContentHash leaves out.
@@ -30,7 +30,7 @@ func newExclusions(exclude []string) (exclusions, error) {
 	var ex exclusions
 	for _, e := range exclude {
 		if e == "" {
-			return exclusions{}, oncemill.InvalidConfig("ContentHashOptions.Exclude", "an empty entry; name each field to exclude")
+			return exclusions{}, configerr.New("ContentHashOptions.Exclude", "an empty entry; name each field to exclude")
 		}
 		if !strings.Contains(e, ".") {
 			if ex.names == nil {
@@ -42,7 +42,7 @@ func newExclusions(exclude []string) (exclusions, error) {
 		segments := strings.Split(e, ".")
 		for _, s := range segments {
 			if s == "" {
-				return exclusions{}, oncemill.InvalidConfig("ContentHashOptions.Exclude", "path %q has an empty segment; write a dotted path such as meta.sentAt", e)
+				return exclusions{}, configerr.New("ContentHashOptions.Exclude", "path %q has an empty segment; write a dotted path such as meta.sentAt", e)
 			}
 		}
 		if ex.root == nil {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // Metadata keys a message by one metadata field, such as an idempotency key
@@ -13,7 +13,7 @@ import (
 // field wraps ErrMissingMetadata and names the field. An empty field name is oncemill.ErrInvalidConfig.
 func Metadata(field string) (Generator, error) {
 	if field == "" {
-		return nil, oncemill.InvalidConfig("keygen.Metadata", "the field name is empty; name the metadata field that holds the key")
+		return nil, configerr.New("keygen.Metadata", "the field name is empty; name the metadata field that holds the key")
 	}
 	return Func(func(msg *message.Message) (string, error) {
 		if msg == nil {

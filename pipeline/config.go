@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
@@ -108,7 +108,7 @@ type RetryConfig struct {
 // both modes, and sets up what the two modes share.
 func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 	bad := func(setting, format string, args ...any) error {
-		return oncemill.InvalidConfig(setting, format, args...)
+		return configerr.New(setting, format, args...)
 	}
 	if !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen {
 		return bad("Config.Scope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)

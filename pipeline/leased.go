@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v5"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -30,7 +30,7 @@ type Leased struct {
 // NewLeased validates cfg and returns the lease mode's stage over st.
 func NewLeased(st store.Store, cfg Config) (*Leased, error) {
 	if st == nil {
-		return nil, oncemill.InvalidConfig("store", "nil; pass a store such as memory.New(memory.Options{})")
+		return nil, configerr.New("store", "nil; pass a store such as memory.New(memory.Options{})")
 	}
 	s := &Leased{store: st}
 	if err := s.configure(cfg, st.Limits()); err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/cenkalti/backoff/v5"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
@@ -54,7 +54,7 @@ type retrier struct {
 
 func newRetrier(cfg RetryConfig, classify func(error) policy.Class, tel *telemetry) (*retrier, error) {
 	bad := func(field, format string, args ...any) (*retrier, error) {
-		return nil, oncemill.InvalidConfig("Config.Retry."+field, format, args...)
+		return nil, configerr.New("Config.Retry."+field, format, args...)
 	}
 	cfg = cfg.withDefaults()
 	switch {

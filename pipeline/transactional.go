@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
 )
@@ -40,11 +40,11 @@ type Transactional struct {
 func NewTransactional(ts store.Transactional, cfg Config) (*Transactional, error) {
 	switch {
 	case ts == nil:
-		return nil, oncemill.InvalidConfig("store", "nil; pass a store that claims in the handler's transaction, such as postgres.New(pool, postgres.Options{})")
+		return nil, configerr.New("store", "nil; pass a store that claims in the handler's transaction, such as postgres.New(pool, postgres.Options{})")
 	case cfg.Policy.LeaseDuration != 0:
-		return nil, oncemill.InvalidConfig("policy.LeaseDuration", "has no effect in the one-transaction mode: the claim is held by the handler's open transaction; leave it 0")
+		return nil, configerr.New("policy.LeaseDuration", "has no effect in the one-transaction mode: the claim is held by the handler's open transaction; leave it 0")
 	case cfg.Policy.Heartbeat != 0:
-		return nil, oncemill.InvalidConfig("policy.Heartbeat", "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
+		return nil, configerr.New("policy.Heartbeat", "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
 	}
 	s := &Transactional{store: ts}
 	if err := s.configure(cfg, ts.Limits()); err != nil {

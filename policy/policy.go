@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // Defaults: what a zero field of Policy means (each field's doc states its
@@ -221,7 +221,7 @@ func (p Policy) WithDefaults() Policy {
 // defaults.
 func (p Policy) Validate() error {
 	bad := func(field, format string, args ...any) error {
-		return oncemill.InvalidConfig("policy."+field, format, args...)
+		return configerr.New("policy."+field, format, args...)
 	}
 	raw := p
 	p = p.WithDefaults()

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -50,7 +51,7 @@ func NewTransactional(ts store.Transactional) *Builder {
 }
 
 func (b *Builder) invalid(setting, format string, args ...any) *Builder {
-	b.errs = append(b.errs, oncemill.InvalidConfig(setting, format, args...))
+	b.errs = append(b.errs, configerr.New(setting, format, args...))
 	return b
 }
 
@@ -207,7 +208,7 @@ func (b *Builder) Build() (*Receiver, error) {
 		return nil, errors.Join(b.errs...)
 	}
 	if inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
-		return nil, oncemill.InvalidConfig("WithPolicy(Policy.Exhausted)", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; add WithDeadLetter(pub, topic), or set policy.ExhaustedDrop to ack such messages with an error log", b.cfg.MessagingSystem)
+		return nil, configerr.New("WithPolicy(Policy.Exhausted)", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; add WithDeadLetter(pub, topic), or set policy.ExhaustedDrop to ack such messages with an error log", b.cfg.MessagingSystem)
 	}
 	var (
 		stage middleware

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -43,9 +43,9 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Shards == 0:
 		o.Shards = defaultShards
 	case o.Shards < 0 || o.Shards&(o.Shards-1) != 0:
-		return o, oncemill.InvalidConfig("memory.Options", "Shards is %d; use a power of two such as %d, or 0 for the default", o.Shards, defaultShards)
+		return o, configerr.New("memory.Options", "Shards is %d; use a power of two such as %d, or 0 for the default", o.Shards, defaultShards)
 	case o.Shards > maxShards:
-		return o, oncemill.InvalidConfig("memory.Options", "Shards is %d; use at most %d", o.Shards, maxShards)
+		return o, configerr.New("memory.Options", "Shards is %d; use at most %d", o.Shards, maxShards)
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -57,7 +57,7 @@ func (o Options) withDefaults() (Options, error) {
 	case o.MaxKeyLen == 0:
 		o.MaxKeyLen = defaultMaxKeyLen
 	case o.MaxKeyLen < 0:
-		return o, oncemill.InvalidConfig("memory.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
+		return o, configerr.New("memory.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
 	}
 	return o, nil
 }

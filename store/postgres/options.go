@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // Defaults and bounds of Options.
@@ -111,7 +111,7 @@ type Options struct {
 func (o Options) withDefaults() (Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, oncemill.InvalidConfig("postgres.Options", strings.TrimPrefix(format, "Options."), args...))
+		errs = append(errs, configerr.New("postgres.Options", strings.TrimPrefix(format, "Options."), args...))
 	}
 
 	if o.Schema == "" {
@@ -178,10 +178,10 @@ func (o Options) withDefaults() (Options, error) {
 
 func checkIdent(field, name string, maxLen int) error {
 	if !identRE.MatchString(name) {
-		return oncemill.InvalidConfig("postgres.Options", "%s %q is not a plain identifier; use lower-case letters, digits and underscores, starting with a letter or underscore (for example %q)", field, name, "oncemill_records")
+		return configerr.New("postgres.Options", "%s %q is not a plain identifier; use lower-case letters, digits and underscores, starting with a letter or underscore (for example %q)", field, name, "oncemill_records")
 	}
 	if len(name) > maxLen {
-		return oncemill.InvalidConfig("postgres.Options", "%s %q is %d characters; use at most %d", field, name, len(name), maxLen)
+		return configerr.New("postgres.Options", "%s %q is %d characters; use at most %d", field, name, len(name), maxLen)
 	}
 	return nil
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -61,7 +61,7 @@ var (
 // mode each takes one for a statement at a time. Add one for the cleaner.
 func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	if pool == nil {
-		return nil, oncemill.InvalidConfig("pool", "nil; pass a *pgxpool.Pool from pgxpool.New")
+		return nil, configerr.New("pool", "nil; pass a *pgxpool.Pool from pgxpool.New")
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -66,22 +66,22 @@ func (o Options) withDefaults() (Options, error) {
 	case o.MaxKeyLen == 0:
 		o.MaxKeyLen = defaultMaxKeyLen
 	case o.MaxKeyLen < 0:
-		return o, oncemill.InvalidConfig("redis.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
+		return o, configerr.New("redis.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
 	}
 	switch {
 	case o.MaxResultBytes == 0:
 		o.MaxResultBytes = defaultMaxResultBytes
 	case o.MaxResultBytes < 0:
-		return o, oncemill.InvalidConfig("redis.Options", "MaxResultBytes is %d; use a positive size, or 0 for the default %d (1 MiB)", o.MaxResultBytes, defaultMaxResultBytes)
+		return o, configerr.New("redis.Options", "MaxResultBytes is %d; use a positive size, or 0 for the default %d (1 MiB)", o.MaxResultBytes, defaultMaxResultBytes)
 	case o.MaxResultBytes > maxResultBytes:
-		return o, oncemill.InvalidConfig("redis.Options", "MaxResultBytes is %d; Redis takes arguments of at most %d bytes (512 MiB): use that or less", o.MaxResultBytes, maxResultBytes)
+		return o, configerr.New("redis.Options", "MaxResultBytes is %d; Redis takes arguments of at most %d bytes (512 MiB): use that or less", o.MaxResultBytes, maxResultBytes)
 	}
 	return o, nil
 }
 
 func validPrefix(p string) error {
 	if len(p) > maxPrefixLen {
-		return oncemill.InvalidConfig("redis.Options", "Prefix is %d bytes; use at most %d", len(p), maxPrefixLen)
+		return configerr.New("redis.Options", "Prefix is %d bytes; use at most %d", len(p), maxPrefixLen)
 	}
 	for i := 0; i < len(p); i++ {
 		c := p[i]
@@ -89,7 +89,7 @@ func validPrefix(p string) error {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		case c == '_', c == '-', c == '.', c == ':', c == '/':
 		default:
-			return oncemill.InvalidConfig("redis.Options", "Prefix %q has %q at byte %d; use only letters, digits and _-.:/ (no spaces, braces or glob characters), e.g. %q",
+			return configerr.New("redis.Options", "Prefix %q has %q at byte %d; use only letters, digits and _-.:/ (no spaces, braces or glob characters), e.g. %q",
 				p, c, i, defaultPrefix)
 		}
 	}
@@ -126,7 +126,7 @@ var (
 // Redis; the first operation does.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
-		return nil, oncemill.InvalidConfig("redis client", "nil; pass a *redis.Client (redis.NewClient) or *redis.ClusterClient")
+		return nil, configerr.New("redis client", "nil; pass a *redis.Client (redis.NewClient) or *redis.ClusterClient")
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -139,7 +139,7 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 		// default half-duplex batches (docs/benchmarks.md).
 		pipe, err = client.AutoPipelineWithOptions(&goredis.AutoPipelineOptions{FullDuplex: true})
 		if err != nil {
-			return nil, oncemill.InvalidConfig("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
+			return nil, configerr.New("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
 		}
 	}
 	slotTags() // build the tag table now rather than in the first ClaimLease

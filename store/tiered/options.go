@@ -8,7 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // Defaults of Options (each field's doc states its default).
@@ -78,7 +78,7 @@ type Options struct {
 func (o Options) withDefaults() (Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, oncemill.InvalidConfig("tiered.Options", format, args...))
+		errs = append(errs, configerr.New("tiered.Options", format, args...))
 	}
 	if o.Prefix == "" {
 		o.Prefix = defaultPrefix

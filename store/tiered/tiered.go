@@ -15,7 +15,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/oncemill/oncemill"
+	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -90,13 +90,13 @@ const pendingCapacity = 1 << 16
 // neither.
 func New(truth Truth, cache goredis.UniversalClient, opts Options) (*Store, error) {
 	if truth == nil {
-		return nil, oncemill.InvalidConfig("tiered.New", "truth is nil; pass the store of record, a *postgres.Store")
+		return nil, configerr.New("tiered.New", "truth is nil; pass the store of record, a *postgres.Store")
 	}
 	if cache == nil {
-		return nil, oncemill.InvalidConfig("tiered.New", "cache is nil; pass a go-redis client (goredis.NewClient or NewClusterClient)")
+		return nil, configerr.New("tiered.New", "cache is nil; pass a go-redis client (goredis.NewClient or NewClusterClient)")
 	}
 	if !boundedByContext(cache) {
-		return nil, oncemill.InvalidConfig("tiered.New", "the Redis client's ContextTimeoutEnabled is false, so go-redis would wait its ReadTimeout (3s by default) for a stalled Redis and Options.RedisTimeout could not bound the call; set ContextTimeoutEnabled: true in its options")
+		return nil, configerr.New("tiered.New", "the Redis client's ContextTimeoutEnabled is false, so go-redis would wait its ReadTimeout (3s by default) for a stalled Redis and Options.RedisTimeout could not bound the call; set ContextTimeoutEnabled: true in its options")
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
