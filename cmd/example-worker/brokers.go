@@ -3,9 +3,11 @@ package main
 // The brokers: gochannel (in process), Kafka, RabbitMQ and SQS.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -45,7 +47,8 @@ func openBroker(ctx context.Context, cfg config, logger watermill.LoggerAdapter,
 	case "sqs":
 		// A queue per topic. A nacked message comes back after the
 		// queue's VisibilityTimeout.
-		awsCfg := aws.Config{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")}
+		creds := credentials.NewStaticCredentialsProvider(cmp.Or(os.Getenv("AWS_ACCESS_KEY_ID"), "test"), cmp.Or(os.Getenv("AWS_SECRET_ACCESS_KEY"), "test"), "")
+		awsCfg := aws.Config{Region: "us-east-1", Credentials: creds}
 		endpoint := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(cfg.sqsEndpoint) }}
 		queue := wsqs.QueueConfigAttributes{VisibilityTimeout: strconv.Itoa(int(cfg.sqsVisibility.Seconds()))}
 		b = &broker{system: receiver.MessagingSystemSQS, sub: func(string) (message.Subscriber, error) {

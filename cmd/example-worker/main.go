@@ -17,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,7 +53,7 @@ import (
 type config struct {
 	mode, broker, store, logLevel, httpAddr, otlpEndpoint, scope, topicPrefix string
 	postgresDSN, postgresSchema, redisAddr, redisPrefix                       string
-	kafkaBrokers, amqpURL, sqsEndpoint                                        string
+	kafkaBrokers, amqpURL, sqsEndpoint, group                                 string
 	partitions, count                                                         int
 	lease, timeout, drainTimeout, kafkaSession, sqsVisibility                 time.Duration
 }
@@ -66,11 +67,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 		fs.PrintDefaults()
 	}
 	str := func(p *string, name, env, def, usage string) { // the default from $env when set
-		if v := os.Getenv(env); env != "" && v != "" {
-			def = v
-		}
 		if env != "" {
-			usage += " [$" + env + "]"
+			def, usage = cmp.Or(os.Getenv(env), def), usage+" [$"+env+"]"
 		}
 		fs.StringVar(p, name, def, usage)
 	}
@@ -82,6 +80,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	str(&c.otlpEndpoint, "otlp-endpoint", "ONCEMILL_OTLP_ENDPOINT", "", "OTLP/HTTP endpoint for traces, e.g. http://jaeger:4318")
 	str(&c.scope, "scope", "ONCEMILL_SCOPE", "payments", "oncemill scope and ledger scope (run mode on a shared store: a fresh one per run)")
 	str(&c.topicPrefix, "topic-prefix", "ONCEMILL_TOPIC_PREFIX", "", "prefix of the topics payments-0, payments-1, ..., settlements, dead-letters")
+	str(&c.group, "consumer-group", "ONCEMILL_CONSUMER_GROUP", "oncemill-worker", "Kafka: each topic is read by the consumer group <group>-<topic>")
 	str(&c.postgresDSN, "postgres-dsn", "ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL")
 	str(&c.postgresSchema, "postgres-schema", "ONCEMILL_POSTGRES_SCHEMA", "oncemill", "schema of the records and ledger tables")
 	str(&c.redisAddr, "redis-addr", "ONCEMILL_REDIS_ADDR", "127.0.0.1:6379", "Redis")
@@ -257,7 +256,7 @@ func (w *worker) router(drain time.Duration, onEvent func(pipeline.Event)) (*mes
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: drain}, watermill.NewSlogLogger(w.log))
 	for i := 0; i < w.cfg.partitions && err == nil; i++ {
 		var sub message.Subscriber
-		if sub, err = w.broker.sub("oncemill-worker-" + w.payments(i)); err == nil {
+		if sub, err = w.broker.sub(w.cfg.group + "-" + w.payments(i)); err == nil {
 			router.AddHandler(w.payments(i), w.payments(i), sub, w.topic("settlements"), keepOpen{w.broker.pub}, w.handle).
 				AddMiddleware(finishOnShutdown, r.Middleware)
 		}
