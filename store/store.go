@@ -1,12 +1,8 @@
 package store
 
 import (
-	"cmp"
 	"context"
-	"encoding/base64"
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 )
 
@@ -68,9 +64,6 @@ type ListRequest struct {
 	Limit int
 }
 
-// defaultListLimit is the page size of a ListRequest without a Limit.
-const defaultListLimit = 100
-
 // ListPage is one page of Admin.List.
 type ListPage struct {
 	Records []Record
@@ -130,21 +123,6 @@ type TxRequest struct {
 	// the key in its transaction; past it the answer is DecisionHeld. Must be
 	// positive.
 	Wait time.Duration
-}
-
-// Validate reports a request no store can serve.
-func (r TxRequest) Validate() error {
-	switch {
-	case r.Key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
-	case r.SuccessTTL <= 0:
-		return fmt.Errorf("%w: success TTL must be positive", ErrInvalidRequest)
-	case r.Retain < 0:
-		return fmt.Errorf("%w: retain must not be negative", ErrInvalidRequest)
-	case r.Wait <= 0:
-		return fmt.Errorf("%w: wait must be positive", ErrInvalidRequest)
-	}
-	return nil
 }
 
 // TxResult is Claim's answer. With DecisionExecute, Tx is the open
@@ -281,17 +259,6 @@ type LeaseRequest struct {
 	Retain time.Duration
 }
 
-// Validate reports a request no store can serve.
-func (r LeaseRequest) Validate() error {
-	if r.Key == "" {
-		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
-	}
-	if r.LeaseDuration <= 0 {
-		return fmt.Errorf("%w: lease must be positive", ErrInvalidRequest)
-	}
-	return nil
-}
-
 // ClaimResult is ClaimLease's answer.
 type ClaimResult struct {
 	Decision Decision
@@ -338,17 +305,6 @@ type Completion struct {
 	TTL time.Duration
 }
 
-// Validate reports an outcome no store can serve.
-func (o Completion) Validate() error {
-	if o.Status != StatusSucceeded && o.Status != StatusCachedFailure {
-		return fmt.Errorf("%w: completion status must be succeeded or failed, not %v", ErrInvalidRequest, o.Status)
-	}
-	if o.TTL <= 0 {
-		return fmt.Errorf("%w: outcome TTL must be positive", ErrInvalidRequest)
-	}
-	return nil
-}
-
 // Record is the stored state of one key.
 type Record struct {
 	Scope       string
@@ -367,35 +323,4 @@ type Record struct {
 	// ExpiresAt is when the record stops being visible. For an in-progress
 	// record it equals LeaseExpiresAt.
 	ExpiresAt time.Time
-}
-
-// ListCursor is the After of a page that continues past (scope, key): an
-// opaque, printable string. Stores that list in (scope, key) order use it.
-func ListCursor(scope, key string) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(scope + "\x00" + key))
-}
-
-// Page validates r and returns where its page starts, after (afterScope,
-// afterKey) in (scope, key) order (both empty: from the first record), and
-// how many records it holds at most.
-func (r ListRequest) Page() (afterScope, afterKey string, limit int, err error) {
-	if r.Limit < 0 {
-		return "", "", 0, fmt.Errorf("%w: list limit %d is negative; use 0 for %d", ErrInvalidRequest, r.Limit, defaultListLimit)
-	}
-	b, err := base64.RawURLEncoding.DecodeString(r.After)
-	if err != nil {
-		return "", "", 0, fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, r.After)
-	}
-	afterScope, afterKey, ok := strings.Cut(string(b), "\x00")
-	if !ok && r.After != "" {
-		return "", "", 0, fmt.Errorf("%w: list cursor %q is not one a List returned", ErrInvalidRequest, r.After)
-	}
-	return afterScope, afterKey, cmp.Or(r.Limit, defaultListLimit), nil
-}
-
-// Matches reports whether rec is selected by r's filters (not its page).
-func (r ListRequest) Matches(rec Record) bool {
-	return (r.Scope == "" || rec.Scope == r.Scope) &&
-		(r.Status == 0 || rec.Status == r.Status) &&
-		(r.UpdatedBefore.IsZero() || rec.UpdatedAt.Before(r.UpdatedBefore))
 }

@@ -7,12 +7,13 @@ import (
 	"slices"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 // List implements store.Admin. It reads every shard for each page: it is
 // for operators and tests, not for the delivery path.
 func (s *Store) List(_ context.Context, req store.ListRequest) (store.ListPage, error) {
-	afterScope, afterKey, limit, err := req.Page()
+	afterScope, afterKey, limit, err := requests.Page(req)
 	if err != nil {
 		return store.ListPage{}, fmt.Errorf("oncemill: memory: list: %w", err)
 	}
@@ -28,7 +29,7 @@ func (s *Store) List(_ context.Context, req store.ListRequest) (store.ListPage, 
 				if req.After != "" && cmp.Or(cmp.Compare(rec.scope, afterScope), cmp.Compare(rec.key, afterKey)) <= 0 {
 					continue
 				}
-				if r := s.snapshot(rec); req.Matches(r) {
+				if r := s.snapshot(rec); requests.Matches(req, r) {
 					found = append(found, r)
 				}
 			}
@@ -42,7 +43,7 @@ func (s *Store) List(_ context.Context, req store.ListRequest) (store.ListPage, 
 	if len(found) > limit {
 		page.Records = found[:limit:limit]
 		last := page.Records[limit-1]
-		page.Next = store.ListCursor(last.Scope, last.Key)
+		page.Next = requests.Cursor(last.Scope, last.Key)
 	}
 	return page, nil
 }

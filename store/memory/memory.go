@@ -11,6 +11,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 const (
@@ -293,7 +294,7 @@ func (rec *record) restart(fingerprint string, now int64) {
 // checkBegin refuses what ClaimLease cannot serve. Kept out of ClaimLease so the hot
 // path's stack frame stays small.
 func (s *Store) checkBegin(req store.LeaseRequest) error {
-	if err := req.Validate(); err != nil {
+	if err := requests.ValidateLease(req); err != nil {
 		return fmt.Errorf("oncemill: memory: begin: %w", err)
 	}
 	if len(req.Key) > s.maxKeyLen {
@@ -353,7 +354,7 @@ func (sh *shard) holder(op string, h uint64, lease store.Claim) (*record, error)
 
 // Complete implements store.Store.
 func (s *Store) Complete(_ context.Context, lease store.Claim, out store.Completion) error {
-	if err := out.Validate(); err != nil {
+	if err := requests.ValidateCompletion(out); err != nil {
 		return fmt.Errorf("oncemill: memory: complete: %w", err)
 	}
 	if err := checkKey("complete", lease.Key); err != nil {

@@ -7,12 +7,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 // List implements store.Admin: one statement per page, in primary key
 // order, bounded by Options.StatementTimeout.
 func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage, error) {
-	afterScope, afterKey, limit, err := req.Page()
+	afterScope, afterKey, limit, err := requests.Page(req)
 	if err != nil {
 		return store.ListPage{}, fmt.Errorf("oncemill: postgres: list: %w", err)
 	}
@@ -37,7 +38,7 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	if len(recs) > limit {
 		page.Records = recs[:limit:limit]
 		last := page.Records[limit-1]
-		page.Next = store.ListCursor(last.Scope, last.Key)
+		page.Next = requests.Cursor(last.Scope, last.Key)
 	}
 	return page, nil
 }

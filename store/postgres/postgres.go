@@ -17,6 +17,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 // Store is a store.Store on a PostgreSQL table, shared by every worker that
@@ -206,7 +207,7 @@ func micros(d time.Duration) int64 {
 
 // ClaimLease implements store.Store: one statement, in a transaction of its own.
 func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := requests.ValidateLease(req); err != nil {
 		return store.ClaimResult{}, fmt.Errorf("oncemill: postgres: begin: %w", err)
 	}
 	if err := s.checkNewID("begin", req.Scope, req.Key, req.Fingerprint); err != nil {
@@ -323,7 +324,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Claim, out store.Compl
 // checkComplete validates a Complete and returns the outcome as stored: the
 // result copied, the error text made storable.
 func (s *Store) checkComplete(op string, lease store.Claim, out store.Completion) (store.Completion, error) {
-	if err := out.Validate(); err != nil {
+	if err := requests.ValidateCompletion(out); err != nil {
 		return out, fmt.Errorf("oncemill: postgres: %s: %w", op, err)
 	}
 	if err := s.checkID(op, lease.Scope, lease.Key); err != nil {

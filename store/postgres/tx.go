@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 	"github.com/oncemill/oncemill/store/postgres/internal/guardtx"
 )
 
@@ -38,7 +39,7 @@ const lockNotAvailable = "55P03"
 // pool and, for Execute, keeps it for the transaction until Commit or
 // Rollback.
 func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxResult, error) {
-	if err := req.Validate(); err != nil {
+	if err := requests.ValidateTx(req); err != nil {
 		return store.TxResult{}, fmt.Errorf("oncemill: postgres: claim: %w", err)
 	}
 	if err := s.checkNewID("claim", req.Scope, req.Key, req.Fingerprint); err != nil {

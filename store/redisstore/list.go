@@ -11,13 +11,14 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 // List implements store.Admin. Redis keeps no order, so every page scans
 // the keys of every node (SCAN), sorts the identities, and reads the
 // records of the page: it is for operators, not for the delivery path.
 func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage, error) {
-	afterScope, afterKey, limit, err := req.Page()
+	afterScope, afterKey, limit, err := requests.Page(req)
 	if err != nil {
 		return store.ListPage{}, fmt.Errorf("oncemill: redis: list: %w", err)
 	}
@@ -80,7 +81,7 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 			if err != nil {
 				return store.ListPage{}, fail("list", chunk[i].scope, chunk[i].key, err)
 			}
-			if req.Matches(rec.Record) {
+			if requests.Matches(req, rec.Record) {
 				page.Records = append(page.Records, rec.Record)
 			}
 		}
@@ -88,7 +89,7 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	if len(page.Records) > limit {
 		page.Records = page.Records[:limit:limit]
 		last := page.Records[limit-1]
-		page.Next = store.ListCursor(last.Scope, last.Key)
+		page.Next = requests.Cursor(last.Scope, last.Key)
 	}
 	return page, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 const (
@@ -239,7 +240,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	if err := s.checkOpen("begin"); err != nil {
 		return store.ClaimResult{}, err
 	}
-	if err := req.Validate(); err != nil {
+	if err := requests.ValidateLease(req); err != nil {
 		return store.ClaimResult{}, fmt.Errorf("oncemill: redis: begin: %w", err)
 	}
 	if len(req.Key) > s.maxKeyLen {
@@ -397,7 +398,7 @@ func (s *Store) run(ctx context.Context, script *goredis.Script, key string, arg
 
 // Complete implements store.Store.
 func (s *Store) Complete(ctx context.Context, lease store.Claim, out store.Completion) error {
-	if err := out.Validate(); err != nil {
+	if err := requests.ValidateCompletion(out); err != nil {
 		return fmt.Errorf("oncemill: redis: complete: %w", err)
 	}
 	if err := s.checkKey("complete", lease.Key); err != nil {

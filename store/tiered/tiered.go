@@ -17,6 +17,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 // Truth is the store of record: every operation that decides or changes
@@ -286,7 +287,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	if s.closed.Load() {
 		return store.ClaimResult{}, closedErr("begin")
 	}
-	if err := req.Validate(); err != nil {
+	if err := requests.ValidateLease(req); err != nil {
 		return store.ClaimResult{}, fmt.Errorf("oncemill: tiered: begin: %w", err)
 	}
 	k := id{req.Scope, req.Key}

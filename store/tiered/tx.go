@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
 // ClaimInTx implements store.Transactional: a finished record cached locally
@@ -17,7 +18,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	if s.closed.Load() {
 		return store.TxResult{}, closedErr("claim")
 	}
-	if err := req.Validate(); err != nil {
+	if err := requests.ValidateTx(req); err != nil {
 		return store.TxResult{}, fmt.Errorf("oncemill: tiered: claim: %w", err)
 	}
 	k := id{req.Scope, req.Key}
