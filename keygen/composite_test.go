@@ -149,7 +149,7 @@ func TestCompositeFingerprint(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			g := mustComposite(t, tt.parts...)
-			if got := keygen.FingerprintOf(g, msg); got != tt.want {
+			if got := fingerprintOf(g, msg); got != tt.want {
 				t.Errorf("fingerprint = %q, want %q", got, tt.want)
 			}
 		})

@@ -523,8 +523,8 @@ func TestContentHashFingerprintIsEmpty(t *testing.T) {
 		if fp := f.Fingerprint(msgWith(p)); fp != "" {
 			t.Errorf("Fingerprint(%q) = %q, want \"\"", p, fp)
 		}
-		if fp := keygen.FingerprintOf(g, msgWith(p)); fp != "" {
-			t.Errorf("FingerprintOf(%q) = %q, want \"\"", p, fp)
+		if fp := fingerprintOf(g, msgWith(p)); fp != "" {
+			t.Errorf("fingerprint of %q = %q, want \"\"", p, fp)
 		}
 	}
 }

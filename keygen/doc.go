@@ -24,7 +24,7 @@
 //
 // Besides the key, the receiver stores a fingerprint of the payload: the
 // same key arriving with a different payload is a mismatch (a permanent
-// failure), not a duplicate. FingerprintOf picks it: a generator that
+// failure), not a duplicate. The receiver picks it: a generator that
 // implements Fingerprinter decides (ContentHash returns "", meaning "do not
 // check", since its key is the content), any other generator gets
 // PayloadFingerprint, the XXH64 of the payload bytes in hex.

@@ -28,15 +28,6 @@ func PayloadFingerprint(msg *message.Message) string {
 	return string(buf[:])
 }
 
-// FingerprintOf is g's own fingerprint when g implements Fingerprinter and
-// PayloadFingerprint otherwise. An empty result means "do not check".
-func FingerprintOf(g Generator, msg *message.Message) string {
-	if f, ok := g.(Fingerprinter); ok {
-		return f.Fingerprint(msg)
-	}
-	return PayloadFingerprint(msg)
-}
-
 // NoFingerprint turns mismatch detection off (receiver.WithFingerprint): a
 // key seen again with another payload is a duplicate, not a mismatch.
 func NoFingerprint(*message.Message) string { return "" }

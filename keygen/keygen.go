@@ -28,7 +28,7 @@ func (f Func) Key(msg *message.Message) (string, error) { return f(msg) }
 // fingerprinted is a generator that fingerprints the payload its own way
 // (ContentHash, Composite): its key is Func's, its fingerprint fp's. The
 // other generators are plain Funcs, which are no Fingerprinter, so
-// FingerprintOf and Composite fall back to PayloadFingerprint for them.
+// The receiver and Composite fall back to PayloadFingerprint for them.
 type fingerprinted struct {
 	Func
 	fp func(msg *message.Message) string

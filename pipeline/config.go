@@ -25,8 +25,9 @@ type Config struct {
 	// KeyGenerator says who a message is. Nil means keygen.UUID().
 	KeyGenerator keygen.Generator
 	// Fingerprint identifies the payload for mismatch detection. Nil uses
-	// keygen.FingerprintOf(KeyGenerator, msg); return "" to turn detection
-	// off (keygen.NoFingerprint).
+	// the generator's own (keygen.Fingerprinter), else
+	// keygen.PayloadFingerprint; return "" to turn detection off
+	// (keygen.NoFingerprint).
 	Fingerprint func(*message.Message) string
 	// Scope names the key space. Empty uses the Watermill handler name from
 	// the message context, so two handlers of one topic each run a message
@@ -147,8 +148,10 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 		s.keys = keygen.UUID()
 	}
 	if s.fingerprint == nil {
-		keys := s.keys
-		s.fingerprint = func(m *message.Message) string { return keygen.FingerprintOf(keys, m) }
+		s.fingerprint = keygen.PayloadFingerprint
+		if f, ok := s.keys.(keygen.Fingerprinter); ok {
+			s.fingerprint = f.Fingerprint
+		}
 	}
 	if s.logger == nil {
 		s.logger = slog.Default()
