@@ -13,6 +13,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/internal/testenv"
@@ -60,7 +62,7 @@ func TestPoisonMessage(t *testing.T) {
 		st, err := redisstore.New(redisClient(t), redisstore.Options{Prefix: "it_poison_refused"})
 		must(t, err)
 		defer st.Close()
-		_, err = receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).Build()
+		_, err = receiver.New(st).WithMessagingSystem(semconv.MessagingSystemKafka).Build()
 		var ce *oncemill.ConfigError
 		if !errors.As(err, &ce) {
 			t.Fatalf("Build on Kafka with ExhaustedKeep and no dead letter = %v, want a *oncemill.ConfigError", err)
@@ -194,7 +196,7 @@ func runPoison(t *testing.T, bk brokerKind, p policy.Policy, withDeadLetter bool
 	r := &poisonRun{charges: map[string]int{}, chargedAt: map[string]time.Time{}}
 	logs, logger := testenv.NewLogs()
 	b := receiver.New(st).WithScope("poison").WithPolicy(p).WithLogger(logger).
-		WithMessagingSystem(map[string]string{"kafka": receiver.MessagingSystemKafka, "amqp-v3": receiver.MessagingSystemRabbitMQ, "sqs": receiver.MessagingSystemSQS}[bk.name]).
+		WithMessagingSystem(map[string]attribute.KeyValue{"kafka": semconv.MessagingSystemKafka, "amqp-v3": semconv.MessagingSystemRabbitMQ, "sqs": semconv.MessagingSystemAWSSQS}[bk.name]).
 		WithEventHandler(func(e pipeline.Event) {
 			if e.MessageUUID != poison || !e.Exhausted {
 				return

@@ -14,9 +14,9 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// ErrTransaction wraps failures to commit the handler's transaction. They
-// are retryable unless the policy says otherwise.
-var ErrTransaction = errors.New("oncemill: transaction")
+// errCommit wraps failures to commit the handler's transaction. They are
+// retryable unless the policy says otherwise.
+var errCommit = errors.New("oncemill: committing the handler's transaction")
 
 // errClaimTaken ends a retry whose new claim found the key taken by another
 // delivery in the moment between the rollback and the claim.
@@ -159,7 +159,7 @@ func (s *Transactional) commit(ctx context.Context, tx store.Tx, msgs []*message
 	err := tx.Commit(ctx, s.successOutcome(msgs).Result)
 	m.end(ctx, err)
 	if err != nil {
-		return fmt.Errorf("%w: commit: %w", ErrTransaction, err)
+		return fmt.Errorf("%w: %w", errCommit, err)
 	}
 	return nil
 }

@@ -7,7 +7,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncemill/oncemill"
@@ -174,22 +176,19 @@ func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
 	return b
 }
 
-// The messaging systems WithMessagingSystem names (OpenTelemetry's
-// messaging.system values); any other value is accepted as well.
-const (
-	MessagingSystemKafka    = "kafka"
-	MessagingSystemRabbitMQ = "rabbitmq"
-	MessagingSystemSQS      = "aws_sqs"
-)
-
-// WithMessagingSystem says which broker the receiver reads from
-// (MessagingSystemKafka, MessagingSystemRabbitMQ, MessagingSystemSQS):
+// WithMessagingSystem says which broker the receiver reads from, as
+// OpenTelemetry's messaging.system attribute: semconv.MessagingSystemKafka,
+// semconv.MessagingSystemRabbitMQ, semconv.MessagingSystemAWSSQS
+// (go.opentelemetry.io/otel/semconv), or another value of that key:
 // Watermill does not know. It is the messaging.system span attribute, and on
 // Kafka and RabbitMQ, whose consumers take messages in order, Build refuses
 // a policy that would hold up the messages behind a poison message for good
 // (policy.ExhaustedKeep without WithDeadLetter).
-func (b *Builder) WithMessagingSystem(system string) *Builder {
-	b.cfg.MessagingSystem = system
+func (b *Builder) WithMessagingSystem(system attribute.KeyValue) *Builder {
+	if system.Key != semconv.MessagingSystemKey || system.Value.Type() != attribute.STRING || system.Value.AsString() == "" {
+		return b.invalid("WithMessagingSystem", "%s=%s is not a messaging.system attribute; pass one such as semconv.MessagingSystemKafka", system.Key, system.Value.Emit())
+	}
+	b.cfg.MessagingSystem = system.Value.AsString()
 	return b
 }
 
@@ -255,7 +254,7 @@ func (b *Builder) asWritten(err error) error {
 // message goes back to its place at the head). There a message nacked for
 // good holds up every message behind it.
 func inOrder(system string) bool {
-	return system == MessagingSystemKafka || system == MessagingSystemRabbitMQ
+	return system == semconv.MessagingSystemKafka.Value.AsString() || system == semconv.MessagingSystemRabbitMQ.Value.AsString()
 }
 
 // middleware is either mode's stage: *pipeline.Leased or

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/sony/gobreaker/v2"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/keygen"
@@ -47,13 +48,13 @@ func TestBuildRefusesBadConfiguration(t *testing.T) {
 		{"unknown missing-key mode", func() *receiver.Builder { return withPolicy(st, policy.Policy{MissingKey: 7}) }, "policy.MissingKeyReject"},
 		{"negative payload size", func() *receiver.Builder { return withPolicy(st, policy.Policy{MaxPayloadBytes: -1}) }, "WithPolicy(Policy.MaxPayloadBytes)"},
 		{"kafka keeping exhausted messages without a dead letter", func() *receiver.Builder {
-			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
+			return receiver.New(st).WithMessagingSystem(semconv.MessagingSystemKafka)
 		}, "hold up the messages behind it"},
 		{"a heartbeat in the one-transaction mode", func() *receiver.Builder {
 			return receiver.NewTransactional(struct{ store.Transactional }{}).WithPolicy(policy.Policy{Heartbeat: time.Second})
 		}, "WithPolicy(Policy.Heartbeat): has no effect"},
 		{"rabbitmq keeping exhausted messages without a dead letter", func() *receiver.Builder {
-			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ)
+			return receiver.New(st).WithMessagingSystem(semconv.MessagingSystemRabbitMQ)
 		}, "ExhaustedKeep on rabbitmq"},
 	}
 	for _, tc := range cases {
@@ -155,7 +156,7 @@ func TestBuildNamesTheBuilderMethod(t *testing.T) {
 			return receiver.New(st).WithDeadLetter(gochannel.NewGoChannel(gochannel.Config{}, nil), "")
 		}, "WithDeadLetter", "topic"},
 		{"a poison message would hold up a Kafka partition", func() *receiver.Builder {
-			return receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka)
+			return receiver.New(st).WithMessagingSystem(semconv.MessagingSystemKafka)
 		}, "WithPolicy(Policy.Exhausted)", "WithDeadLetter"},
 	}
 	for _, tc := range cases {
@@ -266,10 +267,10 @@ func TestBuildOnInOrderBrokersTakesADeadLetterOrTheDrop(t *testing.T) {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	defer pubSub.Close()
 	for name, b := range map[string]*receiver.Builder{
-		"dead letter":           receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithDeadLetter(pubSub, "dead"),
-		"drop":                  receiver.New(st).WithMessagingSystem(receiver.MessagingSystemKafka).WithPolicy(policy.Policy{Exhausted: policy.ExhaustedDrop}),
-		"rabbitmq, dead letter": receiver.New(st).WithMessagingSystem(receiver.MessagingSystemRabbitMQ).WithDeadLetter(pubSub, "dead"),
-		"sqs":                   receiver.New(st).WithMessagingSystem(receiver.MessagingSystemSQS),
+		"dead letter":           receiver.New(st).WithMessagingSystem(semconv.MessagingSystemKafka).WithDeadLetter(pubSub, "dead"),
+		"drop":                  receiver.New(st).WithMessagingSystem(semconv.MessagingSystemKafka).WithPolicy(policy.Policy{Exhausted: policy.ExhaustedDrop}),
+		"rabbitmq, dead letter": receiver.New(st).WithMessagingSystem(semconv.MessagingSystemRabbitMQ).WithDeadLetter(pubSub, "dead"),
+		"sqs":                   receiver.New(st).WithMessagingSystem(semconv.MessagingSystemAWSSQS),
 	} {
 		if _, err := b.Build(); err != nil {
 			t.Errorf("%s: %v", name, err)

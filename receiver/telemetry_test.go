@@ -27,6 +27,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
@@ -139,7 +140,7 @@ func TestReceiverTelemetryUsesTheBuilderProviders(t *testing.T) {
 	r, err := receiver.New(telStore(t)).
 		WithTracerProvider(own.TracerProvider).
 		WithMeterProvider(own.MeterProvider).
-		WithMessagingSystem(receiver.MessagingSystemSQS).
+		WithMessagingSystem(semconv.MessagingSystemAWSSQS).
 		WithValidation(telValidate).
 		WithRetry(telRetry()).
 		WithCircuitBreaker(telBreaker()).
@@ -539,7 +540,7 @@ func Example_observability() {
 		WithScope("payments").
 		WithTracerProvider(tp).
 		WithMeterProvider(mp).
-		WithMessagingSystem(receiver.MessagingSystemSQS).
+		WithMessagingSystem(semconv.MessagingSystemAWSSQS).
 		WithLogger(slog.Default()).
 		Build()
 	if err != nil {

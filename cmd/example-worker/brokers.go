@@ -22,15 +22,15 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-
-	"github.com/oncemill/oncemill/receiver"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 )
 
 // broker is one connected broker. sub returns the subscriber of one router
 // handler (group: its Kafka consumer group); init creates the topics before
 // anything is published (RabbitMQ drops a message sent to no queue).
 type broker struct {
-	system string // receiver.MessagingSystem*, "" for gochannel
+	system attribute.KeyValue // semconv.MessagingSystem*; none for gochannel
 	pub    message.Publisher
 	sub    func(group string) (message.Subscriber, error)
 	init   func(ctx context.Context, names []string) error
@@ -42,7 +42,7 @@ func openBroker(ctx context.Context, cfg config, logger watermill.LoggerAdapter,
 		b, err = newKafka(cfg, logger)
 	case "amqp":
 		c := amqp.NewDurableQueueConfig(cfg.amqpURL) // durable queues the workers share
-		b = &broker{system: receiver.MessagingSystemRabbitMQ, sub: func(string) (message.Subscriber, error) { return amqp.NewSubscriber(c, logger) }}
+		b = &broker{system: semconv.MessagingSystemRabbitMQ, sub: func(string) (message.Subscriber, error) { return amqp.NewSubscriber(c, logger) }}
 		b.pub, err = amqp.NewPublisher(c, logger)
 	case "sqs":
 		// A queue per topic. A nacked message comes back after the
@@ -51,7 +51,7 @@ func openBroker(ctx context.Context, cfg config, logger watermill.LoggerAdapter,
 		awsCfg := aws.Config{Region: "us-east-1", Credentials: creds}
 		endpoint := []func(*sqs.Options){func(o *sqs.Options) { o.BaseEndpoint = aws.String(cfg.sqsEndpoint) }}
 		queue := wsqs.QueueConfigAttributes{VisibilityTimeout: strconv.Itoa(int(cfg.sqsVisibility.Seconds()))}
-		b = &broker{system: receiver.MessagingSystemSQS, sub: func(string) (message.Subscriber, error) {
+		b = &broker{system: semconv.MessagingSystemAWSSQS, sub: func(string) (message.Subscriber, error) {
 			return wsqs.NewSubscriber(wsqs.SubscriberConfig{AWSConfig: awsCfg, OptFns: endpoint, QueueConfigAttributes: queue, ConsumeWorkers: 4}, logger)
 		}}
 		b.pub, err = wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: awsCfg, OptFns: endpoint, CreateQueueConfig: queue}, logger)
@@ -109,7 +109,7 @@ func newKafka(cfg config, logger watermill.LoggerAdapter) (*broker, error) {
 	// A JoinGroup waits up to the rebalance timeout, nothing else longer: a
 	// response that never comes costs 5 s more, not 30 s (docs/kafka.md).
 	c.Net.ReadTimeout = c.Consumer.Group.Rebalance.Timeout + 5*time.Second
-	return &broker{system: receiver.MessagingSystemKafka, pub: pub,
+	return &broker{system: semconv.MessagingSystemKafka, pub: pub,
 		sub: func(group string) (message.Subscriber, error) {
 			return kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: brokers, Unmarshaler: kafka.DefaultMarshaler{},
 				OverwriteSaramaConfig: c, ConsumerGroup: group, NackResendSleep: 100 * time.Millisecond}, logger)

@@ -90,7 +90,7 @@ func (w *worker) newReceiver(onEvent func(pipeline.Event)) (*receiver.Receiver, 
 	}
 	b = b.WithKeyGenerator(w.keys).WithScope(w.cfg.scope).WithPolicy(p).WithLogger(w.log).WithEventHandler(onEvent).
 		WithDeadLetter(w.broker.pub, w.topic("dead-letters")).WithMeterProvider(w.meters)
-	if w.broker.system != "" {
+	if w.broker.system.Valid() {
 		b = b.WithMessagingSystem(w.broker.system)
 	}
 	if w.tracer != nil {

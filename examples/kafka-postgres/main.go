@@ -28,6 +28,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -102,7 +103,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	r, err := receiver.NewTransactional(st).
 		WithPolicy(policy.Policy{SuccessTTL: 7 * 24 * time.Hour}). // longer than Kafka could redeliver: lag, a group rewound
 		WithLogger(logger).
-		WithMessagingSystem(receiver.MessagingSystemKafka).
+		WithMessagingSystem(semconv.MessagingSystemKafka).
 		WithDeadLetter(pub, cfg.Topic+"-dead"). // nacked for good, a poison message would hold up its partition
 		WithEventHandler(func(e pipeline.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())

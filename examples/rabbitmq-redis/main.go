@@ -29,6 +29,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	goredis "github.com/redis/go-redis/v9"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -92,7 +93,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			LeaseDuration: 30 * time.Second, // longer than the slowest handler; the heartbeat extends it
 		}).
 		WithLogger(logger).
-		WithMessagingSystem(receiver.MessagingSystemRabbitMQ).
+		WithMessagingSystem(semconv.MessagingSystemRabbitMQ).
 		WithDeadLetter(pub, cfg.Queue+"-dead"). // requeued for good, a poison message would hold up the queue
 		WithEventHandler(func(e pipeline.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())

@@ -32,6 +32,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -96,7 +97,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		// SQS keeps a message up to 14 days (MessageRetentionPeriod): remember longer.
 		WithPolicy(policy.Policy{SuccessTTL: 15 * 24 * time.Hour}).
 		WithLogger(logger).
-		WithMessagingSystem(receiver.MessagingSystemSQS).
+		WithMessagingSystem(semconv.MessagingSystemAWSSQS).
 		WithEventHandler(func(e pipeline.Event) {
 			logger.Info("delivery", "uuid", e.MessageUUID, "outcome", e.Outcome.String())
 		}).

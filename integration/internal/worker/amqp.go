@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 )
 
 // newAMQP connects to RabbitMQ through watermill-amqp/v3.
@@ -49,7 +50,7 @@ func NewAMQPBroker(cfg Config, client AMQPClient) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("amqp connection (%s): %w", redactURL(cfg.AMQPURL), err)
 	}
-	b := &Broker{System: "rabbitmq", Closers: []func() error{pubConn.Close}}
+	b := &Broker{System: semconv.MessagingSystemRabbitMQ, Closers: []func() error{pubConn.Close}}
 	subConn, err := client.Connect()
 	if err != nil {
 		_ = b.Close()

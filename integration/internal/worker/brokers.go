@@ -11,12 +11,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 )
 
 // Broker is one connected broker.
 type Broker struct {
 	// System is the OpenTelemetry messaging.system of the broker.
-	System string
+	System attribute.KeyValue
 	Pub    message.Publisher
 	// Subscriber returns the subscriber of one router handler. group names
 	// its consumer group where the broker has them (Kafka).
@@ -70,7 +72,7 @@ func NewBroker(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 func newGoChannel(logger watermill.LoggerAdapter) *Broker {
 	ps := gochannel.NewGoChannel(gochannel.Config{}, logger)
 	return &Broker{
-		System:     "gochannel",
+		System:     semconv.MessagingSystemKey.String("gochannel"),
 		Pub:        ps,
 		Subscriber: func(string) (message.Subscriber, error) { return ps, nil },
 		InitTopics: func(context.Context, []string) error { return nil },

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 )
 
 // kafkaVersion is the protocol version sarama speaks: Kafka 2.8 and later
@@ -35,7 +36,7 @@ func newKafka(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka publisher (%s): %w", cfg.KafkaBrokers, err)
 	}
-	b := &Broker{System: "kafka", Pub: pub, Closers: []func() error{pub.Close}}
+	b := &Broker{System: semconv.MessagingSystemKafka, Pub: pub, Closers: []func() error{pub.Close}}
 	b.Subscriber = func(group string) (message.Subscriber, error) {
 		sessions := &kafkaSessions{byClaim: map[kafkaClaim]context.Context{}}
 		sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{

@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 )
 
 // newSQS connects to SQS (or an emulator at --sqs-endpoint) through
@@ -44,7 +45,7 @@ func newSQS(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 			ConsumeWorkers: cfg.SQSWorkers,
 		}, logger)
 	}
-	b := &Broker{System: "aws_sqs", Pub: pub, Closers: []func() error{pub.Close}}
+	b := &Broker{System: semconv.MessagingSystemAWSSQS, Pub: pub, Closers: []func() error{pub.Close}}
 	b.Subscriber = func(string) (message.Subscriber, error) { return newSub() }
 	b.InitTopics = func(ctx context.Context, names []string) error {
 		sub, err := newSub()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
@@ -44,8 +45,8 @@ type ReceiverDeps struct {
 	OnEvent   func(pipeline.Event)
 	DeadPub   message.Publisher // nil: no dead-letter topic
 	DeadTopic string
-	Tel       *Telemetry // nil: the global OpenTelemetry providers
-	System    string     // messaging.system of the broker
+	Tel       *Telemetry         // nil: the global OpenTelemetry providers
+	System    attribute.KeyValue // messaging.system of the broker
 }
 
 // NewReceiver returns the middleware every payments handler runs behind:
