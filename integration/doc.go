@@ -2,9 +2,9 @@
 // stores: Kafka (franz-go's kfake, in process), RabbitMQ through
 // watermill-amqp v2 and v3, SQS (the fauxqs emulator, started from the
 // lockfile in fauxqs/), PostgreSQL in the one-transaction mode, and Redis. The
-// consumers are real processes of cmd/example-worker, or of cmd/oncemill-soak
-// (the same worker with faults injected) where a test needs its switches, so
-// a crash is a SIGKILL, not a polite close.
+// consumers are real processes of the test rigs under cmd/ here (worker-rig,
+// a fuller copy of cmd/example-worker, and oncemill-soak, the same worker
+// with faults injected), so a crash is a SIGKILL, not a polite close.
 //
 // Run it with `go test ./integration/...`. PostgreSQL, Redis and RabbitMQ
 // must answer on 127.0.0.1 (or where ONCEMILL_POSTGRES_DSN,
