@@ -16,7 +16,7 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -242,7 +242,7 @@ func windowStore(t *testing.T, name, ns string) (store.Store, *toxiproxy.Proxy) 
 	case "redis":
 		proxy := faultProxy(t, env.redisAddr)
 		// One dial attempt (go-redis makes 5 by default), no command retry.
-		client := goredis.NewClient(&goredis.Options{Addr: proxy.Listen, DialTimeout: 500 * time.Millisecond, DialerRetries: 1,
+		client := redis.NewClient(&redis.Options{Addr: proxy.Listen, DialTimeout: 500 * time.Millisecond, DialerRetries: 1,
 			ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond, MaxRetries: -1})
 		t.Cleanup(func() { _ = client.Close() })
 		st, err := redisstore.New(client, redisstore.Options{Prefix: ns})

@@ -15,7 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/oncemill/oncemill/pipeline"
@@ -169,7 +169,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		defer runFaultLoop(t, r, b, handler, p, proxy, f)
 	case "redis":
 		proxy := faultProxy(t, env.redisAddr)
-		client := goredis.NewClient(&goredis.Options{Addr: proxy.Listen, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
+		client := redis.NewClient(&redis.Options{Addr: proxy.Listen, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
 			DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
 		t.Cleanup(func() { _ = client.Close() })
 		st, err := redisstore.New(client, redisstore.Options{Prefix: ns})

@@ -24,7 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -199,7 +199,7 @@ var outageModes = []outageMode{
 		// The lease mode over the tiered store, whose truth is the same
 		// PostgreSQL, through the same proxy: the cut takes the records
 		// away as well as the ledger.
-		cache := goredis.NewClient(&goredis.Options{Addr: env.redisAddr, ContextTimeoutEnabled: true})
+		cache := redis.NewClient(&redis.Options{Addr: env.redisAddr, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = cache.Close() })
 		st, err := tiered.New(r.pgStore(t), cache, tiered.Options{Prefix: r.ns})
 		must(t, err)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp091 "github.com/rabbitmq/amqp091-go"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 )
 
 // checkServices fails when PostgreSQL, Redis or RabbitMQ does not answer.
@@ -26,7 +26,7 @@ func checkServices() error {
 		_ = conn.Close(ctx)
 	}
 
-	rdb := goredis.NewClient(&goredis.Options{Addr: env.redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: env.redisAddr})
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		errs = append(errs, fmt.Errorf("Redis at %s does not answer (%w); start it with: redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save \"\" --appendonly no", env.redisAddr, err))
 	}

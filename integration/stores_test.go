@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 )
 
 // storeKind is one idempotency store and the ledger beside it, where the
@@ -94,8 +94,8 @@ var storeKinds = []storeKind{
 // One pool and one client for all tests, opened on first use.
 var (
 	pgOnce    = sync.OnceValues(func() (*pgxpool.Pool, error) { return pgxpool.New(context.Background(), env.postgresDSN) })
-	redisOnce = sync.OnceValues(func() (*goredis.Client, error) {
-		return goredis.NewClient(&goredis.Options{Addr: env.redisAddr}), nil
+	redisOnce = sync.OnceValues(func() (*redis.Client, error) {
+		return redis.NewClient(&redis.Options{Addr: env.redisAddr}), nil
 	})
 )
 
@@ -105,7 +105,7 @@ func pgPool(t *testing.T) *pgxpool.Pool {
 	return p
 }
 
-func redisClient(t *testing.T) *goredis.Client {
+func redisClient(t *testing.T) *redis.Client {
 	c, err := redisOnce()
 	must(t, err)
 	return c

@@ -17,7 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -156,7 +156,7 @@ func openStore(ctx context.Context, cfg config) (*stores, error) {
 			},
 		}, nil
 	case "redis":
-		client := goredis.NewClient(&goredis.Options{Addr: cfg.redisAddr, PoolSize: 2*cfg.partitions + 10})
+		client := redis.NewClient(&redis.Options{Addr: cfg.redisAddr, PoolSize: 2*cfg.partitions + 10})
 		st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.redisPrefix})
 		if err == nil {
 			err = client.Ping(ctx).Err()

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -148,17 +148,17 @@ func openRedis(ctx context.Context, g *globals) (*backend, error) {
 
 // redisClient connects to --redis-addr. Its calls are bounded by their
 // contexts (ContextTimeoutEnabled), as the tiered store requires.
-func redisClient(ctx context.Context, g *globals) (*goredis.Client, string, error) {
-	opts := &goredis.Options{Addr: g.RedisAddr}
+func redisClient(ctx context.Context, g *globals) (*redis.Client, string, error) {
+	opts := &redis.Options{Addr: g.RedisAddr}
 	if strings.Contains(g.RedisAddr, "://") {
 		var err error
-		if opts, err = goredis.ParseURL(g.RedisAddr); err != nil {
+		if opts, err = redis.ParseURL(g.RedisAddr); err != nil {
 			return nil, "", fmt.Errorf("--redis-addr %s: %w", redactURL(g.RedisAddr), err)
 		}
 	}
 	opts.ContextTimeoutEnabled = true
 	where := redactURL(g.RedisAddr)
-	client := goredis.NewClient(opts)
+	client := redis.NewClient(opts)
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
 		return nil, "", fmt.Errorf("Redis at %s is unreachable: %w", where, err)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
@@ -107,9 +107,9 @@ func newPostgresFixture(t *testing.T) *fixture {
 	}
 }
 
-func newRedisClient(t *testing.T) *goredis.Client {
+func newRedisClient(t *testing.T) *redis.Client {
 	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr()})
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
@@ -122,7 +122,7 @@ func newRedisClient(t *testing.T) *goredis.Client {
 
 // newRedisPrefix returns a prefix for this test alone and removes its keys
 // when the test ends.
-func newRedisPrefix(t *testing.T, c *goredis.Client) string {
+func newRedisPrefix(t *testing.T, c *redis.Client) string {
 	t.Helper()
 	prefix := "oncemilltest:cli" + rand.Text()[:12]
 	t.Cleanup(func() {
@@ -163,7 +163,7 @@ func newRedisFixture(t *testing.T) *fixture {
 func newTieredFixture(t *testing.T) *fixture {
 	t.Helper()
 	pg := newPostgresFixture(t)
-	c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(), ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(t.Context()).Err(); err != nil {
 		t.Fatalf("Redis at %s is unreachable: %v; start it with: %s", testenv.RedisAddr(), err, testenv.StartRedis)

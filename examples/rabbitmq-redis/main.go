@@ -28,7 +28,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
 	"github.com/oncemill/oncemill/pipeline"
@@ -69,7 +69,7 @@ func main() {
 func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	wlog := watermill.NewSlogLogger(logger)
 
-	rdb := goredis.NewClient(&goredis.Options{Addr: cfg.RedisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr})
 	defer rdb.Close() // the store does not close the client
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis at %s: %w", cfg.RedisAddr, err)

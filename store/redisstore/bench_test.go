@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/redisstore"
@@ -29,7 +29,7 @@ var benchCompletion = store.Completion{Status: store.StatusSucceeded, Result: ma
 
 func benchStore(b *testing.B, poolSize int, autoPipeline bool) *redisstore.Store {
 	b.Helper()
-	c := newClient(b, &goredis.Options{PoolSize: poolSize})
+	c := newClient(b, &redis.Options{PoolSize: poolSize})
 	return newStore(b, c, redisstore.Options{Prefix: testPrefix(b, c), AutoPipeline: autoPipeline})
 }
 
@@ -135,7 +135,7 @@ func BenchmarkReplay(b *testing.B) {
 func BenchmarkSetNX(b *testing.B) {
 	for _, n := range []int{1, 4, 16} {
 		b.Run("handlers="+strconv.Itoa(n), func(b *testing.B) {
-			c := newClient(b, &goredis.Options{PoolSize: n})
+			c := newClient(b, &redis.Options{PoolSize: n})
 			prefix := testPrefix(b, c)
 			ctx := context.Background()
 			concurrently(b, n, func(i int) error {
@@ -149,7 +149,7 @@ func BenchmarkSetNX(b *testing.B) {
 // a new key: go-redis takes the nil reply of SET NX GET down its error path
 // (its retry classification), where SET NX answers OK. Compare allocs/op.
 func BenchmarkNewKeyReply(b *testing.B) {
-	c := newClient(b, &goredis.Options{PoolSize: 1})
+	c := newClient(b, &redis.Options{PoolSize: 1})
 	prefix := testPrefix(b, c)
 	ctx := context.Background()
 	b.Run("SET-NX", func(b *testing.B) {
@@ -163,8 +163,8 @@ func BenchmarkNewKeyReply(b *testing.B) {
 	b.Run("SET-NX-GET", func(b *testing.B) {
 		b.ReportAllocs()
 		for i := range b.N {
-			err := c.SetArgs(ctx, prefix+":nxget:"+strconv.Itoa(b.N)+":"+strconv.Itoa(i), "v", goredis.SetArgs{Mode: "NX", Get: true, TTL: time.Minute}).Err()
-			if !errors.Is(err, goredis.Nil) {
+			err := c.SetArgs(ctx, prefix+":nxget:"+strconv.Itoa(b.N)+":"+strconv.Itoa(i), "v", redis.SetArgs{Mode: "NX", Get: true, TTL: time.Minute}).Err()
+			if !errors.Is(err, redis.Nil) {
 				b.Fatalf("SET NX GET of a new key = %v, want redis.Nil", err)
 			}
 		}
@@ -193,7 +193,7 @@ func messageUsec(before, after commandStats) float64 {
 // comparison with the value its ClaimLease wrote, one SET PX. It is what the
 // store's own compare-and-set script does today, written out here so that
 // the reference stays put when the store changes.
-var minimalCompleteScript = goredis.NewScript(`
+var minimalCompleteScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
@@ -204,7 +204,7 @@ return 1
 // issue 12: ClaimLease one SET key token|1|fp NX PX, Complete minimalCompleteScript
 // with the same 256-byte result as oncemill's. Nothing else: no record
 // layout, no checks, no hash tag.
-func minimalLease(ctx context.Context, c goredis.Cmdable, prefix string) func(i int) error {
+func minimalLease(ctx context.Context, c redis.Cmdable, prefix string) func(i int) error {
 	result := string(benchCompletion.Result)
 	return func(i int) error {
 		key := prefix + strconv.Itoa(i)
@@ -248,7 +248,7 @@ func BenchmarkVersusSetNX(b *testing.B) {
 		autoPipeline bool
 	}{{1, false}, {4, false}, {16, false}, {4, true}, {16, true}} {
 		b.Run(fmt.Sprintf("handlers=%d/autopipeline=%v", tt.n, tt.autoPipeline), func(b *testing.B) {
-			c := newClient(b, &goredis.Options{PoolSize: tt.n})
+			c := newClient(b, &redis.Options{PoolSize: tt.n})
 			prefix := testPrefix(b, c)
 			s := newStore(b, c, redisstore.Options{Prefix: prefix, AutoPipeline: tt.autoPipeline})
 			ctx := context.Background()
@@ -275,7 +275,7 @@ func BenchmarkVersusSetNX(b *testing.B) {
 				wg.Wait()
 				return time.Since(start)
 			}
-			twoSetNX := func(c goredis.Cmdable, tag string) func(i int) error {
+			twoSetNX := func(c redis.Cmdable, tag string) func(i int) error {
 				return func(i int) error {
 					key := prefix + tag + strconv.Itoa(i)
 					if err := c.SetNX(ctx, key+":1", "v", time.Minute).Err(); err != nil {

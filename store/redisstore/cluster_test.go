@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/redisstore"
@@ -88,7 +88,7 @@ func TestSlotTagsPinned(t *testing.T) {
 	if got := fmt.Sprintf("%x", sha256.Sum256([]byte(b.String()))); got != "310d5916719b3a0ad22a1c3725c8e111862ca55941e8ff28af8ce3a745e2b88c" {
 		t.Errorf("slot tag table changed: sha256 %s", got)
 	}
-	s := newStore(t, goredis.NewClient(&goredis.Options{}), redisstore.Options{})
+	s := newStore(t, redis.NewClient(&redis.Options{}), redisstore.Options{})
 	for _, tt := range []struct{ scope, key, record string }{
 		{"payments", "order-42", "oncemill:{11m}:r:8:payments:order-42"},
 		{"", "k", "oncemill:{62j}:r:0::k"},
@@ -104,7 +104,7 @@ func TestSlotTagsPinned(t *testing.T) {
 // their scopes and keys are spelled.
 func TestRecordsSpreadOverSlots(t *testing.T) {
 	t.Parallel()
-	s := newStore(t, goredis.NewClient(&goredis.Options{}), redisstore.Options{Prefix: "app:oncemill"})
+	s := newStore(t, redis.NewClient(&redis.Options{}), redisstore.Options{Prefix: "app:oncemill"})
 	// 4 identities per slot on average: about 98% of the slots get one.
 	used := map[int]bool{}
 	for i := range 4 * redisstore.NumSlots {
@@ -120,15 +120,15 @@ func TestRecordsSpreadOverSlots(t *testing.T) {
 // this test process (or ONCEMILL_REDIS_CLUSTER_ADDRS, comma-separated).
 var testCluster = sync.OnceValues(startCluster)
 
-func clusterClient(t *testing.T) *goredis.ClusterClient {
+func clusterClient(t *testing.T) *redis.ClusterClient {
 	t.Helper()
 	addrs, err := testCluster()
 	if err != nil {
 		t.Fatalf("Redis Cluster: %v", err)
 	}
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, PoolSize: 4})
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 4})
 	t.Cleanup(func() { c.Close() })
-	if err := c.ForEachMaster(t.Context(), func(ctx context.Context, n *goredis.Client) error { return n.Ping(ctx).Err() }); err != nil {
+	if err := c.ForEachMaster(t.Context(), func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() }); err != nil {
 		t.Fatalf("Redis Cluster at %v: %v", addrs, err)
 	}
 	return c
@@ -169,7 +169,7 @@ func startCluster() ([]string, error) {
 
 	var (
 		addrs   []string
-		clients []*goredis.Client
+		clients []*redis.Client
 	)
 	defer func() {
 		for _, c := range clients {
@@ -191,7 +191,7 @@ func startCluster() ([]string, error) {
 		clusterProcs = append(clusterProcs, cmd)
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		addrs = append(addrs, addr)
-		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		c := redis.NewClient(&redis.Options{Addr: addr})
 		clients = append(clients, c)
 		for c.Ping(ctx).Err() != nil {
 			if ctx.Err() != nil {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/redisstore"
@@ -22,7 +22,7 @@ func Example() {
 	if addr == "" {
 		addr = "127.0.0.1:6379"
 	}
-	client := goredis.NewClient(&goredis.Options{Addr: addr})
+	client := redis.NewClient(&redis.Options{Addr: addr})
 	defer client.Close()
 	st, err := redisstore.New(client, redisstore.Options{Prefix: "oncemill-example"})
 	if err != nil {

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 )
 
 // Test-only hooks.
@@ -15,7 +15,7 @@ import (
 // time passing.
 func AdvanceClock(s *Store, d time.Duration) {
 	ctx := context.Background()
-	err := s.eachNode(ctx, func(ctx context.Context, c goredis.Cmdable) error {
+	err := s.eachNode(ctx, func(ctx context.Context, c redis.Cmdable) error {
 		iter := c.Scan(ctx, 0, recordPattern(s.prefix), scanCount).Iterator()
 		for iter.Next(ctx) {
 			key := iter.Val()
@@ -61,7 +61,7 @@ func SetIfEqRefused(s *Store) bool { return s.noSetIfEq.Load() }
 // ScriptName names the store's script whose SHA1 is sha ("finish script"),
 // or returns "" for none of them.
 func ScriptName(sha string) string {
-	for name, script := range map[string]*goredis.Script{
+	for name, script := range map[string]*redis.Script{
 		"claim": claimScript, "finish": finishScript, "setIfEq": setIfEqScript, "extend": extendScript,
 		"delete": deleteScript, "get": getScript, "migrate": migrateScript,
 	} {

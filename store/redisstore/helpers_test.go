@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store/redisstore"
@@ -19,7 +19,7 @@ import (
 
 // newClient connects to the test Redis. An unreachable Redis fails the test:
 // it is never skipped.
-func newClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
+func newClient(tb testing.TB, opts *redis.Options) *redis.Client {
 	tb.Helper()
 	return connect(tb, testenv.RedisAddr(), opts, "Start Redis 7 or later with:\n  "+testenv.StartRedis)
 }
@@ -27,19 +27,19 @@ func newClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
 // newValkeyClient connects to the test Valkey, a server with SET IFEQ:
 // ONCEMILL_VALKEY_ADDR, or 127.0.0.1:6391 (scripts/valkey). An unreachable
 // one fails the test: it is never skipped.
-func newValkeyClient(tb testing.TB, opts *goredis.Options) *goredis.Client {
+func newValkeyClient(tb testing.TB, opts *redis.Options) *redis.Client {
 	tb.Helper()
 	return connect(tb, cmp.Or(os.Getenv("ONCEMILL_VALKEY_ADDR"), "127.0.0.1:6391"), opts,
 		"Start it with:\n  scripts/valkey start\nor point ONCEMILL_VALKEY_ADDR at a running Valkey 8.1 or Redis 8.4.")
 }
 
-func connect(tb testing.TB, addr string, opts *goredis.Options, howToStart string) *goredis.Client {
+func connect(tb testing.TB, addr string, opts *redis.Options, howToStart string) *redis.Client {
 	tb.Helper()
 	if opts == nil {
-		opts = &goredis.Options{}
+		opts = &redis.Options{}
 	}
 	opts.Addr = addr
-	c := goredis.NewClient(opts)
+	c := redis.NewClient(opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
@@ -52,7 +52,7 @@ func connect(tb testing.TB, addr string, opts *goredis.Options, howToStart strin
 
 // testPrefix returns a prefix no other run uses, and removes every key under
 // it when the test ends.
-func testPrefix(tb testing.TB, c goredis.UniversalClient) string {
+func testPrefix(tb testing.TB, c redis.UniversalClient) string {
 	tb.Helper()
 	prefix := "oncemilltest:" + rand.Text()[:12]
 	tb.Cleanup(func() { removeKeys(tb, c, prefix) })
@@ -60,10 +60,10 @@ func testPrefix(tb testing.TB, c goredis.UniversalClient) string {
 }
 
 // removeKeys deletes every key under prefix, on every node.
-func removeKeys(tb testing.TB, c goredis.UniversalClient, prefix string) {
+func removeKeys(tb testing.TB, c redis.UniversalClient, prefix string) {
 	tb.Helper()
 	ctx := context.Background()
-	node := func(ctx context.Context, n *goredis.Client) error {
+	node := func(ctx context.Context, n *redis.Client) error {
 		var cursor uint64
 		for {
 			keys, next, err := n.Scan(ctx, cursor, prefix+":*", 1000).Result()
@@ -72,7 +72,7 @@ func removeKeys(tb testing.TB, c goredis.UniversalClient, prefix string) {
 			}
 			// One UNLINK per key: a cluster refuses multi-key commands
 			// across slots.
-			_, err = n.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			_, err = n.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for _, k := range keys {
 					p.Unlink(ctx, k)
 				}
@@ -89,9 +89,9 @@ func removeKeys(tb testing.TB, c goredis.UniversalClient, prefix string) {
 	}
 	var err error
 	switch c := c.(type) {
-	case *goredis.ClusterClient:
+	case *redis.ClusterClient:
 		err = c.ForEachMaster(ctx, node)
-	case *goredis.Client:
+	case *redis.Client:
 		err = node(ctx, c)
 	}
 	if err != nil {
@@ -100,7 +100,7 @@ func removeKeys(tb testing.TB, c goredis.UniversalClient, prefix string) {
 }
 
 // listKeys lists the keys under prefix on a single Redis.
-func listKeys(tb testing.TB, c *goredis.Client, prefix string) []string {
+func listKeys(tb testing.TB, c *redis.Client, prefix string) []string {
 	tb.Helper()
 	var keys []string
 	iter := c.Scan(context.Background(), 0, prefix+":*", 1000).Iterator()
@@ -113,7 +113,7 @@ func listKeys(tb testing.TB, c *goredis.Client, prefix string) []string {
 	return keys
 }
 
-func newStore(tb testing.TB, c goredis.UniversalClient, opts redisstore.Options) *redisstore.Store {
+func newStore(tb testing.TB, c redis.UniversalClient, opts redisstore.Options) *redisstore.Store {
 	tb.Helper()
 	s, err := redisstore.New(c, opts)
 	if err != nil {
@@ -125,7 +125,7 @@ func newStore(tb testing.TB, c goredis.UniversalClient, opts redisstore.Options)
 // newTestStore is newStore for the tests: with Options.AutoPipeline every
 // call goes through the pipeliner, not only those beyond the first few
 // under way, so that the tests cover that path.
-func newTestStore(tb testing.TB, c goredis.UniversalClient, opts redisstore.Options) *redisstore.Store {
+func newTestStore(tb testing.TB, c redis.UniversalClient, opts redisstore.Options) *redisstore.Store {
 	tb.Helper()
 	s := newStore(tb, c, opts)
 	if opts.AutoPipeline {
@@ -138,7 +138,7 @@ func newTestStore(tb testing.TB, c goredis.UniversalClient, opts redisstore.Opti
 // Options.AutoPipeline. Each subtest has a Store on a prefix of its own, and
 // Advance touches only that prefix's records: the subtests may run in
 // parallel.
-func runContract(t *testing.T, c goredis.UniversalClient, autoPipeline bool) {
+func runContract(t *testing.T, c redis.UniversalClient, autoPipeline bool) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		t.Parallel()
 		s := newTestStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
@@ -157,7 +157,7 @@ type serverStats struct {
 // commandStats is INFO commandstats: what each command has cost so far.
 type commandStats map[string]struct{ calls, usec int64 }
 
-func readServerStats(tb testing.TB, c *goredis.Client) serverStats {
+func readServerStats(tb testing.TB, c *redis.Client) serverStats {
 	tb.Helper()
 	info, err := c.Info(context.Background(), "commandstats", "cpu").Result()
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/internal/requests"
@@ -31,7 +31,7 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 		ids []id
 	)
 	pattern := recordPattern(s.prefix)
-	err = s.eachNode(ctx, func(ctx context.Context, c goredis.Cmdable) error {
+	err = s.eachNode(ctx, func(ctx context.Context, c redis.Cmdable) error {
 		iter := c.Scan(ctx, 0, pattern, scanCount).Iterator()
 		for iter.Next(ctx) {
 			scope, key, ok := parseRecordKey(s.prefix, iter.Val())
@@ -55,24 +55,24 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	for len(ids) > 0 && len(page.Records) <= limit {
 		chunk := ids[:min(len(ids), limit+1)]
 		ids = ids[len(chunk):]
-		cmds, err := s.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		cmds, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, id := range chunk {
 				p.Get(ctx, id.redisKey)
 			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, goredis.Nil) && !isWrongType(err) {
+		if err != nil && !errors.Is(err, redis.Nil) && !isWrongType(err) {
 			return store.ListPage{}, fmt.Errorf("oncemill: redis: list: %w", err)
 		}
 		for i, cmd := range cmds {
-			v, err := cmd.(*goredis.StringCmd).Result()
+			v, err := cmd.(*redis.StringCmd).Result()
 			if isWrongType(err) { // layout 0: migrate it and read it again
 				if err = migrate(ctx, s.client, chunk[i].redisKey); err == nil {
 					v, err = s.client.Get(ctx, chunk[i].redisKey).Result()
 				}
 			}
 			switch {
-			case errors.Is(err, goredis.Nil):
+			case errors.Is(err, redis.Nil):
 				continue // gone since the scan
 			case err != nil:
 				return store.ListPage{}, fail("list", chunk[i].scope, chunk[i].key, err)
@@ -96,12 +96,12 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 
 // eachNode runs f on every node that holds records: each master of a
 // cluster, each shard of a ring, or the one server.
-func (s *Store) eachNode(ctx context.Context, f func(context.Context, goredis.Cmdable) error) error {
+func (s *Store) eachNode(ctx context.Context, f func(context.Context, redis.Cmdable) error) error {
 	switch c := s.client.(type) {
-	case *goredis.ClusterClient:
-		return c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return f(ctx, n) })
-	case *goredis.Ring:
-		return c.ForEachShard(ctx, func(ctx context.Context, n *goredis.Client) error { return f(ctx, n) })
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return f(ctx, n) })
+	case *redis.Ring:
+		return c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return f(ctx, n) })
 	default:
 		return f(ctx, s.client)
 	}

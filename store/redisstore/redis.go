@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
@@ -101,10 +101,10 @@ func validPrefix(p string) error {
 // Redis and Prefix. It is safe for concurrent use. It does not own the
 // client: close the client when done.
 type Store struct {
-	client goredis.UniversalClient
+	client redis.UniversalClient
 	// pipe is the client's AutoPipeliner, nil with Options.AutoPipeline
 	// off. The client owns it: go-redis shares it among all its users.
-	pipe *goredis.AutoPipeliner
+	pipe *redis.AutoPipeliner
 	// inflight counts the calls under way (enter, leave); with more than
 	// pipeAbove of them, commands go through pipe.
 	inflight  atomic.Int32
@@ -125,7 +125,7 @@ var (
 
 // New returns a store over client configured by opts. It does not contact
 // Redis; the first operation does.
-func New(client goredis.UniversalClient, opts Options) (*Store, error) {
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, configerr.New("redis client", "nil; pass a *redis.Client (redis.NewClient) or *redis.ClusterClient")
 	}
@@ -133,12 +133,12 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	var pipe *goredis.AutoPipeliner
+	var pipe *redis.AutoPipeliner
 	if opts.AutoPipeline {
 		// Full duplex: one held connection that a writer and a reader
 		// stream on, which did more for 16 handlers than go-redis's
 		// default half-duplex batches (docs/benchmarks.md).
-		pipe, err = client.AutoPipelineWithOptions(&goredis.AutoPipelineOptions{FullDuplex: true})
+		pipe, err = client.AutoPipelineWithOptions(&redis.AutoPipelineOptions{FullDuplex: true})
 		if err != nil {
 			return nil, configerr.New("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)
 		}
@@ -176,8 +176,8 @@ const defaultPipeAbove = 4
 
 // commander sends commands: the client, or the AutoPipeliner.
 type commander interface {
-	goredis.Cmdable
-	Process(ctx context.Context, cmd goredis.Cmder) error
+	redis.Cmdable
+	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
 // enter starts a call and returns what sends its commands; leave ends it.
@@ -286,7 +286,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 			}
 			v, err := c.Get(ctx, key).Result()
 			switch {
-			case errors.Is(err, goredis.Nil):
+			case errors.Is(err, redis.Nil):
 				continue // gone since: SET NX again
 			case isWrongType(err):
 				if err := migrate(ctx, c, key); err != nil {
@@ -357,7 +357,7 @@ func (s *Store) execute(r *record, value []byte, takeover bool) store.ClaimResul
 // fail wraps a Redis error with the operation. A closed client reads as
 // store.ErrClosed.
 func fail(op, scope, key string, err error) error {
-	if errors.Is(err, goredis.ErrClosed) {
+	if errors.Is(err, redis.ErrClosed) {
 		return fmt.Errorf("oncemill: redis: %s %q/%q: %w: %w", op, scope, key, store.ErrClosed, err)
 	}
 	return fmt.Errorf("oncemill: redis: %s %q/%q: %w", op, scope, key, err)
@@ -380,13 +380,13 @@ func isWrongType(err error) bool {
 }
 
 // migrate rewrites a layout-0 record at key in layout 1 (migrateScript).
-func migrate(ctx context.Context, c goredis.Cmdable, key string) error {
+func migrate(ctx context.Context, c redis.Cmdable, key string) error {
 	return migrateScript.Run(ctx, c, []string{key}).Err()
 }
 
 // run runs a script on one record, migrating a layout-0 record first if the
 // script meets one.
-func (s *Store) run(ctx context.Context, script *goredis.Script, key string, args ...any) *goredis.Cmd {
+func (s *Store) run(ctx context.Context, script *redis.Script, key string, args ...any) *redis.Cmd {
 	c := s.enter()
 	defer s.leave()
 	cmd := script.Run(ctx, c, []string{key}, args...)
@@ -452,10 +452,10 @@ func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old strin
 	c := s.enter()
 	defer s.leave()
 	if !s.noSetIfEq.Load() {
-		cmd := goredis.NewStatusCmd(ctx, "set", key, value, "ifeq", old, "px", px)
+		cmd := redis.NewStatusCmd(ctx, "set", key, value, "ifeq", old, "px", px)
 		err := c.Process(ctx, cmd)
 		switch {
-		case errors.Is(err, goredis.Nil):
+		case errors.Is(err, redis.Nil):
 			return false, nil
 		case !isSyntaxError(err):
 			return err == nil, err

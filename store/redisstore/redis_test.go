@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
@@ -24,14 +24,14 @@ import (
 // Advance takes time off the TTLs of its records (export_test.go).
 func TestContract(t *testing.T) {
 	t.Parallel()
-	runContract(t, newClient(t, &goredis.Options{PoolSize: 4}), false)
+	runContract(t, newClient(t, &redis.Options{PoolSize: 4}), false)
 }
 
 // The suite again with Options.AutoPipeline: the commands of concurrent
 // calls travel in shared pipelines.
 func TestContractAutoPipeline(t *testing.T) {
 	t.Parallel()
-	runContract(t, newClient(t, &goredis.Options{PoolSize: 4}), true)
+	runContract(t, newClient(t, &redis.Options{PoolSize: 4}), true)
 }
 
 func TestOptionsValidation(t *testing.T) {
@@ -76,7 +76,7 @@ func TestOptionsValidation(t *testing.T) {
 		})
 	}
 
-	ring := goredis.NewRing(&goredis.RingOptions{Addrs: map[string]string{"a": testenv.RedisAddr()}})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": testenv.RedisAddr()}})
 	defer ring.Close()
 	if _, err := redisstore.New(ring, redisstore.Options{AutoPipeline: true}); err == nil || !strings.Contains(err.Error(), "redis.Options.AutoPipeline") {
 		t.Errorf("New(ring, AutoPipeline) = %v, want an error about AutoPipeline", err)
@@ -248,7 +248,7 @@ func TestPrefixesIsolate(t *testing.T) {
 // exactly once.
 func TestConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
-	c := newClient(t, &goredis.Options{PoolSize: 4})
+	c := newClient(t, &redis.Options{PoolSize: 4})
 	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
 	storetest.RunLoad(t, s, "stress", 3000)
 }
@@ -402,7 +402,7 @@ func TestMigratesLayoutZero(t *testing.T) {
 
 func TestClosedClient(t *testing.T) {
 	t.Parallel()
-	c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr()})
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
 	s := newStore(t, c, redisstore.Options{})
 	c.Close()
 	_, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: "k", LeaseDuration: time.Minute})

@@ -1,6 +1,6 @@
 package redisstore
 
-import goredis "github.com/redis/go-redis/v9"
+import "github.com/redis/go-redis/v9"
 
 // The scripts work on one record (record.go) and touch one key, so they
 // run on any Redis Cluster slot. Every redis.call costs a few
@@ -38,7 +38,7 @@ redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
 return 1
 `
 
-var claimScript = goredis.NewScript(claimSrc)
+var claimScript = redis.NewScript(claimSrc)
 
 // finishSrc ends a lease: Complete and Release. KEYS[1] the record.
 // ARGV[1] the head of the lease's record ("1|p|<token>|"), ARGV[2] the new
@@ -55,7 +55,7 @@ redis.call('SET', KEYS[1], ARGV[2] .. string.sub(v, -4 - tonumber(string.sub(v, 
 return 8
 `
 
-var finishScript = goredis.NewScript(finishSrc)
+var finishScript = redis.NewScript(finishSrc)
 
 // setIfEqSrc is SET ... IFEQ for a server without it: KEYS[1] the record,
 // ARGV[1] the value it must hold, ARGV[2] the new value, ARGV[3] its PX.
@@ -68,7 +68,7 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 `
 
-var setIfEqScript = goredis.NewScript(setIfEqSrc)
+var setIfEqScript = redis.NewScript(setIfEqSrc)
 
 // extendSrc: KEYS[1] the record. ARGV[1] the head of the lease's record
 // ("1|p|<token>|"), ARGV[2] the new lease in ms, ARGV[3] its expiry µs,
@@ -84,7 +84,7 @@ redis.call('SET', KEYS[1], ARGV[1] .. att .. '|' .. tail .. '|' .. ARGV[3] .. '|
 return 8
 `
 
-var extendScript = goredis.NewScript(extendSrc)
+var extendScript = redis.NewScript(extendSrc)
 
 // deleteSrc: KEYS[1] the record. ARGV[1] the token. Reply:
 // codeOK deleted, codeLeaseLost another token, 5 no record.
@@ -96,7 +96,7 @@ redis.call('DEL', KEYS[1])
 return 8
 `
 
-var deleteScript = goredis.NewScript(deleteSrc)
+var deleteScript = redis.NewScript(deleteSrc)
 
 // getSrc: KEYS[1] the record. Reply: {value, PTTL}, or 0 when absent.
 const getSrc = `
@@ -105,7 +105,7 @@ if not v then return 0 end
 return {v, redis.call('PTTL', KEYS[1])}
 `
 
-var getScript = goredis.NewScript(getSrc)
+var getScript = redis.NewScript(getSrc)
 
 // migrateSrc rewrites a record of layout 0 (a hash with the fields below,
 // whose times were the server's clock in µs) in layout 1, keeping its
@@ -133,4 +133,4 @@ redis.call('SET', KEYS[1], '1|' .. st .. '|' .. r[2] .. '|' .. (r[3] or '1') .. 
 return 1
 `
 
-var migrateScript = goredis.NewScript(migrateSrc)
+var migrateScript = redis.NewScript(migrateSrc)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/redisstore"
@@ -20,7 +20,7 @@ import (
 // compare-and-set of the value it wrote, with and without AutoPipeline.
 func TestContractValkey(t *testing.T) {
 	t.Parallel()
-	c := newValkeyClient(t, &goredis.Options{PoolSize: 4})
+	c := newValkeyClient(t, &redis.Options{PoolSize: 4})
 	for _, autoPipeline := range []bool{false, true} {
 		name := "direct"
 		if autoPipeline {
@@ -43,24 +43,24 @@ type sent struct {
 }
 
 // countingStore returns a store over c, and what counts the commands c sends.
-func countingStore(t *testing.T, c *goredis.Client) (*redisstore.Store, *sent) {
+func countingStore(t *testing.T, c *redis.Client) (*redisstore.Store, *sent) {
 	t.Helper()
 	h := &sent{counts: map[string]int{}}
 	c.AddHook(h)
 	return newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)}), h
 }
 
-func (h *sent) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *sent) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h *sent) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
-	return func(ctx context.Context, cmd goredis.Cmder) error {
+func (h *sent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 
-func (h *sent) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []goredis.Cmder) error {
+func (h *sent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
 			h.count(cmd)
 		}
@@ -68,7 +68,7 @@ func (h *sent) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.Pro
 	}
 }
 
-func (h *sent) count(cmd goredis.Cmder) {
+func (h *sent) count(cmd redis.Cmder) {
 	name := cmd.Name()
 	switch {
 	case name == "set" && slices.Contains(cmd.Args(), any("ifeq")):
@@ -147,7 +147,7 @@ func TestFinishIsOneSetIfEq(t *testing.T) {
 // compare-and-set, on Valkey and on Redis 7.0.
 var finishCommands = []struct {
 	server string
-	client func(testing.TB, *goredis.Options) *goredis.Client
+	client func(testing.TB, *redis.Options) *redis.Client
 	cas    string
 }{
 	{"valkey", newValkeyClient, "set ifeq"},

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 )
@@ -31,7 +31,7 @@ const (
 // <prefix>:r:<idString>, and the channel <prefix>:invalidate on which every
 // store of the prefix hears Deletes.
 type redisTier struct {
-	client  goredis.UniversalClient
+	client  redis.UniversalClient
 	prefix  string
 	channel string
 	// downUntil is the local time until which Redis is left alone after a
@@ -43,7 +43,7 @@ func (r *redisTier) key(k id) string { return r.prefix + ":r:" + idString(k) }
 
 // forgetScript deletes a record, but never a tombstone: a tombstone must
 // outlive the fills it blocks.
-var forgetScript = goredis.NewScript(`
+var forgetScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v and string.byte(v, 1) == 82 then return redis.call('DEL', KEYS[1]) end
 return 0`)
@@ -90,12 +90,12 @@ func (s *Store) redisGet(ctx context.Context, k id, o op) (rec store.Record, dea
 	pipe := s.redis.client.Pipeline()
 	get := pipe.Get(rctx, key)
 	pttl := pipe.PTTL(rctx, key)
-	if _, err := pipe.Exec(rctx); err != nil && !errors.Is(err, goredis.Nil) {
+	if _, err := pipe.Exec(rctx); err != nil && !errors.Is(err, redis.Nil) {
 		s.redisFailed(ctx, o, err)
 		return rec, 0, false
 	}
 	v, err := get.Bytes()
-	if err != nil { // goredis.Nil: not cached
+	if err != nil { // redis.Nil: not cached
 		return rec, 0, false
 	}
 	ttl := pttl.Val()
@@ -125,8 +125,8 @@ func (s *Store) redisFill(ctx context.Context, k id, rec *store.Record, deadline
 	// PXAT in Redis's clock, rounded down: however late Redis applies the
 	// SET, the entry is gone by deadline.
 	at := time.UnixMilli((deadline + lo) / int64(time.Millisecond))
-	err := s.redis.client.SetArgs(rctx, s.redis.key(k), encodeRecord(rec), goredis.SetArgs{Mode: "NX", ExpireAt: at}).Err()
-	if err != nil && !errors.Is(err, goredis.Nil) { // Nil: the key held something
+	err := s.redis.client.SetArgs(rctx, s.redis.key(k), encodeRecord(rec), redis.SetArgs{Mode: "NX", ExpireAt: at}).Err()
+	if err != nil && !errors.Is(err, redis.Nil) { // Nil: the key held something
 		s.redisFailed(ctx, o, err)
 	}
 }
@@ -140,7 +140,7 @@ func (s *Store) redisForget(ctx context.Context, k id, o op) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, s.opts.RedisTimeout)
 	defer cancel()
-	if err := forgetScript.Run(rctx, s.redis.client, []string{s.redis.key(k)}).Err(); err != nil && !errors.Is(err, goredis.Nil) {
+	if err := forgetScript.Run(rctx, s.redis.client, []string{s.redis.key(k)}).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		s.redisFailed(ctx, o, err)
 	}
 }
@@ -169,7 +169,7 @@ func (s *Store) syncRedisClock(ctx context.Context, o op) {
 		mu       sync.Mutex
 		combined *offset
 	)
-	sample := func(ctx context.Context, c goredis.Cmdable) error {
+	sample := func(ctx context.Context, c redis.Cmdable) error {
 		send := s.now()
 		t, err := c.Time(ctx).Result()
 		if err != nil {
@@ -187,10 +187,10 @@ func (s *Store) syncRedisClock(ctx context.Context, o op) {
 	}
 	var err error
 	switch c := s.redis.client.(type) {
-	case *goredis.ClusterClient:
-		err = c.ForEachMaster(rctx, func(ctx context.Context, n *goredis.Client) error { return sample(ctx, n) })
-	case *goredis.Ring:
-		err = c.ForEachShard(rctx, func(ctx context.Context, n *goredis.Client) error { return sample(ctx, n) })
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(rctx, func(ctx context.Context, n *redis.Client) error { return sample(ctx, n) })
+	case *redis.Ring:
+		err = c.ForEachShard(rctx, func(ctx context.Context, n *redis.Client) error { return sample(ctx, n) })
 	default:
 		err = sample(rctx, c)
 	}
@@ -206,17 +206,17 @@ func (s *Store) syncRedisClock(ctx context.Context, o op) {
 // subscribe listens for invalidations until Close. Every
 // (re)subscription empties the local tier: invalidations sent while the
 // subscription was down are lost, so whatever it held then may be stale.
-func (s *Store) subscribe(ps *goredis.PubSub) {
+func (s *Store) subscribe(ps *redis.PubSub) {
 	defer close(s.subDone)
 	_ = ps.Subscribe(context.Background(), s.redis.channel) // on failure the channel below retries
-	for m := range ps.ChannelWithSubscriptions(goredis.WithChannelHealthCheckInterval(time.Second)) {
+	for m := range ps.ChannelWithSubscriptions(redis.WithChannelHealthCheckInterval(time.Second)) {
 		switch m := m.(type) {
-		case *goredis.Subscription:
+		case *redis.Subscription:
 			s.purgeLocal()
 			if m.Kind == "subscribe" {
 				s.subscribed.Store(true)
 			}
-		case *goredis.Message:
+		case *redis.Message:
 			if k, ok := parseID(m.Payload); ok {
 				s.invalidateLocal(k)
 			}

@@ -4,7 +4,7 @@
 // served from the nearest tier that has the record; Redis is only ever a
 // cache, never the place where a decision is made.
 //
-//	client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+//	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 //	st, err := tiered.New(pg, client, tiered.Options{})
 //	...
 //	defer st.Close()

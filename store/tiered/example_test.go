@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -45,7 +45,7 @@ func Example() {
 	}
 	// ContextTimeoutEnabled lets Options.RedisTimeout bound every call;
 	// New refuses a client without it.
-	client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer client.Close()
 
 	// Counting which tier answered, for the example's output.

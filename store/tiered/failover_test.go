@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/oncemilltest"
@@ -39,7 +39,7 @@ func TestRedisKilledMidRun(t *testing.T) {
 func testRedisKilledMidRun(t *testing.T, transactional bool, opts tiered.Options) {
 	db := newTruth(t)
 	srv := startRedis(t)
-	client := goredis.NewClient(&goredis.Options{Addr: srv.addr, ContextTimeoutEnabled: true})
+	client := redis.NewClient(&redis.Options{Addr: srv.addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
 	m := teltest.New(t)
 	opts.MeterProvider = m.MeterProvider
@@ -114,8 +114,8 @@ func testRedisKilledMidRun(t *testing.T, transactional bool, opts tiered.Options
 	for i := range keys {
 		effects.RequireOnce(t, fmt.Sprintf("msg-%d", i))
 	}
-	local, redis, truth := replays(t, m)
-	if local+redis == 0 {
+	local, inRedis, truth := replays(t, m)
+	if local+inRedis == 0 {
 		t.Error("no replay came from the caches before Redis died")
 	}
 	if truth == 0 {
@@ -125,7 +125,7 @@ func testRedisKilledMidRun(t *testing.T, transactional bool, opts tiered.Options
 		t.Error("no fallback was counted")
 	}
 	t.Logf("replays: local %d, redis %d, truth %d; fallbacks: begin %d, claim %d, complete %d, commit %d",
-		local, redis, truth,
+		local, inRedis, truth,
 		count(t, m, "oncemill.store.tier.fallbacks", "operation", "begin"), count(t, m, "oncemill.store.tier.fallbacks", "operation", "claim"),
 		count(t, m, "oncemill.store.tier.fallbacks", "operation", "complete"), count(t, m, "oncemill.store.tier.fallbacks", "operation", "commit"))
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/internal/testenv"
@@ -82,9 +82,9 @@ func (db *truthDB) remaining(tb testing.TB, scope, key string) (time.Duration, b
 	return time.Duration(us) * time.Microsecond, true
 }
 
-func newClient(tb testing.TB, addr string) *goredis.Client {
+func newClient(tb testing.TB, addr string) *redis.Client {
 	tb.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
@@ -97,7 +97,7 @@ func newClient(tb testing.TB, addr string) *goredis.Client {
 
 // testPrefix returns a prefix no other run uses, and removes every key
 // under it when the test ends.
-func testPrefix(tb testing.TB, c *goredis.Client) string {
+func testPrefix(tb testing.TB, c *redis.Client) string {
 	tb.Helper()
 	prefix := "oncemilltest-tiered:" + rand.Text()[:12]
 	tb.Cleanup(func() {
@@ -109,7 +109,7 @@ func testPrefix(tb testing.TB, c *goredis.Client) string {
 	return prefix
 }
 
-func redisKeys(tb testing.TB, c *goredis.Client, prefix string) []string {
+func redisKeys(tb testing.TB, c *redis.Client, prefix string) []string {
 	tb.Helper()
 	var keys []string
 	ctx := context.Background()
@@ -125,7 +125,7 @@ func redisKeys(tb testing.TB, c *goredis.Client, prefix string) []string {
 
 // advanceRedis takes d off the TTL of every key under prefix, deleting
 // those that run out: Redis cannot tell it from d passing.
-func advanceRedis(tb testing.TB, c *goredis.Client, prefix string, d time.Duration) {
+func advanceRedis(tb testing.TB, c *redis.Client, prefix string, d time.Duration) {
 	tb.Helper()
 	ctx := context.Background()
 	for _, k := range redisKeys(tb, c, prefix) {
@@ -146,7 +146,7 @@ func advanceRedis(tb testing.TB, c *goredis.Client, prefix string, d time.Durati
 // world is a truth, a Redis and tiered stores over them sharing a prefix.
 type world struct {
 	db     *truthDB
-	client *goredis.Client
+	client *redis.Client
 	prefix string
 	stores []*tiered.Store
 }
@@ -224,7 +224,7 @@ func startRedis(tb testing.TB) *redisServer {
 	}
 	srv := &redisServer{addr: "127.0.0.1:" + port, cmd: cmd}
 	tb.Cleanup(func() { srv.kill() })
-	c := goredis.NewClient(&goredis.Options{Addr: srv.addr})
+	c := redis.NewClient(&redis.Options{Addr: srv.addr})
 	defer c.Close()
 	testenv.WaitFor(tb, 10*time.Second, "redis-server on port "+port, func() bool {
 		return c.Ping(context.Background()).Err() == nil
@@ -286,4 +286,4 @@ type quietRedisLog struct{}
 
 func (quietRedisLog) Printf(context.Context, string, ...any) {}
 
-func init() { goredis.SetLogger(quietRedisLog{}) }
+func init() { redis.SetLogger(quietRedisLog{}) }

@@ -13,7 +13,7 @@ import (
 	"unicode/utf8"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
@@ -59,7 +59,7 @@ type Store struct {
 	// through.
 	pending *lru.Cache[pendingKey, pendingLease]
 
-	ps         *goredis.PubSub
+	ps         *redis.PubSub
 	subDone    chan struct{}
 	subscribed atomic.Bool
 	closed     atomic.Bool
@@ -89,12 +89,12 @@ const pendingCapacity = 1 << 16
 // caller's goroutine: the subscription to invalidations starts in the
 // background. The truth and the client stay the caller's: Close closes
 // neither.
-func New(truth Truth, cache goredis.UniversalClient, opts Options) (*Store, error) {
+func New(truth Truth, cache redis.UniversalClient, opts Options) (*Store, error) {
 	if truth == nil {
 		return nil, configerr.New("tiered.New", "truth is nil; pass the store of record, a *postgres.Store")
 	}
 	if cache == nil {
-		return nil, configerr.New("tiered.New", "cache is nil; pass a go-redis client (goredis.NewClient or NewClusterClient)")
+		return nil, configerr.New("tiered.New", "cache is nil; pass a go-redis client (redis.NewClient or NewClusterClient)")
 	}
 	if !boundedByContext(cache) {
 		return nil, configerr.New("tiered.New", "the Redis client's ContextTimeoutEnabled is false, so go-redis would wait its ReadTimeout (3s by default) for a stalled Redis and Options.RedisTimeout could not bound the call; set ContextTimeoutEnabled: true in its options")
@@ -135,13 +135,13 @@ func New(truth Truth, cache goredis.UniversalClient, opts Options) (*Store, erro
 // boundedByContext reports whether the client's calls end at their
 // context's deadline: go-redis honours it for socket reads and writes only
 // with ContextTimeoutEnabled. A client of another type is taken on trust.
-func boundedByContext(c goredis.UniversalClient) bool {
+func boundedByContext(c redis.UniversalClient) bool {
 	switch c := c.(type) {
-	case *goredis.Client:
+	case *redis.Client:
 		return c.Options().ContextTimeoutEnabled
-	case *goredis.ClusterClient:
+	case *redis.ClusterClient:
 		return c.Options().ContextTimeoutEnabled
-	case *goredis.Ring:
+	case *redis.Ring:
 		return c.Options().ContextTimeoutEnabled
 	}
 	return true

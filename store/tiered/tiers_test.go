@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/internal/teltest"
@@ -20,17 +20,17 @@ import (
 const scope = "tiers"
 
 // replays reads how many replays each tier answered.
-func replays(t *testing.T, m *teltest.Kit) (local, redis, truth int64) {
+func replays(t *testing.T, m *teltest.Kit) (local, inRedis, truth int64) {
 	t.Helper()
 	return count(t, m, "oncemill.store.tier.replays", "tier", "local"),
 		count(t, m, "oncemill.store.tier.replays", "tier", "redis"),
 		count(t, m, "oncemill.store.tier.replays", "tier", "truth")
 }
 
-func wantReplays(t *testing.T, m *teltest.Kit, local, redis, truth int64) {
+func wantReplays(t *testing.T, m *teltest.Kit, local, inRedis, truth int64) {
 	t.Helper()
-	if l, r, tr := replays(t, m); l != local || r != redis || tr != truth {
-		t.Fatalf("replays by tier: local %d, redis %d, truth %d; want %d, %d, %d", l, r, tr, local, redis, truth)
+	if l, r, tr := replays(t, m); l != local || r != inRedis || tr != truth {
+		t.Fatalf("replays by tier: local %d, redis %d, truth %d; want %d, %d, %d", l, r, tr, local, inRedis, truth)
 	}
 }
 
@@ -38,7 +38,7 @@ func wantReplays(t *testing.T, m *teltest.Kit, local, redis, truth int64) {
 func redisValue(t *testing.T, w *world, s *tiered.Store, key string) string {
 	t.Helper()
 	v, err := w.client.Get(context.Background(), s.RedisKey(scope, key)).Result()
-	if errors.Is(err, goredis.Nil) {
+	if errors.Is(err, redis.Nil) {
 		return ""
 	}
 	if err != nil {
@@ -420,7 +420,7 @@ func TestOptions(t *testing.T) {
 	if _, err := tiered.New(db.truth, nil, tiered.Options{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Errorf("New without a cache = %v, want ErrInvalidConfig", err)
 	}
-	unbounded := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr()})
+	unbounded := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr()})
 	defer unbounded.Close()
 	if _, err := tiered.New(db.truth, unbounded, tiered.Options{}); !errors.Is(err, oncemill.ErrInvalidConfig) {
 		t.Errorf("New with a client that ignores context deadlines = %v, want ErrInvalidConfig", err)

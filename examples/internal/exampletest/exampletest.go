@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 )
 
 // The services, as the examples' own defaults, overridden by the variables
@@ -67,9 +67,9 @@ func Postgres(t *testing.T) (*pgxpool.Pool, string) {
 
 // Redis connects to Redis, failing the test if it does not answer. When the
 // test ends it deletes every key under prefix and closes the client.
-func Redis(t *testing.T, prefix string) *goredis.Client {
+func Redis(t *testing.T, prefix string) *redis.Client {
 	t.Helper()
-	rdb := goredis.NewClient(&goredis.Options{Addr: RedisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: RedisAddr})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 )
 
 // redisLedger books charges in a Redis hash per scope: payment_id -> number
@@ -14,11 +14,11 @@ import (
 // oncemill records the success, as any side effect outside the store's
 // transaction would be.
 type redisLedger struct {
-	client goredis.UniversalClient
+	client redis.UniversalClient
 	prefix string
 }
 
-func newRedisLedger(client goredis.UniversalClient, prefix string) *redisLedger {
+func newRedisLedger(client redis.UniversalClient, prefix string) *redisLedger {
 	return &redisLedger{client: client, prefix: prefix}
 }
 

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 )
 
 // NewLogger returns the slog logger of the router, the broker and oncemill,
@@ -99,4 +99,4 @@ func (l RedisLogger) Printf(ctx context.Context, format string, v ...any) {
 
 // useRedisLogger sends go-redis's own log lines (a process-wide setting)
 // through log.
-func useRedisLogger(log *slog.Logger) { goredis.SetLogger(RedisLogger{Log: log}) }
+func useRedisLogger(log *slog.Logger) { redis.SetLogger(RedisLogger{Log: log}) }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/memory"
@@ -101,7 +101,7 @@ func openRedis(ctx context.Context, cfg Config) (*Stores, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	// Enough connections that no handler's heartbeat queues behind others.
-	client := goredis.NewClient(&goredis.Options{Addr: cfg.RedisAddr, PoolSize: 2*concurrency(cfg) + 10})
+	client := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, PoolSize: 2*concurrency(cfg) + 10})
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis (%s) does not answer: %w", cfg.RedisAddr, err)
