@@ -20,7 +20,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// Errors the idempotency stage reports. Permanent ones are acked and carried
+// Errors the idempotency stage reports. Cached ones are acked and carried
 // in Event.Err; ErrKeyHeld goes back to the router, which nacks.
 var (
 	// ErrKeyHeld: another delivery holds the key past the wait bound.

@@ -217,16 +217,6 @@ func isGlobalDelegate(p any) bool {
 func (t *telemetry) tracing() bool  { return t.idleTP == nil || otel.GetTracerProvider() != t.idleTP }
 func (t *telemetry) metering() bool { return t.idleMP == nil || otel.GetMeterProvider() != t.idleMP }
 
-// defaultTelemetry uses the global providers; the global delegates reach an
-// SDK installed later.
-func defaultTelemetry() *telemetry {
-	t, err := newTelemetry(nil, nil, "")
-	if err != nil {
-		panic(err) // the API's instruments do not fail on valid, constant names
-	}
-	return t
-}
-
 // Middleware starts one consumer span per delivery, following the OTel
 // messaging conventions, and puts it in the message context for the stages.
 // The span ends however the chain returns, a panic included.

@@ -255,7 +255,7 @@ type LeaseRequest struct {
 	// Retain is how long the record is kept at least, whatever its outcome
 	// (the longest of the outcome TTLs): stores that remove records in the
 	// background schedule the removal from it (store/postgres); stores whose
-	// records expire by themselves may ignore it. Zero means Lease.
+	// records expire by themselves may ignore it. Zero means LeaseDuration.
 	Retain time.Duration
 }
 
