@@ -31,14 +31,14 @@ func (s *statusFlag) UnmarshalText(b []byte) error {
 type filters struct {
 	Scope     string        `help:"Only this scope."`
 	Status    statusFlag    `placeholder:"STATUS" help:"Only this status: in_progress, succeeded, failed or retryable."`
-	OlderThan time.Duration `placeholder:"DURATION" help:"Only records last written (ClaimLease, heartbeat, Complete, Release) longer ago than this, by the store's clock, e.g. 10m or 24h."`
+	OlderThan age `placeholder:"DURATION" help:"Only records last written (ClaimLease, heartbeat, Complete, Release) longer ago than this, by the store's clock, e.g. 10m, 24h or 7d."`
 }
 
 // request is the store.ListRequest of the filters at the store's time now.
 func (f filters) request(now time.Time, limit int) store.ListRequest {
 	req := store.ListRequest{Scope: f.Scope, Status: store.Status(f.Status), Limit: limit}
 	if f.OlderThan > 0 {
-		req.UpdatedBefore = now.Add(-f.OlderThan)
+		req.UpdatedBefore = now.Add(-time.Duration(f.OlderThan))
 	}
 	return req
 }

@@ -412,11 +412,12 @@ func TestPurge(t *testing.T) {
 
 		// By age.
 		if fx.age != nil {
-			fx.age(t, "emails", keySucceeded, 2*time.Hour)
-			r = fx.cli(t, nil, "--json", "purge", "--older-than", "1h", "--dry-run=false").mustCode(t, exitOK)
+			// Retention is thought of in days: --older-than takes them.
+			fx.age(t, "emails", keySucceeded, 50*time.Hour)
+			r = fx.cli(t, nil, "--json", "purge", "--older-than", "2d", "--dry-run=false").mustCode(t, exitOK)
 			lines := jsonLines[purgeTestLine](t, r)
 			if len(lines) != 2 || lines[0].Key != keySucceeded || lines[0].Action != actionDeleted || lines[1].Deleted != 1 {
-				t.Errorf("purge --older-than 1h: %+v", lines)
+				t.Errorf("purge --older-than 2d: %+v", lines)
 			}
 		}
 
