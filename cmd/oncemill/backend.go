@@ -30,6 +30,9 @@ type backend struct {
 	now func(ctx context.Context) (time.Time, error)
 	// migrate applies the store's migrations and says what it changed.
 	migrate func(ctx context.Context) (migration, error)
+	// ready reports a store that has no records to look at: a PostgreSQL
+	// schema and table that the workers do not use. Nil: always ready.
+	ready func(ctx context.Context) error
 	close   func()
 }
 
@@ -103,6 +106,15 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 				return time.Time{}, fmt.Errorf("reading the database clock: %w", err)
 			}
 			return now, nil
+		},
+		ready: func(ctx context.Context) error {
+			v, err := st.AppliedVersion(ctx)
+			if err == nil && v == 0 {
+				return notFound("no oncemill records table %s at %s: pass the schema and table your workers use "+
+					"(their postgres.Options.Schema and Table) with --postgres-schema and --postgres-table "+
+					"(ONCEMILL_POSTGRES_SCHEMA, ONCEMILL_POSTGRES_TABLE), or create it there with \"oncemill migrate\"", target, where)
+			}
+			return err
 		},
 		migrate: func(ctx context.Context) (migration, error) {
 			m := migration{Store: "postgres", Target: target}
@@ -204,8 +216,22 @@ func redactURL(s string) string {
 	return u.Redacted()
 }
 
-// withStore opens the store, runs f with it and closes it.
+// withStore opens the store, checks that it holds records to look at, runs
+// f with it and closes it.
 func (a *app) withStore(f func(b *backend) error) error {
+	return a.withBackend(func(b *backend) error {
+		if b.ready != nil {
+			if err := b.ready(a.ctx); err != nil {
+				return err
+			}
+		}
+		return f(b)
+	})
+}
+
+// withBackend opens the store, runs f with it and closes it: for migrate,
+// which creates what withStore checks for.
+func (a *app) withBackend(f func(b *backend) error) error {
 	b, err := a.open()
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -119,7 +120,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	a := &app{ctx: ctx, g: &c.globals, stdin: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
 	if err := kctx.Run(a); err != nil {
-		fmt.Fprintf(stderr, "oncemill: %v\n", err)
+		// The library's errors start with "oncemill: " already.
+		fmt.Fprintln(stderr, "oncemill: "+strings.TrimPrefix(err.Error(), "oncemill: "))
 		return codeOf(err)
 	}
 	return exitOK

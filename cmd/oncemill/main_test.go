@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -445,8 +446,8 @@ func TestMigrate(t *testing.T) {
 		t.Parallel()
 		pool := testenv.Pool(t)
 		flags := postgresFlags(testenv.Schema(t, pool))
-		r := runCLI(t, nil, append(flags, "list")...).mustCode(t, exitError)
-		if !strings.Contains(r.stderr, "Migrate") {
+		r := runCLI(t, nil, append(flags, "list")...).mustCode(t, exitNotFound)
+		if !strings.Contains(r.stderr, `"oncemill migrate"`) {
 			t.Errorf("list before migrate: %q", r.stderr)
 		}
 		r = runCLI(t, nil, append(flags, "migrate")...).mustCode(t, exitOK)
@@ -556,4 +557,23 @@ func TestInspectShowsProducedMessages(t *testing.T) {
 			t.Fatalf("inspect --messages does not show the produced message:\n%s", table)
 		}
 	})
+}
+
+// An operator pointed at a schema the workers do not use is told which flags
+// name the right one, once, with the "oncemill:" prefix once; nothing is
+// created there.
+func TestMissingTableSaysWhatToPass(t *testing.T) {
+	t.Parallel()
+	schema := "oncemill_absent_" + strings.ToLower(rand.Text()[:8])
+	for _, cmd := range [][]string{{"list"}, {"stats"}, {"inspect", "s", "k"}} {
+		r := runCLI(t, nil, append(postgresFlags(schema), cmd...)...).mustCode(t, exitNotFound)
+		if !strings.Contains(r.stderr, "--postgres-schema") || !strings.Contains(r.stderr, `"oncemill migrate"`) ||
+			!strings.HasPrefix(r.stderr, "oncemill: ") || strings.Contains(r.stderr, "oncemill: oncemill:") {
+			t.Errorf("%v: stderr %q, want one oncemill: prefix and the flags that name the workers' table", cmd, r.stderr)
+		}
+	}
+	var exists bool
+	if err := testenv.Pool(t).QueryRow(t.Context(), "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil || exists {
+		t.Fatalf("schema %s exists afterwards (%v): looking must not create it", schema, err)
+	}
 }

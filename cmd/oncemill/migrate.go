@@ -5,7 +5,7 @@ import "fmt"
 type migrateCmd struct{}
 
 func (c *migrateCmd) Run(a *app) error {
-	return a.withStore(func(b *backend) error {
+	return a.withBackend(func(b *backend) error {
 		m, err := b.migrate(a.ctx)
 		if err != nil {
 			return err
