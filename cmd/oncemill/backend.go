@@ -33,7 +33,7 @@ type backend struct {
 	// ready reports a store that has no records to look at: a PostgreSQL
 	// schema and table that the workers do not use. Nil: always ready.
 	ready func(ctx context.Context) error
-	close   func()
+	close func()
 }
 
 // migration is what migrate did.

@@ -29,9 +29,9 @@ func (s *statusFlag) UnmarshalText(b []byte) error {
 
 // filters select records for list and purge.
 type filters struct {
-	Scope     string        `help:"Only this scope."`
-	Status    statusFlag    `placeholder:"STATUS" help:"Only this status: in_progress, succeeded, failed or retryable."`
-	OlderThan age `placeholder:"DURATION" help:"Only records last written (ClaimLease, heartbeat, Complete, Release) longer ago than this, by the store's clock, e.g. 10m, 24h or 7d."`
+	Scope     string     `help:"Only this scope."`
+	Status    statusFlag `placeholder:"STATUS" help:"Only this status: in_progress, succeeded, cached_failure or retryable."`
+	OlderThan age        `placeholder:"DURATION" help:"Only records last written (ClaimLease, heartbeat, Complete, Release) longer ago than this, by the store's clock, e.g. 10m, 24h or 7d."`
 }
 
 // request is the store.ListRequest of the filters at the store's time now.
