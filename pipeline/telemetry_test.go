@@ -830,8 +830,11 @@ func TestTelemetryBreakerState(t *testing.T) {
 	h := newHarness(t, func(c *stageConfig) {
 		k.use(&c.Config)
 		c.CircuitBreaker = &gobreaker.Settings{
-			Name:        "payments-db",
-			Timeout:     time.Millisecond,
+			Name: "payments-db",
+			// Long enough that the delivery right after the circuit opens
+			// finds it still open on a loaded machine (a millisecond was
+			// not, under -race), short enough for the probe below.
+			Timeout:     500 * time.Millisecond,
 			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= 2 },
 			OnStateChange: func(_ string, _, to gobreaker.State) {
 				if to == gobreaker.StateHalfOpen {
