@@ -106,7 +106,11 @@ func printProduced(a *app, v inspectView, result []byte) error {
 		_, err := fmt.Fprintln(a.stdout, "\nthe produced messages were too large to store: a duplicate re-publishes nothing")
 		return err
 	case len(v.Messages) > 0:
-		fmt.Fprintf(a.stdout, "\n%d produced messages, re-published to each duplicate:\n", len(v.Messages))
+		noun := "messages"
+		if len(v.Messages) == 1 {
+			noun = "message"
+		}
+		fmt.Fprintf(a.stdout, "\n%d produced %s, re-published to each duplicate:\n", len(v.Messages), noun)
 		for _, m := range v.Messages {
 			fmt.Fprintf(a.stdout, "  uuid %s, %d bytes: %s\n", shown(m.UUID), len(m.Payload), oneLine(m.Payload, 200))
 			for _, k := range slices.Sorted(maps.Keys(m.Metadata)) {

@@ -553,7 +553,7 @@ func TestInspectShowsProducedMessages(t *testing.T) {
 			t.Fatalf("inspect --json --messages: %+v", v.Messages)
 		}
 		table := fx.cli(t, nil, "inspect", "--messages", "orders", "order-7").mustCode(t, exitOK).stdout
-		if !strings.Contains(table, `uuid invoice-7, 13 bytes: {"invoice":7}`) || !strings.Contains(table, "order: order-7") {
+		if !strings.Contains(table, "1 produced message,") || !strings.Contains(table, `uuid invoice-7, 13 bytes: {"invoice":7}`) || !strings.Contains(table, "order: order-7") {
 			t.Fatalf("inspect --messages does not show the produced message:\n%s", table)
 		}
 	})
