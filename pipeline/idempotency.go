@@ -191,7 +191,7 @@ func (s *idempotency) storeFailed(d *delivery, err error) ([]*message.Message, e
 		return s.reject(d, DeadLetterReasonRejected, fmt.Errorf("the store refuses the message's key: %w", err))
 	}
 	d.event.Outcome, d.event.Err = OutcomeStoreFailed, err
-	err = fmt.Errorf("oncemill: store begin: %w", err)
+	err = fmt.Errorf("oncemill: claiming the key: %w", err)
 	s.logError(d, "The store could not decide the delivery; it is nacked to come back after a pause", err)
 	if serr := sleep(d.msg.Context(), s.storePause()); serr != nil {
 		return nil, errors.Join(err, serr)
