@@ -21,7 +21,9 @@ import (
 )
 
 // Errors the idempotency stage reports. Cached ones are acked and carried
-// in Event.Err; ErrKeyHeld goes back to the router, which nacks.
+// in Event.Err; ErrKeyHeld goes back to the router, which nacks. A
+// duplicate's (ErrKeyHeld, ErrDuplicateRejected) comes as a
+// *DuplicateError, which says what the store holds for the key.
 var (
 	// ErrKeyHeld: another delivery holds the key past the wait bound.
 	ErrKeyHeld = errors.New("oncemill: key is held by another delivery")
@@ -30,8 +32,8 @@ var (
 	// ErrPayloadTooLarge: the payload is over policy.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("oncemill: payload too large")
 	// ErrDuplicateRejected: a duplicate whose key is held, under
-	// policy.HeldKeyReject.
-	ErrDuplicateRejected = errors.New("oncemill: duplicate rejected while its key is held by another delivery")
+	// policy.HeldKeyReject, or finished, under policy.FinishedKeyReject.
+	ErrDuplicateRejected = errors.New("oncemill: duplicate rejected")
 	// ErrInvalidMessage wraps the validation stage's reason for refusing a message.
 	ErrInvalidMessage = errors.New("oncemill: invalid message")
 )
@@ -123,11 +125,15 @@ func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (msgs []*message
 func (s *idempotency) answer(d *delivery, w *waiter, res *store.ClaimResult) (msgs []*message.Message, done bool, err error) {
 	switch res.Decision {
 	case store.DecisionReplay:
+		if s.policy.FinishedKey == policy.FinishedKeyReject {
+			msgs, err = s.reject(d, DeadLetterReasonRejected, s.duplicate(d, ErrDuplicateRejected, res.Record, nil))
+			return msgs, true, err
+		}
 		msgs, err = s.replay(d, res.Record)
 		return msgs, true, err
 	case store.DecisionHeld:
 		d.event.Contended = true
-		again, err := s.inProgress(d, w)
+		again, err := s.inProgress(d, w, res.Record)
 		return nil, !again, err
 	case store.DecisionMismatch:
 		msgs, err = s.mismatch(d)
@@ -226,12 +232,13 @@ type waiter struct {
 }
 
 // inProgress decides what a duplicate does while another delivery holds the
-// key: ask the store again (true), or give up with the error to return.
-func (s *idempotency) inProgress(d *delivery, w *waiter) (again bool, err error) {
+// key (rec, when the store could read it): ask the store again (true), or
+// give up with the error to return.
+func (s *idempotency) inProgress(d *delivery, w *waiter, rec *store.Record) (again bool, err error) {
 	ctx := d.msg.Context()
 	switch s.policy.HeldKey {
 	case policy.HeldKeyReject:
-		_, err := s.reject(d, DeadLetterReasonRejected, ErrDuplicateRejected)
+		_, err := s.reject(d, DeadLetterReasonRejected, s.duplicate(d, ErrDuplicateRejected, rec, w))
 		return false, err
 	case policy.HeldKeyWait:
 		if w.pause == nil {
@@ -248,7 +255,7 @@ func (s *idempotency) inProgress(d *delivery, w *waiter) (again bool, err error)
 			return true, nil
 		}
 	}
-	err = fmt.Errorf("%w: scope %q key %q", ErrKeyHeld, d.event.Scope, d.event.Key)
+	err = s.duplicate(d, ErrKeyHeld, rec, w)
 	d.event.Outcome, d.event.Err = OutcomeHeldKeyNacked, err
 	if serr := sleep(ctx, s.policy.NackDelay); serr != nil {
 		return false, errors.Join(err, serr)
@@ -327,16 +334,18 @@ type recorder interface {
 // nacks after the attempt's pause. A cached failure, and a retryable one
 // that used the last attempt, is dead-lettered if a dead letter is set,
 // recorded and acked; without a dead letter, an exhausted message is
-// dropped only under policy.ExhaustedDrop, and kept otherwise.
+// dropped only under policy.ExhaustedDrop, and kept otherwise. Under
+// policy.NeverCacheFailures every failure is retryable and an exhausted
+// message is kept, dead letter or not.
 func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
 	d.event.Err = herr
 	kind := store.ErrorKindCached
-	if s.policy.Classify(herr) != policy.ClassCached {
+	if s.policy.NeverCacheFailures || s.policy.Classify(herr) != policy.ClassCached {
 		if d.event.Attempt < s.policy.MaxAttempts {
 			return s.retryLater(ctx, d, rec, herr)
 		}
 		d.event.Exhausted, kind = true, store.ErrorKindAttemptsExhausted
-		if s.deadLetter == nil && s.policy.Exhausted == policy.ExhaustedKeep {
+		if s.policy.NeverCacheFailures || s.deadLetter == nil && s.policy.Exhausted == policy.ExhaustedKeep {
 			return s.keep(ctx, d, rec, herr)
 		}
 	}
@@ -385,11 +394,15 @@ func (s *idempotency) retryLater(ctx context.Context, d *delivery, rec recorder,
 }
 
 // keep nacks a message whose attempts ran out, under policy.ExhaustedKeep
-// without a dead letter: it is never acked, and comes back at the pace of
-// the attempt schedule's cap.
+// without a dead letter, or under policy.NeverCacheFailures: it is never
+// acked, and comes back at the pace of the attempt schedule's cap.
 func (s *idempotency) keep(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
 	s.tel.exhausted(d.msg.Context(), exhaustedKept)
-	s.logError(d, "Handler failed on its last attempt and no dead letter is set; the message is nacked, not acked, and runs again after the pause (policy.ExhaustedKeep)", herr)
+	if s.policy.NeverCacheFailures {
+		s.logError(d, "Handler failed on its last attempt or later and no failure is cached; the message is nacked, not acked, and runs again after the pause (policy.NeverCacheFailures)", herr)
+	} else {
+		s.logError(d, "Handler failed on its last attempt and no dead letter is set; the message is nacked, not acked, and runs again after the pause (policy.ExhaustedKeep)", herr)
+	}
 	return s.retryLater(ctx, d, rec, herr)
 }
 

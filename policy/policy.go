@@ -52,6 +52,35 @@ func (m HeldKeyMode) String() string {
 	return fmt.Sprintf("HeldKeyMode(%d)", int(m))
 }
 
+// FinishedKeyMode says what a duplicate gets when its key has finished: a
+// success, or a cached failure, not yet expired.
+type FinishedKeyMode int
+
+const (
+	// FinishedKeyReplay replays the outcome: a success's stored produced
+	// messages are returned again, so the router re-publishes what a crash
+	// lost; a cached failure is acked. The zero value.
+	FinishedKeyReplay FinishedKeyMode = iota
+	// FinishedKeyReject treats the duplicate as a permanent failure: it is
+	// acked, neither run nor replayed, and dead-lettered if a dead letter
+	// is set, with an error (pipeline.ErrDuplicateRejected) that says what
+	// the key holds. A redelivery whose ack was lost is rejected the same
+	// way, and produced messages that a crash kept from being published are
+	// never re-published: use it where a second delivery is itself an
+	// error someone must look at.
+	FinishedKeyReject
+)
+
+func (m FinishedKeyMode) String() string {
+	switch m {
+	case FinishedKeyReplay:
+		return "replay"
+	case FinishedKeyReject:
+		return "reject"
+	}
+	return fmt.Sprintf("FinishedKeyMode(%d)", int(m))
+}
+
 // MissingKeyMode says what happens when the key generator finds no key
 // (keygen.ErrNoKey).
 type MissingKeyMode int
@@ -147,10 +176,26 @@ type Policy struct {
 	// Exhausted is what happens, without a dead letter, to a message whose
 	// attempts ran out. Zero is ExhaustedKeep: never acked.
 	Exhausted ExhaustedMode
+	// NeverCacheFailures, when true, caches no failure of the handler: an
+	// error classified cached, and a retryable one on attempt MaxAttempts
+	// or later, both give the key back and nack after the attempt's pause,
+	// like a retryable failure with attempts left. Nothing is dead-lettered
+	// or dropped for it; from attempt MaxAttempts on, each failure is
+	// logged at error level and counted as kept, as under ExhaustedKeep.
+	// The cost: a message that always fails is never acked, and comes back
+	// until the broker's own limit moves it. Kafka has none: it holds up
+	// its partition for good. RabbitMQ requeues it at the head of its
+	// queue until a quorum queue's delivery limit moves it; a classic
+	// queue never does. SQS moves it after the queue's redrive policy's
+	// maxReceiveCount. Exhausted cannot be ExhaustedDrop with it.
+	NeverCacheFailures bool
 
 	// HeldKey is what a duplicate does while another delivery holds its
 	// key. Zero is HeldKeyWait.
 	HeldKey HeldKeyMode
+	// FinishedKey is what a duplicate of a finished key (a success or a
+	// cached failure) gets. Zero is FinishedKeyReplay.
+	FinishedKey FinishedKeyMode
 	// HeldKeyTimeout bounds how long a duplicate waits under HeldKeyWait.
 	// Zero means 5s.
 	HeldKeyTimeout time.Duration
@@ -246,8 +291,12 @@ func (p Policy) Validate() error {
 		return bad("MaxAttemptDelay", "%v is below AttemptDelay %v; raise it, or leave it 0", p.MaxAttemptDelay, p.AttemptDelay)
 	case p.Exhausted != ExhaustedKeep && p.Exhausted != ExhaustedDrop:
 		return bad("Exhausted", "%v is not a mode; use policy.ExhaustedKeep or ExhaustedDrop", p.Exhausted)
+	case p.NeverCacheFailures && p.Exhausted == ExhaustedDrop:
+		return bad("Exhausted", "is ExhaustedDrop, which caches the failure of a message whose attempts ran out, and NeverCacheFailures caches none; leave Exhausted 0, or NeverCacheFailures false")
 	case p.HeldKey < HeldKeyWait || p.HeldKey > HeldKeyReject:
 		return bad("HeldKey", "%v is not a mode; use policy.HeldKeyWait, HeldKeyNack or HeldKeyReject", p.HeldKey)
+	case p.FinishedKey != FinishedKeyReplay && p.FinishedKey != FinishedKeyReject:
+		return bad("FinishedKey", "%v is not a mode; use policy.FinishedKeyReplay or FinishedKeyReject", p.FinishedKey)
 	case p.HeldKeyTimeout < 0:
 		return bad("HeldKeyTimeout", "%v is negative; leave it 0 for %v", p.HeldKeyTimeout, defaultHeldKeyTimeout)
 	case p.MissingKey != MissingKeyReject && p.MissingKey != MissingKeyRunUnguarded:

@@ -1,6 +1,7 @@
 package receiver
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"strings"
@@ -183,7 +184,8 @@ func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
 // Watermill does not know. It is the messaging.system span attribute, and on
 // Kafka and RabbitMQ, whose consumers take messages in order, Build refuses
 // a policy that would hold up the messages behind a poison message for good
-// (policy.ExhaustedKeep without WithDeadLetter).
+// (policy.ExhaustedKeep without WithDeadLetter), and logs a warning for
+// policy.NeverCacheFailures, which asks for that on purpose.
 func (b *Builder) WithMessagingSystem(system attribute.KeyValue) *Builder {
 	if system.Key != semconv.MessagingSystemKey || system.Value.Type() != attribute.STRING || system.Value.AsString() == "" {
 		return b.invalid("WithMessagingSystem", "%s=%s is not a messaging.system attribute; pass one such as semconv.MessagingSystemKafka", system.Key, system.Value.Emit())
@@ -206,7 +208,9 @@ func (b *Builder) Build() (*Receiver, error) {
 	if len(b.errs) > 0 {
 		return nil, errors.Join(b.errs...)
 	}
-	if inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
+	if inOrder(b.cfg.MessagingSystem) && b.cfg.Policy.NeverCacheFailures {
+		b.warnNeverCached()
+	} else if inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
 		return nil, configerr.New("WithPolicy(Policy.Exhausted)", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; add WithDeadLetter(pub, topic), or set policy.ExhaustedDrop to ack such messages with an error log", b.cfg.MessagingSystem)
 	}
 	var (
@@ -222,6 +226,17 @@ func (b *Builder) Build() (*Receiver, error) {
 		return nil, b.asWritten(err)
 	}
 	return &Receiver{stage: stage}, nil
+}
+
+// warnNeverCached says, once, what policy.NeverCacheFailures costs on a
+// broker that takes messages in order. Build accepts it there, where it
+// refuses ExhaustedKeep without a dead letter: that is the zero policy,
+// which would hold up a partition by default; this is a choice made on
+// purpose, and no dead letter could end the loop it asks for.
+func (b *Builder) warnNeverCached() {
+	logger := cmp.Or(b.cfg.Logger, slog.Default())
+	logger.Warn("policy.NeverCacheFailures on a broker that takes messages in order: a message that always fails is never acked and holds up the messages behind it until the broker's own limit moves it (a RabbitMQ quorum queue's delivery limit) or an operator acts; Kafka has no such limit",
+		slog.String("messaging_system", b.cfg.MessagingSystem))
 }
 
 // asWritten names the setting of a pipeline ConfigError as the user wrote
