@@ -30,7 +30,7 @@ const (
 	DeadLetterReasonMismatch DeadLetterReason = "mismatch"
 	// DeadLetterReasonRejected: the message is refused before it runs (no
 	// key, payload too large, a key the store refuses, a duplicate under
-	// policy.HeldKeyReject).
+	// policy.HeldKeyReject or policy.FinishedKeyReject).
 	DeadLetterReasonRejected DeadLetterReason = "rejected"
 )
 

@@ -15,10 +15,17 @@
 //   - Replay of a success: the stored produced messages are returned again
 //     with the same UUIDs, so the router re-publishes what a crash lost.
 //   - Replay of a cached failure: acked; the handler is not run.
-//   - In progress: wait up to a bound, then replay or nack after a delay.
+//     Under policy.FinishedKeyReject a duplicate of either is rejected
+//     instead: acked, dead-lettered, ErrDuplicateRejected.
+//   - In progress: wait up to a bound, then replay or nack after a delay
+//     (ErrKeyHeld).
 //   - Mismatch, or a key that cannot be computed: a permanent failure, acked.
 //   - A retryable failure releases the key and nacks; after
-//     policy.MaxAttempts deliveries the failure is cached instead.
+//     policy.MaxAttempts deliveries the failure is cached instead, unless
+//     policy.NeverCacheFailures says no failure is ever cached.
+//
+// A duplicate that is neither run nor replayed has a *DuplicateError,
+// which says what the store holds for its key (errors.As).
 //
 // A panic in the handler is recovered like Watermill's middleware.Recoverer
 // does: it becomes a middleware.RecoveredPanicError carrying the stack, the

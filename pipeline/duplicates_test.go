@@ -345,4 +345,3 @@ func TestTxModeNeverCacheFailuresOnPostgres(t *testing.T) {
 		t.Fatalf("dead letters %v, want none", r)
 	}
 }
-

@@ -23,7 +23,8 @@ const (
 	// HeldKeyNacked: another delivery held the key past the wait. Nacked.
 	OutcomeHeldKeyNacked
 	// Rejected: a permanent failure before the handler could run (no key,
-	// mismatch, payload too large, a duplicate of a held key under policy.HeldKeyReject). Acked.
+	// mismatch, payload too large, a duplicate of a held key under policy.HeldKeyReject
+	// or of a finished one under policy.FinishedKeyReject). Acked.
 	OutcomeRejected
 	// Unguarded: no key could be computed and the policy said to run anyway.
 	OutcomeUnguarded
@@ -92,8 +93,9 @@ type Event struct {
 	// one-transaction mode it comes from store.ClaimResult.Contended: a wait
 	// that ended in an execution (the holder rolled back) is not seen.
 	Contended bool
-	// Exhausted is true when the handler failed retryably on an attempt at
-	// or past policy.MaxAttempts: the message was dead-lettered, dropped
+	// Exhausted is true when the handler failed retryably (under
+	// policy.NeverCacheFailures, in any way) on an attempt at or past
+	// policy.MaxAttempts: the message was dead-lettered, dropped
 	// (policy.ExhaustedDrop; Outcome FailureCached) or kept (nacked; Outcome
 	// Released).
 	Exhausted bool

@@ -1,6 +1,7 @@
 // Package policy decides what oncemill does with a delivery: how long outcomes
 // are remembered, how long a lease lasts, how errors are classified, and what
-// a duplicate does while another delivery holds its key.
+// a duplicate gets while another delivery holds its key (HeldKeyMode) or
+// once it has finished (FinishedKeyMode).
 //
 // A Policy is a plain value whose zero fields mean their defaults, so a
 // literal names only what it changes, and Validate says what cannot work:

@@ -159,7 +159,8 @@ type Policy struct {
 	Heartbeat time.Duration
 	// MaxAttempts caps executions of one key across redeliveries. When the
 	// attempt that reaches the cap fails retryably, the message goes to the
-	// dead letter if one is set, else as Exhausted says. Zero means 5.
+	// dead letter if one is set, else as Exhausted says (under
+	// NeverCacheFailures it is kept). Zero means 5.
 	MaxAttempts int
 	// AttemptDelay is the pause after a first attempt that failed
 	// retryably, before its nack: the next attempt comes no sooner than

@@ -38,6 +38,9 @@ func TestZeroPolicyIsTheDefaults(t *testing.T) {
 	if p.AttemptDelay != 3*time.Second || p.MaxAttemptDelay != time.Minute || p.Exhausted != policy.ExhaustedKeep {
 		t.Fatalf("attempt defaults %+v", p)
 	}
+	if p.FinishedKey != policy.FinishedKeyReplay || p.NeverCacheFailures {
+		t.Fatalf("duplicate and failure defaults %+v", p)
+	}
 	// A first pause above the default cap raises the cap with it; a
 	// negative one means no pause.
 	if p := (policy.Policy{AttemptDelay: 2 * time.Minute}).WithDefaults(); p.MaxAttemptDelay != 2*time.Minute {
@@ -60,21 +63,23 @@ func TestValidateSaysWhatToChange(t *testing.T) {
 		setting string
 		says    string
 	}{
-		"success ttl":     {policy.Policy{SuccessTTL: -1}, "policy.SuccessTTL", "negative"},
-		"failure ttl":     {policy.Policy{FailureTTL: -1}, "policy.FailureTTL", "negative"},
-		"lease":           {policy.Policy{LeaseDuration: -time.Second}, "policy.LeaseDuration", "negative"},
-		"lease too short": {policy.Policy{LeaseDuration: 2}, "policy.LeaseDuration", "too short"},
-		"heartbeat":       {policy.Policy{Heartbeat: -1}, "policy.Heartbeat", "negative"},
-		"heartbeat long":  {policy.Policy{Heartbeat: 30 * time.Second}, "policy.Heartbeat", "not shorter than Lease"},
-		"attempts":        {policy.Policy{MaxAttempts: -1}, "policy.MaxAttempts", "negative"},
-		"held key mode":   {policy.Policy{HeldKey: 5}, "policy.HeldKey", "policy.HeldKeyWait"},
-		"held key wait":   {policy.Policy{HeldKeyTimeout: -1}, "policy.HeldKeyTimeout", "negative"},
-		"missing key":     {policy.Policy{MissingKey: 3}, "policy.MissingKey", "policy.MissingKeyReject"},
-		"result size":     {policy.Policy{MaxResultBytes: -1}, "policy.MaxResultBytes", "negative"},
-		"payload size":    {policy.Policy{MaxPayloadBytes: -1}, "policy.MaxPayloadBytes", "negative"},
-		"attempt cap":     {policy.Policy{MaxAttemptDelay: -1}, "policy.MaxAttemptDelay", "negative"},
-		"attempt delays":  {policy.Policy{AttemptDelay: 2 * time.Minute, MaxAttemptDelay: time.Minute}, "policy.MaxAttemptDelay", "below AttemptDelay"},
-		"exhausted mode":  {policy.Policy{Exhausted: 4}, "policy.Exhausted", "policy.ExhaustedKeep"},
+		"success ttl":       {policy.Policy{SuccessTTL: -1}, "policy.SuccessTTL", "negative"},
+		"failure ttl":       {policy.Policy{FailureTTL: -1}, "policy.FailureTTL", "negative"},
+		"lease":             {policy.Policy{LeaseDuration: -time.Second}, "policy.LeaseDuration", "negative"},
+		"lease too short":   {policy.Policy{LeaseDuration: 2}, "policy.LeaseDuration", "too short"},
+		"heartbeat":         {policy.Policy{Heartbeat: -1}, "policy.Heartbeat", "negative"},
+		"heartbeat long":    {policy.Policy{Heartbeat: 30 * time.Second}, "policy.Heartbeat", "not shorter than Lease"},
+		"attempts":          {policy.Policy{MaxAttempts: -1}, "policy.MaxAttempts", "negative"},
+		"held key mode":     {policy.Policy{HeldKey: 5}, "policy.HeldKey", "policy.HeldKeyWait"},
+		"held key wait":     {policy.Policy{HeldKeyTimeout: -1}, "policy.HeldKeyTimeout", "negative"},
+		"missing key":       {policy.Policy{MissingKey: 3}, "policy.MissingKey", "policy.MissingKeyReject"},
+		"result size":       {policy.Policy{MaxResultBytes: -1}, "policy.MaxResultBytes", "negative"},
+		"payload size":      {policy.Policy{MaxPayloadBytes: -1}, "policy.MaxPayloadBytes", "negative"},
+		"attempt cap":       {policy.Policy{MaxAttemptDelay: -1}, "policy.MaxAttemptDelay", "negative"},
+		"attempt delays":    {policy.Policy{AttemptDelay: 2 * time.Minute, MaxAttemptDelay: time.Minute}, "policy.MaxAttemptDelay", "below AttemptDelay"},
+		"exhausted mode":    {policy.Policy{Exhausted: 4}, "policy.Exhausted", "policy.ExhaustedKeep"},
+		"finished key":      {policy.Policy{FinishedKey: 2}, "policy.FinishedKey", "policy.FinishedKeyReplay"},
+		"never cache, drop": {policy.Policy{NeverCacheFailures: true, Exhausted: policy.ExhaustedDrop}, "policy.Exhausted", "NeverCacheFailures caches none"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
