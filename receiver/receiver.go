@@ -208,9 +208,8 @@ func (b *Builder) Build() (*Receiver, error) {
 	if len(b.errs) > 0 {
 		return nil, errors.Join(b.errs...)
 	}
-	if inOrder(b.cfg.MessagingSystem) && b.cfg.Policy.NeverCacheFailures {
-		b.warnNeverCached()
-	} else if inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
+	neverCached := inOrder(b.cfg.MessagingSystem) && b.cfg.Policy.NeverCacheFailures
+	if !neverCached && inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
 		return nil, configerr.New("WithPolicy(Policy.Exhausted)", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; add WithDeadLetter(pub, topic), or set policy.ExhaustedDrop to ack such messages with an error log", b.cfg.MessagingSystem)
 	}
 	var (
@@ -224,6 +223,9 @@ func (b *Builder) Build() (*Receiver, error) {
 	}
 	if err != nil {
 		return nil, b.asWritten(err)
+	}
+	if neverCached {
+		b.warnNeverCached()
 	}
 	return &Receiver{stage: stage}, nil
 }
