@@ -50,6 +50,12 @@
 // effect itself is idempotent (a unique key, an upsert, the lease's fencing
 // token passed on to the system written to).
 //
+// Unlike its siblings it takes a builder constructor, newBuilder, not a
+// builder: the crash needs a store the helper controls (one that fails the
+// crashed worker's writes, on a clock it moves past the lease), and a
+// receiver.Builder does not give out its store. newBuilder builds over the
+// store it is given: receiver.New(st) with the test's policy and options.
+//
 // It does not cover a worker frozen past its lease (a GC pause, a stopped
 // VM) that wakes and acts late, while a redelivery has taken the key over:
 // hold the handler of one delivery, move a storetest.Clock past the lease,

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -185,4 +186,101 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// reservedHostPorts are the host ports the machine's services and tools
+// hold: the test command's PostgreSQL, Redis, RabbitMQ and Valkey (with
+// RabbitMQ's epmd, Erlang distribution and management UI), and
+// scripts/brokers' Kafka and fauxqs. docker compose up runs beside them.
+var reservedHostPorts = map[string]string{
+	"5432": "PostgreSQL", "6379": "Redis", "5672": "RabbitMQ", "6391": "Valkey (scripts/valkey)",
+	"4369": "RabbitMQ's epmd", "25672": "RabbitMQ's Erlang distribution", "15672": "RabbitMQ's management UI",
+	"9092": "Kafka (scripts/brokers)", "4566": "fauxqs (scripts/brokers)",
+}
+
+// publishedPorts returns the host ports each service publishes, from
+// "127.0.0.1:15432:5432" (not "127.0.0.1::8080": any free port).
+func publishedPorts(f composeFile) map[string][]string {
+	out := map[string][]string{}
+	for name, svc := range f.Services {
+		for _, p := range svc.Ports {
+			if parts := strings.Split(strings.TrimSuffix(p, "/tcp"), ":"); len(parts) == 3 && parts[1] != "" {
+				out[name] = append(out[name], parts[1])
+			}
+		}
+	}
+	return out
+}
+
+// A docs/docker.md services row: its name and its "from the host" cell.
+var docServiceRow = regexp.MustCompile("(?m)^\\| `([a-z0-9-]+)` \\|.*\\|([^|]*)\\|$")
+
+func TestComposeHostPortsAvoidTheTestServices(t *testing.T) {
+	f := readCompose(t)
+	published := publishedPorts(f)
+	owner := map[string]string{}
+	for name, ports := range published {
+		for _, p := range ports {
+			if what, ok := reservedHostPorts[p]; ok {
+				t.Errorf("%s: host port %s is taken where the tests run (%s); choose another", name, p, what)
+			}
+			if other, ok := owner[p]; ok {
+				t.Errorf("%s and %s both publish host port %s", name, other, p)
+			}
+			owner[p] = name
+		}
+	}
+
+	// docs/docker.md names each service's host ports, and no others.
+	doc, err := os.ReadFile("../../docs/docker.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostPorts := regexp.MustCompile(`127\.0\.0\.1:(\d+)`)
+	rows := 0
+	for _, row := range docServiceRow.FindAllStringSubmatch(string(doc), -1) {
+		if _, ok := f.Services[row[1]]; !ok {
+			continue // the settings table
+		}
+		rows++
+		var named []string
+		for _, m := range hostPorts.FindAllStringSubmatch(row[2], -1) {
+			named = append(named, m[1])
+		}
+		slices.Sort(named)
+		want := slices.Sorted(slices.Values(published[row[1]]))
+		if !slices.Equal(named, want) {
+			t.Errorf("docs/docker.md: %s is reached from the host on %v, the file publishes %v", row[1], named, want)
+		}
+	}
+	if rows != len(f.Services) {
+		t.Errorf("docs/docker.md has %d services rows, want one per service (%d)", rows, len(f.Services))
+	}
+
+	// Its export line points a process on the host at the published ports,
+	// one variable per address the worker is given.
+	export := regexp.MustCompile(`(?m)^export (ONCEMILL_.*)$`).FindStringSubmatch(string(doc))
+	if export == nil {
+		t.Fatal("docs/docker.md: no export ONCEMILL_... line for a process on the host")
+	}
+	exported := map[string]string{}
+	for _, kv := range strings.Fields(export[1]) {
+		variable, value, _ := strings.Cut(kv, "=")
+		exported[variable] = value
+	}
+	for variable, value := range f.Services["worker"].Environment {
+		service, _ := hostPort(t, value)
+		if service == "" || len(published[service]) == 0 {
+			continue // not an address, or not a service reachable from the host
+		}
+		got, ok := exported[variable]
+		if !ok {
+			t.Errorf("docs/docker.md: the export line does not set %s (the worker's %s)", variable, value)
+			continue
+		}
+		host, port := hostPort(t, got)
+		if host != "127.0.0.1" || !slices.Contains(published[service], port) {
+			t.Errorf("docs/docker.md: export %s=%s; %s is published on 127.0.0.1:%v", variable, got, service, published[service])
+		}
+	}
 }

@@ -158,9 +158,18 @@ func openStore(ctx context.Context, cfg config) (*stores, error) {
 	case "postgres":
 		return openPostgres(ctx, cfg)
 	case "redis":
-		client := goredis.NewClient(&goredis.Options{Addr: cfg.redisAddr})
-		if err := client.Ping(ctx).Err(); err != nil {
-			return nil, fmt.Errorf("redis (%s): %w", cfg.redisAddr, err)
+		// host:port, or a redis:// or rediss:// URL with a password and a
+		// database, as cmd/oncemill reads the same variable.
+		opts := &goredis.Options{Addr: cfg.redisAddr}
+		if strings.Contains(cfg.redisAddr, "://") {
+			var err error
+			if opts, err = goredis.ParseURL(cfg.redisAddr); err != nil {
+				return nil, fmt.Errorf("--redis-addr: %w", err)
+			}
+		}
+		client := goredis.NewClient(opts)
+		if err := client.Ping(ctx).Err(); err != nil { // names no password
+			return nil, fmt.Errorf("redis at %s, database %d: %w", opts.Addr, opts.DB, err)
 		}
 		st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.redisPrefix})
 		if err != nil {
@@ -259,12 +268,12 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.store, "store", "memory", "memory, postgres (the one-transaction mode) or redis")
 	env(&c.httpAddr, "http-addr", "ONCEMILL_HTTP_ADDR", ":8080", "consume mode: address of /metrics, /healthz and /readyz")
 	env(&c.otlpEndpoint, "otlp-endpoint", "ONCEMILL_OTLP_ENDPOINT", "", "OTLP/HTTP endpoint for traces, e.g. http://jaeger:4318")
-	env(&c.scope, "scope", "ONCEMILL_SCOPE", "payments", "oncemill scope and ledger scope (run mode on a shared store: a fresh one per run)")
+	env(&c.scope, "scope", "ONCEMILL_SCOPE", "payments", "oncemill scope and ledger scope (run mode: payment IDs fresh per run, so runs on a shared store replay none of each other's)")
 	env(&c.topicPrefix, "topic-prefix", "ONCEMILL_TOPIC_PREFIX", "", "prefix of the topics payments-0, payments-1, ..., settlements, dead-letters")
 	env(&c.group, "consumer-group", "ONCEMILL_CONSUMER_GROUP", "oncemill-worker", "Kafka: each topic is read by the consumer group <group>-<topic>")
 	env(&c.postgresDSN, "postgres-dsn", "ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL")
 	env(&c.postgresSchema, "postgres-schema", "ONCEMILL_POSTGRES_SCHEMA", "oncemill", "schema of the records and ledger tables")
-	env(&c.redisAddr, "redis-addr", "ONCEMILL_REDIS_ADDR", "127.0.0.1:6379", "Redis")
+	env(&c.redisAddr, "redis-addr", "ONCEMILL_REDIS_ADDR", "127.0.0.1:6379", "Redis: host:port, or a redis:// or rediss:// URL with password and database")
 	env(&c.redisPrefix, "redis-prefix", "ONCEMILL_REDIS_PREFIX", "oncemill", "prefix of the records keys")
 	env(&c.kafkaBrokers, "kafka-brokers", "ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092", "comma-separated Kafka brokers")
 	env(&c.amqpURL, "amqp-url", "ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ")
@@ -332,6 +341,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 // worker is what every mode runs on.
 type worker struct {
 	cfg    config
+	run    string // the demo's run: its payment IDs are p-<run>-000001, ...
 	log    *slog.Logger
 	stores *stores
 	broker *broker
@@ -343,13 +353,25 @@ func (w *worker) topic(name string) string { return w.cfg.topicPrefix + name }
 
 func (w *worker) payments(i int) string { return w.topic(fmt.Sprintf("payments-%d", i)) }
 
-// open connects the store and the broker. The demo gets a scope and topics
-// of its own: a shared store or broker may hold those of other runs.
-func open(ctx context.Context, cfg config, stderr io.Writer) (w *worker, err error) {
-	if id := watermill.NewShortUUID(); cfg.mode == "run" {
-		cfg.scope, cfg.topicPrefix = cfg.scope+"-run-"+id, cmp.Or(cfg.topicPrefix, "oncemill-run-"+id+"-")
+// paymentID is the ID of the workload's i-th payment.
+func (w *worker) paymentID(i int) string {
+	if w.run != "" {
+		return fmt.Sprintf("p-%s-%06d", w.run, i+1)
 	}
-	w = &worker{cfg: cfg, log: slog.New(slog.DiscardHandler)}
+	return fmt.Sprintf("p-%06d", i+1)
+}
+
+// open connects the store and the broker. The demo keeps the scope, where
+// the runbook's "oncemill list --scope payments" looks, and gets payment IDs
+// and topics of its own: a shared store or broker may hold those of other
+// runs, and a payment of an earlier run would be replayed, not charged.
+func open(ctx context.Context, cfg config, stderr io.Writer) (w *worker, err error) {
+	var run string
+	if cfg.mode == "run" {
+		run = watermill.NewShortUUID()
+		cfg.topicPrefix = cmp.Or(cfg.topicPrefix, "oncemill-run-"+run+"-")
+	}
+	w = &worker{cfg: cfg, run: run, log: slog.New(slog.DiscardHandler)}
 	if cfg.mode == "consume" { // the deployable worker logs in JSON, info and above
 		w.log = slog.New(slog.NewJSONHandler(stderr, nil))
 	}
@@ -508,7 +530,7 @@ func finishOnShutdown(h message.HandlerFunc) message.HandlerFunc {
 // UUID, as at-least-once delivery does. It returns the deliveries.
 func (w *worker) publish() (deliveries int, err error) {
 	for i := range w.cfg.count {
-		cmd := command{PaymentID: fmt.Sprintf("p-%06d", i+1), Account: fmt.Sprintf("acc-%d", i%50+1), AmountCents: int64(i*7919%100000 + 1), Currency: "EUR"}
+		cmd := command{PaymentID: w.paymentID(i), Account: fmt.Sprintf("acc-%d", i%50+1), AmountCents: int64(i*7919%100000 + 1), Currency: "EUR"}
 		if i%50 == 3 {
 			cmd.AmountCents = -int64(i % 100)
 		}
@@ -573,12 +595,13 @@ func (w *worker) demo(ctx context.Context, stdout io.Writer) error {
 	}
 	n, unique, effects, doubled, lost := w.cfg.count, 0, 0, 0, 0
 	for i := range n {
-		c := counts[fmt.Sprintf("p-%06d", i+1)]
+		c := counts[w.paymentID(i)]
 		if effects, doubled = effects+c, doubled+max(c-1, 0); c == 0 && i%50 != 3 {
 			lost++
 		}
 	}
 	keys.Range(func(_, _ any) bool { unique++; return true })
+	fmt.Fprintf(stdout, "records: scope=%s payment_ids=%s..%s\n", w.cfg.scope, w.paymentID(0), w.paymentID(n-1))
 	fmt.Fprintf(stdout, "summary: published=%d deliveries=%d unique=%d effects=%d replays=%d cached_failures=%d double_effects=%d lost=%d msgs_per_sec=%.0f\n",
 		n, deliveries, unique, effects, replays.Load(), failures.Load(), doubled, lost, float64(deliveries)/elapsed.Seconds())
 	if doubled > 0 || lost > 0 || unique != n {

@@ -25,6 +25,15 @@ func TestDemoEndsWithTheSummaryLine(t *testing.T) {
 	// 500 commands: 100 delivered twice, 50 sent again under a new UUID, 10
 	// invalid (cached failures, no charge).
 	want := "summary: published=500 deliveries=650 unique=500 effects=490 "
+	// Before it, where its records are: the scope the runbook's commands
+	// look at, and payment IDs of this run.
+	records := regexp.MustCompile(`^records: scope=payments payment_ids=p-([0-9A-Za-z]+)-000001\.\.p-([0-9A-Za-z]+)-000500$`)
+	if len(lines) < 2 {
+		t.Fatalf("stdout has %d lines, want the records line before the summary", len(lines))
+	}
+	if m := records.FindStringSubmatch(lines[len(lines)-2]); m == nil || m[1] != m[2] {
+		t.Errorf("the line before the summary, %q, does not match %v", lines[len(lines)-2], records)
+	}
 	if last := lines[len(lines)-1]; !strings.HasPrefix(last, want) {
 		t.Errorf("last stdout line %q does not start with %q", last, want)
 	}
