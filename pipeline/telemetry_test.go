@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"regexp"
 	"runtime/debug"
@@ -1019,15 +1021,26 @@ func TestTelemetryAllocatesNothingWithoutAnSDK(t *testing.T) {
 		tp                    trace.TracerProvider
 		mp                    metric.MeterProvider
 		maxReplay, maxExecute float64
+		more                  func(*stageConfig) // nil: nothing more
 	}{
-		{"global providers", nil, nil, telReplayAllocs, telExecuteAllocs}, // nil: the globals
-		{"SDK metrics, global tracer provider", nil, sdkMetrics, telReplayAllocs, telExecuteAllocs},
-		{"noop providers", tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider(), telSpanReplayAllocs, telSpanExecuteAllocs},
-		{"SDK metrics, noop tracer provider", tracenoop.NewTracerProvider(), sdkMetrics, telSpanReplayAllocs, telSpanExecuteAllocs},
+		{"global providers", nil, nil, telReplayAllocs, telExecuteAllocs, nil}, // nil: the globals
+		{"SDK metrics, global tracer provider", nil, sdkMetrics, telReplayAllocs, telExecuteAllocs, nil},
+		{"noop providers", tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider(), telSpanReplayAllocs, telSpanExecuteAllocs, nil},
+		{"SDK metrics, noop tracer provider", tracenoop.NewTracerProvider(), sdkMetrics, telSpanReplayAllocs, telSpanExecuteAllocs, nil},
+		// A scope function, a retention override looked up by handler name,
+		// and a logger above debug level (the progress lines off) add nothing.
+		{"global providers, scope function, retention overrides, info logger", nil, nil, telReplayAllocs, telExecuteAllocs, func(c *stageConfig) {
+			c.Scope, c.ScopeFunc = "", func(*message.Message) (string, error) { return "tenant", nil }
+			c.RetentionFor = map[string]pipeline.Retention{"other": {SuccessTTL: time.Hour}}
+			c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(c *stageConfig) {
 				c.TracerProvider, c.MeterProvider, c.EventHandler = tc.tp, tc.mp, nil
+				if tc.more != nil {
+					tc.more(c)
+				}
 			})
 			handler := h.stage.Middleware(telNoop)
 
