@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,9 +39,13 @@ func TestRetentionForPerHandlerThroughRouter(t *testing.T) {
 		}
 	})
 	rr := newRouterRun(t)
+	var busy atomic.Bool
 	handle := func(m *message.Message) error {
-		if string(m.Payload) == "decline" {
+		switch {
+		case string(m.Payload) == "decline":
 			return policy.Cached(errDeclined)
+		case string(m.Payload) == "busy" && busy.CompareAndSwap(false, true):
+			return errors.New("mail server busy") // released, then redelivered
 		}
 		return nil
 	}
@@ -51,7 +56,20 @@ func TestRetentionForPerHandlerThroughRouter(t *testing.T) {
 	for _, name := range []string{"payments", "notifications", "audit"} {
 		rr.publish(name+".in", msg(name+"-ok", "x"), msg(name+"-declined", "decline"))
 	}
-	rr.waitAcks(6)
+	rr.publish("notifications.in", msg("notifications-busy", "busy"))
+	rr.waitAcks(7)
+
+	// The released key kept its attempt count for the handler's failure
+	// TTL; its redelivery then stored the success for the success TTL.
+	var busyTTLs []float64
+	for _, s := range k.Named("process notifications.in") {
+		if attrs := teltest.SpanAttrs(s); attrs["idempotency.key"].AsString() == "notifications-busy" {
+			busyTTLs = append(busyTTLs, attrs["idempotency.ttl_seconds"].AsFloat64())
+		}
+	}
+	if !slices.Equal(busyTTLs, []float64{600, 3600}) {
+		t.Errorf("notifications-busy: idempotency.ttl_seconds %v, want 600 (released) then 3600 (executed)", busyTTLs)
+	}
 
 	for _, w := range []struct {
 		handler, key string
