@@ -33,6 +33,19 @@ type Config struct {
 	// the message context, so two handlers of one topic each run a message
 	// once.
 	Scope string
+	// ScopeFunc, when set, computes the key space of each message (a
+	// tenant from its metadata, say), so that one receiver serves many
+	// tenants whose keys may collide. It cannot be set with Scope. A scope
+	// no store can hold is hashed, as a key is (keygen.StorableKey). An
+	// error is treated as a key generator's: one wrapping keygen.ErrNoKey,
+	// and an empty scope, as policy.MissingKey says; one the policy caches
+	// rejects the message; any other nacks it after NackDelay.
+	ScopeFunc func(*message.Message) (string, error)
+	// RetentionFor overrides the policy's TTLs for the handlers it names
+	// (Watermill handler names, message.HandlerNameFromCtx): a handler
+	// whose outcomes must be kept longer, or shorter, than the others' of
+	// the same receiver. A handler it does not name uses the policy's.
+	RetentionFor map[string]Retention
 	// Policy decides TTLs, the lease, attempts and classification. Its zero
 	// fields mean their defaults.
 	Policy policy.Policy
@@ -114,6 +127,9 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 	if !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen {
 		return bad("Config.Scope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)
 	}
+	if cfg.ScopeFunc != nil && cfg.Scope != "" {
+		return bad("Config.ScopeFunc", "set together with Config.Scope: a scope is either fixed or computed per message; keep one")
+	}
 	if (cfg.DeadLetterPublisher == nil) != (cfg.DeadLetterTopic == "") {
 		return bad("Config.DeadLetterTopic", "set together with DeadLetterPublisher: set both, the publisher and the topic to forward to, or neither")
 	}
@@ -131,11 +147,17 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 	if err != nil {
 		return err
 	}
+	retentions, err := retentionsFor(cfg.RetentionFor, p)
+	if err != nil {
+		return err
+	}
 	*s = idempotency{
-		retain:      max(p.SuccessTTL, p.FailureTTL),
+		ttl:         newRetention(Retention{}, p),
+		retentions:  retentions,
 		keys:        cfg.KeyGenerator,
 		fingerprint: cfg.Fingerprint,
 		scope:       cfg.Scope,
+		scopeOf:     cfg.ScopeFunc,
 		policy:      p,
 		logger:      cfg.Logger,
 		replayLevel: cfg.ReplayLogLevel,

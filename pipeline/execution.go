@@ -24,6 +24,8 @@ type execution struct {
 	parent context.Context // the message's context
 	lease  store.Claim
 	stage  *Leased
+	ttl    *retention    // the delivery's TTLs
+	stored time.Duration // the TTL its recorder wrote; 0: none
 
 	// inner is the cancelable context, made only when the handler asks for
 	// Done or Err, or when the lease is lost: most fast handlers never pay

@@ -42,10 +42,12 @@ var (
 // Transactional): the key, the answers to a duplicate, rejections, and what a
 // failure leaves behind. Each mode adds how it claims, runs and records.
 type idempotency struct {
-	retain      time.Duration // how long a record is kept at least: the longest outcome TTL
+	ttl         retention             // the policy's TTLs
+	retentions  map[string]*retention // by handler name (Config.RetentionFor); nil: none
 	keys        keygen.Generator
 	fingerprint func(*message.Message) string
 	scope       string
+	scopeOf     func(*message.Message) (string, error) // Config.ScopeFunc; nil: scope
 	policy      policy.Policy
 	logger      *slog.Logger
 	replayLevel slog.Leveler // nil: replays are not logged
@@ -63,8 +65,10 @@ type idempotency struct {
 
 // delivery is one message passing through the stage.
 type delivery struct {
-	msg   *message.Message
-	event Event
+	msg    *message.Message
+	event  Event
+	ttl    *retention    // the TTLs its record is written with; set with its key
+	stored time.Duration // the TTL of the outcome recorded for it; 0: none recorded
 }
 
 // Both modes' Middleware read: refuse what validation refuses; for the
@@ -86,7 +90,10 @@ func (s *idempotency) refused(msg *message.Message) (msgs []*message.Message, re
 
 // decided measures and reports what became of the delivery.
 func (s *idempotency) decided(d *delivery) {
-	s.tel.decided(d.msg.Context(), &d.event)
+	s.tel.decided(d.msg.Context(), &d.event, d.stored)
+	if d.stored > 0 {
+		s.logStored(d)
+	}
 	if s.onEvent != nil {
 		s.onEvent(d.event)
 	}
@@ -100,7 +107,12 @@ func (s *idempotency) decided(d *delivery) {
 func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (msgs []*message.Message, done bool, err error) {
 	msg := d.msg
 	d.event.Scope = s.scope
-	if d.event.Scope == "" {
+	if s.scopeOf != nil {
+		if err = s.scopeFor(d); err != nil {
+			msgs, err = s.keyFailed(d, h, err)
+			return msgs, true, err
+		}
+	} else if d.event.Scope == "" {
 		// A handler name no store can hold is hashed, as a key would be.
 		d.event.Scope = keygen.StorableKey(message.HandlerNameFromCtx(msg.Context()), store.MaxScopeLen)
 	}
@@ -117,7 +129,32 @@ func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (msgs []*message
 		return msgs, true, err
 	}
 	d.event.Key = keygen.StorableKey(key, s.maxKeyLen)
+	d.ttl = &s.ttl
+	if s.retentions != nil {
+		d.ttl = s.retentionOf(msg)
+	}
 	return nil, false, nil
+}
+
+// errEmptyScope: Config.ScopeFunc returned "" without an error. Like an
+// empty key, it is a message without a usable identity (keygen.ErrNoKey).
+var errEmptyScope = fmt.Errorf("%w: the scope function returned an empty scope", keygen.ErrNoKey)
+
+// scopeFor sets the delivery's scope from Config.ScopeFunc, hashed when no
+// store could hold it, as a key is. Its error goes to keyFailed: the scope
+// is half of the record's identity.
+//
+//go:noinline
+func (s *idempotency) scopeFor(d *delivery) error {
+	scope, err := s.scopeOf(d.msg)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the scope function failed: %w", err)
+	case scope == "":
+		return errEmptyScope
+	}
+	d.event.Scope = keygen.StorableKey(scope, store.MaxScopeLen)
+	return nil
 }
 
 // answer acts on every decision but Execute: it replays, rejects, or waits
@@ -312,12 +349,12 @@ func (s *idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message
 
 // successOutcome is what a success stores: the produced messages, or a
 // marker that they were too large to keep.
-func (s *idempotency) successOutcome(msgs []*message.Message) store.Completion {
+func (s *idempotency) successOutcome(msgs []*message.Message, ttl time.Duration) store.Completion {
 	result, err := result.Encode(msgs, s.policy.MaxResultBytes)
 	if err != nil {
 		s.logger.LogAttrs(context.Background(), slog.LevelError, "Produced messages are not stored; a duplicate will not re-publish them", slog.Any("error", err))
 	}
-	return store.Completion{Status: store.StatusSucceeded, Result: result, TTL: s.policy.SuccessTTL}
+	return store.Completion{Status: store.StatusSucceeded, Result: result, TTL: ttl}
 }
 
 // recorder writes what a failed execution leaves behind, the mode's way.
@@ -357,7 +394,7 @@ func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr 
 		return nil, ferr
 	}
 	d.event.Outcome = OutcomeCachedFailure
-	out := store.Completion{Status: store.StatusCachedFailure, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: s.policy.FailureTTL}
+	out := store.Completion{Status: store.StatusCachedFailure, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: d.ttl.failure}
 	if err := rec.cache(ctx, out); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		// Not recorded: nack, so the failure is decided again on redelivery
 		// rather than forgotten.

@@ -66,7 +66,7 @@ func (s *Leased) handle(d *delivery, h message.HandlerFunc) ([]*message.Message,
 		Key:           d.event.Key,
 		Fingerprint:   s.fingerprint(d.msg),
 		LeaseDuration: s.policy.LeaseDuration,
-		Retain:        s.retain,
+		Retain:        d.ttl.retain,
 	}
 	var w waiter
 	for {
@@ -96,9 +96,9 @@ func (s *Leased) claimLease(ctx context.Context, req *store.LeaseRequest) (store
 	return res, err
 }
 
-func (s *Leased) release(ctx context.Context, lease store.Claim) error {
+func (s *Leased) release(ctx context.Context, lease store.Claim, ttl time.Duration) error {
 	ctx, m := s.tel.startStore(ctx, opRelease)
-	err := s.store.Release(ctx, lease, s.policy.FailureTTL)
+	err := s.store.Release(ctx, lease, ttl)
 	m.end(ctx, err)
 	return err
 }
@@ -111,9 +111,11 @@ func (s *Leased) execute(d *delivery, h message.HandlerFunc, res *store.ClaimRes
 
 	orig := d.msg.Context()
 	e := newExecution(orig, lease, s)
+	e.ttl = d.ttl
 	e.confirmedAt(monotonicNow())
 	d.msg.SetContext(e)
 	e.startHeartbeat()
+	s.processing(d)
 	started := s.tel.leaseTaken(orig)
 	msgs, herr := s.retry.run(e, func() ([]*message.Message, error) { return runHandler(h, d.msg) })
 	s.tel.leaseDone(orig, started)
@@ -124,16 +126,20 @@ func (s *Leased) execute(d *delivery, h message.HandlerFunc, res *store.ClaimRes
 	if herr == nil {
 		return s.succeed(&e.detached, d, e, msgs)
 	}
-	return s.fail(&e.detached, d, e, herr)
+	msgs, err := s.fail(&e.detached, d, e, herr)
+	d.stored = e.stored
+	return msgs, err
 }
 
 func (s *Leased) succeed(ctx context.Context, d *delivery, e *execution, msgs []*message.Message) ([]*message.Message, error) {
 	d.event.Outcome = OutcomeExecuted
-	if err := s.finish(ctx, e, s.successOutcome(msgs)); err != nil {
+	if err := s.finish(ctx, e, s.successOutcome(msgs, d.ttl.success)); err != nil {
 		// The effect happened: nacking now would run it again after the lease
 		// expires. Ack, and let the router publish what the handler produced.
 		d.event.Err = err
 		s.logError(d, "Handler succeeded but the success could not be recorded while the lease was held; a duplicate delivered after the lease expires runs again", err)
+	} else {
+		d.stored = d.ttl.success
 	}
 	return msgs, nil
 }
@@ -207,11 +213,20 @@ func isFinal(err error) bool {
 }
 
 // cache and giveBack make the execution the lease mode's recorder: the
-// failure completes the lease, or the key is released.
+// failure completes the lease, or the key is released. Each notes the TTL
+// it wrote (stored).
 func (e *execution) cache(ctx context.Context, out store.Completion) error {
-	return e.stage.finish(ctx, e, out)
+	err := e.stage.finish(ctx, e, out)
+	if err == nil {
+		e.stored = out.TTL
+	}
+	return err
 }
 
 func (e *execution) giveBack(ctx context.Context) error {
-	return e.stage.release(ctx, e.lease)
+	err := e.stage.release(ctx, e.lease, e.ttl.failure)
+	if err == nil {
+		e.stored = e.ttl.failure
+	}
+	return err
 }

@@ -30,6 +30,7 @@ const (
 	attrDecision = attribute.Key("idempotency.decision")
 	attrAttempt  = attribute.Key("idempotency.attempt")
 	attrOutcome  = attribute.Key("idempotency.outcome")
+	attrTTL      = attribute.Key("idempotency.ttl_seconds")
 	// maxAttrKeyLen: longer keys are replaced by their SHA-256 in spans.
 	maxAttrKeyLen = 128
 )
@@ -258,8 +259,9 @@ func (t *telemetry) traced(h message.HandlerFunc, msg *message.Message) ([]*mess
 	return out, err
 }
 
-// decided records what the idempotency stage did with one delivery.
-func (t *telemetry) decided(ctx context.Context, e *Event) {
+// decided records what the idempotency stage did with one delivery, and the
+// TTL of the outcome it recorded (0: none).
+func (t *telemetry) decided(ctx context.Context, e *Event, stored time.Duration) {
 	if !t.metering() {
 		return // no span either: the delivery span is made only under an SDK
 	}
@@ -281,6 +283,9 @@ func (t *telemetry) decided(ctx context.Context, e *Event) {
 	}
 	if e.Attempt > 0 {
 		span.SetAttributes(attrAttempt.Int(e.Attempt))
+	}
+	if stored > 0 {
+		span.SetAttributes(attrTTL.Float64(stored.Seconds()))
 	}
 }
 

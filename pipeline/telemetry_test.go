@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"maps"
 	"regexp"
 	"runtime/debug"
@@ -127,12 +129,13 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 	}
 	want := []struct {
 		uuid, key, decision, outcome string
-		attempt                      int64 // 0: attribute absent
+		attempt                      int64   // 0: attribute absent
+		ttl                          float64 // 0: attribute absent
 		storeSpans                   []string
 	}{
-		{"m1", "m1", "execute", "executed", 1, []string{"oncemill.store.begin", "oncemill.store.complete"}},
-		{"m1", "m1", "replay", "replayed", 0, []string{"oncemill.store.begin"}},
-		{long, hashed, "execute", "executed", 1, []string{"oncemill.store.begin", "oncemill.store.complete"}},
+		{"m1", "m1", "execute", "executed", 1, 86400, []string{"oncemill.store.begin", "oncemill.store.complete"}},
+		{"m1", "m1", "replay", "replayed", 0, 0, []string{"oncemill.store.begin"}},
+		{long, hashed, "execute", "executed", 1, 86400, []string{"oncemill.store.begin", "oncemill.store.complete"}},
 	}
 	for i, w := range want {
 		s := spans[i]
@@ -172,7 +175,16 @@ func TestTelemetryDeliverySpanThroughRouter(t *testing.T) {
 		case w.attempt != 0 && (!ok || got.Type() != attribute.INT64 || got.AsInt64() != w.attempt):
 			t.Errorf("delivery %d: idempotency.attempt = %v, want int %d", i, got.Emit(), w.attempt)
 		}
-		if extra := len(attrs) - len(wantAttrs); extra != 0 && !(extra == 1 && w.attempt != 0) {
+		// The default policy's SuccessTTL, 24 h, once the success is stored;
+		// a replay stores nothing.
+		got, ok = attrs["idempotency.ttl_seconds"]
+		switch {
+		case w.ttl == 0 && ok:
+			t.Errorf("delivery %d: idempotency.ttl_seconds = %v, want it absent on a replay", i, got.Emit())
+		case w.ttl != 0 && (!ok || got.Type() != attribute.FLOAT64 || got.AsFloat64() != w.ttl):
+			t.Errorf("delivery %d: idempotency.ttl_seconds = %v, want float %v", i, got.Emit(), w.ttl)
+		}
+		if extra := len(attrs) - len(wantAttrs); extra != 0 && !(extra == 2 && w.attempt != 0 && w.ttl != 0) {
 			t.Errorf("delivery %d: unexpected attributes %v", i, attrs)
 		}
 		if names := k.storeSpanNames(s.SpanContext()); strings.Join(names, ",") != strings.Join(w.storeSpans, ",") {
@@ -1009,15 +1021,26 @@ func TestTelemetryAllocatesNothingWithoutAnSDK(t *testing.T) {
 		tp                    trace.TracerProvider
 		mp                    metric.MeterProvider
 		maxReplay, maxExecute float64
+		more                  func(*stageConfig) // nil: nothing more
 	}{
-		{"global providers", nil, nil, telReplayAllocs, telExecuteAllocs}, // nil: the globals
-		{"SDK metrics, global tracer provider", nil, sdkMetrics, telReplayAllocs, telExecuteAllocs},
-		{"noop providers", tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider(), telSpanReplayAllocs, telSpanExecuteAllocs},
-		{"SDK metrics, noop tracer provider", tracenoop.NewTracerProvider(), sdkMetrics, telSpanReplayAllocs, telSpanExecuteAllocs},
+		{"global providers", nil, nil, telReplayAllocs, telExecuteAllocs, nil}, // nil: the globals
+		{"SDK metrics, global tracer provider", nil, sdkMetrics, telReplayAllocs, telExecuteAllocs, nil},
+		{"noop providers", tracenoop.NewTracerProvider(), metricnoop.NewMeterProvider(), telSpanReplayAllocs, telSpanExecuteAllocs, nil},
+		{"SDK metrics, noop tracer provider", tracenoop.NewTracerProvider(), sdkMetrics, telSpanReplayAllocs, telSpanExecuteAllocs, nil},
+		// A scope function, a retention override looked up by handler name,
+		// and a logger above debug level (the progress lines off) add nothing.
+		{"global providers, scope function, retention overrides, info logger", nil, nil, telReplayAllocs, telExecuteAllocs, func(c *stageConfig) {
+			c.Scope, c.ScopeFunc = "", func(*message.Message) (string, error) { return "tenant", nil }
+			c.RetentionFor = map[string]pipeline.Retention{"other": {SuccessTTL: time.Hour}}
+			c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(c *stageConfig) {
 				c.TracerProvider, c.MeterProvider, c.EventHandler = tc.tp, tc.mp, nil
+				if tc.more != nil {
+					tc.more(c)
+				}
 			})
 			handler := h.stage.Middleware(telNoop)
 

@@ -81,8 +81,8 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 		Scope:       d.event.Scope,
 		Key:         d.event.Key,
 		Fingerprint: s.fingerprint(d.msg),
-		SuccessTTL:  s.policy.SuccessTTL,
-		Retain:      s.retain,
+		SuccessTTL:  d.ttl.success,
+		Retain:      d.ttl.retain,
 	}
 	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
 	for {
@@ -110,7 +110,7 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 // retry claims again in a fresh transaction. This is the one place where
 // the mode's transactions end.
 func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.TxRequest, res store.TxResult) ([]*message.Message, error) {
-	run := txRun{stage: s, claim: res.Claim, fingerprint: req.Fingerprint}
+	run := txRun{stage: s, claim: res.Claim, fingerprint: req.Fingerprint, failureTTL: d.ttl.failure}
 	tx := res.Tx
 	d.event.Attempt, d.event.Token, d.event.Takeover = run.claim.Attempt, run.claim.Token, res.Takeover
 
@@ -118,6 +118,7 @@ func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.T
 	detached := context.WithoutCancel(orig)
 	handlerCtx := context.WithValue(orig, claimKey{}, &run.claim)
 	started := s.tel.leaseTaken(orig)
+	s.processing(d)
 	msgs, herr := s.retry.run(orig, func() ([]*message.Message, error) {
 		if tx == nil { // a retry: the last attempt rolled back, claim included
 			res, err := s.claim(orig, req)
@@ -147,16 +148,19 @@ func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.T
 
 	if herr != nil { // the last attempt rolled back
 		d.event.Attempt = run.claim.Attempt
-		return s.fail(detached, d, &run, herr)
+		msgs, err := s.fail(detached, d, &run, herr)
+		d.stored = run.stored
+		return msgs, err
 	}
 	d.event.Outcome = OutcomeExecuted // and committed: a nil error comes only with a commit
+	d.stored = req.SuccessTTL
 	return msgs, nil
 }
 
 // commit ends the attempt's transaction with the record of its success.
 func (s *Transactional) commit(ctx context.Context, tx store.Tx, msgs []*message.Message) error {
 	ctx, m := s.tel.startStore(ctx, opCommit)
-	err := tx.Commit(ctx, s.successOutcome(msgs).Result)
+	err := tx.Commit(ctx, s.successOutcome(msgs, 0).Result) // the TTL is the claim's (TxRequest.SuccessTTL)
 	m.end(ctx, err)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errCommit, err)
@@ -190,6 +194,8 @@ type txRun struct {
 	stage       *Transactional
 	claim       store.Claim
 	fingerprint string
+	failureTTL  time.Duration // the delivery's
+	stored      time.Duration // the TTL recorded; 0: none
 }
 
 func (r *txRun) cache(ctx context.Context, out store.Completion) error {
@@ -197,12 +203,15 @@ func (r *txRun) cache(ctx context.Context, out store.Completion) error {
 }
 
 func (r *txRun) giveBack(ctx context.Context) error {
-	return r.record(ctx, store.Completion{Status: store.StatusRetryable, TTL: r.stage.policy.FailureTTL})
+	return r.record(ctx, store.Completion{Status: store.StatusRetryable, TTL: r.failureTTL})
 }
 
 func (r *txRun) record(ctx context.Context, out store.Completion) error {
 	ctx, m := r.stage.tel.startStore(ctx, opRecordRollback)
 	err := r.stage.store.RecordRollback(ctx, r.claim, r.fingerprint, out)
 	m.end(ctx, err)
+	if err == nil {
+		r.stored = out.TTL
+	}
 	return err
 }

@@ -86,3 +86,29 @@ func ExampleBuilder_Build_error() {
 	// true
 	// oncemill: invalid configuration: WithPolicy(Policy.Heartbeat): 2s is not shorter than LeaseDuration 1s, so the lease would expire between beats; use less than LeaseDuration, or leave it 0 for 333.333333ms (a third of LeaseDuration, room for two missed beats)
 }
+
+// One receiver, many tenants: the scope is each message's tenant, so the
+// same key sent by two tenants runs once for each.
+func ExampleBuilder_WithScopeFunc() {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	r, err := receiver.New(st).
+		WithScopeFunc(func(m *message.Message) (string, error) { return m.Metadata.Get("tenant"), nil }).
+		WithEventHandler(func(e pipeline.Event) { fmt.Println(e.Scope, e.Key, e.Outcome) }).
+		Build()
+	if err != nil {
+		panic(err)
+	}
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	for _, tenant := range []string{"acme", "globex", "acme"} {
+		m := message.NewMessage("invoice-7", []byte("{}"))
+		m.Metadata.Set("tenant", tenant)
+		if _, err := h(m); err != nil {
+			panic(err)
+		}
+	}
+	// Output:
+	// acme invoice-7 executed
+	// globex invoice-7 executed
+	// acme invoice-7 replayed
+}

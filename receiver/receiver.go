@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/sony/gobreaker/v2"
@@ -79,12 +80,45 @@ func (b *Builder) WithFingerprint(f func(*message.Message) string) *Builder {
 }
 
 // WithScope sets the key space (default: the Watermill handler name).
-// Use it to share records across handlers, or to separate tenants.
+// Use it to share records across handlers, or to separate the receivers of
+// two tenants; WithScopeFunc separates tenants within one receiver.
 func (b *Builder) WithScope(scope string) *Builder {
 	if scope == "" {
 		return b.invalid("WithScope", "empty; leave it unset to scope by handler name, or pass a name")
 	}
 	b.cfg.Scope = scope
+	return b
+}
+
+// WithScopeFunc computes the key space of each message, so that one
+// receiver serves many tenants whose keys may collide: a message's record is
+// its (scope, key), and the same key of two tenants runs once for each. Use
+// it instead of WithScope, not with it. A scope no store can hold is
+// hashed, as a key is (keygen.StorableKey). An error is treated as a key
+// generator's: one wrapping keygen.ErrNoKey, and an empty scope, as the
+// policy's MissingKey says (rejected by default); one the policy caches
+// rejects the message; any other nacks it after the policy's NackDelay.
+func (b *Builder) WithScopeFunc(scope func(*message.Message) (string, error)) *Builder {
+	if scope == nil {
+		return b.invalid("WithScopeFunc", "nil; pass a func(*message.Message) (string, error), or leave it unset to scope by handler name")
+	}
+	b.cfg.ScopeFunc = scope
+	return b
+}
+
+// WithRetentionFor keeps the outcomes of the Watermill handler named
+// handler (router.AddHandler's first argument) for successTTL and
+// failureTTL instead of the policy's SuccessTTL and FailureTTL; zero means
+// the policy's. One receiver on a router then keeps, say, payments for a
+// week and notifications for an hour. Call it once per handler.
+func (b *Builder) WithRetentionFor(handler string, successTTL, failureTTL time.Duration) *Builder {
+	if _, dup := b.cfg.RetentionFor[handler]; dup {
+		return b.invalid("WithRetentionFor", "handler %q is given twice; call it once per handler", handler)
+	}
+	if b.cfg.RetentionFor == nil {
+		b.cfg.RetentionFor = map[string]pipeline.Retention{}
+	}
+	b.cfg.RetentionFor[handler] = pipeline.Retention{SuccessTTL: successTTL, FailureTTL: failureTTL}
 	return b
 }
 
@@ -207,6 +241,9 @@ func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
 func (b *Builder) Build() (*Receiver, error) {
 	if len(b.errs) > 0 {
 		return nil, errors.Join(b.errs...)
+	}
+	if b.cfg.Scope != "" && b.cfg.ScopeFunc != nil {
+		return nil, configerr.New("WithScope and WithScopeFunc", "both set: a scope is either fixed (WithScope) or computed per message (WithScopeFunc); keep one")
 	}
 	neverCached := inOrder(b.cfg.MessagingSystem) && b.cfg.Policy.NeverCacheFailures
 	if !neverCached && inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {

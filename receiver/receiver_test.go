@@ -155,6 +155,16 @@ func TestBuildNamesTheBuilderMethod(t *testing.T) {
 		{"empty dead-letter topic", func() *receiver.Builder {
 			return receiver.New(st).WithDeadLetter(gochannel.NewGoChannel(gochannel.Config{}, nil), "")
 		}, "WithDeadLetter", "topic"},
+		{"a scope fixed and computed", func() *receiver.Builder {
+			return receiver.New(st).WithScope("orders").WithScopeFunc(func(*message.Message) (string, error) { return "t", nil })
+		}, "WithScope and WithScopeFunc", "keep one"},
+		{"nil scope function", func() *receiver.Builder { return receiver.New(st).WithScopeFunc(nil) }, "WithScopeFunc", "nil"},
+		{"retention for no handler", func() *receiver.Builder { return receiver.New(st).WithRetentionFor("", time.Hour, 0) }, "WithRetentionFor", "handler name is empty"},
+		{"negative retention", func() *receiver.Builder { return receiver.New(st).WithRetentionFor("payments", 0, -time.Hour) }, "WithRetentionFor", "must be positive"},
+		{"retention that changes nothing", func() *receiver.Builder { return receiver.New(st).WithRetentionFor("payments", 0, 0) }, "WithRetentionFor", "both TTLs are 0"},
+		{"retention given twice for a handler", func() *receiver.Builder {
+			return receiver.New(st).WithRetentionFor("payments", time.Hour, 0).WithRetentionFor("payments", 0, time.Hour)
+		}, "WithRetentionFor", "given twice"},
 		{"a poison message would hold up a Kafka partition", func() *receiver.Builder {
 			return receiver.New(st).WithMessagingSystem(semconv.MessagingSystemKafka)
 		}, "WithPolicy(Policy.Exhausted)", "WithDeadLetter"},
