@@ -78,6 +78,14 @@ type Config struct {
 	// "rabbitmq", "aws_sqs"); Watermill does not know it. Empty means
 	// "watermill".
 	MessagingSystem string
+	// Shadow, when true, measures without enforcing, for rolling out on a
+	// live consumer: keys are computed, claimed and recorded as usual, but
+	// a delivery the stage would answer without running the handler (a
+	// replay, a held key, a mismatch) and one the store cannot decide run
+	// the handler unguarded instead, at once, with no claim and no record.
+	// Events report what enforcement would have done (Event.Shadow), and
+	// oncemill.shadow.duplicates counts the duplicates by decision.
+	Shadow bool
 }
 
 // RetryConfig configures in-process retries: cenkalti/backoff/v5's
@@ -143,6 +151,7 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 		validate:    cfg.Validation,
 		tel:         tel,
 		maxKeyLen:   limits.MaxKeyLen,
+		shadow:      cfg.Shadow,
 	}
 	if s.keys == nil {
 		s.keys = keygen.UUID()

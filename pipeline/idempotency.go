@@ -54,6 +54,7 @@ type idempotency struct {
 	breaker     *breaker // nil: no circuit
 	tel         *telemetry
 	maxKeyLen   int
+	shadow      bool // Config.Shadow: run the handler for every answer but execute (shadow.go)
 	// storeFailures counts claims that failed in a row, across
 	// deliveries: the pause before their nack grows with it.
 	storeFailures atomic.Int32
