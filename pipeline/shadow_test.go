@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/keygen"
@@ -208,6 +209,12 @@ func TestShadowRunsTheHandlerForEveryDuplicate(t *testing.T) {
 				t.Fatalf("record of declined after a shadowed duplicate succeeded: %+v, %v; want the cached failure", rec, err)
 			}
 			ms := s.tel.collect(t)
+			if m := ms["oncemill.shadow.duplicates"]; m.Unit != "{delivery}" || m.Description == "" {
+				t.Errorf("oncemill.shadow.duplicates: unit %q, description %q; want {delivery} and a description", m.Unit, m.Description)
+			}
+			if sum, ok := ms["oncemill.shadow.duplicates"].Data.(metricdata.Sum[int64]); !ok || !sum.IsMonotonic {
+				t.Errorf("oncemill.shadow.duplicates is a %T, want an Int64Counter", ms["oncemill.shadow.duplicates"].Data)
+			}
 			if got, want := teltest.Sums(t, ms, "oncemill.shadow.duplicates", "decision"), map[string]int64{
 				"replay": 1, "cached_failure": 1, "held": 1, "mismatch": 1,
 			}; !maps.Equal(got, want) {
