@@ -3,6 +3,7 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/oncemill/oncemill/internal/teltest"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -30,6 +32,7 @@ type shadowStage struct {
 	hold   func(key string)
 	failed *atomic.Bool // makes every claim fail as a store outage does
 	tel    *telKit
+	logs   *testenv.Logs
 
 	mu     sync.Mutex
 	events []pipeline.Event
@@ -76,10 +79,13 @@ func (o outageTxStore) ClaimInTx(ctx context.Context, req store.TxRequest) (stor
 func newShadowStage(t *testing.T, mode string, held policy.HeldKeyMode) *shadowStage {
 	t.Helper()
 	s := &shadowStage{tel: newTelKit(t), failed: new(atomic.Bool)}
+	logs, logger := testenv.NewLogs()
+	s.logs = logs
 	cfg := pipeline.Config{
 		KeyGenerator: keygen.UUID(),
 		Scope:        "s",
 		Shadow:       true,
+		Logger:       logger,
 		EventHandler: func(e pipeline.Event) {
 			s.mu.Lock()
 			s.events = append(s.events, e)
@@ -224,6 +230,16 @@ func TestShadowRunsTheHandlerForEveryDuplicate(t *testing.T) {
 				"executed": 1, "cached_failure": 1, "replayed": 1, "cached_failure_replayed": 1, "held_key_nacked": 1, "rejected": 1,
 			}; !maps.Equal(got, want) {
 				t.Errorf("outcomes %v, want %v (what enforcement would have done)", got, want)
+			}
+			// The replay age is measured as under enforcement: it tells a
+			// redelivery from a key that is too wide.
+			if got := teltest.HistCounts(t, ms, "oncemill.replay.age", "original"); !maps.Equal(got, map[string]uint64{"succeeded": 1, "cached_failure": 1}) {
+				t.Errorf("replay.age counts %v, want one of each", got)
+			}
+			// A mismatch, the finding to fix before enforcing, is a warning
+			// line even without ReplayLogLevel.
+			if warns := s.logs.At(slog.LevelWarn); len(warns) != 1 || warns[0].Attrs["would"] != "rejected" || warns[0].Attrs["decision"] != "mismatch" {
+				t.Errorf("warning lines %+v, want one for the mismatch", warns)
 			}
 			shadowSpans := 0
 			for _, sp := range s.tel.deliveries() {
