@@ -4,16 +4,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
@@ -192,4 +196,60 @@ func brokerKindNamed(t *testing.T, name string) brokerKind {
 	}
 	t.Fatalf("no broker kind %q in brokerKinds", name)
 	return brokerKind{}
+}
+
+// In the one-transaction mode a duplicate of a key held by an open
+// transaction claims without waiting in shadow mode, although the policy
+// says to wait an hour (policy.HeldKeyWait), and runs its handler at once,
+// with no transaction of oncemill's.
+func TestShadowHeldKeyDoesNotWaitInTheTransaction(t *testing.T) {
+	t.Parallel()
+	var raw [5]byte
+	_, _ = rand.Read(raw[:])
+	ns := "it_shadow_held_" + hex.EncodeToString(raw[:])
+	t.Cleanup(func() { storeKindNamed(t, "postgres").cleanup(t, ns) })
+	st, err := postgres.New(pgPool(t), postgres.Options{Schema: ns, CleanupInterval: -1})
+	must(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	must(t, st.Migrate(context.Background()))
+	var events []pipeline.Event
+	var mu sync.Mutex
+	rc, err := receiver.NewTransactional(st).WithScope("shadow").WithShadow(true).
+		WithPolicy(policy.Policy{HeldKey: policy.HeldKeyWait, HeldKeyTimeout: time.Hour}).
+		WithEventHandler(func(e pipeline.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }).
+		Build()
+	must(t, err)
+
+	holding, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	h := rc.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		if calls.Add(1) == 1 {
+			close(holding) // the claim's transaction is open
+			<-release
+			return nil, nil
+		}
+		if _, ok := postgres.TxFromContext(m.Context()); ok {
+			return nil, errors.New("the shadowed duplicate runs in a transaction of oncemill's")
+		}
+		return nil, nil
+	})
+	first := make(chan error, 1)
+	go func() { _, err := h(message.NewMessage("k1", []byte("x"))); first <- err }()
+	<-holding
+	dup := make(chan error, 1)
+	go func() { _, err := h(message.NewMessage("k1", []byte("x"))); dup <- err }()
+	select {
+	case err := <-dup:
+		must(t, err)
+	case <-time.After(limit):
+		close(release)
+		t.Fatalf("the duplicate still waits for the holder after %v", limit)
+	}
+	close(release)
+	must(t, <-first)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 2 || !events[0].Shadow || events[0].Outcome != pipeline.OutcomeHeldKeyNacked || events[1].Outcome != pipeline.OutcomeExecuted {
+		t.Fatalf("events %+v; want the duplicate shadowed as held, then the execution", events)
+	}
 }
