@@ -44,7 +44,9 @@ type Config struct {
 	// ReplayLogLevel, when set, is the level at which each replay is logged
 	// through Logger, with its scope, key, original outcome and age: a
 	// slog.Level or a *slog.LevelVar. Nil logs no replays, and costs the
-	// replay path nothing.
+	// replay path nothing. In shadow mode (Shadow) it is the level of the
+	// line for each duplicate the handler ran for, with what enforcement
+	// would have done.
 	ReplayLogLevel slog.Leveler
 	// EventHandler, when set, is called once per delivery, after the
 	// decision and before the router acks or nacks. It must be quick and

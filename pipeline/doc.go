@@ -20,6 +20,11 @@
 //   - A retryable failure releases the key and nacks; after
 //     policy.MaxAttempts deliveries the failure is cached instead.
 //
+// In shadow mode (Config.Shadow) only Execute is acted on: every other
+// answer of the store runs the handler unguarded instead, and is reported
+// as what enforcement would have done (Event.Shadow), for rolling the
+// stage out on a live consumer (docs/operations.md).
+//
 // A panic in the handler is recovered like Watermill's middleware.Recoverer
 // does: it becomes a middleware.RecoveredPanicError carrying the stack, the
 // key is released (or the failure cached, if the policy says so), and the

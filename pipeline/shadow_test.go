@@ -3,8 +3,10 @@ package pipeline_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,6 +88,9 @@ func newShadowStage(t *testing.T, mode string, held policy.HeldKeyMode) *shadowS
 		Scope:        "s",
 		Shadow:       true,
 		Logger:       logger,
+		// Shadowed duplicates are logged at the replay level, with what
+		// enforcement would have done.
+		ReplayLogLevel: slog.LevelInfo,
 		EventHandler: func(e pipeline.Event) {
 			s.mu.Lock()
 			s.events = append(s.events, e)
@@ -240,6 +245,13 @@ func TestShadowRunsTheHandlerForEveryDuplicate(t *testing.T) {
 			// line even without ReplayLogLevel.
 			if warns := s.logs.At(slog.LevelWarn); len(warns) != 1 || warns[0].Attrs["would"] != "rejected" || warns[0].Attrs["decision"] != "mismatch" {
 				t.Errorf("warning lines %+v, want one for the mismatch", warns)
+			}
+			var would []string
+			for _, l := range s.logs.At(slog.LevelInfo) {
+				would = append(would, fmt.Sprint(l.Attrs["would"]))
+			}
+			if want := []string{"replayed", "cached_failure_replayed", "held_key_nacked"}; !slices.Equal(would, want) {
+				t.Errorf("info lines say would %v, want %v", would, want)
 			}
 			shadowSpans := 0
 			for _, sp := range s.tel.deliveries() {
