@@ -86,3 +86,30 @@ func ExampleBuilder_Build_error() {
 	// true
 	// oncemill: invalid configuration: WithPolicy(Policy.Heartbeat): 2s is not shorter than LeaseDuration 1s, so the lease would expire between beats; use less than LeaseDuration, or leave it 0 for 333.333333ms (a third of LeaseDuration, room for two missed beats)
 }
+
+// ExampleBuilder_WithShadow measures before it enforces: in shadow mode a
+// duplicate runs the handler, and its event says what enforcement would
+// have done. The same store then enforces: the records written in shadow
+// answer the duplicate.
+func ExampleBuilder_WithShadow() {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	handler := func(m *message.Message) ([]*message.Message, error) {
+		fmt.Println("charging", string(m.Payload))
+		return nil, nil
+	}
+	report := func(e pipeline.Event) { fmt.Println(e.Key, e.Outcome, "shadow:", e.Shadow) }
+
+	shadow, _ := receiver.New(st).WithScope("charge").WithShadow(true).WithEventHandler(report).Build()
+	for range 2 {
+		_, _ = shadow.Middleware(handler)(message.NewMessage("pay-1", []byte("12.00 EUR")))
+	}
+	enforcing, _ := receiver.New(st).WithScope("charge").WithEventHandler(report).Build()
+	_, _ = enforcing.Middleware(handler)(message.NewMessage("pay-1", []byte("12.00 EUR")))
+	// Output:
+	// charging 12.00 EUR
+	// pay-1 executed shadow: false
+	// charging 12.00 EUR
+	// pay-1 replayed shadow: true
+	// pay-1 replayed shadow: false
+}
