@@ -83,8 +83,9 @@ type Config struct {
 	// Shadow, when true, measures without enforcing, for rolling out on a
 	// live consumer: keys are computed, claimed and recorded as usual, but
 	// a delivery the stage would answer without running the handler (a
-	// replay, a held key, a mismatch) and one the store cannot decide run
-	// the handler unguarded instead, at once, with no claim and no record.
+	// replay, a held key, a mismatch, no usable key) and one the store
+	// cannot decide run the handler unguarded instead, at once, with no
+	// claim and no record.
 	// Events report what enforcement would have done (Event.Shadow), and
 	// oncemill.shadow.duplicates counts the duplicates by decision.
 	Shadow bool

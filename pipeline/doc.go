@@ -21,7 +21,8 @@
 //     policy.MaxAttempts deliveries the failure is cached instead.
 //
 // In shadow mode (Config.Shadow) only Execute is acted on: every other
-// answer of the store runs the handler unguarded instead, and is reported
+// answer of the store, and a message without a usable key, runs the
+// handler unguarded instead, and is reported
 // as what enforcement would have done (Event.Shadow), for rolling the
 // stage out on a live consumer (docs/operations.md).
 //

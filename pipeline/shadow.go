@@ -68,6 +68,20 @@ func (s *idempotency) shadowStoreFailed(d *delivery, h message.HandlerFunc, err 
 	return s.runShadowed(d, h)
 }
 
+// shadowUnkeyed runs the handler, unguarded, for a delivery that has no
+// usable key (none, the generator failed, the payload is too large), which
+// enforcement would reject, or nack until the generator recovers: a trial
+// must neither lose such a message nor hold up the consumer behind it. A
+// cached failure of the generator would be rejected, not nacked.
+func (s *idempotency) shadowUnkeyed(d *delivery, h message.HandlerFunc, would Outcome, err error) ([]*message.Message, error) {
+	if would == OutcomeKeyFailed && s.policy.Classify(err) == policy.ClassCached {
+		would = OutcomeRejected
+	}
+	d.event.Outcome = would
+	s.logError(d, "The message has no usable key; shadow mode runs the handler unguarded", err)
+	return s.runShadowed(d, h)
+}
+
 // runShadowed runs the handler with the retry and breaker as configured,
 // and answers its result the way the policy answers an execution's, minus
 // the record and the dead letter: a success is acked with what it

@@ -78,7 +78,7 @@ func (o outageTxStore) ClaimInTx(ctx context.Context, req store.TxRequest) (stor
 // newShadowStage builds the stage of mode ("leased" or "transactional")
 // with Config.Shadow set, a policy that waits an hour for a held key (shadow
 // mode must not wait at all), and p's HeldKey.
-func newShadowStage(t *testing.T, mode string, held policy.HeldKeyMode) *shadowStage {
+func newShadowStage(t *testing.T, mode string, held policy.HeldKeyMode, mutate ...func(*pipeline.Config)) *shadowStage {
 	t.Helper()
 	s := &shadowStage{tel: newTelKit(t), failed: new(atomic.Bool)}
 	logs, logger := testenv.NewLogs()
@@ -112,6 +112,9 @@ func newShadowStage(t *testing.T, mode string, held policy.HeldKeyMode) *shadowS
 		cfg.Policy = policy.Policy{}.WithDefaults()
 		cfg.Policy.NackDelay, cfg.Policy.AttemptDelay = -1, -1
 		cfg.Policy.HeldKey, cfg.Policy.HeldKeyTimeout = held, time.Hour
+		for _, m := range mutate {
+			m(&cfg)
+		}
 		stage, err := pipeline.NewLeased(outageStore{Store: h.store, failed: s.failed}, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -123,6 +126,9 @@ func newShadowStage(t *testing.T, mode string, held policy.HeldKeyMode) *shadowS
 		s.records, s.hold = st, hold(st)
 		cfg.Policy = txPolicy()
 		cfg.Policy.HeldKey, cfg.Policy.HeldKeyTimeout = held, time.Hour
+		for _, m := range mutate {
+			m(&cfg)
+		}
 		stage, err := pipeline.NewTransactional(outageTxStore{fakeTxStore: st, failed: s.failed}, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -358,6 +364,62 @@ func TestShadowAnswersTheHandlersFailureByThePolicy(t *testing.T) {
 			}
 			if h.runs.Load() != 3 {
 				t.Fatalf("%d runs, want 3", h.runs.Load())
+			}
+		})
+	}
+}
+
+// A message without a usable key, which enforcement would reject (no key,
+// a key generator's permanent error, a payload over MaxPayloadBytes) or
+// nack until the generator recovers, runs the handler unguarded in shadow
+// mode: the trial neither loses it nor holds up the consumer. It is not a
+// duplicate, so oncemill.shadow.duplicates does not count it.
+func TestShadowRunsTheHandlerWithoutAKey(t *testing.T) {
+	t.Parallel()
+	lookupDown := errors.New("lookup service down")
+	for _, mode := range []string{"leased", "transactional"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			s := newShadowStage(t, mode, policy.HeldKeyWait, func(c *pipeline.Config) {
+				c.Policy.MaxPayloadBytes = 8
+				c.KeyGenerator = keygen.Func(func(m *message.Message) (string, error) {
+					switch string(m.Payload) {
+					case "down":
+						return "", lookupDown
+					case "refused":
+						return "", policy.Cached(errDeclined)
+					}
+					return keygen.UUID().Key(m)
+				})
+			})
+			var h shadowHandler
+			handler := s.middleware(h.handle)
+			for _, tc := range []struct {
+				m    *message.Message
+				want pipeline.Outcome
+			}{
+				{msg("", "x"), pipeline.OutcomeRejected},
+				{msg("m1", "too large"), pipeline.OutcomeRejected},
+				{msg("m2", "down"), pipeline.OutcomeKeyFailed},
+				{msg("m3", "refused"), pipeline.OutcomeRejected},
+			} {
+				runs := h.runs.Load()
+				out, err := handler(tc.m)
+				if err != nil || len(out) != 1 || h.runs.Load() != runs+1 {
+					t.Fatalf("%q: got (%v, %v) after %d runs, want the handler's message and an ack", tc.m.Payload, out, err, h.runs.Load()-runs)
+				}
+				if e := s.last(t); !e.Shadow || e.Outcome != tc.want || e.Decision != 0 {
+					t.Errorf("%q: event %+v, want Shadow with outcome %s and no decision", tc.m.Payload, e, tc.want)
+				}
+			}
+			if h.guarded.Load() != 0 {
+				t.Errorf("%d runs in a claim, want none", h.guarded.Load())
+			}
+			if got := teltest.Sums(t, s.tel.collect(t), "oncemill.shadow.duplicates", "decision"); len(got) != 0 {
+				t.Errorf("shadow.duplicates %v, want none", got)
+			}
+			if errs := s.logs.At(slog.LevelError); len(errs) != 4 {
+				t.Errorf("%d error lines, want one per message without a usable key", len(errs))
 			}
 		})
 	}

@@ -202,9 +202,9 @@ func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
 // WithShadow(true) turns shadow mode on, to roll the receiver out on a live
 // consumer before it enforces anything (docs/operations.md, "Rolling out
 // with shadow mode"): keys are computed, claimed and recorded as usual, but
-// a duplicate (a replay, a held key, a mismatch) and a delivery the store
-// cannot decide run the handler unguarded, at once, instead of being
-// answered by oncemill. Events report what enforcement would have done
+// a duplicate (a replay, a held key, a mismatch), a message without a
+// usable key and a delivery the store cannot decide run the handler
+// unguarded, at once, instead of being answered by oncemill. Events report what enforcement would have done
 // (pipeline.Event.Shadow) and oncemill.shadow.duplicates counts the
 // duplicates. WithShadow(false), the default, enforces. The bool lets a
 // flag or an environment variable decide.
