@@ -57,7 +57,9 @@ type Config struct {
 	// ReplayLogLevel, when set, is the level at which each replay is logged
 	// through Logger, with its scope, key, original outcome and age: a
 	// slog.Level or a *slog.LevelVar. Nil logs no replays, and costs the
-	// replay path nothing.
+	// replay path nothing. In shadow mode (Shadow) it is the level of the
+	// line for each duplicate the handler ran for, with what enforcement
+	// would have done.
 	ReplayLogLevel slog.Leveler
 	// EventHandler, when set, is called once per delivery, after the
 	// decision and before the router acks or nacks. It must be quick and
@@ -91,6 +93,15 @@ type Config struct {
 	// "rabbitmq", "aws_sqs"); Watermill does not know it. Empty means
 	// "watermill".
 	MessagingSystem string
+	// Shadow, when true, measures without enforcing, for rolling out on a
+	// live consumer: keys are computed, claimed and recorded as usual, but
+	// a delivery the stage would answer without running the handler (a
+	// replay, a held key, a mismatch, no usable key) and one the store
+	// cannot decide run the handler unguarded instead, at once, with no
+	// claim and no record.
+	// Events report what enforcement would have done (Event.Shadow), and
+	// oncemill.shadow.duplicates counts the duplicates by decision.
+	Shadow bool
 }
 
 // RetryConfig configures in-process retries: cenkalti/backoff/v5's
@@ -165,6 +176,7 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 		validate:    cfg.Validation,
 		tel:         tel,
 		maxKeyLen:   limits.MaxKeyLen,
+		shadow:      cfg.Shadow,
 	}
 	if s.keys == nil {
 		s.keys = keygen.UUID()

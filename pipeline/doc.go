@@ -27,6 +27,12 @@
 // A duplicate that is neither run nor replayed has a *DuplicateError,
 // which says what the store holds for its key (errors.As).
 //
+// In shadow mode (Config.Shadow) only Execute is acted on: every other
+// answer of the store, and a message without a usable key, runs the
+// handler unguarded instead, and is reported
+// as what enforcement would have done (Event.Shadow), for rolling the
+// stage out on a live consumer (docs/operations.md).
+//
 // A panic in the handler is recovered like Watermill's middleware.Recoverer
 // does: it becomes a middleware.RecoveredPanicError carrying the stack, the
 // key is released (or the failure cached, if the policy says so), and the

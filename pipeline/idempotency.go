@@ -58,6 +58,7 @@ type idempotency struct {
 	breaker     *breaker // nil: no circuit
 	tel         *telemetry
 	maxKeyLen   int
+	shadow      bool // Config.Shadow: run the handler for every answer but execute (shadow.go)
 	// storeFailures counts claims that failed in a row, across
 	// deliveries: the pause before their nack grows with it.
 	storeFailures atomic.Int32
@@ -117,7 +118,7 @@ func (s *idempotency) keyed(d *delivery, h message.HandlerFunc) (msgs []*message
 		d.event.Scope = keygen.StorableKey(message.HandlerNameFromCtx(msg.Context()), store.MaxScopeLen)
 	}
 	if len(msg.Payload) > s.policy.MaxPayloadBytes {
-		msgs, err = s.tooLarge(d)
+		msgs, err = s.tooLarge(d, h)
 		return msgs, true, err
 	}
 	key, err := s.keys.Key(msg)
@@ -184,8 +185,12 @@ func (s *idempotency) mismatch(d *delivery) ([]*message.Message, error) {
 	return s.reject(d, DeadLetterReasonMismatch, fmt.Errorf("%w: scope %q key %q is stored with another payload fingerprint; use a key that covers the payload or turn fingerprinting off", ErrMismatch, d.event.Scope, d.event.Key))
 }
 
-func (s *idempotency) tooLarge(d *delivery) ([]*message.Message, error) {
-	return s.reject(d, DeadLetterReasonRejected, fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes))
+func (s *idempotency) tooLarge(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
+	err := fmt.Errorf("%w: %d bytes, limit %d (policy.MaxPayloadBytes)", ErrPayloadTooLarge, len(d.msg.Payload), s.policy.MaxPayloadBytes)
+	if s.shadow {
+		return s.shadowUnkeyed(d, h, OutcomeRejected, err)
+	}
+	return s.reject(d, DeadLetterReasonRejected, err)
 }
 
 // keyFailed decides what a key generator's error means. A message that has
@@ -197,6 +202,9 @@ func (s *idempotency) tooLarge(d *delivery) ([]*message.Message, error) {
 func (s *idempotency) keyFailed(d *delivery, h message.HandlerFunc, err error) ([]*message.Message, error) {
 	if errors.Is(err, keygen.ErrNoKey) {
 		return s.noKey(d, h, err)
+	}
+	if s.shadow {
+		return s.shadowUnkeyed(d, h, OutcomeKeyFailed, err)
 	}
 	if s.policy.Classify(err) == policy.ClassCached {
 		return s.reject(d, DeadLetterReasonRejected, fmt.Errorf("oncemill: cannot compute the idempotency key: %w", err))
@@ -214,6 +222,9 @@ func (s *idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 	if s.policy.MissingKey == policy.MissingKeyRunUnguarded {
 		d.event.Outcome, d.event.Err = OutcomeUnguarded, err
 		return s.retry.run(d.msg.Context(), func() ([]*message.Message, error) { return runHandler(h, d.msg) })
+	}
+	if s.shadow {
+		return s.shadowUnkeyed(d, h, OutcomeRejected, err)
 	}
 	// err says it already: "oncemill: no key: <why>".
 	return s.reject(d, DeadLetterReasonRejected, err)

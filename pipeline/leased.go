@@ -72,11 +72,17 @@ func (s *Leased) handle(d *delivery, h message.HandlerFunc) ([]*message.Message,
 	for {
 		res, err := s.claimLease(d.msg.Context(), &req)
 		if err != nil {
+			if s.shadow {
+				return s.shadowStoreFailed(d, h, err)
+			}
 			return s.storeFailed(d, err)
 		}
 		d.event.Decision = res.Decision
 		if res.Decision == store.DecisionExecute {
 			return s.execute(d, h, &res)
+		}
+		if s.shadow {
+			return s.shadowed(d, h, &res)
 		}
 		if msgs, done, err := s.answer(d, &w, &res); done {
 			return msgs, err

@@ -31,6 +31,7 @@ const (
 	attrAttempt  = attribute.Key("idempotency.attempt")
 	attrOutcome  = attribute.Key("idempotency.outcome")
 	attrTTL      = attribute.Key("idempotency.ttl_seconds")
+	attrShadow   = attribute.Key("idempotency.shadow")
 	// maxAttrKeyLen: longer keys are replaced by their SHA-256 in spans.
 	maxAttrKeyLen = 128
 )
@@ -56,7 +57,7 @@ type telemetry struct {
 	idleMP metric.MeterProvider
 
 	decisions, outcomes, retries, invalids, deadLetters metric.Int64Counter
-	storeErrors, exhaustions                            metric.Int64Counter
+	storeErrors, exhaustions, shadows                   metric.Int64Counter
 	storeDuration, handlerDuration, replayAge           metric.Float64Histogram
 	liveLeases                                          metric.Int64UpDownCounter
 	breaker                                             metric.Int64Gauge
@@ -148,7 +149,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, system strin
 		outcomeAttrs:  map[Outcome][]metric.AddOption{},
 		reasonAttrs:   map[DeadLetterReason][]metric.AddOption{},
 	}
-	var errs [12]error
+	var errs [13]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries by the idempotency decision: execute, takeover, replay, cached_failure, held, mismatch."))
 	t.outcomes, errs[1] = m.Int64Counter("oncemill.outcomes", metric.WithUnit("{delivery}"),
@@ -171,6 +172,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, system strin
 		metric.WithDescription("Store calls that failed (a lost lease is an answer, not counted), by operation."))
 	t.exhaustions, errs[11] = m.Int64Counter("oncemill.attempts.exhausted", metric.WithUnit("{delivery}"),
 		metric.WithDescription("Deliveries whose handler failed retryably on the last attempt (policy.MaxAttempts) or past it, by action: dead_lettered, dropped (acked without a dead letter), kept (nacked)."))
+	t.shadows, errs[12] = m.Int64Counter("oncemill.shadow.duplicates", metric.WithUnit("{delivery}"),
+		metric.WithDescription("Duplicates shadow mode ran the handler for, where enforcement would not have run it, by decision: replay, cached_failure, held, mismatch."))
 	t.breaker, errs[8] = m.Int64Gauge("oncemill.breaker.state", metric.WithUnit("{state}"),
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open."))
 	for _, err := range errs {
@@ -286,6 +289,16 @@ func (t *telemetry) decided(ctx context.Context, e *Event, stored time.Duration)
 	}
 	if stored > 0 {
 		span.SetAttributes(attrTTL.Float64(stored.Seconds()))
+	}
+	if e.Shadow {
+		span.SetAttributes(attrShadow.Bool(true))
+	}
+}
+
+// shadowed counts a duplicate that shadow mode ran the handler for.
+func (t *telemetry) shadowed(ctx context.Context, e *Event) {
+	if t.metering() {
+		t.shadows.Add(ctx, 1, t.decisionAttrs[decisionName(e)]...)
 	}
 }
 

@@ -86,18 +86,24 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 	}
 	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
 	for {
-		req.Wait = time.Millisecond // policy.HeldKeyNack and policy.HeldKeyReject do not wait
-		if s.policy.HeldKey == policy.HeldKeyWait {
+		req.Wait = time.Millisecond // policy.HeldKeyNack and policy.HeldKeyReject do not wait, nor does shadow mode
+		if s.policy.HeldKey == policy.HeldKeyWait && !s.shadow {
 			req.Wait = max(time.Until(w.until), time.Millisecond)
 		}
 		res, err := s.claim(d.msg.Context(), &req)
 		if err != nil {
+			if s.shadow {
+				return s.shadowStoreFailed(d, h, err)
+			}
 			return s.storeFailed(d, err)
 		}
 		d.event.Decision = res.Decision
 		d.event.Contended = d.event.Contended || res.Contended
 		if res.Decision == store.DecisionExecute {
 			return s.execute(d, h, &req, res)
+		}
+		if s.shadow {
+			return s.shadowed(d, h, &res.ClaimResult)
 		}
 		if msgs, done, err := s.answer(d, &w, &res.ClaimResult); done {
 			return msgs, err

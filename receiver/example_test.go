@@ -112,3 +112,30 @@ func ExampleBuilder_WithScopeFunc() {
 	// globex invoice-7 executed
 	// acme invoice-7 replayed
 }
+
+// ExampleBuilder_WithShadow measures before it enforces: in shadow mode a
+// duplicate runs the handler, and its event says what enforcement would
+// have done. The same store then enforces: the records written in shadow
+// answer the duplicate.
+func ExampleBuilder_WithShadow() {
+	st, _ := memory.New(memory.Options{})
+	defer st.Close()
+	handler := func(m *message.Message) ([]*message.Message, error) {
+		fmt.Println("charging", string(m.Payload))
+		return nil, nil
+	}
+	report := func(e pipeline.Event) { fmt.Println(e.Key, e.Outcome, "shadow:", e.Shadow) }
+
+	shadow, _ := receiver.New(st).WithScope("charge").WithShadow(true).WithEventHandler(report).Build()
+	for range 2 {
+		_, _ = shadow.Middleware(handler)(message.NewMessage("pay-1", []byte("12.00 EUR")))
+	}
+	enforcing, _ := receiver.New(st).WithScope("charge").WithEventHandler(report).Build()
+	_, _ = enforcing.Middleware(handler)(message.NewMessage("pay-1", []byte("12.00 EUR")))
+	// Output:
+	// charging 12.00 EUR
+	// pay-1 executed shadow: false
+	// charging 12.00 EUR
+	// pay-1 replayed shadow: true
+	// pay-1 replayed shadow: false
+}

@@ -235,6 +235,20 @@ func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
 	return b
 }
 
+// WithShadow(true) turns shadow mode on, to roll the receiver out on a live
+// consumer before it enforces anything (docs/operations.md, "Rolling out
+// with shadow mode"): keys are computed, claimed and recorded as usual, but
+// a duplicate (a replay, a held key, a mismatch), a message without a
+// usable key and a delivery the store cannot decide run the handler
+// unguarded, at once, instead of being answered by oncemill. Events report what enforcement would have done
+// (pipeline.Event.Shadow) and oncemill.shadow.duplicates counts the
+// duplicates. WithShadow(false), the default, enforces. The bool lets a
+// flag or an environment variable decide.
+func (b *Builder) WithShadow(on bool) *Builder {
+	b.cfg.Shadow = on
+	return b
+}
+
 // Build validates the configuration and returns the receiver. Every error
 // is a *oncemill.ConfigError naming the builder method that set the value
 // (WithPolicy(Policy.Heartbeat), WithRetry(RetryConfig.MaxTries)).
