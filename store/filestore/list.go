@@ -2,8 +2,8 @@ package filestore
 
 import (
 	"bytes"
-	"encoding/base64"
 	"context"
+	"encoding/base64"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
