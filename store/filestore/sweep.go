@@ -36,40 +36,69 @@ func (s *Store) sweep(interval time.Duration) {
 
 // deleteExpired removes up to limit records that have expired and whose
 // LeaseRequest.Retain has passed, expired leases included (the next
-// ClaimLease of such a key then starts again at attempt 1), in one
-// transaction. It reads the values' headers only.
+// ClaimLease of such a key then starts again at attempt 1). It finds them
+// in a read transaction, reading the values' headers only, so that the walk
+// through the file does not hold up the writes; the write transaction
+// checks each again before removing it.
 func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("oncemill: filestore: delete expired: %w", err)
 	}
+	var found [][]byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		now := s.clock().UnixNano()
+		c := tx.Bucket(recordsBucket).Cursor()
+		for k, v := c.First(); k != nil && len(found) < limit; k, v = c.Next() {
+			if ok, err := sweepable(k, v, now); err != nil {
+				return err
+			} else if ok {
+				found = append(found, bytes.Clone(k)) // k lives as long as tx
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, s.fail("delete expired", err)
+	}
+	if len(found) == 0 {
+		return 0, nil
+	}
 	removed := 0
-	err := s.writes.update(func(tx *bolt.Tx) error {
+	err = s.writes.update(func(tx *bolt.Tx) error {
 		removed = 0
 		now := s.clock().UnixNano()
 		b := tx.Bucket(recordsBucket)
-		var gone [][]byte
-		c := b.Cursor()
-		for k, v := c.First(); k != nil && len(gone) < limit; k, v = c.Next() {
-			expires, purge, err := expiry(v)
+		for _, k := range found {
+			// Claimed again meanwhile, or removed: kept, or nothing to do.
+			ok, err := sweepable(k, b.Get(k), now)
 			if err != nil {
-				return fmt.Errorf("record %q: %w", k, err)
+				return err
 			}
-			if now >= expires && now >= purge {
-				gone = append(gone, bytes.Clone(k))
+			if !ok {
+				continue
 			}
-		}
-		// Deleted after the walk: a bbolt cursor may skip a key after a
-		// delete under it.
-		for _, k := range gone {
 			if err := b.Delete(k); err != nil {
 				return err
 			}
+			removed++
 		}
-		removed = len(gone)
 		return nil
 	})
 	if err != nil {
 		return 0, s.fail("delete expired", err)
 	}
 	return removed, nil
+}
+
+// sweepable says whether the record k, v (nil: absent) has expired and
+// passed its claim's Retain at now.
+func sweepable(k, v []byte, now int64) (bool, error) {
+	if v == nil {
+		return false, nil
+	}
+	expires, purge, err := expiry(v)
+	if err != nil {
+		return false, fmt.Errorf("record %q: %w", k, err)
+	}
+	return now >= expires && now >= purge, nil
 }
