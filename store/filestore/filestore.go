@@ -230,7 +230,9 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 		}
 		lease := now.Add(req.LeaseDuration)
 		r := &e.Record
-		// The fields of the request the record keeps:
+		// What the record keeps of the request: a field added to both
+		// store.LeaseRequest and store.Record is one more line here (the
+		// encoding stores every field of store.Record).
 		if req.Fingerprint != "" {
 			r.Fingerprint = req.Fingerprint
 		}
