@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -188,6 +189,11 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 	if len(req.Scope) > store.MaxScopeLen {
 		return store.ClaimResult{}, fmt.Errorf("oncemill: filestore: begin: scope is %d bytes, longer than store.MaxScopeLen %d: %w",
 			len(req.Scope), store.MaxScopeLen, store.ErrInvalidRequest)
+	}
+	if !utf8.ValidString(req.Fingerprint) {
+		// JSON would store it as U+FFFD, and the next claim of the same
+		// payload would be a mismatch.
+		return store.ClaimResult{}, fmt.Errorf("oncemill: filestore: begin: the fingerprint is not valid UTF-8, which the record's JSON holds; encode it (hex, base64): %w", store.ErrInvalidRequest)
 	}
 	if err := s.checkOpen("begin"); err != nil {
 		return store.ClaimResult{}, err

@@ -209,6 +209,32 @@ func TestMaxKeyLen(t *testing.T) {
 	}
 }
 
+// Scopes and keys are bytes, stored as they are; a fingerprint, stored in
+// the record's JSON, must be UTF-8, and an error message that is not comes
+// back with U+FFFD.
+func TestBytesAndText(t *testing.T) {
+	t.Parallel()
+	s := open(t, filepath.Join(t.TempDir(), "oncemill.db"), time.Now)
+	ctx := t.Context()
+	scope, key := "\xff\x00s", "\xfe\x00k"
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: scope, Key: key, Fingerprint: "fp-é", LeaseDuration: time.Minute})
+	if err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimLease = %v, %v", res.Decision, err)
+	}
+	out := store.Completion{Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, ErrorMessage: "bad \xff byte", TTL: time.Hour}
+	if err := s.Complete(ctx, res.Claim, out); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, scope, key)
+	if err != nil || rec.Scope != scope || rec.Key != key || rec.Fingerprint != "fp-é" || rec.ErrorMessage != "bad \uFFFD byte" {
+		t.Fatalf("Get = %+v, %v", rec, err)
+	}
+	_, err = s.ClaimLease(ctx, store.LeaseRequest{Key: "k", Fingerprint: "\xff\xfe", LeaseDuration: time.Minute})
+	if !errors.Is(err, store.ErrInvalidRequest) || !strings.Contains(err.Error(), "UTF-8") {
+		t.Fatalf("ClaimLease with a fingerprint of raw bytes: err = %v, want ErrInvalidRequest naming UTF-8", err)
+	}
+}
+
 // The longest scope and the longest key allowed fit in a bbolt key.
 func TestLongestScopeAndKey(t *testing.T) {
 	t.Parallel()
