@@ -17,7 +17,8 @@ import (
 	"github.com/oncemill/oncemill/store/internal/requests"
 )
 
-// ErrLocked is returned by New when another process holds the file for
+// ErrLocked is returned by New when another process (or another Store in
+// this one) holds the file for
 // longer than Options.OpenTimeout. A file serves one process at a time.
 var ErrLocked = errors.New("file locked by another process")
 
@@ -53,7 +54,7 @@ func New(opts Options) (*Store, error) {
 	db, err := bolt.Open(opts.Path, 0o600, &bolt.Options{Timeout: opts.OpenTimeout})
 	switch {
 	case errors.Is(err, bolterrors.ErrTimeout):
-		return nil, fmt.Errorf("oncemill: filestore: open %s: another process has held it for %v (OpenTimeout): one file serves one process; give each worker its own file, or share store/postgres or store/redisstore: %w",
+		return nil, fmt.Errorf("oncemill: filestore: open %s: another process (or another Store of this one) has held it for %v (OpenTimeout): one file serves one process; give each worker its own file, or share store/postgres or store/redisstore: %w",
 			opts.Path, opts.OpenTimeout, ErrLocked)
 	case err != nil:
 		return nil, fmt.Errorf("oncemill: filestore: open %s: %w", opts.Path, err)
