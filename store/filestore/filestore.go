@@ -18,8 +18,8 @@ import (
 )
 
 // ErrLocked is returned by New when another process (or another Store in
-// this one) holds the file for
-// longer than Options.OpenTimeout. A file serves one process at a time.
+// this one) holds the file for longer than Options.OpenTimeout. A file
+// serves one process at a time.
 var ErrLocked = errors.New("file locked by another process")
 
 // Store is a store.Store and store.Admin in one file, for one process. It is
