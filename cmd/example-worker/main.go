@@ -64,6 +64,7 @@ import (
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/filestore"
 	"github.com/oncemill/oncemill/store/memory"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
@@ -177,6 +178,12 @@ func openStore(ctx context.Context, cfg config) (*stores, error) {
 		}
 		ping := func(ctx context.Context) error { return client.Ping(ctx).Err() }
 		s = stores{store: st, ping: ping, close: func() { _ = client.Close() }}
+	case "file": // one worker process, whose records outlive it in one file
+		st, err := filestore.New(filestore.Options{Path: cfg.filePath})
+		if err != nil {
+			return nil, err
+		}
+		s = stores{store: st, ping: func(context.Context) error { return nil }, close: func() { _ = st.Close() }}
 	default:
 		st, err := memory.New(memory.Options{})
 		if err != nil {
@@ -251,6 +258,7 @@ const drainTimeout = 30 * time.Second
 type config struct {
 	mode, broker, store, httpAddr, otlpEndpoint, scope, topicPrefix, group string
 	postgresDSN, postgresSchema, redisAddr, redisPrefix                    string
+	filePath                                                               string
 	kafkaBrokers, amqpURL, sqsEndpoint                                     string
 	partitions, count                                                      int
 	sqsVisibility                                                          time.Duration
@@ -265,7 +273,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	fs.StringVar(&c.mode, "mode", "run", "run (the demo), produce (publish the demo's workload) or consume (the deployable worker)")
 	fs.StringVar(&c.broker, "broker", "gochannel", "gochannel (run mode only), kafka, amqp or sqs")
-	fs.StringVar(&c.store, "store", "memory", "memory, postgres (the one-transaction mode) or redis")
+	fs.StringVar(&c.store, "store", "memory", "memory, file (one worker process; --file-path), postgres (the one-transaction mode) or redis")
 	env(&c.httpAddr, "http-addr", "ONCEMILL_HTTP_ADDR", ":8080", "consume mode: address of /metrics, /healthz and /readyz")
 	env(&c.otlpEndpoint, "otlp-endpoint", "ONCEMILL_OTLP_ENDPOINT", "", "OTLP/HTTP endpoint for traces, e.g. http://jaeger:4318")
 	env(&c.scope, "scope", "ONCEMILL_SCOPE", "payments", "oncemill scope and ledger scope (run mode: payment IDs fresh per run, so runs on a shared store replay none of each other's)")
@@ -275,6 +283,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	env(&c.postgresSchema, "postgres-schema", "ONCEMILL_POSTGRES_SCHEMA", "oncemill", "schema of the records and ledger tables")
 	env(&c.redisAddr, "redis-addr", "ONCEMILL_REDIS_ADDR", "127.0.0.1:6379", "Redis: host:port, or a redis:// or rediss:// URL with password and database")
 	env(&c.redisPrefix, "redis-prefix", "ONCEMILL_REDIS_PREFIX", "oncemill", "prefix of the records keys")
+	env(&c.filePath, "file-path", "ONCEMILL_FILE_PATH", "oncemill.db", "file of the file store, held by one process at a time")
 	env(&c.kafkaBrokers, "kafka-brokers", "ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092", "comma-separated Kafka brokers")
 	env(&c.amqpURL, "amqp-url", "ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ")
 	env(&c.sqsEndpoint, "sqs-endpoint", "ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566", "SQS (region us-east-1, static credentials)")
@@ -285,7 +294,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 		return c, err
 	}
 	for name, v := range map[string]string{"mode": c.mode + "|run|produce|consume",
-		"broker": c.broker + "|gochannel|kafka|amqp|sqs", "store": c.store + "|memory|postgres|redis"} {
+		"broker": c.broker + "|gochannel|kafka|amqp|sqs", "store": c.store + "|memory|file|postgres|redis"} {
 		if allowed := strings.Split(v, "|"); !slices.Contains(allowed[1:], allowed[0]) {
 			return c, fmt.Errorf("--%s=%q is not available; choose one of: %s", name, allowed[0], strings.Join(allowed[1:], ", "))
 		}
