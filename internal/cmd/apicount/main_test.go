@@ -46,9 +46,17 @@ var V = 1
 	}
 }
 
-// The library's surface stays within the goal of issue 24: a change that
-// adds a name takes one away elsewhere, or changes this bound and says why.
-func TestLibrarySurfaceAtMost250(t *testing.T) {
+// surfaceBound is the most names the library exports. Issue 24 brought the
+// surface from 418 to 250. Issue 25 raised it to 274 for what it added:
+// store/filestore (13: its Store, Options, New, ErrLocked and the store
+// methods), pipeline.DuplicateError (3), policy.FinishedKeyMode (4),
+// pipeline.Retention and the builder's WithScopeFunc, WithRetentionFor and
+// WithShadow (4).
+const surfaceBound = 274
+
+// The library's surface stays within surfaceBound: a change that adds a
+// name takes one away elsewhere, or raises the bound and says why.
+func TestLibrarySurfaceWithinBound(t *testing.T) {
 	names, err := count(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +65,7 @@ func TestLibrarySurfaceAtMost250(t *testing.T) {
 	for _, ns := range names {
 		total += len(ns)
 	}
-	if total == 0 || total > 250 {
-		t.Fatalf("the library exports %d identifiers, want at most 250 (go run ./internal/cmd/apicount -l)", total)
+	if total == 0 || total > surfaceBound {
+		t.Fatalf("the library exports %d identifiers, want at most %d (go run ./internal/cmd/apicount -l)", total, surfaceBound)
 	}
 }
