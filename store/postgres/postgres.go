@@ -213,6 +213,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	if err := s.checkNewID("begin", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.ClaimResult{}, err
 	}
+	req.MessageUUID = storableText(req.MessageUUID, maxMessageUUIDLen)
 	ctx, cancel, err := s.enter(ctx, "begin", 0)
 	if err != nil {
 		return store.ClaimResult{}, err
@@ -220,7 +221,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	defer s.leave(cancel)
 	for runs := 1; ; runs++ {
 		res, err := s.claimStatement(ctx, s.pool, s.sql.begin, req.Scope, req.Key, req.Fingerprint,
-			micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain))
+			micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID)
 		if err != nil || res.Decision != 0 {
 			if err != nil {
 				err = wrap("begin", err)
@@ -268,7 +269,7 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 		kind             string
 		rec              = &store.Record{Scope: args[0].(string), Key: args[1].(string)}
 		dest             = []any{&decision, &rec.Fingerprint, &status, &rec.Token, &attempt, &takenOver,
-			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt}
+			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID}
 	)
 	if len(rows.FieldDescriptions()) > len(dest) {
 		dest = append(dest, nil) // the claim form's lock_timeout restore
@@ -290,7 +291,8 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 		return store.ClaimResult{
 			Decision: store.DecisionExecute,
 			Takeover: takenOver,
-			Claim:    store.Claim{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt},
+			Claim: store.Claim{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt,
+				MessageUUID: rec.MessageUUID},
 		}, nil
 	}
 	if rec.Status == store.StatusInProgress {
@@ -338,6 +340,11 @@ func (s *Store) checkComplete(op string, lease store.Claim, out store.Completion
 	out.ErrorMessage = storableText(out.ErrorMessage, maxErrorMessageLen)
 	return out, nil
 }
+
+// maxMessageUUIDLen bounds a stored message UUID in bytes. Like error
+// texts, a UUID is made to fit (storableText) rather than refused: it
+// decides nothing, and refusing it would refuse the delivery.
+const maxMessageUUIDLen = 1024
 
 // storableText makes an error text fit a text column: NUL bytes and invalid
 // UTF-8 become U+FFFD, and it is cut at a character boundary after max
@@ -449,7 +456,7 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 		kind    string
 	)
 	err := row.Scan(&rec.Scope, &rec.Key, &rec.Fingerprint, &status, &rec.Token, &attempt,
-		&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
+		&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID)
 	rec.Status, rec.Attempt, rec.ErrorKind = store.Status(status), int(attempt), store.ErrorKind(kind)
 	if rec.Status == store.StatusInProgress {
 		rec.LeaseExpiresAt = rec.ExpiresAt
