@@ -489,6 +489,8 @@ func TestUsageAndErrors(t *testing.T) {
 		{"--store=postgres", "list", "--status", "stuck"},
 		{"--store=postgres", "list", "--limit", "0"},
 		{"--store=postgres", "inspect", "only-scope"},
+		{"--store=postgres", "inspect"},
+		{"--store=postgres", "inspect", "--uuid", "u", "scope", "key"},
 		{"--store=postgres", "purge", "--batch", "0", "--scope", "x"},
 	} {
 		r := runCLI(t, nil, args...)
