@@ -482,6 +482,9 @@ func TestUsageAndErrors(t *testing.T) {
 	if r := runCLI(t, nil, "release", "--help").mustCode(t, exitOK); !strings.Contains(r.stdout, "--force") {
 		t.Errorf("release --help:\n%s", r.stdout)
 	}
+	if r := runCLI(t, nil, "inspect", "--help").mustCode(t, exitOK); !strings.Contains(r.stdout, "--uuid") || !strings.Contains(r.stdout, "SCANs every key") {
+		t.Errorf("inspect --help does not say what --uuid costs:\n%s", r.stdout)
+	}
 	for _, args := range [][]string{
 		{},
 		{"--store=postgres", "frobnicate"},

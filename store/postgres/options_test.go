@@ -301,6 +301,10 @@ func TestMigrateAddsTheMessageUUID(t *testing.T) {
 	if err := s.MigrateTo(ctx, 2); err != nil {
 		t.Fatal(err)
 	}
+	// Before the upgrade, the error says what to run.
+	if _, err := s.Get(ctx, "s", "k"); err == nil || !strings.Contains(err.Error(), "run Store.Migrate") {
+		t.Fatalf("Get on a table of layout 2 = %v, want a hint to migrate", err)
+	}
 	for _, key := range []string{"lease", "tx"} {
 		_, err = pool.Exec(ctx, `INSERT INTO `+table(schema, "")+`
 			(scope, key, status, token, attempt, created_at, updated_at, expires_at, purge_at)

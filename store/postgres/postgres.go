@@ -142,11 +142,14 @@ func (s *Store) leave(cancel context.CancelFunc) {
 }
 
 // wrap adds the operation to a database error, and a hint when the table is
-// missing.
+// missing or older than this build (a column a later migration adds).
 func wrap(op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		return fmt.Errorf("oncemill: postgres: %s: %w (run Store.Migrate first)", op, err)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column
+		return fmt.Errorf("oncemill: postgres: %s: %w (the table is at an older schema version than this build: run Store.Migrate, or \"oncemill migrate\")", op, err)
 	}
 	return fmt.Errorf("oncemill: postgres: %s: %w", op, err)
 }
