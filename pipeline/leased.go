@@ -67,6 +67,7 @@ func (s *Leased) handle(d *delivery, h message.HandlerFunc) ([]*message.Message,
 		Fingerprint:   s.fingerprint(d.msg),
 		LeaseDuration: s.policy.LeaseDuration,
 		Retain:        d.ttl.retain,
+		MessageUUID:   d.msg.UUID,
 	}
 	var w waiter
 	for {

@@ -83,6 +83,7 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 		Fingerprint: s.fingerprint(d.msg),
 		SuccessTTL:  d.ttl.success,
 		Retain:      d.ttl.retain,
+		MessageUUID: d.msg.UUID,
 	}
 	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
 	for {

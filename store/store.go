@@ -62,6 +62,11 @@ type ListRequest struct {
 	After string
 	// Limit bounds the page; zero means 100.
 	Limit int
+	// MessageUUID, when set, selects the records last claimed by the
+	// message of that UUID (Record.MessageUUID). No store indexes it: every
+	// store reads all records (in pages) to answer, which suits an
+	// operator, not the delivery path.
+	MessageUUID string
 }
 
 // ListPage is one page of Admin.List.
@@ -123,6 +128,10 @@ type TxRequest struct {
 	// the key in its transaction; past it the answer is DecisionHeld. Must be
 	// positive.
 	Wait time.Duration
+	// MessageUUID is the UUID of the message being delivered, stored in the
+	// record (Record.MessageUUID) by the claim and by RecordRollback (which
+	// finds it in Claim.MessageUUID).
+	MessageUUID string
 }
 
 // TxResult is Claim's answer. With DecisionExecute, Tx is the open
@@ -257,6 +266,11 @@ type LeaseRequest struct {
 	// background schedule the removal from it (store/postgres); stores whose
 	// records expire by themselves may ignore it. Zero means LeaseDuration.
 	Retain time.Duration
+	// MessageUUID is the UUID of the message being delivered. A claim that
+	// executes stores it in the record (Record.MessageUUID), replacing the
+	// previous claimer's, so that an operator holding a message, dead-lettered
+	// or not, finds its record whatever its key. It decides nothing.
+	MessageUUID string
 }
 
 // ClaimResult is ClaimLease's answer.
@@ -290,6 +304,9 @@ type Claim struct {
 	// after an Extend, it costs such a store its slower path, never a
 	// wrong answer.
 	Version string
+	// MessageUUID is the request's MessageUUID, which the claim stored: what
+	// Transactional.RecordRollback writes into the record it leaves behind.
+	MessageUUID string
 }
 
 // Completion is the outcome Complete stores.
@@ -323,4 +340,10 @@ type Record struct {
 	// ExpiresAt is when the record stops being visible. For an in-progress
 	// record it equals LeaseExpiresAt.
 	ExpiresAt time.Time
+	// MessageUUID is the UUID of the message whose delivery last claimed the
+	// key (LeaseRequest.MessageUUID, TxRequest.MessageUUID): after a
+	// takeover or a retry by another delivery it is the newest claimer's,
+	// the one that ran last and whose outcome the record holds. Empty for
+	// records written before stores kept it.
+	MessageUUID string
 }

@@ -280,7 +280,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	env(&c.topicPrefix, "topic-prefix", "ONCEMILL_TOPIC_PREFIX", "", "prefix of the topics payments-0, payments-1, ..., settlements, dead-letters")
 	env(&c.group, "consumer-group", "ONCEMILL_CONSUMER_GROUP", "oncemill-worker", "Kafka: each topic is read by the consumer group <group>-<topic>")
 	env(&c.postgresDSN, "postgres-dsn", "ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL")
-	env(&c.postgresSchema, "postgres-schema", "ONCEMILL_POSTGRES_SCHEMA", "oncemill", "schema of the records and ledger tables")
+	env(&c.postgresSchema, "postgres-schema", "ONCEMILL_POSTGRES_SCHEMA", "public", "schema of the records and ledger tables (public: the library's default and the oncemill CLI's)")
 	env(&c.redisAddr, "redis-addr", "ONCEMILL_REDIS_ADDR", "127.0.0.1:6379", "Redis: host:port, or a redis:// or rediss:// URL with password and database")
 	env(&c.redisPrefix, "redis-prefix", "ONCEMILL_REDIS_PREFIX", "oncemill", "prefix of the records keys")
 	env(&c.filePath, "file-path", "ONCEMILL_FILE_PATH", "oncemill.db", "file of the file store, held by one process at a time")

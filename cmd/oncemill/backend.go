@@ -4,6 +4,7 @@ package main
 // through store.Admin, so each store needs only an opener here.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -52,6 +53,10 @@ type cleanupLagger interface {
 	CleanupLag(ctx context.Context) (time.Duration, error)
 }
 
+// libraryDefaultSchema is what postgres.Options.Schema defaults to, for
+// messages only (TestDefaultSchemaIsTheLibrarys checks it).
+const libraryDefaultSchema = "public"
+
 // open connects to the store the flags name.
 func (a *app) open() (*backend, error) {
 	ctx, cancel := context.WithTimeout(a.ctx, connectTimeout)
@@ -96,7 +101,9 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 		pool.Close()
 		return nil, nil, err
 	}
-	target := g.PostgresSchema + "." + g.PostgresTable // plain identifiers: New validated them
+	// An empty --postgres-schema is passed on as the zero Options.Schema, so
+	// the library's default decides; the name is only for messages.
+	target := cmp.Or(g.PostgresSchema, libraryDefaultSchema) + "." + g.PostgresTable // plain identifiers: New validated them
 	return &backend{
 		admin: st,
 		where: "postgres " + target + " at " + where,

@@ -6,7 +6,11 @@
 //	oncemill --store=postgres|redis [connection flags] [--json] <command> [args]
 //
 //	inspect SCOPE KEY [--messages]      one record: status, attempt, fencing token,
-//	                                    lease expiry, time left, result size, cached error
+//	                                    lease expiry, time left, result size, cached error,
+//	                                    the UUID of the message that claimed it last
+//	inspect --uuid UUID [SCOPE]         the records that message claimed last, whatever
+//	                                    their key (a content-hash key, say); reads every
+//	                                    record: the UUID is not indexed
 //	list [--scope S] [--status ST] [--older-than D] [--limit N] [--after CURSOR] [--all]
 //	stats [--scope S] [--page-size N]   counts by scope and status, expired backlog,
 //	                                    oldest in-progress lease, cleanup lag
@@ -17,7 +21,8 @@
 // The store and its connection come from flags or, like the example
 // worker, from ONCEMILL_* variables: --store (ONCEMILL_STORE),
 // --postgres-dsn (ONCEMILL_POSTGRES_DSN), --postgres-schema
-// (ONCEMILL_POSTGRES_SCHEMA, default "oncemill"), --postgres-table
+// (ONCEMILL_POSTGRES_SCHEMA; empty by default, which is the library's
+// default schema, public, as postgres.Options{} has it), --postgres-table
 // (ONCEMILL_POSTGRES_TABLE), --redis-addr (ONCEMILL_REDIS_ADDR: host:port
 // or a redis:// URL) and --redis-prefix (ONCEMILL_REDIS_PREFIX). A flag
 // wins over its variable.
@@ -35,7 +40,8 @@
 // every record they deleted.
 //
 // Output is an aligned table, or with --json one JSON object (inspect,
-// stats, release, migrate) or JSON lines (list: one record a line; purge:
+// stats, release, migrate) or JSON lines (list and inspect --uuid: one
+// record a line; purge:
 // one record a line with its "action", then a "summary" line). Durations
 // are Go duration strings ("3m2s"); a negative expires_in means expired.
 //

@@ -14,9 +14,20 @@ import (
 )
 
 type inspectCmd struct {
-	Scope    string `arg:"" help:"The scope (the Watermill handler name unless the receiver sets one)."`
-	Key      string `arg:"" help:"The key. Put -- before a key that starts with a dash."`
+	Scope    string `arg:"" optional:"" help:"The scope (the Watermill handler name unless the receiver sets one). With --uuid, optional: only this scope."`
+	Key      string `arg:"" optional:"" help:"The key. Put -- before a key that starts with a dash. Not with --uuid."`
+	UUID     string `name:"uuid" placeholder:"UUID" help:"Instead of SCOPE KEY: the records whose key the message of this UUID claimed last (a dead-lettered message's, say), whatever the key is, expired ones included. No store indexes the UUID: PostgreSQL reads the whole table (or the scope's rows), Redis SCANs every key of the prefix; an operator's lookup, not for scripts in a loop."`
 	Messages bool   `help:"Also print the produced messages stored with a success (or the raw bytes, when they do not decode)."`
+}
+
+func (c *inspectCmd) Validate() error {
+	switch {
+	case c.UUID != "" && c.Key != "":
+		return fmt.Errorf("pass either SCOPE KEY or --uuid (with an optional SCOPE), not both")
+	case c.UUID == "" && c.Key == "":
+		return fmt.Errorf("expected SCOPE KEY, or --uuid UUID")
+	}
+	return nil
 }
 
 // inspectView is what inspect prints: the record, and with --messages its
@@ -40,6 +51,9 @@ type producedView struct {
 const maxDumpBytes = 4096
 
 func (c *inspectCmd) Run(a *app) error {
+	if c.UUID != "" {
+		return c.runUUID(a)
+	}
 	return a.withStore(func(b *backend) error {
 		rec, err := b.admin.Get(a.ctx, c.Scope, c.Key)
 		if errors.Is(err, store.ErrNotFound) {
@@ -52,50 +66,112 @@ func (c *inspectCmd) Run(a *app) error {
 		if err != nil {
 			return err
 		}
-		v := inspectView{recordView: viewOf(rec, now), Now: now}
-		if c.Messages {
-			s := base64.StdEncoding.EncodeToString(rec.Result)
-			v.ResultBase64 = &s
-			if msgs, omitted, err := result.Decode(rec.Result); err == nil {
-				v.Omitted = omitted
-				for _, m := range msgs {
-					v.Messages = append(v.Messages, producedView{UUID: m.UUID, Metadata: m.Metadata, Payload: string(m.Payload)})
-				}
-			}
-		}
 		if a.g.JSON {
-			return writeJSONIndented(a.stdout, v)
+			return writeJSONIndented(a.stdout, c.view(rec, now))
 		}
-		t := newTable(a.stdout)
-		t.row("scope", shown(v.Scope))
-		t.row("key", shown(v.Key))
-		t.row("status", v.Status)
-		t.row("attempt", v.Attempt)
-		t.row("token", v.Token)
-		if v.Fingerprint != "" {
-			t.row("fingerprint", shown(v.Fingerprint))
-		}
-		t.row("created", fmt.Sprintf("%s (%s ago)", stamp(v.CreatedAt), fmtDuration(now.Sub(v.CreatedAt))))
-		t.row("updated", fmt.Sprintf("%s (%s ago)", stamp(v.UpdatedAt), v.Age))
-		if v.LeaseExpiresAt != nil {
-			t.row("lease expires", stamp(*v.LeaseExpiresAt))
-		} else {
-			t.row("expires", stamp(v.ExpiresAt))
-		}
-		t.row("time left", v.ExpiresIn)
-		t.row("result", fmt.Sprintf("%d bytes", v.ResultBytes))
-		if v.ErrorKind != "" || v.ErrorMessage != "" {
-			t.row("error kind", v.ErrorKind)
-			t.row("error", oneLine(v.ErrorMessage, 200))
-		}
-		if err := t.flush(); err != nil {
+		return c.print(a, rec, now)
+	})
+}
+
+// runUUID prints every record the message UUID claimed last: one, unless
+// the message was delivered to several handlers (scopes), or its key was
+// claimed again by it after another key's record expired. With --json, one
+// JSON object a line.
+func (c *inspectCmd) runUUID(a *app) error {
+	return a.withStore(func(b *backend) error {
+		now, err := b.storeNow(a.ctx)
+		if err != nil {
 			return err
 		}
-		if c.Messages {
-			return printProduced(a, v, rec.Result)
+		req := store.ListRequest{Scope: c.Scope, MessageUUID: c.UUID}
+		n := 0
+		for {
+			page, err := b.admin.List(a.ctx, req)
+			if err != nil {
+				return err
+			}
+			for _, rec := range page.Records {
+				if a.g.JSON {
+					err = writeJSON(a.stdout, c.view(rec, now))
+				} else {
+					if n > 0 {
+						fmt.Fprintln(a.stdout)
+					}
+					err = c.print(a, rec, now)
+				}
+				if err != nil {
+					return err
+				}
+				n++
+			}
+			if page.Next == "" {
+				break
+			}
+			req.After = page.Next
+		}
+		if n == 0 {
+			where := ""
+			if c.Scope != "" {
+				where = " in scope " + shown(c.Scope)
+			}
+			return notFound("no record%s was last claimed by message UUID %s: its key was claimed by a later delivery, "+
+				"its record was removed (Redis: expired; PostgreSQL: cleaned up), or it was written before oncemill kept the UUID", where, shown(c.UUID))
 		}
 		return nil
 	})
+}
+
+// view is what inspect --json prints of rec.
+func (c *inspectCmd) view(rec store.Record, now time.Time) inspectView {
+	v := inspectView{recordView: viewOf(rec, now), Now: now}
+	if c.Messages {
+		s := base64.StdEncoding.EncodeToString(rec.Result)
+		v.ResultBase64 = &s
+		if msgs, omitted, err := result.Decode(rec.Result); err == nil {
+			v.Omitted = omitted
+			for _, m := range msgs {
+				v.Messages = append(v.Messages, producedView{UUID: m.UUID, Metadata: m.Metadata, Payload: string(m.Payload)})
+			}
+		}
+	}
+	return v
+}
+
+// print prints rec as a table.
+func (c *inspectCmd) print(a *app, rec store.Record, now time.Time) error {
+	v := c.view(rec, now)
+	t := newTable(a.stdout)
+	t.row("scope", shown(v.Scope))
+	t.row("key", shown(v.Key))
+	t.row("status", v.Status)
+	t.row("attempt", v.Attempt)
+	t.row("token", v.Token)
+	if v.Fingerprint != "" {
+		t.row("fingerprint", shown(v.Fingerprint))
+	}
+	if v.MessageUUID != "" {
+		t.row("message uuid", shown(v.MessageUUID))
+	}
+	t.row("created", fmt.Sprintf("%s (%s ago)", stamp(v.CreatedAt), fmtDuration(now.Sub(v.CreatedAt))))
+	t.row("updated", fmt.Sprintf("%s (%s ago)", stamp(v.UpdatedAt), v.Age))
+	if v.LeaseExpiresAt != nil {
+		t.row("lease expires", stamp(*v.LeaseExpiresAt))
+	} else {
+		t.row("expires", stamp(v.ExpiresAt))
+	}
+	t.row("time left", v.ExpiresIn)
+	t.row("result", fmt.Sprintf("%d bytes", v.ResultBytes))
+	if v.ErrorKind != "" || v.ErrorMessage != "" {
+		t.row("error kind", v.ErrorKind)
+		t.row("error", oneLine(v.ErrorMessage, 200))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if c.Messages {
+		return printProduced(a, v, rec.Result)
+	}
+	return nil
 }
 
 // printProduced prints the produced messages a success stored, or the raw

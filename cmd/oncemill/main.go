@@ -37,7 +37,7 @@ func main() {
 type cli struct {
 	globals
 
-	Inspect inspectCmd `cmd:"" help:"Show one (scope, key) record: status, attempt, fencing token, lease expiry, time left, result size and cached error."`
+	Inspect inspectCmd `cmd:"" help:"Show one (scope, key) record: status, attempt, fencing token, lease expiry, time left, result size, cached error and the UUID of the message that claimed it last; or with --uuid, the records a message claimed last, whatever their key."`
 	List    listCmd    `cmd:"" help:"List records, filtered by scope, status and age, a page at a time."`
 	Stats   statsCmd   `cmd:"" help:"Count records by scope and status; the expired backlog, the oldest in-progress lease and the cleanup lag. Reads every record."`
 	Release releaseCmd `cmd:"" help:"Free a stuck or failed key so that its next delivery runs the handler again. Fenced by the token it shows; asks first."`
@@ -50,7 +50,7 @@ type globals struct {
 	Store string `enum:"postgres,redis,tiered" required:"" env:"ONCEMILL_STORE" placeholder:"postgres|redis|tiered" help:"The store that holds the records: postgres, redis, or tiered (PostgreSQL with its Redis cache: uses the postgres and redis flags)."`
 
 	PostgresDSN    string `name:"postgres-dsn" env:"ONCEMILL_POSTGRES_DSN" default:"postgres://postgres@127.0.0.1:5432/test" placeholder:"URL" help:"PostgreSQL for --store=postgres (default ${default})."`
-	PostgresSchema string `env:"ONCEMILL_POSTGRES_SCHEMA" default:"oncemill" placeholder:"NAME" help:"Schema of the records table (default ${default}, as the example worker; the library's default is public)."`
+	PostgresSchema string `env:"ONCEMILL_POSTGRES_SCHEMA" placeholder:"NAME" help:"Schema of the records table (default: the library's, public, what postgres.Options{} uses; pass your workers' postgres.Options.Schema if they set one)."`
 	PostgresTable  string `env:"ONCEMILL_POSTGRES_TABLE" default:"oncemill_records" placeholder:"NAME" help:"The records table (default ${default})."`
 	RedisAddr      string `env:"ONCEMILL_REDIS_ADDR" default:"127.0.0.1:6379" placeholder:"ADDR" help:"Redis for --store=redis: host:port, or a redis:// or rediss:// URL with password and database (default ${default})."`
 	RedisPrefix    string `env:"ONCEMILL_REDIS_PREFIX" default:"oncemill" placeholder:"PREFIX" help:"Prefix of the record keys in Redis (default ${default})."`

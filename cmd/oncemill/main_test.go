@@ -482,6 +482,9 @@ func TestUsageAndErrors(t *testing.T) {
 	if r := runCLI(t, nil, "release", "--help").mustCode(t, exitOK); !strings.Contains(r.stdout, "--force") {
 		t.Errorf("release --help:\n%s", r.stdout)
 	}
+	if r := runCLI(t, nil, "inspect", "--help").mustCode(t, exitOK); !strings.Contains(r.stdout, "--uuid") || !strings.Contains(r.stdout, "SCANs every key") {
+		t.Errorf("inspect --help does not say what --uuid costs:\n%s", r.stdout)
+	}
 	for _, args := range [][]string{
 		{},
 		{"--store=postgres", "frobnicate"},
@@ -489,6 +492,8 @@ func TestUsageAndErrors(t *testing.T) {
 		{"--store=postgres", "list", "--status", "stuck"},
 		{"--store=postgres", "list", "--limit", "0"},
 		{"--store=postgres", "inspect", "only-scope"},
+		{"--store=postgres", "inspect"},
+		{"--store=postgres", "inspect", "--uuid", "u", "scope", "key"},
 		{"--store=postgres", "purge", "--batch", "0", "--scope", "x"},
 	} {
 		r := runCLI(t, nil, args...)

@@ -26,6 +26,8 @@ type recordView struct {
 	Attempt     int    `json:"attempt"`
 	Token       int64  `json:"token"`
 	Fingerprint string `json:"fingerprint,omitempty"`
+	// MessageUUID is the UUID of the message that last claimed the key.
+	MessageUUID string `json:"message_uuid,omitempty"`
 
 	CreatedAt      time.Time  `json:"created_at"`
 	UpdatedAt      time.Time  `json:"updated_at"`
@@ -49,7 +51,7 @@ func viewOf(r store.Record, now time.Time) recordView {
 	v := recordView{
 		Scope: r.Scope, Key: r.Key, Status: r.Status.String(),
 		Live:    r.ExpiresAt.After(now),
-		Attempt: r.Attempt, Token: r.Token, Fingerprint: r.Fingerprint,
+		Attempt: r.Attempt, Token: r.Token, Fingerprint: r.Fingerprint, MessageUUID: r.MessageUUID,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, ExpiresAt: r.ExpiresAt,
 		ResultBytes: len(r.Result), ErrorKind: string(r.ErrorKind), ErrorMessage: r.ErrorMessage,
 		expiresIn: r.ExpiresAt.Sub(now), age: now.Sub(r.UpdatedAt),

@@ -243,6 +243,7 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 		if req.Fingerprint != "" {
 			r.Fingerprint = req.Fingerprint
 		}
+		r.MessageUUID = req.MessageUUID
 		r.Status = store.StatusInProgress
 		r.Token = token
 		r.Attempt = res.Claim.Attempt
@@ -252,6 +253,7 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 		e.purge = lease.Add(req.Retain)
 		res.Claim.Token = token
 		res.Claim.ExpiresAt = lease
+		res.Claim.MessageUUID = req.MessageUUID
 		return save(tx, k, e)
 	})
 	if err != nil {

@@ -122,6 +122,7 @@ type record struct {
 	result       []byte
 	errorKind    store.ErrorKind
 	errorMessage string
+	messageUUID  string // the last claimer's
 }
 
 // New returns a store configured by opts, with its sweeper running unless
@@ -321,6 +322,7 @@ func (s *Store) execute(sh *shard, rec *record, req store.LeaseRequest, now int6
 	if req.Fingerprint != "" {
 		rec.fingerprint = req.Fingerprint
 	}
+	rec.messageUUID = req.MessageUUID
 	rec.leaseExpires = now + int64(req.LeaseDuration)
 	rec.expires = rec.leaseExpires
 	rec.purge = rec.leaseExpires + int64(req.Retain)
@@ -329,11 +331,12 @@ func (s *Store) execute(sh *shard, rec *record, req store.LeaseRequest, now int6
 		Decision: store.DecisionExecute,
 		Takeover: takeover,
 		Claim: store.Claim{
-			Scope:     rec.scope,
-			Key:       rec.key,
-			Token:     rec.token,
-			Attempt:   attempt,
-			ExpiresAt: s.at(rec.leaseExpires),
+			Scope:       rec.scope,
+			Key:         rec.key,
+			Token:       rec.token,
+			Attempt:     attempt,
+			ExpiresAt:   s.at(rec.leaseExpires),
+			MessageUUID: rec.messageUUID,
 		},
 	}
 }
@@ -444,11 +447,12 @@ func (s *Store) Extend(_ context.Context, lease store.Claim, d time.Duration) (s
 	rec.expires = rec.leaseExpires
 	rec.updated = now
 	return store.Claim{
-		Scope:     rec.scope,
-		Key:       rec.key,
-		Token:     rec.token,
-		Attempt:   rec.attempt,
-		ExpiresAt: s.at(rec.leaseExpires),
+		Scope:       rec.scope,
+		Key:         rec.key,
+		Token:       rec.token,
+		Attempt:     rec.attempt,
+		ExpiresAt:   s.at(rec.leaseExpires),
+		MessageUUID: rec.messageUUID,
 	}, nil
 }
 
@@ -547,6 +551,7 @@ func (s *Store) snapshot(rec *record) store.Record {
 		CreatedAt:    s.at(rec.created),
 		UpdatedAt:    s.at(rec.updated),
 		ExpiresAt:    s.at(rec.expires),
+		MessageUUID:  rec.messageUUID,
 	}
 	if rec.status == store.StatusInProgress {
 		r.LeaseExpiresAt = s.at(rec.leaseExpires)

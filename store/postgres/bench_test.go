@@ -36,7 +36,8 @@ func BenchmarkBeginComplete(b *testing.B) {
 				pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 })
 				s := newStore(b, pool, mode.opts)
 				runHandlers(b, handlers, func(ctx context.Context, key string) error {
-					res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, Fingerprint: "fp", LeaseDuration: time.Minute})
+					res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "bench", Key: key, Fingerprint: "fp", LeaseDuration: time.Minute,
+						MessageUUID: "0192f3a4-5b6c-7d8e-9f01-23456789abcd"})
 					if err != nil {
 						return err
 					}

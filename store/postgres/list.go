@@ -26,7 +26,7 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	if !req.UpdatedBefore.IsZero() {
 		before = req.UpdatedBefore
 	}
-	rows, err := s.pool.Query(ctx, s.sql.list, req.Scope, int16(req.Status), before, afterScope, afterKey, limit+1)
+	rows, err := s.pool.Query(ctx, s.sql.list, req.Scope, int16(req.Status), before, afterScope, afterKey, limit+1, req.MessageUUID)
 	if err != nil {
 		return store.ListPage{}, wrap("list", err)
 	}

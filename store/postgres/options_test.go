@@ -284,3 +284,61 @@ func TestMigrateUpgradesTheFirstLayout(t *testing.T) {
 		t.Fatalf("schema version %d, %v; want %d", version, err, postgres.SchemaVersion)
 	}
 }
+
+// A table of layout 2 gains the message_uuid column in place: its records
+// read with an empty UUID, and a claim of one of them stores its claimer's
+// (both the lease and the one-transaction paths).
+func TestMigrateAddsTheMessageUUID(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if err := s.MigrateTo(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	// Before the upgrade, the error says what to run.
+	if _, err := s.Get(ctx, "s", "k"); err == nil || !strings.Contains(err.Error(), "run Store.Migrate") {
+		t.Fatalf("Get on a table of layout 2 = %v, want a hint to migrate", err)
+	}
+	for _, key := range []string{"lease", "tx"} {
+		_, err = pool.Exec(ctx, `INSERT INTO `+table(schema, "")+`
+			(scope, key, status, token, attempt, created_at, updated_at, expires_at, purge_at)
+			VALUES ('s', $1, 4, 1, 1, now(), now(), now() + interval '1 hour', now() + interval '1 hour')`, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.AppliedVersion(ctx); err != nil || v != postgres.SchemaVersion || v < 3 {
+		t.Fatalf("AppliedVersion after the upgrade = %d, %v; want %d", v, err, postgres.SchemaVersion)
+	}
+	if rec, err := s.Get(ctx, "s", "lease"); err != nil || rec.Status != store.StatusRetryable || rec.MessageUUID != "" {
+		t.Fatalf("the old record after the upgrade = %+v, %v; want retryable without a UUID", rec, err)
+	}
+	res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "lease", LeaseDuration: time.Minute, MessageUUID: "u-lease"})
+	if err != nil || res.Decision != store.DecisionExecute || res.Claim.Attempt != 2 {
+		t.Fatalf("claiming the old record = %+v, %v; want attempt 2", res, err)
+	}
+	if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: "tx", SuccessTTL: time.Hour, Wait: time.Second, MessageUUID: "u-tx"})
+	if err != nil || tx.Decision != store.DecisionExecute {
+		t.Fatalf("claiming the old record in a transaction = %+v, %v", tx, err)
+	}
+	if err := tx.Tx.Commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"lease": "u-lease", "tx": "u-tx"} {
+		if rec, err := s.Get(ctx, "s", key); err != nil || rec.MessageUUID != want {
+			t.Fatalf("Get(%q) = %+v, %v; want message UUID %q", key, rec, err, want)
+		}
+	}
+}

@@ -14,11 +14,11 @@ import (
 // planArgs are sample arguments of every statement of the store, to EXPLAIN
 // them with.
 var planArgs = map[string]string{
-	"begin":          `('s', 'k', 'fp', 1000000, 2000000)`,
-	"claimNew":       `('s', 'k', 'fp', 1000000, 2000000, 42)`,
-	"claim":          `('s', 'k', 'fp', 1000000, 2000000, 5000, 42)`,
+	"begin":          `('s', 'k', 'fp', 1000000, 2000000, 'uuid')`,
+	"claimNew":       `('s', 'k', 'fp', 1000000, 2000000, 42, 'uuid')`,
+	"claim":          `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 5000, 42)`,
 	"commitResult":   `('s', 'k', '\x01'::bytea, 1000000)`,
-	"recordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 42)`,
+	"recordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 42, 'uuid')`,
 	"complete":       `('s', 'k', 7, 2, '\x01'::bytea, '', '', 1000000)`,
 	"extend":         `('s', 'k', 7, 1000000)`,
 	"release":        `('s', 'k', 7, 1000000)`,

@@ -142,11 +142,14 @@ func (s *Store) leave(cancel context.CancelFunc) {
 }
 
 // wrap adds the operation to a database error, and a hint when the table is
-// missing.
+// missing or older than this build (a column a later migration adds).
 func wrap(op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		return fmt.Errorf("oncemill: postgres: %s: %w (run Store.Migrate first)", op, err)
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column
+		return fmt.Errorf("oncemill: postgres: %s: %w (the table is at an older schema version than this build: run Store.Migrate, or \"oncemill migrate\")", op, err)
 	}
 	return fmt.Errorf("oncemill: postgres: %s: %w", op, err)
 }
@@ -213,6 +216,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	if err := s.checkNewID("begin", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.ClaimResult{}, err
 	}
+	req.MessageUUID = storableText(req.MessageUUID, maxMessageUUIDLen)
 	ctx, cancel, err := s.enter(ctx, "begin", 0)
 	if err != nil {
 		return store.ClaimResult{}, err
@@ -220,7 +224,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	defer s.leave(cancel)
 	for runs := 1; ; runs++ {
 		res, err := s.claimStatement(ctx, s.pool, s.sql.begin, req.Scope, req.Key, req.Fingerprint,
-			micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain))
+			micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID)
 		if err != nil || res.Decision != 0 {
 			if err != nil {
 				err = wrap("begin", err)
@@ -268,7 +272,7 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 		kind             string
 		rec              = &store.Record{Scope: args[0].(string), Key: args[1].(string)}
 		dest             = []any{&decision, &rec.Fingerprint, &status, &rec.Token, &attempt, &takenOver,
-			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt}
+			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID}
 	)
 	if len(rows.FieldDescriptions()) > len(dest) {
 		dest = append(dest, nil) // the claim form's lock_timeout restore
@@ -290,7 +294,8 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 		return store.ClaimResult{
 			Decision: store.DecisionExecute,
 			Takeover: takenOver,
-			Claim:    store.Claim{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt},
+			Claim: store.Claim{Scope: rec.Scope, Key: rec.Key, Token: rec.Token, Attempt: rec.Attempt, ExpiresAt: rec.ExpiresAt,
+				MessageUUID: rec.MessageUUID},
 		}, nil
 	}
 	if rec.Status == store.StatusInProgress {
@@ -338,6 +343,11 @@ func (s *Store) checkComplete(op string, lease store.Claim, out store.Completion
 	out.ErrorMessage = storableText(out.ErrorMessage, maxErrorMessageLen)
 	return out, nil
 }
+
+// maxMessageUUIDLen bounds a stored message UUID in bytes. Like error
+// texts, a UUID is made to fit (storableText) rather than refused: it
+// decides nothing, and refusing it would refuse the delivery.
+const maxMessageUUIDLen = 1024
 
 // storableText makes an error text fit a text column: NUL bytes and invalid
 // UTF-8 become U+FFFD, and it is cut at a character boundary after max
@@ -449,7 +459,7 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 		kind    string
 	)
 	err := row.Scan(&rec.Scope, &rec.Key, &rec.Fingerprint, &status, &rec.Token, &attempt,
-		&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt)
+		&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID)
 	rec.Status, rec.Attempt, rec.ErrorKind = store.Status(status), int(attempt), store.ErrorKind(kind)
 	if rec.Status == store.StatusInProgress {
 		rec.LeaseExpiresAt = rec.ExpiresAt

@@ -103,7 +103,8 @@ const (
 // Claim's (one-transaction mode) runs inside the handler's transaction and
 // writes the row in its final succeeded form, which only its commit makes
 // visible. Parameters: $1 scope, $2 key, $3 fingerprint, $4 the expiry of
-// the new row and $5 its purge time, both in microseconds from now().
+// the new row and $5 its purge time, both in microseconds from now(), $6
+// the message UUID (the last claimer's is kept).
 //
 // The upsert takes the key when it is absent, free, or carried on. For a
 // key it did not take, the second half of the UNION returns the row as the
@@ -123,9 +124,9 @@ const (
 const sqlClaim = `
 WITH {{PRE}}up AS (
 	INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
-		expires_at, purge_at, created_at, updated_at)
+		expires_at, purge_at, created_at, updated_at, message_uuid)
 	SELECT $1::text, $2::text, $3::text, {{NEW_STATUS}}, nextval({{SEQ_LITERAL}}), 1, false,
-		now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now()
+		now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $6::text
 	{{FROM}}
 	ON CONFLICT (scope, key) DO UPDATE SET
 		status = {{NEW_STATUS}},
@@ -139,12 +140,13 @@ WITH {{PRE}}up AS (
 		error_kind = NULL,
 		error_message = NULL,
 		created_at = CASE WHEN ` + freeO + ` THEN now() ELSE o.created_at END,
-		updated_at = now()
+		updated_at = now(),
+		message_uuid = excluded.message_uuid
 	WHERE ` + freeO + ` OR (` + carryO + ` AND ` + fpOkO + `)
 	RETURNING o.fingerprint, o.token, o.attempt, o.taken_over, o.created_at, o.updated_at, o.expires_at
 )
 SELECT {{EXECUTE}}::int2, up.fingerprint, {{IN_PROGRESS}}::int2, up.token, up.attempt, up.taken_over,
-	NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at{{POST}}
+	NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at, $6::text{{POST}}
 FROM up{{JOIN}}
 UNION ALL
 SELECT
@@ -156,7 +158,7 @@ SELECT
 		ELSE 0
 	END)::int2,
 	t.fingerprint, t.status, t.token, t.attempt, t.taken_over,
-	t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at{{POST}}
+	t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at, t.message_uuid{{POST}}
 FROM {{TABLE}} t{{JOIN}}
 WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM up)`
 
@@ -174,12 +176,12 @@ var (
 		"{{FROM}}", "FROM async", "{{POST}}", "", "{{JOIN}}", "",
 		"{{NEW_STATUS}}", "{{IN_PROGRESS}}")
 	// claimForm is Claim's: the row in its final form, and a bound on the
-	// wait for a row another transaction holds. lock_timeout ($6, in
+	// wait for a row another transaction holds. lock_timeout ($7, in
 	// milliseconds) is set before the upsert runs (the upsert reads the
 	// materialized CTE first) and put back to what it was in the same
 	// statement, so the handler's own statements keep the session's value.
 	claimForm = strings.NewReplacer(
-		"{{PRE}}", "lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true), pg_advisory_xact_lock({{CLAIM_LOCK}}, $7)), ",
+		"{{PRE}}", "lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($7::int8)::text, true), pg_advisory_xact_lock({{CLAIM_LOCK}}, $8)), ",
 		"{{FROM}}", "FROM lt", "{{POST}}", ", set_config('lock_timeout', lt.prior, true)", "{{JOIN}}", " CROSS JOIN lt",
 		"{{NEW_STATUS}}", "{{SUCCEEDED}}")
 )
@@ -191,12 +193,12 @@ var (
 // so that no other claim of the key can be in flight when it inserts. It
 // returns the token, or nothing when the key is held or already has a row;
 // the claim then goes on with sqlClaim's claimForm in the same transaction,
-// which waits for the lock and decides.
+// which waits for the lock and decides. $7 is the message UUID.
 const sqlClaimNew = `
 INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
-	expires_at, purge_at, created_at, updated_at)
+	expires_at, purge_at, created_at, updated_at, message_uuid)
 SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, nextval({{SEQ_LITERAL}}), 1, false,
-	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now()
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text
 WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6)
 ON CONFLICT (scope, key) DO NOTHING
 RETURNING token`
@@ -218,11 +220,12 @@ WHERE scope = $1 AND key = $2`
 // take the key, so a newer claim's success or live lease is never
 // overwritten, and not at all while another claim holds the key's advisory
 // lock ($11), so it never waits for one. The attempt count never goes down.
+// $12 is the message UUID of the rolled-back claim.
 const sqlRecordRollback = `
 INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
-	error_kind, error_message, expires_at, purge_at, created_at, updated_at)
+	error_kind, error_message, expires_at, purge_at, created_at, updated_at, message_uuid)
 SELECT $1::text, $2::text, $3::text, $4::int2, $5::int8, $6::int4, false, nullif($8::text, ''), nullif($9::text, ''),
-	now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond', now(), now()
+	now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond', now(), now(), $12::text
 WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $11)
 ON CONFLICT (scope, key) DO UPDATE SET
 	status = excluded.status,
@@ -236,7 +239,8 @@ ON CONFLICT (scope, key) DO UPDATE SET
 	expires_at = excluded.expires_at,
 	purge_at = excluded.purge_at,
 	created_at = CASE WHEN ` + freeO + ` THEN now() ELSE o.created_at END,
-	updated_at = now()
+	updated_at = now(),
+	message_uuid = excluded.message_uuid
 WHERE ` + freeO + ` OR (` + carryO + ` AND ` + fpOkO + `)`
 
 // sqlComplete writes a lease's outcome, only while the caller's token is
@@ -281,12 +285,14 @@ WHERE scope = $1 AND key = $2 AND expires_at > now()`
 
 // recordColumns are a row as scanRecord reads it.
 const recordColumns = `scope, key, fingerprint, status, token, attempt, result,
-	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at`
+	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at, message_uuid`
 
 // sqlList is one page of Admin.List: rows after ($4, $5) in primary key
 // order, filtered by scope ($1, ” for all), status ($2, 0 for all) and
-// last update ($3, NULL for all). It walks the primary key: an operator's
-// statement, not the delivery path's.
+// last update ($3, NULL for all) and message UUID ($7, empty for all). It
+// walks the primary key: an operator's statement, not the delivery path's;
+// with a message UUID it reads the whole table, message_uuid having no
+// index (migration 3).
 const sqlList = `
 SELECT ` + recordColumns + `
 FROM {{TABLE}}
@@ -294,6 +300,7 @@ WHERE (scope, key) > ($4::text, $5::text)
 	AND ($1::text = '' OR scope = $1::text)
 	AND ($2::int2 = 0 OR status = $2::int2)
 	AND ($3::timestamptz IS NULL OR updated_at < $3::timestamptz)
+	AND ($7::text = '' OR message_uuid = $7::text)
 ORDER BY scope, key
 LIMIT $6`
 

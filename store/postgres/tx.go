@@ -45,6 +45,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	if err := s.checkNewID("claim", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.TxResult{}, err
 	}
+	req.MessageUUID = storableText(req.MessageUUID, maxMessageUUIDLen)
 	ctx, cancel, err := s.enter(ctx, "claim", req.Wait)
 	if err != nil {
 		return store.TxResult{}, err
@@ -97,7 +98,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
-	b.Queue(s.sql.claimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock)
+	b.Queue(s.sql.claimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock, req.MessageUUID)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -111,12 +112,12 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxReq
 	tx := br.Tx()
 	switch {
 	case err == nil:
-		return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1}}, tx, nil
+		return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1, MessageUUID: req.MessageUUID}}, tx, nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return store.ClaimResult{}, tx, err
 	}
 	res, err := s.claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
-		micros(claimTTL(req.SuccessTTL)), micros(purge), waitMS, lock)
+		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, waitMS, lock)
 	return res, tx, err
 }
 
@@ -161,7 +162,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 	defer s.leave(cancel)
 	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
 		micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
-		claimLockKey(lease.Scope, lease.Key))
+		claimLockKey(lease.Scope, lease.Key), storableText(lease.MessageUUID, maxMessageUUIDLen))
 	if err != nil {
 		return wrap("record rollback", err)
 	}

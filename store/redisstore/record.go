@@ -13,13 +13,18 @@ import (
 // A record is one Redis string, so that ClaimLease of a new key is one plain
 // SET NX and expiry is Redis's own:
 //
-//	1|<status>|<token>|<attempt>|<tail ms>|<expires µs>|<updated µs>|<n>:<error kind><n>:<error message><result><created µs>|<fingerprint><LLLL>
+//	1|<status>|<token>|<attempt>|<tail ms>|<expires µs>|<updated µs>|<n>:<error kind><n>:<error message><result><created µs>[#<n>:<message UUID>]|<fingerprint><LLLL>
 //
 // 1 is the layout's version: a later layout reads it and migrates. status
 // is one letter: p in progress, s succeeded, f failed, r retryable. The
 // error fields carry their byte length, so any bytes fit, and the result
 // runs to the part that never changes while the record lives: the creation
-// time and the fingerprint, whose length LLLL (4 hex digits) ends the value.
+// time, the claiming message's UUID and the fingerprint, whose length LLLL
+// (4 hex digits) ends the value. Every claim writes the whole value, so the
+// UUID, the last claimer's, can sit in that part. It is left out when
+// empty, so a record without one reads as before; a worker of an earlier
+// version cannot read a record that has one (its creation time does not
+// parse).
 // So a script that finishes a lease checks the head ("1|p|<token>|"),
 // keeps the tail, and replaces the rest with what the worker sends: two
 // string.sub calls, no pattern.
@@ -58,9 +63,12 @@ func statusLetter(s store.Status) byte {
 	return letterRetryable
 }
 
-// maxStableLen bounds the creation time and fingerprint, whose length
-// takes 4 hex digits.
+// maxStableLen bounds the creation time, message UUID and fingerprint,
+// whose length takes 4 hex digits.
 const maxStableLen = 0xffff
+
+// uuidMark follows the creation time when a message UUID comes next.
+const uuidMark = '#'
 
 // unstable returns r's value up to its stable part: the head, the error
 // fields and the result, in one allocation with room for extra bytes more.
@@ -83,9 +91,13 @@ func leaseHead(token int64) string {
 }
 
 // stable is the part that never changes while the record lives.
-func stable(b []byte, created time.Time, fingerprint string) []byte {
+func stable(b []byte, created time.Time, messageUUID, fingerprint string) []byte {
 	start := len(b)
 	b = strconv.AppendInt(b, created.UnixMicro(), 10)
+	if messageUUID != "" {
+		b = append(b, uuidMark)
+		b = appendField(b, messageUUID)
+	}
 	b = append(b, '|')
 	b = append(b, fingerprint...)
 	n := len(b) - start // at most maxStableLen: ClaimLease bounds the fingerprint
@@ -112,8 +124,8 @@ func leaseStable(l store.Claim) (string, bool) {
 
 // encode returns r's value.
 func encode(r *record) []byte {
-	b := unstable(r, 20+1+len(r.Fingerprint)+4)
-	return stable(b, r.CreatedAt, r.Fingerprint)
+	b := unstable(r, 20+1+len(r.Fingerprint)+4+len(r.MessageUUID)+8)
+	return stable(b, r.CreatedAt, r.MessageUUID, r.Fingerprint)
 }
 
 func appendField(b []byte, s string) []byte {
@@ -135,12 +147,24 @@ func decode(scope, key, v string) (record, error) {
 		return r, fmt.Errorf("%w: stable part", errLayout)
 	}
 	rest, fixed := v[4:len(v)-4-int(n)], v[len(v)-4-int(n):len(v)-4]
-	created, fingerprint, ok := strings.Cut(fixed, "|")
-	c, err := strconv.ParseInt(created, 10, 64)
-	if !ok || err != nil {
+	end := strings.IndexAny(fixed, "|#")
+	if end < 0 {
 		return r, fmt.Errorf("%w: created", errLayout)
 	}
-	r.CreatedAt, r.Fingerprint = time.UnixMicro(c), fingerprint
+	c, err := strconv.ParseInt(fixed[:end], 10, 64)
+	if err != nil {
+		return r, fmt.Errorf("%w: created", errLayout)
+	}
+	fixed = fixed[end:]
+	if fixed[0] == uuidMark {
+		if r.MessageUUID, fixed, err = readField(fixed[1:]); err != nil {
+			return r, err
+		}
+		if fixed == "" || fixed[0] != '|' {
+			return r, fmt.Errorf("%w: message UUID", errLayout)
+		}
+	}
+	r.CreatedAt, r.Fingerprint = time.UnixMicro(c), fixed[1:]
 	switch v[2] {
 	case letterInProgress:
 		r.Status = store.StatusInProgress

@@ -224,7 +224,9 @@ func millis(d time.Duration) int64 {
 }
 
 // maxFingerprintLen keeps a record's stable part (record.go) within its
-// 4 hex digits of length, with room for the creation time.
+// 4 hex digits of length, with room for the creation time and the message
+// UUID's own length and mark: the fingerprint and the UUID together may
+// take this many bytes.
 const maxFingerprintLen = maxStableLen - 32
 
 // maxBeginRounds bounds how often one ClaimLease finds the key changed under it
@@ -247,9 +249,9 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 		return store.ClaimResult{}, fmt.Errorf("oncemill: redis: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",
 			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
 	}
-	if len(req.Fingerprint) > maxFingerprintLen {
-		return store.ClaimResult{}, fmt.Errorf("oncemill: redis: begin: fingerprint is %d bytes, longer than %d; use a hash of the payload: %w",
-			len(req.Fingerprint), maxFingerprintLen, store.ErrInvalidRequest)
+	if len(req.Fingerprint)+len(req.MessageUUID) > maxFingerprintLen {
+		return store.ClaimResult{}, fmt.Errorf("oncemill: redis: begin: fingerprint and message UUID are %d bytes together, longer than %d; use a hash of the payload: %w",
+			len(req.Fingerprint)+len(req.MessageUUID), maxFingerprintLen, store.ErrInvalidRequest)
 	}
 	key := keysFor(s.prefix, req.Scope, req.Key)
 	now := time.Now()
@@ -261,6 +263,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	fresh := record{Record: store.Record{
 		Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Status: store.StatusInProgress,
 		Token: now.UnixMicro(), Attempt: 1, ExpiresAt: now.Add(lease), CreatedAt: now, UpdatedAt: now,
+		MessageUUID: req.MessageUUID,
 	}, tail: tail}
 	px := millis(lease + tail)
 
@@ -349,7 +352,8 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 func (s *Store) execute(r *record, value []byte, takeover bool) store.ClaimResult {
 	return store.ClaimResult{
 		Decision: store.DecisionExecute,
-		Claim:    store.Claim{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt, Version: string(value)},
+		Claim: store.Claim{Scope: r.Scope, Key: r.Key, Token: r.Token, Attempt: r.Attempt, ExpiresAt: r.ExpiresAt,
+			Version: string(value), MessageUUID: r.MessageUUID},
 		Takeover: takeover,
 	}
 }

@@ -87,6 +87,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"TokensIncrease", testTokensIncrease},
 		{"KeyLimit", testKeyLimit},
 		{"ListFiltersAndPages", testListFiltersAndPages},
+		{"MessageUUID", testMessageUUID},
 		{"DeleteExpired", testDeleteExpired},
 		{"NativeExpiry", testNativeExpiry},
 	}

@@ -29,6 +29,7 @@ func runTransactional(t *testing.T, newEnv func(t *testing.T) *env) {
 		{"ExpiredSuccessFreesTheKey", testTxExpiredSuccessFreesTheKey},
 		{"TokensRise", testTxTokensRise},
 		{"InvalidRequests", testTxInvalidRequests},
+		{"MessageUUID", testTxMessageUUID},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

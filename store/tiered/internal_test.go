@@ -13,7 +13,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	now := time.Unix(1_700_000_000, 123456789)
 	for _, rec := range []store.Record{
 		{Status: store.StatusSucceeded, Token: 42, Attempt: 1, Fingerprint: "fp", Result: []byte("ok\x00\xff"),
-			CreatedAt: now, UpdatedAt: now.Add(time.Second), ExpiresAt: now.Add(time.Hour)},
+			CreatedAt: now, UpdatedAt: now.Add(time.Second), ExpiresAt: now.Add(time.Hour), MessageUUID: "0191c1d2-uuid"},
 		{Status: store.StatusSucceeded, Token: 1, Attempt: 3, Result: []byte{}},
 		{Status: store.StatusSucceeded, Token: 1 << 62, Attempt: 1},
 		{Status: store.StatusCachedFailure, Token: 7, Attempt: 2, ErrorKind: store.ErrorKindCached, ErrorMessage: "ünïcode, long " + string(bytes.Repeat([]byte("x"), 300))},
@@ -23,7 +23,7 @@ func TestRecordRoundTrip(t *testing.T) {
 			t.Fatalf("decoding %+v failed", rec)
 		}
 		if got.Scope != k.scope || got.Key != k.key || got.Status != rec.Status || got.Token != rec.Token || got.Attempt != rec.Attempt ||
-			got.Fingerprint != rec.Fingerprint || got.ErrorKind != rec.ErrorKind || got.ErrorMessage != rec.ErrorMessage ||
+			got.Fingerprint != rec.Fingerprint || got.ErrorKind != rec.ErrorKind || got.ErrorMessage != rec.ErrorMessage || got.MessageUUID != rec.MessageUUID ||
 			!bytes.Equal(got.Result, rec.Result) || (got.Result == nil) != (rec.Result == nil) ||
 			!got.CreatedAt.Equal(rec.CreatedAt) || !got.UpdatedAt.Equal(rec.UpdatedAt) || !got.ExpiresAt.Equal(rec.ExpiresAt) {
 			t.Errorf("round trip of %+v gave %+v", rec, got)

@@ -82,7 +82,7 @@ func (l *localTier) get(k id, now int64) *entry {
 
 // fits reports whether rec is small enough for the tier.
 func (l *localTier) fits(rec *store.Record) bool {
-	return l != nil && len(rec.Result)+len(rec.Fingerprint)+len(rec.ErrorKind)+len(rec.ErrorMessage) <= l.maxBytes
+	return l != nil && len(rec.Result)+len(rec.Fingerprint)+len(rec.ErrorKind)+len(rec.ErrorMessage)+len(rec.MessageUUID) <= l.maxBytes
 }
 
 func (l *localTier) add(k id, e *entry) {

@@ -12,11 +12,12 @@ import (
 // The Redis tier's values, this package's own format. A value is either a
 // record or a tombstone:
 //
-//	record:    'R' 1 status token attempt created updated expires
-//	           fingerprint errorKind errorMessage hasResult result
+//	record:    'R' 2 status token attempt created updated expires
+//	           fingerprint errorKind errorMessage messageUUID hasResult result
 //	tombstone: 'T'
 //
-// after 'R' comes the layout version (1). status and hasResult are one
+// after 'R' comes the layout version (2; layout 1 had no messageUUID).
+// status and hasResult are one
 // byte each; token, attempt and the times (Unix nanoseconds, 0 for a zero
 // time) are varints; the strings carry a uvarint length; the result is the
 // rest of the value. A value of another layout or kind reads as a miss, so
@@ -25,7 +26,7 @@ import (
 const (
 	kindRecord    = 'R'
 	kindTombstone = 'T'
-	layout        = 1
+	layout        = 2
 )
 
 var tombstone = []byte{kindTombstone}
@@ -66,14 +67,14 @@ func fromUnixNano(n int64) time.Time {
 
 // encodeRecord encodes a finished record.
 func encodeRecord(r *store.Record) []byte {
-	b := make([]byte, 0, 64+len(r.Fingerprint)+len(r.ErrorKind)+len(r.ErrorMessage)+len(r.Result))
+	b := make([]byte, 0, 64+len(r.Fingerprint)+len(r.ErrorKind)+len(r.ErrorMessage)+len(r.MessageUUID)+len(r.Result))
 	b = append(b, kindRecord, layout, byte(r.Status))
 	b = binary.AppendVarint(b, r.Token)
 	b = binary.AppendVarint(b, int64(r.Attempt))
 	b = binary.AppendVarint(b, unixNano(r.CreatedAt))
 	b = binary.AppendVarint(b, unixNano(r.UpdatedAt))
 	b = binary.AppendVarint(b, unixNano(r.ExpiresAt))
-	for _, s := range []string{r.Fingerprint, string(r.ErrorKind), r.ErrorMessage} {
+	for _, s := range []string{r.Fingerprint, string(r.ErrorKind), r.ErrorMessage, r.MessageUUID} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
@@ -105,7 +106,7 @@ func decodeRecord(k id, v []byte) (r store.Record, ok bool) {
 	}
 	r.Token, r.Attempt = ints[0], int(ints[1])
 	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = fromUnixNano(ints[2]), fromUnixNano(ints[3]), fromUnixNano(ints[4])
-	var strs [3]string
+	var strs [4]string
 	for i := range strs {
 		n, size := binary.Uvarint(v)
 		if size <= 0 || n > uint64(len(v)-size) {
@@ -113,7 +114,7 @@ func decodeRecord(k id, v []byte) (r store.Record, ok bool) {
 		}
 		strs[i], v = string(v[size:size+int(n)]), v[size+int(n):]
 	}
-	r.Fingerprint, r.ErrorKind, r.ErrorMessage = strs[0], store.ErrorKind(strs[1]), strs[2]
+	r.Fingerprint, r.ErrorKind, r.ErrorMessage, r.MessageUUID = strs[0], store.ErrorKind(strs[1]), strs[2], strs[3]
 	switch {
 	case len(v) == 1 && v[0] == 0:
 	case len(v) >= 1 && v[0] == 1:

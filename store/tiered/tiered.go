@@ -79,6 +79,7 @@ type pendingKey struct {
 
 type pendingLease struct {
 	fingerprint string
+	messageUUID string
 	created     time.Time // the truth's clock when the lease was taken
 }
 
@@ -308,7 +309,7 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 		if !res.Claim.ExpiresAt.IsZero() {
 			s.truthClock.observe(sampleOffset(created.UnixNano(), send, s.now()))
 		}
-		s.pending.Add(pendingKey{k, res.Claim.Token}, pendingLease{fingerprint: req.Fingerprint, created: created})
+		s.pending.Add(pendingKey{k, res.Claim.Token}, pendingLease{fingerprint: req.Fingerprint, messageUUID: res.Claim.MessageUUID, created: created})
 	case store.DecisionReplay, store.DecisionMismatch:
 		if finished(res.Record) {
 			s.tel.replayed(ctx, tierTruth)
@@ -359,7 +360,7 @@ func (s *Store) Complete(ctx context.Context, lease store.Claim, c store.Complet
 		Scope: lease.Scope, Key: lease.Key, Fingerprint: p.fingerprint,
 		Status: c.Status, Token: lease.Token, Attempt: lease.Attempt,
 		Result: bytes.Clone(c.Result), ErrorKind: c.ErrorKind, ErrorMessage: c.ErrorMessage,
-		CreatedAt: p.created, UpdatedAt: updated, ExpiresAt: updated.Add(c.TTL),
+		CreatedAt: p.created, UpdatedAt: updated, ExpiresAt: updated.Add(c.TTL), MessageUUID: p.messageUUID,
 	}
 	s.fill(ctx, k, rec, after(send, c.TTL)-int64(s.opts.ClockMargin), seq, send, opComplete)
 	return nil

@@ -65,7 +65,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 		Scope: lease.Scope, Key: lease.Key, Fingerprint: fingerprint,
 		Status: store.StatusCachedFailure, Token: lease.Token, Attempt: lease.Attempt,
 		ErrorKind: out.ErrorKind, ErrorMessage: out.ErrorMessage,
-		CreatedAt: updated, UpdatedAt: updated, ExpiresAt: updated.Add(out.TTL),
+		CreatedAt: updated, UpdatedAt: updated, ExpiresAt: updated.Add(out.TTL), MessageUUID: lease.MessageUUID,
 	}
 	s.fill(ctx, k, rec, after(send, out.TTL)-int64(s.opts.ClockMargin), seq, send, opRecordRollback)
 	return nil
@@ -104,7 +104,7 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 		Scope: t.id.scope, Key: t.id.key, Fingerprint: t.fingerprint,
 		Status: store.StatusSucceeded, Token: t.lease.Token, Attempt: t.lease.Attempt,
 		Result:    bytes.Clone(result),
-		CreatedAt: s.truthTime(t.claimed), UpdatedAt: updated, ExpiresAt: updated.Add(t.ttl),
+		CreatedAt: s.truthTime(t.claimed), UpdatedAt: updated, ExpiresAt: updated.Add(t.ttl), MessageUUID: t.lease.MessageUUID,
 	}
 	s.fill(ctx, t.id, rec, after(send, t.ttl)-int64(s.opts.ClockMargin), seq, send, opCommit)
 	return nil

@@ -82,7 +82,7 @@ func DefaultConfig() Config {
 		TopicPrefix:   Env("ONCEMILL_TOPIC_PREFIX", ""),
 		ConsumerGroup: Env("ONCEMILL_CONSUMER_GROUP", "oncemill-worker"),
 		Scope:         Env("ONCEMILL_SCOPE", "payments"),
-		PGSchema:      Env("ONCEMILL_POSTGRES_SCHEMA", "oncemill"),
+		PGSchema:      Env("ONCEMILL_POSTGRES_SCHEMA", "public"),
 		RedisPrefix:   Env("ONCEMILL_REDIS_PREFIX", "oncemill"),
 
 		KafkaPartitions:      1,

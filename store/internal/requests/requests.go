@@ -81,5 +81,6 @@ func Page(r store.ListRequest) (afterScope, afterKey string, limit int, err erro
 func Matches(r store.ListRequest, rec store.Record) bool {
 	return (r.Scope == "" || rec.Scope == r.Scope) &&
 		(r.Status == 0 || rec.Status == r.Status) &&
-		(r.UpdatedBefore.IsZero() || rec.UpdatedAt.Before(r.UpdatedBefore))
+		(r.UpdatedBefore.IsZero() || rec.UpdatedAt.Before(r.UpdatedBefore)) &&
+		(r.MessageUUID == "" || rec.MessageUUID == r.MessageUUID)
 }
