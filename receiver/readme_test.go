@@ -40,3 +40,29 @@ func normalize(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// Two things a newcomer tripped over in the README: the quick start is a
+// function's body, so the README names the file that has the whole program
+// (its imports and errInsufficientFunds), and the test command's fauxqs is
+// an npm package, so the README says Node.js and npm are needed.
+func TestReadmeSaysWhereTheWholeProgramIsAndWhatTheTestsNeed(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, quick, _ := strings.Cut(string(readme), "## Quick start")
+	intro, _, _ := strings.Cut(quick, "```go\n")
+	for _, want := range []string{"(receiver/example_test.go)", "errInsufficientFunds"} {
+		if !strings.Contains(intro, want) {
+			t.Errorf("the README's quick start does not say where the whole program is: its introduction lacks %q", want)
+		}
+	}
+	brokers, err := os.ReadFile("../scripts/brokers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(brokers), "npm") && !strings.Contains(string(readme), "Node.js and npm") {
+		t.Error("scripts/brokers runs npm, but the README does not say that Node.js and npm are needed")
+	}
+}
