@@ -157,7 +157,9 @@ func (s *Leased) succeed(ctx context.Context, d *delivery, e *execution, msgs []
 // duplicates, where one given up on leaves the key to expire and a later
 // duplicate to run again. A lost lease or a refused request is final. The
 // first try is made directly so the common path pays nothing for the retry
-// machinery.
+// machinery; the retries start one interval after it (backoff.Retry's own
+// first try is immediate, and a store that just failed would most likely
+// fail again at once).
 func (s *Leased) finish(ctx context.Context, e *execution, out store.Completion) error {
 	err := s.complete(ctx, e.lease, out)
 	if err == nil || isFinal(err) {
@@ -169,6 +171,9 @@ func (s *Leased) finish(ctx context.Context, e *execution, out store.Completion)
 	}
 	ctx, cancel := context.WithTimeout(ctx, held)
 	defer cancel()
+	if serr := sleep(ctx, finishRetryInterval); serr != nil {
+		return fmt.Errorf("%w (gave up as the lease ran out: %w)", err, serr)
+	}
 	_, rerr := backoff.Retry(ctx, func() (struct{}, error) {
 		err := s.complete(ctx, e.lease, out)
 		if errors.Is(err, store.ErrLeaseLost) && s.wroteBefore(ctx, e.lease, out) {
@@ -179,13 +184,17 @@ func (s *Leased) finish(ctx context.Context, e *execution, out store.Completion)
 		}
 		return struct{}{}, err
 	}, backoff.WithMaxElapsedTime(held), backoff.WithBackOff(&backoff.ExponentialBackOff{
-		InitialInterval: 50 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: time.Second,
+		InitialInterval: finishRetryInterval, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: time.Second,
 	}))
 	if rerr != nil && ctx.Err() != nil && !isFinal(rerr) {
 		return fmt.Errorf("%w (gave up as the lease ran out: %w)", err, rerr)
 	}
 	return rerr
 }
+
+// finishRetryInterval is the first wait before Complete is tried again;
+// the waits double from it, ±30%, up to a second.
+const finishRetryInterval = 50 * time.Millisecond
 
 // recordReader reads a record back (store.Admin's Get; every store of this
 // module has it).
