@@ -28,8 +28,8 @@ import (
 // rotates, every tier running the same number of replays (b.N). It reports
 // the time per replay of each and redis-vs-postgres, the PostgreSQL time
 // over the Redis time (goal ≥ 5). Replays of different tiers interleaved in
-// short batches are not what the claim means: measured that way, PostgreSQL
-// came out 9–10× slower than Redis where alone it was 4.4–5.5×.
+// short batches are not what the claim means: measured that way (issue 26),
+// PostgreSQL came out 9–10× slower than Redis where alone it was 4.4–5.5×.
 //
 // With -short (scripts/test) it stores benchKeysShort keys: a check that it
 // runs, not a figure.
