@@ -4,8 +4,12 @@ import (
 	"context"
 	"strings"
 	"sync/atomic"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncemill/oncemill/internal/testenv"
 )
 
 // statementCounter is a pgx tracer that counts what one pool sends: round
@@ -62,4 +66,66 @@ func (c *statementCounter) TraceBatchEnd(_ context.Context, conn *pgx.Conn, data
 	if data.Err == nil && conn.PgConn().TxStatus() == 'I' {
 		c.commits.Add(1)
 	}
+}
+
+// TestStatementCounter pins what BenchmarkTransactionalVersusPlain's
+// commits/msg and round-trips/msg count, on the real server.
+func TestStatementCounter(t *testing.T) {
+	c := &statementCounter{}
+	pool := testenv.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1; cfg.ConnConfig.Tracer = c })
+	ctx := t.Context()
+	step := func(name string, commits, roundTrips float64, run func() error) {
+		t.Helper()
+		before := c.load()
+		if err := run(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got := c.load().minus(before); got != (statementCounts{commits: commits, roundTrips: roundTrips}) {
+			t.Errorf("%s counted %+v, want %v commits and %v round trips", name, got, commits, roundTrips)
+		}
+	}
+	step("a statement outside a transaction", 1, 1, func() error {
+		_, err := pool.Exec(ctx, "SELECT 1")
+		return err
+	})
+	step("BEGIN, a statement, COMMIT", 1, 3, func() error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	})
+	step("BEGIN, a statement, ROLLBACK", 0, 3, func() error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			return err
+		}
+		return tx.Rollback(ctx)
+	})
+	step("a batch of two statements, one implicit transaction", 1, 1, func() error {
+		batch := &pgx.Batch{}
+		batch.Queue("SELECT 1")
+		batch.Queue("SELECT 2")
+		return pool.SendBatch(ctx, batch).Close()
+	})
+	step("a batch that begins, then a statement and COMMIT", 1, 3, func() error {
+		batch := &pgx.Batch{}
+		batch.BeginTx(pgx.TxOptions{})
+		batch.Queue("SELECT 1")
+		br := pool.SendBatch(ctx, batch)
+		if err := br.Close(); err != nil {
+			return err
+		}
+		tx := br.Tx()
+		if _, err := tx.Exec(ctx, "SELECT 2"); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	})
 }
