@@ -22,8 +22,16 @@ import (
 // baseline's point, and why its exit code is ignored here). Kafka is kfake
 // in the test process, and the SQS emulator is a Node.js process: the
 // figures compare oncemill with its baseline on one machine, not the brokers.
+//
+// With -short (scripts/test) each run sends a twentieth of the commands: a check
+// that it runs, not a figure.
 func BenchmarkWorkerThroughput(b *testing.B) {
 	counts := map[string]int{"kafka": 4000, "amqp": 4000, "sqs": 1000}
+	if testing.Short() {
+		for broker := range counts {
+			counts[broker] /= 20
+		}
+	}
 	brokers := map[string][]string{
 		"kafka": {"--broker=kafka", "--kafka-brokers=" + env.kafkaAddr},
 		"amqp":  {"--broker=amqp", "--amqp-url=" + env.amqpURL},

@@ -21,29 +21,39 @@ import (
 
 // BenchmarkTransactionalVersusPlain compares the one-transaction mode with
 // the plain pgx transaction a hand-written consumer would use, in one run:
-// the handler inserts one business row through its transaction. The two
-// variants take turns in rounds, each on a pool of its own warmed to the
-// handler count, starting from a freshly migrated, empty records table,
-// until the records table holds at least 100k rows. It reports, per handler
-// count:
+// the handler inserts one business row through its transaction. Three
+// variants take turns in rounds of the same number of messages, the order
+// rotating each round so that none always runs first, each on a pool of its
+// own warmed to the handler count, starting from a freshly migrated, empty
+// records table and an empty inbox table, for versusRounds rounds: every
+// variant's tables end with the same number of rows (100k). It reports, per
+// handler count:
 //
 //   - ratio: oncemill msgs/s over plain msgs/s, over the whole run;
 //   - ratio-first-q, ratio-last-q: the same over the first and the last
 //     quarter of the rounds (the second must not fall below the first: no
 //     plan or table-growth trap);
-//   - commits/msg: pg_stat_database.xact_commit per oncemill message over
-//     one more round after the timed ones, on fresh connections read once
-//     they have closed (a backend reports its counts when it exits);
+//   - commits/msg: the transactions oncemill's pool ended (a COMMIT, or a
+//     statement outside a transaction), per oncemill message, counted on
+//     that pool's connections by a pgx tracer: nothing else running on the
+//     database counts;
+//   - round-trips/msg: the calls oncemill's pool made to PostgreSQL (each
+//     Exec, Query or Batch), per message;
 //   - msgs/s of each variant;
 //   - inbox-ratio: the hand-written inbox table a blog post teaches (BEGIN
 //     sent with INSERT .. ON CONFLICT DO NOTHING into a table shaped like
-//     the records table, the business row, COMMIT), over plain, run every
-//     fourth round: what this design costs when written by hand, on the
-//     same machine in the same run.
+//     the records table, the business row, COMMIT), over plain: what this
+//     design costs when written by hand, on the same machine in the same run.
 //
-// Run it once (about 3 minutes):
+// The plain variant's own count must come to one commit per message, or the
+// benchmark fails: a check of the counter.
 //
-//	go test -run='^$' -bench=TransactionalVersusPlain -benchtime=1x -timeout=20m ./store/postgres
+// Run it once (about 6 minutes):
+//
+//	go test -run='^$' -bench=TransactionalVersusPlain -benchtime=1x -timeout=30m ./store/postgres
+//
+// With -short (scripts/test) it runs versusRoundsShort rounds of
+// versusRoundShort messages: a check that it runs, not a figure.
 func BenchmarkTransactionalVersusPlain(b *testing.B) {
 	for _, handlers := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("handlers=%d", handlers), func(b *testing.B) {
@@ -55,27 +65,48 @@ func BenchmarkTransactionalVersusPlain(b *testing.B) {
 }
 
 const (
-	versusRows  = 100_000 // the records table's size at the end of a run
-	versusRound = 2_500   // messages per variant and round
+	versusRounds      = 40    // rounds of every variant: 100k rows in each table
+	versusRound       = 2_500 // messages per variant and round
+	versusRoundsShort = 4
+	versusRoundShort  = 200
 )
+
+// versusVariant is one way of handling a message, with the pool it runs on
+// and the tracer counting that pool's statements.
+type versusVariant struct {
+	name   string
+	handle func(context.Context, string) error
+	pool   *pgxpool.Pool
+	count  *statementCounter
+	times  []time.Duration
+	counts []statementCounts
+}
 
 func versusPlain(b *testing.B, handlers int) {
 	ctx := b.Context()
-	pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
-	plainPool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = int32(handlers) })
-	stats := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 1 })
+	rounds, perRound := versusRounds, versusRound
+	if testing.Short() {
+		rounds, perRound = versusRoundsShort, versusRoundShort
+	}
+	tracedPool := func() (*pgxpool.Pool, *statementCounter) {
+		c := &statementCounter{}
+		return testenv.Pool(b, func(cfg *pgxpool.Config) {
+			cfg.MaxConns = int32(handlers)
+			cfg.ConnConfig.Tracer = c
+		}), c
+	}
+	pool, poolCount := tracedPool()
+	plainPool, plainCount := tracedPool()
+	inboxPool, inboxCount := tracedPool()
 	schema := testenv.Schema(b, pool)
 	st := newStore(b, pool, postgres.Options{Schema: schema})
 	plainTable := pgx.Identifier{schema, "plain_ledger"}.Sanitize()
 	onceTable := pgx.Identifier{schema, "oncemill_ledger"}.Sanitize()
-	for _, t := range []string{plainTable, onceTable} {
-		if _, err := pool.Exec(ctx, "CREATE TABLE "+t+" (key text PRIMARY KEY, amount int NOT NULL)"); err != nil {
-			b.Fatal(err)
-		}
-	}
 	inboxTable := pgx.Identifier{schema, "inbox"}.Sanitize()
 	inboxLedger := pgx.Identifier{schema, "inbox_ledger"}.Sanitize()
 	for _, q := range []string{
+		"CREATE TABLE " + plainTable + " (key text PRIMARY KEY, amount int NOT NULL)",
+		"CREATE TABLE " + onceTable + " (key text PRIMARY KEY, amount int NOT NULL)",
 		"CREATE TABLE " + inboxTable + " (LIKE " + table(schema, "") + " INCLUDING ALL)",
 		"CREATE TABLE " + inboxLedger + " (key text PRIMARY KEY, amount int NOT NULL)",
 	} {
@@ -90,7 +121,7 @@ func versusPlain(b *testing.B, handlers int) {
 		batch := &pgx.Batch{}
 		batch.BeginTx(pgx.TxOptions{})
 		batch.Queue(inboxClaim, key)
-		br := plainPool.SendBatch(ctx, batch)
+		br := inboxPool.SendBatch(ctx, batch)
 		_, err := br.Exec()
 		var tag pgconn.CommandTag
 		if err == nil {
@@ -141,48 +172,67 @@ func versusPlain(b *testing.B, handlers int) {
 		return err
 	}
 
-	warm(b, pool, handlers)
-	warm(b, plainPool, handlers)
-	var plainTimes, onceTimes, inboxTimes, inboxPlainTimes []time.Duration
-	rows := 0
-	for round := 0; rows < versusRows; round++ {
-		plainTimes = append(plainTimes, versusRoundRun(b, handlers, plain))
-		onceTimes = append(onceTimes, versusRoundRun(b, handlers, oncemill))
-		if round%4 == 0 {
-			inboxTimes = append(inboxTimes, versusRoundRun(b, handlers, inbox))
-			inboxPlainTimes = append(inboxPlainTimes, plainTimes[len(plainTimes)-1])
-		}
-		if err := stats.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")).Scan(&rows); err != nil {
-			b.Fatal(err)
+	variants := []*versusVariant{
+		{name: "plain", handle: plain, pool: plainPool, count: plainCount},
+		{name: "oncemill", handle: oncemill, pool: pool, count: poolCount},
+		{name: "inbox", handle: inbox, pool: inboxPool, count: inboxCount},
+	}
+	for _, v := range variants {
+		warm(b, v.pool, handlers)
+	}
+	for round := range rounds {
+		for j := range variants {
+			v := variants[(round+j)%len(variants)] // a different variant leads each round
+			before := v.count.load()
+			v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
+			v.counts = append(v.counts, v.count.load().minus(before))
 		}
 	}
-	plainPool.Reset()
-	before := committed(b, stats, pool)
-	warm(b, pool, handlers)
-	versusRoundRun(b, handlers, oncemill)
-	commits := committed(b, stats, pool) - before
+	plainV, onceV, inboxV := variants[0], variants[1], variants[2]
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")).Scan(&rows); err != nil {
+		b.Fatal(err)
+	}
+	if want := rounds * perRound; rows != want {
+		b.Fatalf("the records table holds %d rows after %d messages", rows, want)
+	}
 	rate := func(ds []time.Duration) float64 {
 		var sum time.Duration
 		for _, d := range ds {
 			sum += d
 		}
-		return float64(len(ds)*versusRound) / sum.Seconds()
+		return float64(len(ds)*perRound) / sum.Seconds()
 	}
-	q := max(len(onceTimes)/4, 1)
-	ratio := rate(onceTimes) / rate(plainTimes)
-	first := rate(onceTimes[:q]) / rate(plainTimes[:q])
-	last := rate(onceTimes[len(onceTimes)-q:]) / rate(plainTimes[len(plainTimes)-q:])
-	perMsg := float64(commits) / versusRound
+	perMsg := func(v *versusVariant) statementCounts {
+		var sum statementCounts
+		for _, c := range v.counts {
+			sum.commits += c.commits
+			sum.roundTrips += c.roundTrips
+		}
+		n := float64(len(v.counts) * perRound)
+		return statementCounts{commits: sum.commits / n, roundTrips: sum.roundTrips / n}
+	}
+	if c := perMsg(plainV); c.commits != 1 {
+		b.Fatalf("the plain transaction counted %.3f commits per message, want 1: the counter is wrong", c.commits)
+	}
+	q := max(rounds/4, 1)
+	ratio := rate(onceV.times) / rate(plainV.times)
+	first := rate(onceV.times[:q]) / rate(plainV.times[:q])
+	last := rate(onceV.times[rounds-q:]) / rate(plainV.times[rounds-q:])
+	inboxRatio := rate(inboxV.times) / rate(plainV.times)
+	oc := perMsg(onceV)
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(first, "ratio-first-q")
 	b.ReportMetric(last, "ratio-last-q")
-	b.ReportMetric(perMsg, "commits/msg")
-	b.ReportMetric(rate(plainTimes), "plain-msgs/s")
-	b.ReportMetric(rate(onceTimes), "oncemill-msgs/s")
-	inboxRatio := rate(inboxTimes) / rate(inboxPlainTimes)
+	b.ReportMetric(oc.commits, "commits/msg")
+	b.ReportMetric(oc.roundTrips, "round-trips/msg")
+	b.ReportMetric(rate(plainV.times), "plain-msgs/s")
+	b.ReportMetric(rate(onceV.times), "oncemill-msgs/s")
+	b.ReportMetric(rate(inboxV.times), "inbox-msgs/s")
 	b.ReportMetric(inboxRatio, "inbox-ratio")
-	b.Logf("handlers=%d: %d rounds of %d; plain %.0f msgs/s, oncemill %.0f msgs/s, ratio %.3f (first quarter %.3f, last %.3f), %.3f commits/msg, %d records; hand-written inbox %.0f msgs/s, %.3f of plain",
-		handlers, len(onceTimes), versusRound, rate(plainTimes), rate(onceTimes), ratio, first, last, perMsg, rows, rate(inboxTimes), inboxRatio)
+	b.Logf("handlers=%d: %d rounds of %d messages per variant; plain %.0f msgs/s, oncemill %.0f msgs/s, ratio %.3f (first quarter %.3f, last %.3f), %.3f commits and %.3f round trips per message, %d records; hand-written inbox %.0f msgs/s, %.3f of plain (%.3f commits, %.3f round trips per message)",
+		handlers, rounds, perRound, rate(plainV.times), rate(onceV.times), ratio, first, last, oc.commits, oc.roundTrips, rows,
+		rate(inboxV.times), inboxRatio, perMsg(inboxV).commits, perMsg(inboxV).roundTrips)
 }
 
 // warm opens one connection per handler.
@@ -200,11 +250,12 @@ func warm(b *testing.B, pool *pgxpool.Pool, handlers int) {
 	}
 }
 
-// versusRoundRun runs one round of a variant over handlers goroutines, each
-// message with a fresh random key, and returns how long the messages took.
-func versusRoundRun(b *testing.B, handlers int, handle func(context.Context, string) error) time.Duration {
+// versusRoundRun runs one round of n messages of a variant over handlers
+// goroutines, each message with a fresh random key, and returns how long the
+// messages took.
+func versusRoundRun(b *testing.B, handlers, n int, handle func(context.Context, string) error) time.Duration {
 	ctx := b.Context()
-	keys := make([]string, versusRound)
+	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = rand.Text()
 	}
@@ -215,7 +266,7 @@ func versusRoundRun(b *testing.B, handlers int, handle func(context.Context, str
 		wg.Go(func() {
 			for {
 				i := next.Add(1) - 1
-				if i >= versusRound {
+				if i >= int64(n) {
 					return
 				}
 				if err := handle(ctx, keys[i]); err != nil {
@@ -231,29 +282,4 @@ func versusRoundRun(b *testing.B, handlers int, handle func(context.Context, str
 		b.FailNow()
 	}
 	return took
-}
-
-// committed returns the database's xact_commit once every connection of
-// pool has closed and so reported its counts.
-func committed(b *testing.B, stats, pool *pgxpool.Pool) int64 {
-	ctx := b.Context()
-	pool.Reset()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var others int
-		if err := stats.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()
-			AND application_name = ''`).Scan(&others); err != nil {
-			b.Fatal(err)
-		}
-		if others == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	var n int64
-	if err := stats.QueryRow(ctx, "SELECT pg_stat_clear_snapshot()::text, xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(nil, &n); err != nil {
-		b.Fatal(err)
-	}
-	return n
 }
