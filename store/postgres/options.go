@@ -96,7 +96,8 @@ type Options struct {
 	AsyncBegin bool
 
 	// TxOptions begin the handler's transaction in the one-transaction
-	// mode (default: the server's default isolation, read-write).
+	// mode (default: the server's default isolation, read-write; read
+	// committed, the only isolation it accepts, with LayoutPartitioned).
 	// BeginQuery and CommitQuery are not supported.
 	TxOptions pgx.TxOptions
 
@@ -179,6 +180,17 @@ func (o Options) withDefaults() (Options, error) {
 		bad("Options.TxOptions sets BeginQuery or CommitQuery; oncemill writes its own BEGIN and COMMIT: set IsoLevel, AccessMode and DeferrableMode only")
 	} else if o.TxOptions.AccessMode == pgx.ReadOnly {
 		bad("Options.TxOptions.AccessMode is read only; the handler's transaction writes the record: leave it empty or use pgx.ReadWrite")
+	}
+	if o.Layout == LayoutPartitioned {
+		// The claim's lookup must see what the key's previous holder
+		// committed before the claim got the key's lock: a statement's
+		// snapshot, not the transaction's (sql_partitioned.go).
+		switch o.TxOptions.IsoLevel {
+		case "", pgx.ReadCommitted:
+			o.TxOptions.IsoLevel = pgx.ReadCommitted
+		default:
+			bad("Options.TxOptions.IsoLevel is %s; the partitioned layout claims a key at read committed (its lookup must see what the previous holder of the key committed): leave it empty or use pgx.ReadCommitted", o.TxOptions.IsoLevel)
+		}
 	}
 	switch {
 	case o.Layout != LayoutDelete && o.Layout != LayoutPartitioned:

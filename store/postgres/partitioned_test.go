@@ -480,3 +480,68 @@ func TestPartitionedMigrateRefusesTheOtherLayout(t *testing.T) {
 		t.Fatalf("AppliedVersion of the partitioned table = %d, %v; want %d", v, err, postgres.SchemaVersion)
 	}
 }
+
+// On a server whose default isolation is repeatable read, where a
+// transaction's snapshot is taken by its first statement (before the key's
+// lock is granted), claims of one key from 8 connections still execute it
+// once, in both modes: the store claims at read committed.
+func TestPartitionedClaimsAtReadCommittedWhateverTheDefault(t *testing.T) {
+	t.Parallel()
+	admin := testenv.Pool(t)
+	schema := testenv.Schema(t, admin)
+	newPartitioned(t, admin, schema, postgres.Options{})
+	pool := testenv.Pool(t, func(c *pgxpool.Config) {
+		c.MaxConns = 8
+		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, "SET default_transaction_isolation = 'repeatable read'")
+			return err
+		}
+	})
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	for round := range 10 {
+		for _, mode := range []string{"lease", "tx"} {
+			key := fmt.Sprintf("%s-%d", mode, round)
+			var executed atomic.Int64
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					<-start
+					if mode == "lease" {
+						res, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: key, LeaseDuration: time.Minute})
+						if err != nil {
+							t.Errorf("ClaimLease: %v", err)
+						} else if res.Decision == store.DecisionExecute {
+							executed.Add(1)
+						}
+						return
+					}
+					res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: key, SuccessTTL: time.Minute, Wait: 5 * time.Second})
+					if err != nil {
+						t.Errorf("ClaimInTx: %v", err)
+						return
+					}
+					if res.Decision == store.DecisionExecute {
+						executed.Add(1)
+						time.Sleep(5 * time.Millisecond)
+						if err := res.Tx.Commit(t.Context(), nil); err != nil {
+							t.Errorf("Commit: %v", err)
+						}
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			if n := executed.Load(); n != 1 {
+				t.Fatalf("%s round %d: %d executions; want 1", mode, round, n)
+			}
+			if rows := rowsOf(t, admin, schema, "s", key); len(rows) != 1 {
+				t.Fatalf("%s round %d: %d rows of the key; want 1", mode, round, len(rows))
+			}
+		}
+	}
+}

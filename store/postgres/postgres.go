@@ -288,19 +288,40 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 }
 
 // claimLeasePartitioned is ClaimLease's statement in the partitioned
-// layout: the key's advisory lock, then the claim, in one batch (one round
-// trip, one implicit transaction).
+// layout: BEGIN, the key's advisory lock, the claim and COMMIT in one
+// batch (one round trip).
 func (s *Store) claimLeasePartitioned(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
 	b := &pgx.Batch{}
+	// At read committed whatever the server's default, so that the claim's
+	// snapshot is taken after the lock is granted.
+	// (A plain query, not Batch.BeginTx: the pool takes the connection back
+	// when the batch is closed.)
+	b.Queue("begin isolation level read committed")
 	b.Queue(s.sql.partLockLease, claimLockKey(req.Scope, req.Key))
 	b.Queue(s.sql.partClaimLease, req.Scope, req.Key, req.Fingerprint,
 		micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID, micros(s.width))
+	b.Queue("commit")
 	br := s.pool.SendBatch(ctx, b)
-	res, err := s.batchClaim(br, req.Scope, req.Key)
+	_, err := br.Exec()
+	var res store.ClaimResult
+	if err == nil {
+		res, err = s.batchClaim(br, req.Scope, req.Key)
+	}
+	if err == nil {
+		var tag pgconn.CommandTag
+		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("the claim's transaction ended with %s, not COMMIT", tag)
+		}
+	}
+	// An error leaves the transaction open: the pool closes such a
+	// connection as it takes it back.
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return res, err
+	if err != nil {
+		return store.ClaimResult{}, err
+	}
+	return res, nil
 }
 
 // batchClaim reads the results of a batch's lock statement and the claim
