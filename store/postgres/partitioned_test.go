@@ -545,3 +545,24 @@ func TestPartitionedClaimsAtReadCommittedWhateverTheDefault(t *testing.T) {
 		}
 	}
 }
+
+// The cleanup lag of the partitioned layout is how long the oldest
+// partition has outlived one retention and one width past its range, read
+// from the catalog: 0 with only current partitions, the overdue time with
+// an old one.
+func TestPartitionedCleanupLag(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{Retention: time.Hour}) // 2-minute partitions
+	if lag, err := s.CleanupLag(t.Context()); err != nil || lag != 0 {
+		t.Fatalf("CleanupLag with current partitions = %v, %v; want 0", lag, err)
+	}
+	end := dbNow(t, pool).Truncate(time.Hour).Add(-3 * time.Hour)
+	addPartition(t, pool, schema, "old", end.Add(-time.Hour), end)
+	lag, err := s.CleanupLag(t.Context())
+	want := dbNow(t, pool).Sub(end.Add(time.Hour + 2*time.Minute))
+	if err != nil || (lag-want).Abs() > time.Minute {
+		t.Fatalf("CleanupLag with a partition that ended at %v = %v, %v; want about %v", end, lag, err, want)
+	}
+}
