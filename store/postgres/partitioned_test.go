@@ -47,9 +47,9 @@ type part struct {
 func partitionsOf(tb testing.TB, pool *pgxpool.Pool, schema string) []part {
 	tb.Helper()
 	rows, err := pool.Query(context.Background(), `
-		SELECT c.relname::text, m[1]::timestamptz, m[2]::timestamptz
+		SELECT c.relname::text, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00'), m[2]::timestamptz
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') m
+		CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
 		WHERE i.inhparent = to_regclass($1) ORDER BY 2`, table(schema, partitionedTable))
 	if err != nil {
 		tb.Fatal(err)
@@ -448,21 +448,12 @@ func TestPartitionedMissingPrivilegeIsNamed(t *testing.T) {
 	}
 }
 
-// Migrate refuses a layout other than the table's, saying what to do.
-func TestPartitionedMigrateRefusesTheOtherLayout(t *testing.T) {
+// Migrate of a partitioned table with the DELETE layout refuses, saying
+// which layout to set, and so does the first claim of such a store.
+func TestPartitionedMigrateRefusesTheDeleteLayout(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	newStore(t, pool, postgres.Options{Schema: schema}) // the DELETE layout
-	p, err := postgres.New(pool, postgres.Options{Schema: schema, Layout: postgres.LayoutPartitioned, CleanupInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	if err := p.Migrate(t.Context()); err == nil || !strings.Contains(err.Error(), "not built yet") {
-		t.Fatalf("Migrate of a DELETE-layout table to the partitioned layout = %v; want a refusal", err)
-	}
-
 	newPartitioned(t, pool, schema, postgres.Options{})
 	d, err := postgres.New(pool, postgres.Options{Schema: schema, Table: partitionedTable, CleanupInterval: -1})
 	if err != nil {
@@ -478,6 +469,83 @@ func TestPartitionedMigrateRefusesTheOtherLayout(t *testing.T) {
 	}
 	if v, err := d.AppliedVersion(t.Context()); err != nil || v != postgres.SchemaVersion {
 		t.Fatalf("AppliedVersion of the partitioned table = %d, %v; want %d", v, err, postgres.SchemaVersion)
+	}
+}
+
+// Migrate with the partitioned layout converts a table of the DELETE
+// layout (from schema version 2, so the missing migration runs first): the
+// old table becomes one partition, its records keep deciding (a success
+// replays, a released key carries its attempt count on, tokens rise), new
+// keys go to new partitions, and the old partition is dropped whole once
+// its last row may go, the token sequence surviving it.
+func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	opts := postgres.Options{Schema: schema, Table: partitionedTable, CleanupInterval: -1}
+	old, err := postgres.New(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { old.Close() })
+	if err := old.MigrateTo(t.Context(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lease := func(key string) store.LeaseRequest {
+		return store.LeaseRequest{Scope: "s", Key: key, LeaseDuration: time.Minute, Retain: time.Hour}
+	}
+	done, err := old.ClaimLease(t.Context(), lease("done"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Complete(t.Context(), done.Claim, store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	retry, err := old.ClaimLease(t.Context(), lease("retry"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Release(t.Context(), retry.Claim, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	opts.Layout = postgres.LayoutPartitioned
+	s := newStore(t, pool, opts) // converts
+	if len(partitionsOf(t, pool, schema)) < 2 {
+		t.Fatalf("partitions after the conversion: %v; want the old table and the current ones", partitionsOf(t, pool, schema))
+	}
+	if res, err := s.ClaimLease(t.Context(), lease("done")); err != nil || res.Decision != store.DecisionReplay || string(res.Record.Result) != "r" {
+		t.Fatalf("ClaimLease of a success stored before the conversion = %+v, %v; want its replay", res, err)
+	}
+	res, err := s.ClaimLease(t.Context(), lease("retry"))
+	if err != nil || res.Decision != store.DecisionExecute || res.Claim.Attempt != 2 || res.Claim.Token <= retry.Claim.Token {
+		t.Fatalf("ClaimLease of a key released before the conversion = %+v, %v; want Execute at attempt 2 with a higher token than %d", res, err, retry.Claim.Token)
+	}
+	fresh, err := s.ClaimLease(t.Context(), lease("new"))
+	if err != nil || fresh.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimLease of a new key = %+v, %v", fresh, err)
+	}
+	if rows := rowsOf(t, pool, schema, "s", "new"); len(rows) != 1 || strings.Contains(rows[0], "delete_layout") {
+		t.Fatalf("the new key's rows are in %v; want one, in a new partition", rows)
+	}
+
+	// Everything in the old partition may go: it is dropped whole, and the
+	// tokens go on rising.
+	run(t, pool, "UPDATE "+table(schema, partitionedTable)+" SET expires_at = now() - interval '1 second', purge_at = now() - interval '1 second', claimed_at = claimed_at - interval '1 day' WHERE key <> 'new'")
+	if _, _, err := s.CleanupPass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range partitionsOf(t, pool, schema) {
+		if strings.Contains(p.name, "delete_layout") {
+			t.Fatalf("the old table's partition %s is still there", p.name)
+		}
+	}
+	again, err := s.ClaimLease(t.Context(), lease("after"))
+	if err != nil || again.Decision != store.DecisionExecute || again.Claim.Token <= fresh.Claim.Token {
+		t.Fatalf("ClaimLease after the old partition went = %+v, %v; want Execute with a token above %d", again, err, fresh.Claim.Token)
 	}
 }
 

@@ -121,8 +121,8 @@ func (s *Store) partitionDDLError(op string, err error) error {
 	return wrap(op, err)
 }
 
-// dropPartitions drops every partition whose range ended one width ago or
-// more and whose rows are all past their purge time and expired, and
+// dropPartitions drops every partition whose range has ended and whose
+// rows are all past their purge time and expired, and
 // returns how many rows went with them. The background cleaner runs it
 // under its one-leader lock.
 //
@@ -144,7 +144,7 @@ func (s *Store) dropPartitions(ctx context.Context) (int, error) {
 	}
 	removed := 0
 	for _, p := range parts {
-		if p.upper.Add(s.width).After(now) {
+		if p.upper.After(now) {
 			break // sorted: the rest are newer
 		}
 		if next, ok := s.partNext[p.name]; ok && next.After(now) {

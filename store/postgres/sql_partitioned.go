@@ -156,12 +156,13 @@ const sqlPartTryLock = `SELECT pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1)`
 
 // sqlPartitions lists the partitions of the table with their bounds, oldest
 // first, read from the catalog (pg_get_expr prints the bounds in the
-// session's time zone with its offset, so the casts give them back exactly).
+// session's time zone with its offset, so the casts give them back exactly;
+// the partition a converted table became starts at MINVALUE, read as year 1).
 const sqlPartitions = `
-SELECT c.relname::text, m[1]::timestamptz, m[2]::timestamptz
+SELECT c.relname::text, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00'), m[2]::timestamptz
 FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
-CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') m
+CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
 WHERE i.inhparent = to_regclass($1)
 ORDER BY 2`
 
