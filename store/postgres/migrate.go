@@ -81,7 +81,11 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 // sequence and cleanup index, and records each applied version in the table
 // <Table>_migrations. It is idempotent, and safe to run from many workers at
 // once: one transaction under pg_advisory_xact_lock applies what is missing,
-// and the others then find nothing to do.
+// and the others then find nothing to do. With LayoutPartitioned it creates
+// the partitioned table, or converts a table of the DELETE layout (under
+// its lock for one read of the table: stop the DELETE layout's workers
+// first), and creates the partitions for now; it refuses a partitioned
+// table with LayoutDelete.
 func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, schemaVersion) }
 
 // AppliedVersion is the newest schema version Migrate has applied to the
