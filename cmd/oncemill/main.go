@@ -39,7 +39,7 @@ type cli struct {
 
 	Inspect inspectCmd `cmd:"" help:"Show one (scope, key) record: status, attempt, fencing token, lease expiry, time left, result size, cached error and the UUID of the message that claimed it last; or with --uuid, the records a message claimed last, whatever their key."`
 	List    listCmd    `cmd:"" help:"List records, filtered by scope, status and age, a page at a time."`
-	Stats   statsCmd   `cmd:"" help:"Count records by scope and status; the expired backlog, the oldest in-progress lease and the cleanup lag. Reads every record."`
+	Stats   statsCmd   `cmd:"" help:"Count records by scope and status; the expired backlog, the oldest in-progress lease and the cleanup lag; a partitioned PostgreSQL table's partitions and their rows. Reads every record."`
 	Release releaseCmd `cmd:"" help:"Free a stuck or failed key so that its next delivery runs the handler again. Fenced by the token it shows; asks first."`
 	Purge   purgeCmd   `cmd:"" help:"Delete records by scope, status or age, in batches. A dry run unless --dry-run=false."`
 	Migrate migrateCmd `cmd:"" help:"Create or upgrade the store's schema (PostgreSQL); idempotent."`

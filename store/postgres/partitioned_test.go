@@ -517,6 +517,9 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 	if len(partitionsOf(t, pool, schema)) < 2 {
 		t.Fatalf("partitions after the conversion: %v; want the old table and the current ones", partitionsOf(t, pool, schema))
 	}
+	if parts, err := s.Partitions(t.Context()); err != nil || len(parts) == 0 || !parts[0].From.IsZero() || parts[0].Rows != 2 {
+		t.Fatalf("Partitions after the conversion = %+v, %v; want first the old table, from the zero time, with its 2 rows", parts, err)
+	}
 	if res, err := s.ClaimLease(t.Context(), lease("done")); err != nil || res.Decision != store.DecisionReplay || string(res.Record.Result) != "r" {
 		t.Fatalf("ClaimLease of a success stored before the conversion = %+v, %v; want its replay", res, err)
 	}
@@ -632,5 +635,41 @@ func TestPartitionedCleanupLag(t *testing.T) {
 	want := dbNow(t, pool).Sub(end.Add(time.Hour + 2*time.Minute))
 	if err != nil || (lag-want).Abs() > time.Minute {
 		t.Fatalf("CleanupLag with a partition that ended at %v = %v, %v; want about %v", end, lag, err, want)
+	}
+}
+
+// Partitions lists the partitions, oldest first, with their rows, the
+// converted table's from the zero time; none for the DELETE layout.
+func TestPartitionedPartitionsListed(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{})
+	for _, key := range []string{"a", "b"} {
+		if _, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: key, LeaseDuration: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parts, err := s.Partitions(t.Context())
+	if err != nil || len(parts) < 2 {
+		t.Fatalf("Partitions = %+v, %v; want the current partition and those ahead", parts, err)
+	}
+	var rows int64
+	now := dbNow(t, pool)
+	for i, p := range parts {
+		rows += p.Rows
+		if !p.From.Before(p.To) || i > 0 && !parts[i-1].To.Equal(p.From) {
+			t.Fatalf("partitions out of order or overlapping: %+v", parts)
+		}
+		if !p.From.After(now) && p.To.After(now) && p.Rows != 2 {
+			t.Fatalf("the current partition %s holds %d rows; want 2", p.Name, p.Rows)
+		}
+	}
+	if rows != 2 {
+		t.Fatalf("the partitions hold %d rows; want 2", rows)
+	}
+	d := newStore(t, pool, postgres.Options{Schema: schema})
+	if parts, err := d.Partitions(t.Context()); err != nil || len(parts) != 0 {
+		t.Fatalf("Partitions of a DELETE-layout table = %+v, %v; want none", parts, err)
 	}
 }

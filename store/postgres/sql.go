@@ -356,7 +356,7 @@ type statements struct {
 	get, list, del, cleanupBatch, cleanupLag string
 
 	// The partitioned layout's (sql_partitioned.go); empty in the DELETE
-	// layout.
+	// layout but for partitions.
 	partLockLease, partLockTx, partClaimLease, partClaimTx, partTryLock, partRecordRollback, partitions string
 }
 
@@ -393,7 +393,7 @@ func newStatements(n names, async bool, layout Layout) statements {
 		q.partClaimTx = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}"))
 		q.partTryLock = n.render(sqlPartTryLock)
 		q.partRecordRollback = n.render(sqlPartRecordRollback)
-		q.partitions = sqlPartitions
 	}
+	q.partitions = sqlPartitions // Store.Partitions reads any table's
 	return q
 }
