@@ -14,8 +14,8 @@ const (
 	// partitions the background cleaner drops whole once every row in them
 	// is past its purge time: no DELETE, no purge_at index. In progress
 	// (issue 26): opt-in until its benchmarks show it wins. Migrate
-	// converts a table of the DELETE layout by attaching it as the first
-	// partition, under its lock (not online yet).
+	// converts a table of the DELETE layout online, by attaching it as the
+	// first partition.
 	LayoutPartitioned
 )
 

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -82,10 +81,10 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 // <Table>_migrations. It is idempotent, and safe to run from many workers at
 // once: one transaction under pg_advisory_xact_lock applies what is missing,
 // and the others then find nothing to do. With LayoutPartitioned it creates
-// the partitioned table, or converts a table of the DELETE layout (under
-// its lock for one read of the table: stop the DELETE layout's workers
-// first), and creates the partitions for now; it refuses a partitioned
-// table with LayoutDelete.
+// the partitioned table, or converts a table of the DELETE layout online
+// (convertToPartitioned: its workers fail from the last step on, so switch
+// them to LayoutPartitioned), and creates the partitions for now; it
+// refuses a partitioned table with LayoutDelete.
 func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, schemaVersion) }
 
 // AppliedVersion is the newest schema version Migrate has applied to the
@@ -171,75 +170,16 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 			return fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", m.version, err)
 		}
 	}
-	if s.opts.Layout == LayoutPartitioned && kind == "r" && version >= partitionedVersion {
-		if err := s.convertToPartitioned(ctx, tx); err != nil {
-			return err
-		}
-	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("oncemill: postgres: migrate: %w", err)
 	}
+	if s.opts.Layout == LayoutPartitioned && kind == "r" && version >= partitionedVersion {
+		if err := s.convertToPartitioned(ctx); err != nil {
+			return err
+		}
+	}
 	if s.opts.Layout == LayoutPartitioned {
 		return s.ensurePartitions(ctx)
-	}
-	return nil
-}
-
-// convertToPartitioned turns a table of the DELETE layout, at
-// partitionedVersion, into the partitioned layout in Migrate's transaction
-// (migrations/partitioned/convert.sql): the old table becomes the first
-// partition, holding every claim before now.
-func (s *Store) convertToPartitioned(ctx context.Context, tx pgx.Tx) error {
-	var bound time.Time
-	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&bound); err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: converting to the partitioned layout: %w", err)
-	}
-	before := bound.Add(-time.Microsecond)
-	oldName := s.opts.Table + "_delete_layout"
-	lit := func(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'::timestamptz" }
-	r := strings.NewReplacer(
-		"{{OLD_NAME}}", pgx.Identifier{oldName}.Sanitize(),
-		"{{OLD}}", s.qualified(oldName),
-		"{{PKEY}}", pgx.Identifier{s.opts.Table + "_pkey"}.Sanitize(),
-		"{{RANGE_CHECK}}", pgx.Identifier{oldName + "_range"}.Sanitize(),
-		"{{BOUND_BEFORE}}", lit(before),
-		"{{BOUND}}", lit(bound),
-	)
-	for _, f := range []string{"migrations/partitioned/convert.sql", partitionedMigration} {
-		b, err := migrationFS.ReadFile(f)
-		if err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: %w", err)
-		}
-		if _, err := tx.Exec(ctx, s.names.render(r.Replace(string(b))), pgx.QueryExecModeSimpleProtocol); err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: converting %s to the partitioned layout (%s): %w", s.names.table, path.Base(f), err)
-		}
-	}
-	// The new table's CHECK constraints got names of their own (the old
-	// table's hold theirs in the schema); ATTACH matches them by name.
-	rows, err := tx.Query(ctx, `
-SELECT p.conname::text, c.conname::text
-FROM pg_constraint p
-JOIN pg_constraint c ON c.conrelid = to_regclass($2) AND c.contype = 'c' AND pg_get_constraintdef(c.oid) = pg_get_constraintdef(p.oid)
-WHERE p.conrelid = to_regclass($1) AND p.contype = 'c' AND p.conname <> c.conname`, s.names.table, s.qualified(oldName))
-	if err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: reading the CHECK constraints: %w", err)
-	}
-	renames, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([2]string, error) {
-		var r [2]string
-		return r, row.Scan(&r[0], &r[1])
-	})
-	if err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: reading the CHECK constraints: %w", err)
-	}
-	for _, rn := range renames {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s RENAME CONSTRAINT %s TO %s", s.qualified(oldName),
-			pgx.Identifier{rn[1]}.Sanitize(), pgx.Identifier{rn[0]}.Sanitize())); err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: renaming a CHECK constraint: %w", err)
-		}
-	}
-	attach := fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO (%s)", s.names.table, s.qualified(oldName), lit(bound))
-	if _, err := tx.Exec(ctx, attach); err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: attaching the old table to the partitioned layout: %w", err)
 	}
 	return nil
 }

@@ -673,3 +673,34 @@ func TestPartitionedPartitionsListed(t *testing.T) {
 		t.Fatalf("Partitions of a DELETE-layout table = %+v, %v; want none", parts, err)
 	}
 }
+
+// A conversion interrupted after its first step (claimed_at added with the
+// conversion's time as its default, the range not yet validated) is resumed
+// by the next Migrate, at the time it began: the old table's partition ends
+// there. Workers of the DELETE layout go on claiming in between.
+func TestPartitionedConversionResumes(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	opts := postgres.Options{Schema: schema, Table: partitionedTable}
+	old := newStore(t, pool, opts)
+	began := dbNow(t, pool).Add(-time.Minute).Truncate(time.Microsecond)
+	qualified := table(schema, partitionedTable)
+	run(t, pool, fmt.Sprintf("ALTER TABLE %s ADD COLUMN claimed_at timestamptz NOT NULL DEFAULT '%s'", qualified, began.Add(-time.Microsecond).UTC().Format(time.RFC3339Nano)))
+	run(t, pool, fmt.Sprintf("ALTER TABLE %s ADD CONSTRAINT %s CHECK (claimed_at < '%s') NOT VALID", qualified,
+		pgx.Identifier{partitionedTable + "_claim_range"}.Sanitize(), began.UTC().Format(time.RFC3339Nano)))
+	res, err := old.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: "between", LeaseDuration: time.Minute})
+	if err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimLease of the DELETE layout during the conversion = %+v, %v", res, err)
+	}
+
+	opts.Layout = postgres.LayoutPartitioned
+	s := newStore(t, pool, opts)
+	parts, err := s.Partitions(t.Context())
+	if err != nil || len(parts) == 0 || !parts[0].From.IsZero() || !parts[0].To.Equal(began) || parts[0].Rows != 1 {
+		t.Fatalf("Partitions = %+v, %v; want first the old table, up to %v, with its row", parts, err, began)
+	}
+	if res, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: "between", LeaseDuration: time.Minute}); err != nil || res.Decision != store.DecisionHeld {
+		t.Fatalf("ClaimLease of the key leased during the conversion = %+v, %v; want Held", res, err)
+	}
+}
