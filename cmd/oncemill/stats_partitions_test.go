@@ -47,3 +47,32 @@ func TestStatsShowsPartitions(t *testing.T) {
 		}
 	}
 }
+
+// migrate --postgres-layout=partitioned creates a partitioned table, and
+// converts one of the DELETE layout; without the flag, migrate refuses a
+// partitioned table, naming the layout.
+func TestMigratePartitioned(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	for _, existing := range []bool{false, true} {
+		schema := testenv.Schema(t, pool)
+		flags := postgresFlags(schema)
+		if existing {
+			runCLI(t, nil, append(flags, "migrate")...).mustCode(t, exitOK)
+		}
+		runCLI(t, nil, append(flags, "--postgres-layout=partitioned", "migrate")...).mustCode(t, exitOK)
+		st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts, err := st.Partitions(t.Context())
+		st.Close()
+		if err != nil || len(parts) == 0 || parts[0].From.IsZero() != existing {
+			t.Fatalf("partitions after migrate --postgres-layout=partitioned (existing table %v): %+v, %v", existing, parts, err)
+		}
+		r := runCLI(t, nil, append(flags, "migrate")...)
+		if r.code == exitOK || !strings.Contains(r.stderr, "LayoutPartitioned") {
+			t.Fatalf("migrate of a partitioned table without the flag: exit %d, %q; want a refusal naming the layout", r.code, r.stderr)
+		}
+	}
+}
