@@ -76,10 +76,19 @@ type faultRun struct {
 	effects                            func() map[string]int
 }
 
-func TestStoreFaults(t *testing.T) {
+func TestStoreFaults(t *testing.T) { testStoreFaults(t, storeKinds) }
+
+// The faults again on the partitioned layout of PostgreSQL.
+func TestStoreFaultsPartitioned(t *testing.T) {
+	kind := storeKinds[0]
+	kind.layout = postgres.LayoutPartitioned
+	testStoreFaults(t, []storeKind{kind})
+}
+
+func testStoreFaults(t *testing.T, kinds []storeKind) {
 	var rows []string
 	for _, f := range faults {
-		for _, kind := range storeKinds {
+		for _, kind := range kinds {
 			t.Run(kind.name+"/"+f.name, func(t *testing.T) {
 				r := runFault(t, kind, f)
 				effects := r.effects()
@@ -139,7 +148,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		proxy := faultProxy(t, pgUpstream(t))
 		pool := proxiedPool(t, proxy, 16, 0) // pgx's default connect timeout, as before
 		direct := pgPool(t)
-		st, err := postgres.New(pool, postgres.Options{Schema: ns, StatementTimeout: 500 * time.Millisecond, CleanupInterval: -1})
+		st, err := postgres.New(pool, postgres.Options{Schema: ns, StatementTimeout: 500 * time.Millisecond, CleanupInterval: -1, Layout: kind.layout})
 		must(t, err)
 		t.Cleanup(func() { st.Close() })
 		must(t, st.Migrate(context.Background()))

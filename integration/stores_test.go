@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/oncemill/oncemill/store/postgres"
 )
 
 // storeKind is one idempotency store and the ledger beside it, where the
@@ -24,6 +26,9 @@ type storeKind struct {
 	ledger func(t *testing.T, ns, scope string) map[string]int
 	// cleanup removes ns.
 	cleanup func(t *testing.T, ns string)
+	// layout is the PostgreSQL table's layout where a test builds the store
+	// itself (TestStoreFaultsPartitioned).
+	layout postgres.Layout
 }
 
 var storeKinds = []storeKind{

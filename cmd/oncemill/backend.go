@@ -92,9 +92,14 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 	if err != nil {
 		return nil, nil, fmt.Errorf("PostgreSQL at %s is unreachable: %w", where, err)
 	}
+	layout := postgres.LayoutDelete
+	if g.PostgresLayout == "partitioned" {
+		layout = postgres.LayoutPartitioned
+	}
 	st, err := postgres.New(pool, postgres.Options{
 		Schema:          g.PostgresSchema,
 		Table:           g.PostgresTable,
+		Layout:          layout,
 		CleanupInterval: -1, // the workers clean; this tool only looks and deletes what it is told
 	})
 	if err != nil {

@@ -13,7 +13,8 @@
 //	                                    record: the UUID is not indexed
 //	list [--scope S] [--status ST] [--older-than D] [--limit N] [--after CURSOR] [--all]
 //	stats [--scope S] [--page-size N]   counts by scope and status, expired backlog,
-//	                                    oldest in-progress lease, cleanup lag
+//	                                    oldest in-progress lease, cleanup lag;
+//	                                    the partitions of a partitioned table
 //	release SCOPE KEY [--force] [--yes] delete the record under the token it shows
 //	purge [--scope S] [--status ST] [--older-than D] [--batch N] [--dry-run=false] [--force]
 //	migrate                             apply the PostgreSQL migrations

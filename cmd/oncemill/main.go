@@ -39,7 +39,7 @@ type cli struct {
 
 	Inspect inspectCmd `cmd:"" help:"Show one (scope, key) record: status, attempt, fencing token, lease expiry, time left, result size, cached error and the UUID of the message that claimed it last; or with --uuid, the records a message claimed last, whatever their key."`
 	List    listCmd    `cmd:"" help:"List records, filtered by scope, status and age, a page at a time."`
-	Stats   statsCmd   `cmd:"" help:"Count records by scope and status; the expired backlog, the oldest in-progress lease and the cleanup lag. Reads every record."`
+	Stats   statsCmd   `cmd:"" help:"Count records by scope and status; the expired backlog, the oldest in-progress lease and the cleanup lag; a partitioned PostgreSQL table's partitions and their rows. Reads every record."`
 	Release releaseCmd `cmd:"" help:"Free a stuck or failed key so that its next delivery runs the handler again. Fenced by the token it shows; asks first."`
 	Purge   purgeCmd   `cmd:"" help:"Delete records by scope, status or age, in batches. A dry run unless --dry-run=false."`
 	Migrate migrateCmd `cmd:"" help:"Create or upgrade the store's schema (PostgreSQL); idempotent."`
@@ -52,6 +52,7 @@ type globals struct {
 	PostgresDSN    string `name:"postgres-dsn" env:"ONCEMILL_POSTGRES_DSN" default:"postgres://postgres@127.0.0.1:5432/test" placeholder:"URL" help:"PostgreSQL for --store=postgres (default ${default})."`
 	PostgresSchema string `env:"ONCEMILL_POSTGRES_SCHEMA" placeholder:"NAME" help:"Schema of the records table (default: the library's, public, what postgres.Options{} uses; pass your workers' postgres.Options.Schema if they set one)."`
 	PostgresTable  string `env:"ONCEMILL_POSTGRES_TABLE" default:"oncemill_records" placeholder:"NAME" help:"The records table (default ${default})."`
+	PostgresLayout string `enum:"delete,partitioned" env:"ONCEMILL_POSTGRES_LAYOUT" default:"delete" placeholder:"delete|partitioned" help:"The table's layout, your workers' postgres.Options.Layout: delete (LayoutDelete, default) or partitioned (LayoutPartitioned). migrate creates or converts the table to it."`
 	RedisAddr      string `env:"ONCEMILL_REDIS_ADDR" default:"127.0.0.1:6379" placeholder:"ADDR" help:"Redis for --store=redis: host:port, or a redis:// or rediss:// URL with password and database (default ${default})."`
 	RedisPrefix    string `env:"ONCEMILL_REDIS_PREFIX" default:"oncemill" placeholder:"PREFIX" help:"Prefix of the record keys in Redis (default ${default})."`
 	TieredPrefix   string `env:"ONCEMILL_TIERED_PREFIX" default:"oncemill-tiered" placeholder:"PREFIX" help:"For --store=tiered: the prefix of its Redis cache and invalidations (default ${default})."`

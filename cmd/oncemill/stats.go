@@ -2,11 +2,13 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
 )
 
 type statsCmd struct {
@@ -39,6 +41,23 @@ type statsView struct {
 	// StoreCleanupLag is the store's own measure, for stores that keep one
 	// (PostgreSQL: oncemill.store.cleanup.lag, from each record's purge time).
 	StoreCleanupLag string `json:"store_cleanup_lag,omitempty"`
+	// Partitions are the table's partitions, oldest first, for a
+	// PostgreSQL table of the partitioned layout.
+	Partitions []partitionEntry `json:"partitions,omitempty"`
+}
+
+type partitionEntry struct {
+	Name string `json:"name"`
+	// From is empty for the partition a converted table became (MINVALUE).
+	From string `json:"from,omitempty"`
+	To   string `json:"to"`
+	Rows int64  `json:"rows"`
+}
+
+// partitionLister is implemented by stores whose table may be partitioned
+// (PostgreSQL).
+type partitionLister interface {
+	Partitions(ctx context.Context) ([]postgres.Partition, error)
 }
 
 type countEntry struct {
@@ -138,6 +157,19 @@ func (c *statsCmd) Run(a *app) error {
 			}
 			v.StoreCleanupLag = fmtDuration(lag)
 		}
+		if l, ok := b.admin.(partitionLister); ok {
+			parts, err := l.Partitions(a.ctx)
+			if err != nil {
+				return err
+			}
+			for _, p := range parts {
+				e := partitionEntry{Name: p.Name, To: stamp(p.To), Rows: p.Rows}
+				if !p.From.IsZero() {
+					e.From = stamp(p.From)
+				}
+				v.Partitions = append(v.Partitions, e)
+			}
+		}
 		if a.g.JSON {
 			return writeJSONIndented(a.stdout, v)
 		}
@@ -181,6 +213,15 @@ func printStats(a *app, v statsView) error {
 	}
 	if v.StoreCleanupLag != "" {
 		t.row("store's cleanup lag", v.StoreCleanupLag+" (records past their purge time; the oncemill.store.cleanup.lag gauge)")
+	}
+	if err := t.flush(); err != nil || len(v.Partitions) == 0 {
+		return err
+	}
+	fmt.Fprintln(a.stdout)
+	t = newTable(a.stdout)
+	t.row("PARTITION", "FROM", "TO", "ROWS")
+	for _, p := range v.Partitions {
+		t.row(p.Name, cmp.Or(p.From, "MINVALUE"), p.To, p.Rows)
 	}
 	return t.flush()
 }

@@ -73,6 +73,15 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 		conn.Release()
 	}()
 
+	if s.opts.Layout == LayoutPartitioned {
+		// Partition upkeep instead of DELETE batches.
+		if err := s.ensurePartitions(ctx); err != nil {
+			return 0, true, err
+		}
+		removed, err := s.dropPartitions(ctx)
+		s.telemetry.deleted.Add(ctx, int64(removed), s.telemetry.tableAttrs)
+		return removed, true, err
+	}
 	batch := s.opts.CleanupBatch
 	cursor := time.Time{} // older than any row
 	for {
@@ -111,12 +120,18 @@ func (s *Store) cleaner(ctx context.Context, interval time.Duration) {
 	defer close(s.cleanerDone)
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	// The partitioned layout's upkeep runs at once: a worker that starts
+	// with no partition for now creates it before its first claim needs it.
+	first := s.opts.Layout == LayoutPartitioned
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
+		first = false
 		removed, ran, err := s.cleanupPass(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:

@@ -24,3 +24,20 @@ func TestCleanupPause(t *testing.T) {
 		}
 	}
 }
+
+// A partition is a 24th of the retention in whole minutes, from a minute to
+// a day.
+func TestPartitionWidth(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ retention, want time.Duration }{
+		{24 * time.Hour, time.Hour},
+		{time.Hour, 2 * time.Minute}, // 2.5 minutes, in whole minutes
+		{7 * 24 * time.Hour, 7 * time.Hour},
+		{time.Second, time.Minute},
+		{90 * 24 * time.Hour, 24 * time.Hour},
+	} {
+		if got := partitionWidth(tt.retention); got != tt.want {
+			t.Errorf("partitionWidth(%v) = %v, want %v", tt.retention, got, tt.want)
+		}
+	}
+}

@@ -66,3 +66,24 @@ func TestContractAsyncBegin(t *testing.T) {
 		}
 	})
 }
+
+// The suite on the partitioned layout (LayoutPartitioned): the decisions,
+// tokens and attempt counts must not depend on the layout.
+func TestContractPartitioned(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	newStore(t, pool, postgres.Options{Schema: schema, Layout: postgres.LayoutPartitioned}) // migrates
+	qualified := table(schema, "")
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1, Layout: postgres.LayoutPartitioned})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return storetest.Harness{
+			Store:   s,
+			Advance: func(d time.Duration) { advance(t, pool, qualified, d) },
+		}
+	})
+}

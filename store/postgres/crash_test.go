@@ -41,6 +41,7 @@ const (
 	crashSchema   = "ONCEMILL_CRASH_SCHEMA" // the schema to work in
 	crashSeed     = "ONCEMILL_CRASH_SEED"   // the child's random seed
 	crashKill     = "ONCEMILL_CRASH_KILL"   // "1": the child kills itself at random points
+	crashLayout   = "ONCEMILL_CRASH_LAYOUT" // postgres.Layout, as a number
 
 	crashMessages = 400
 	crashKills    = 40
@@ -48,12 +49,22 @@ const (
 
 func TestCrashRecovery(t *testing.T) {
 	t.Parallel()
+	testCrashRecovery(t, postgres.LayoutDelete)
+}
+
+// The same on the partitioned layout.
+func TestCrashRecoveryPartitioned(t *testing.T) {
+	t.Parallel()
+	testCrashRecovery(t, postgres.LayoutPartitioned)
+}
+
+func testCrashRecovery(t *testing.T, layout postgres.Layout) {
 	if os.Getenv(crashChildEnv) != "" {
 		return // a child runs TestCrashChild only
 	}
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	newStore(t, pool, postgres.Options{Schema: schema})
+	newStore(t, pool, postgres.Options{Schema: schema, Layout: layout})
 	ctx := t.Context()
 	messages := pgx.Identifier{schema, "messages"}.Sanitize()
 	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
@@ -77,7 +88,7 @@ func TestCrashRecovery(t *testing.T) {
 		// Half the runs kill themselves at the chosen points; the other half
 		// are killed from outside at a random moment.
 		selfKill := rand.IntN(2) == 0
-		cmd := crashChild(schema, runs, selfKill)
+		cmd := crashChild(schema, layout, runs, selfKill)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
@@ -123,7 +134,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 
 	// A last consumer without kills drains the broker.
-	cmd := crashChild(schema, runs+1, false)
+	cmd := crashChild(schema, layout, runs+1, false)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("final child failed: %v\n%s", err, out)
 	}
@@ -159,7 +170,7 @@ func TestCrashRecovery(t *testing.T) {
 		runs, kills, selfKills, parentKills, redeliveries, takeovers, crashMessages)
 }
 
-func crashChild(schema string, seed int, kill bool) *exec.Cmd {
+func crashChild(schema string, layout postgres.Layout, seed int, kill bool) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=3m")
 	k := "0"
 	if kill {
@@ -170,6 +181,7 @@ func crashChild(schema string, seed int, kill bool) *exec.Cmd {
 		crashSchema+"="+schema,
 		crashSeed+"="+strconv.Itoa(seed),
 		crashKill+"="+k,
+		crashLayout+"="+strconv.Itoa(int(layout)),
 		"ONCEMILL_POSTGRES_DSN="+testenv.PostgresDSN(),
 	)
 	return cmd
@@ -196,6 +208,7 @@ func TestCrashChild(t *testing.T) {
 	schema := os.Getenv(crashSchema)
 	seed, _ := strconv.Atoi(os.Getenv(crashSeed))
 	kill := os.Getenv(crashKill) == "1"
+	layout, _ := strconv.Atoi(os.Getenv(crashLayout))
 	rng := rand.New(rand.NewPCG(uint64(seed), uint64(time.Now().UnixNano())))
 	var rngMu sync.Mutex
 	maybeDie := func(p float64) {
@@ -212,7 +225,7 @@ func TestCrashChild(t *testing.T) {
 	}
 
 	pool := testenv.Pool(t)
-	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1, Layout: postgres.Layout(layout)})
 	if err != nil {
 		t.Fatal(err)
 	}

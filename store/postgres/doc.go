@@ -65,6 +65,18 @@
 // batches until nothing is left, and stops on Close. The gauge
 // oncemill.store.cleanup.lag reports how far behind it is.
 //
+// # Layouts
+//
+// Options.Layout picks the table's layout. LayoutDelete, the default, is
+// the one described above. LayoutPartitioned (in progress, opt-in) keeps the
+// records in a table partitioned by claim time and drops whole partitions
+// once every row in them is past its purge time, instead of deleting rows:
+// no unique index can span the partitions, so every claim takes the key's
+// advisory lock and then looks the key up in every partition, in a
+// statement of its own; a key claimed again after its partition aged moves
+// to the current partition. docs/stores.md, "Partitioned layout (in
+// progress)", has the design and what is left of it.
+//
 // # Limits
 //
 // Values always travel as parameters; the schema and table names are

@@ -26,6 +26,15 @@ func (s *Store) Statements() map[string]string {
 	}
 }
 
+// PartitionedStatements are the partitioned layout's statements that read
+// or write the table, by name (empty in the DELETE layout).
+func (s *Store) PartitionedStatements() map[string]string {
+	q := s.sql
+	return map[string]string{
+		"partClaimLease": q.partClaimLease, "partClaimTx": q.partClaimTx, "partRecordRollback": q.partRecordRollback,
+	}
+}
+
 // MigrateTo applies the embedded migrations up to version, and no further.
 func (s *Store) MigrateTo(ctx context.Context, version int) error { return s.migrateTo(ctx, version) }
 

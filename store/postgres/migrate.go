@@ -13,8 +13,15 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/*.sql migrations/partitioned/*.sql
 var migrationFS embed.FS
+
+// partitionedMigration creates a new table of the partitioned layout, at
+// partitionedVersion.
+const (
+	partitionedMigration = "migrations/partitioned/0003_partitioned.sql"
+	partitionedVersion   = 3
+)
 
 // migration is one embedded SQL file, migrations/NNNN_name.sql.
 type migration struct {
@@ -73,7 +80,11 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 // sequence and cleanup index, and records each applied version in the table
 // <Table>_migrations. It is idempotent, and safe to run from many workers at
 // once: one transaction under pg_advisory_xact_lock applies what is missing,
-// and the others then find nothing to do.
+// and the others then find nothing to do. With LayoutPartitioned it creates
+// the partitioned table, or converts a table of the DELETE layout online
+// (convertToPartitioned: its workers fail from the last step on, so switch
+// them to LayoutPartitioned), and creates the partitions for now; it
+// refuses a partitioned table with LayoutDelete.
 func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, schemaVersion) }
 
 // AppliedVersion is the newest schema version Migrate has applied to the
@@ -128,6 +139,26 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 	if current > schemaVersion {
 		return fmt.Errorf("oncemill: postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, schemaVersion)
 	}
+	var kind string // 'p' partitioned, 'r' plain, '' none
+	if err := tx.QueryRow(ctx, "SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')", s.names.table).Scan(&kind); err != nil {
+		return fmt.Errorf("oncemill: postgres: migrate: reading the table's kind: %w", err)
+	}
+	switch {
+	case s.opts.Layout == LayoutDelete && kind == "p":
+		return fmt.Errorf("oncemill: postgres: migrate: table %s has the partitioned layout: set Options.Layout = postgres.LayoutPartitioned", s.names.table)
+	case s.opts.Layout == LayoutPartitioned && kind == "":
+		b, err := migrationFS.ReadFile(partitionedMigration)
+		if err != nil {
+			return fmt.Errorf("oncemill: postgres: migrate: %w", err)
+		}
+		if _, err := tx.Exec(ctx, s.names.render(string(b)), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return fmt.Errorf("oncemill: postgres: migrate: creating the partitioned table: %w", err)
+		}
+		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), partitionedVersion, "partitioned"); err != nil {
+			return fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", partitionedVersion, err)
+		}
+		current = partitionedVersion
+	}
 	for _, m := range mustMigrations() {
 		if m.version <= current || m.version > version {
 			continue
@@ -141,6 +172,14 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("oncemill: postgres: migrate: %w", err)
+	}
+	if s.opts.Layout == LayoutPartitioned && kind == "r" && version >= partitionedVersion {
+		if err := s.convertToPartitioned(ctx); err != nil {
+			return err
+		}
+	}
+	if s.opts.Layout == LayoutPartitioned {
+		return s.ensurePartitions(ctx)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ const (
 	defaultCleanupBatch     = 1000
 	defaultCleanupDuty      = 0.5
 	defaultStatementTimeout = 5 * time.Second
+	defaultRetention        = 24 * time.Hour
 
 	// maxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
 	// fit in one B-tree entry of the primary key (about 2,700 bytes).
@@ -95,9 +96,22 @@ type Options struct {
 	AsyncBegin bool
 
 	// TxOptions begin the handler's transaction in the one-transaction
-	// mode (default: the server's default isolation, read-write).
+	// mode (default: the server's default isolation, read-write; read
+	// committed, the only isolation it accepts, with LayoutPartitioned).
 	// BeginQuery and CommitQuery are not supported.
 	TxOptions pgx.TxOptions
+
+	// Layout is how the records table is laid out (default LayoutDelete).
+	// LayoutPartitioned is in progress (docs/stores.md, "Partitioned layout
+	// (in progress)"): it stays opt-in until the benchmarks of issue 26
+	// show it wins. Every worker sharing a table must use the same layout,
+	// the one its table was migrated with.
+	Layout Layout
+	// Retention is the longest time a record is kept (the longest outcome
+	// TTL of the policies on the table). The partitioned layout derives its
+	// partition width from it (partitionWidth); the DELETE layout ignores
+	// it. Default 24h.
+	Retention time.Duration
 
 	// MeterProvider provides the store's metrics (default
 	// otel.GetMeterProvider()).
@@ -166,6 +180,27 @@ func (o Options) withDefaults() (Options, error) {
 		bad("Options.TxOptions sets BeginQuery or CommitQuery; oncemill writes its own BEGIN and COMMIT: set IsoLevel, AccessMode and DeferrableMode only")
 	} else if o.TxOptions.AccessMode == pgx.ReadOnly {
 		bad("Options.TxOptions.AccessMode is read only; the handler's transaction writes the record: leave it empty or use pgx.ReadWrite")
+	}
+	if o.Layout == LayoutPartitioned {
+		// The claim's lookup must see what the key's previous holder
+		// committed before the claim got the key's lock: a statement's
+		// snapshot, not the transaction's (sql_partitioned.go).
+		switch o.TxOptions.IsoLevel {
+		case "", pgx.ReadCommitted:
+			o.TxOptions.IsoLevel = pgx.ReadCommitted
+		default:
+			bad("Options.TxOptions.IsoLevel is %s; the partitioned layout claims a key at read committed (its lookup must see what the previous holder of the key committed): leave it empty or use pgx.ReadCommitted", o.TxOptions.IsoLevel)
+		}
+	}
+	switch {
+	case o.Layout != LayoutDelete && o.Layout != LayoutPartitioned:
+		bad("Options.Layout is %d; use postgres.LayoutDelete (the default) or postgres.LayoutPartitioned", int(o.Layout))
+	}
+	switch {
+	case o.Retention == 0:
+		o.Retention = defaultRetention
+	case o.Retention < 0:
+		bad("Options.Retention is %v; use a positive duration (the longest outcome TTL of the policies on the table), or 0 for the default %v", o.Retention, defaultRetention)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

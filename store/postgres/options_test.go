@@ -55,6 +55,10 @@ func TestOptionsValidation(t *testing.T) {
 		{"negative CleanupDuty", postgres.Options{CleanupDuty: -0.5}, "Options: CleanupDuty is -0.5"},
 		{"CleanupDuty above 1", postgres.Options{CleanupDuty: 1.5}, "Options: CleanupDuty is 1.5"},
 		{"CleanupDuty NaN", postgres.Options{CleanupDuty: math.NaN()}, "Options: CleanupDuty is NaN"},
+		{"partitioned layout", postgres.Options{Layout: postgres.LayoutPartitioned, Retention: 7 * 24 * time.Hour}, ""},
+		{"unknown layout", postgres.Options{Layout: 7}, "Options: Layout is 7"},
+		{"negative Retention", postgres.Options{Retention: -time.Hour}, "Options: Retention is -1h0m0s"},
+		{"partitioned at serializable", postgres.Options{Layout: postgres.LayoutPartitioned, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, "the partitioned layout claims a key at read committed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -45,42 +46,7 @@ func TestPlansUseIndexes(t *testing.T) {
 	if len(statements) != len(planArgs) {
 		t.Fatalf("%d statements, %d with sample arguments: give every statement its arguments here", len(statements), len(planArgs))
 	}
-	check := func(when string) {
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Release()
-		for name, sql := range statements {
-			if _, err := conn.Exec(ctx, "PREPARE oncemill_plan AS "+sql, pgx.QueryExecModeSimpleProtocol); err != nil {
-				t.Fatalf("%s: PREPARE: %v", name, err)
-			}
-			for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-				if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode, pgx.QueryExecModeSimpleProtocol); err != nil {
-					t.Fatal(err)
-				}
-				rows, err := conn.Query(ctx, "EXPLAIN EXECUTE oncemill_plan"+planArgs[name], pgx.QueryExecModeSimpleProtocol)
-				if err != nil {
-					t.Fatalf("%s: EXPLAIN: %v", name, err)
-				}
-				lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-				if err != nil {
-					t.Fatalf("%s: EXPLAIN: %v", name, err)
-				}
-				plan := strings.Join(lines, "\n")
-				if strings.Contains(plan, "Seq Scan on oncemill_records") {
-					t.Errorf("%s, %s, %s: the plan scans the records table:\n%s", when, mode, name, plan)
-				}
-				if !strings.Contains(plan, "Index") {
-					t.Errorf("%s, %s, %s: the plan uses no index:\n%s", when, mode, name, plan)
-				}
-			}
-			if _, err := conn.Exec(ctx, "DEALLOCATE oncemill_plan; RESET plan_cache_mode", pgx.QueryExecModeSimpleProtocol); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-
+	check := func(when string) { checkPlans(t, pool, when, statements, planArgs) }
 	check("empty")
 	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s
 		(scope, key, fingerprint, status, token, attempt, created_at, updated_at, expires_at, purge_at)
@@ -94,4 +60,83 @@ func TestPlansUseIndexes(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("at 100k rows")
+}
+
+// checkPlans EXPLAINs every statement under a generic and a custom plan,
+// and fails when one scans a records table (or a partition of one) or uses
+// no index.
+func checkPlans(t *testing.T, pool *pgxpool.Pool, when string, statements, args map[string]string) {
+	t.Helper()
+	ctx := t.Context()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for name, sql := range statements {
+		if _, err := conn.Exec(ctx, "PREPARE oncemill_plan AS "+sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatalf("%s: PREPARE: %v", name, err)
+		}
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode, pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := conn.Query(ctx, "EXPLAIN EXECUTE oncemill_plan"+args[name], pgx.QueryExecModeSimpleProtocol)
+			if err != nil {
+				t.Fatalf("%s: EXPLAIN: %v", name, err)
+			}
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatalf("%s: EXPLAIN: %v", name, err)
+			}
+			plan := strings.Join(lines, "\n")
+			if strings.Contains(plan, "Seq Scan on oncemill_records") {
+				t.Errorf("%s, %s, %s: the plan scans the records table:\n%s", when, mode, name, plan)
+			}
+			if !strings.Contains(plan, "Index") {
+				t.Errorf("%s, %s, %s: the plan uses no index:\n%s", when, mode, name, plan)
+			}
+		}
+		if _, err := conn.Exec(ctx, "DEALLOCATE oncemill_plan; RESET plan_cache_mode", pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The partitioned layout's statements, and those it shares with the DELETE
+// layout, probe the primary key of every partition: none scans one, empty
+// or at 100k rows spread over the partitions.
+func TestPlansUseIndexesPartitioned(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema, Layout: postgres.LayoutPartitioned})
+	ctx := t.Context()
+	qualified := table(schema, "")
+	statements := s.PartitionedStatements()
+	args := map[string]string{
+		"partClaimLease":     `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 60000000)`,
+		"partClaimTx":        `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 60000000)`,
+		"partRecordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 60000000, 'uuid')`,
+	}
+	for name, sql := range s.Statements() {
+		switch name {
+		case "commitResult", "complete", "extend", "release", "releaseDelete", "get", "del":
+			statements[name], args[name] = sql, planArgs[name]
+		}
+	}
+	checkPlans(t, pool, "empty", statements, args)
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s
+		(scope, key, fingerprint, status, token, attempt, created_at, updated_at, expires_at, purge_at, claimed_at)
+		SELECT 'scope-' || (i %% 10), md5(i::text), 'fp', 1 + i %% 4, i, 1, now(), now(),
+			now() + (i %% 100 - 50) * interval '1 minute', now() + (i %% 100 - 40) * interval '1 minute',
+			now() + (i %% 100) * interval '1 minute'
+		FROM generate_series(1, 100000) i`, qualified))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE "+qualified); err != nil {
+		t.Fatal(err)
+	}
+	checkPlans(t, pool, "at 100k rows", statements, args)
 }

@@ -42,6 +42,13 @@ type Store struct {
 	cleanupMu    sync.Mutex // one pass at a time within this process
 	claimRetries int        // bound on statement runs per claim (READ COMMITTED corner)
 
+	// The partitioned layout's: the partition width, the advisory lock key
+	// of partition creation, and when each partition read by the cleaner
+	// may be dropped at the earliest (guarded by cleanupMu).
+	width        time.Duration
+	partitionKey int64
+	partNext     map[string]time.Time
+
 	// reruns counts claims that a statement left unanswered (the READ
 	// COMMITTED corner) and that ran again; for tests.
 	reruns atomic.Int64
@@ -73,9 +80,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		pool:         pool,
 		opts:         opts,
 		names:        n,
-		sql:          newStatements(n, opts.AsyncBegin),
+		sql:          newStatements(n, opts.AsyncBegin, opts.Layout),
 		cleanupKey:   lockKey("cleanup", n),
 		claimRetries: 10,
+		width:        partitionWidth(opts.Retention),
+		partitionKey: lockKey("partitions", n),
+		partNext:     map[string]time.Time{},
 	}
 	if s.telemetry, err = newTelemetry(s); err != nil {
 		return nil, err
@@ -151,6 +161,9 @@ func wrap(op string, err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column
 		return fmt.Errorf("oncemill: postgres: %s: %w (the table is at an older schema version than this build: run Store.Migrate, or \"oncemill migrate\")", op, err)
 	}
+	if errors.As(err, &pgErr) && pgErr.Code == "42P10" { // no unique index for ON CONFLICT
+		return fmt.Errorf("oncemill: postgres: %s: %w (the table has the partitioned layout: set Options.Layout = postgres.LayoutPartitioned)", op, err)
+	}
 	return fmt.Errorf("oncemill: postgres: %s: %w", op, err)
 }
 
@@ -223,8 +236,19 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	}
 	defer s.leave(cancel)
 	for runs := 1; ; runs++ {
-		res, err := s.claimStatement(ctx, s.pool, s.sql.begin, req.Scope, req.Key, req.Fingerprint,
-			micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID)
+		var res store.ClaimResult
+		if s.opts.Layout == LayoutPartitioned {
+			res, err = s.claimLeasePartitioned(ctx, req)
+			if isNoPartition(err) && runs == 1 {
+				if err := s.ensurePartitions(ctx); err != nil {
+					return store.ClaimResult{}, err
+				}
+				continue
+			}
+		} else {
+			res, err = s.claimStatement(ctx, s.pool, s.sql.begin, req.Scope, req.Key, req.Fingerprint,
+				micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID)
+		}
 		if err != nil || res.Decision != 0 {
 			if err != nil {
 				err = wrap("begin", err)
@@ -260,6 +284,62 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
+	return s.scanClaim(rows, args[0].(string), args[1].(string))
+}
+
+// claimLeasePartitioned is ClaimLease's statement in the partitioned
+// layout: BEGIN, the key's advisory lock, the claim and COMMIT in one
+// batch (one round trip).
+func (s *Store) claimLeasePartitioned(ctx context.Context, req store.LeaseRequest) (store.ClaimResult, error) {
+	b := &pgx.Batch{}
+	// At read committed whatever the server's default, so that the claim's
+	// snapshot is taken after the lock is granted.
+	// (A plain query, not Batch.BeginTx: the pool takes the connection back
+	// when the batch is closed.)
+	b.Queue("begin isolation level read committed")
+	b.Queue(s.sql.partLockLease, claimLockKey(req.Scope, req.Key))
+	b.Queue(s.sql.partClaimLease, req.Scope, req.Key, req.Fingerprint,
+		micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID, micros(s.width))
+	b.Queue("commit")
+	br := s.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var res store.ClaimResult
+	if err == nil {
+		res, err = s.batchClaim(br, req.Scope, req.Key)
+	}
+	if err == nil {
+		var tag pgconn.CommandTag
+		if tag, err = br.Exec(); err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("the claim's transaction ended with %s, not COMMIT", tag)
+		}
+	}
+	// An error leaves the transaction open: the pool closes such a
+	// connection as it takes it back.
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return store.ClaimResult{}, err
+	}
+	return res, nil
+}
+
+// batchClaim reads the results of a batch's lock statement and the claim
+// after it.
+func (s *Store) batchClaim(br pgx.BatchResults, scope, key string) (store.ClaimResult, error) {
+	if _, err := br.Exec(); err != nil {
+		return store.ClaimResult{}, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return store.ClaimResult{}, err
+	}
+	return s.scanClaim(rows, scope, key)
+}
+
+// scanClaim reads the answer of a claim statement: the decision, or
+// decision 0 when the statement left the key undecided.
+func (s *Store) scanClaim(rows pgx.Rows, scope, key string) (store.ClaimResult, error) {
 	defer rows.Close()
 	if !rows.Next() {
 		rows.Close()
@@ -270,7 +350,7 @@ func (s *Store) claimStatement(ctx context.Context, q querier, sql string, args 
 		attempt          int32
 		takenOver        bool
 		kind             string
-		rec              = &store.Record{Scope: args[0].(string), Key: args[1].(string)}
+		rec              = &store.Record{Scope: scope, Key: key}
 		dest             = []any{&decision, &rec.Fingerprint, &status, &rec.Token, &attempt, &takenOver,
 			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID}
 	)

@@ -354,14 +354,18 @@ SELECT coalesce(extract(epoch FROM now() - (
 type statements struct {
 	begin, claimNew, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
 	get, list, del, cleanupBatch, cleanupLag string
+
+	// The partitioned layout's (sql_partitioned.go); empty in the DELETE
+	// layout but for partitions.
+	partLockLease, partLockTx, partClaimLease, partClaimTx, partTryLock, partRecordRollback, partitions string
 }
 
-func newStatements(n names, async bool) statements {
+func newStatements(n names, async bool, layout Layout) statements {
 	begin := beginForm
 	if async {
 		begin = asyncBeginForm
 	}
-	return statements{
+	q := statements{
 		// The forms leave placeholders of their own, which render fills in.
 		begin:          n.render(begin.Replace(sqlClaim)),
 		claimNew:       n.render(sqlClaimNew),
@@ -378,4 +382,18 @@ func newStatements(n names, async bool) statements {
 		cleanupBatch:   n.render(sqlCleanupBatch),
 		cleanupLag:     n.render(sqlCleanupLag),
 	}
+	if layout == LayoutPartitioned {
+		asyncSQL := ""
+		if async {
+			asyncSQL = ", set_config('synchronous_commit', 'off', true)"
+		}
+		q.partLockLease = n.render(strings.ReplaceAll(sqlPartLockLease, "{{ASYNC}}", asyncSQL))
+		q.partLockTx = n.render(sqlPartLockTx)
+		q.partClaimLease = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}"))
+		q.partClaimTx = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}"))
+		q.partTryLock = n.render(sqlPartTryLock)
+		q.partRecordRollback = n.render(sqlPartRecordRollback)
+	}
+	q.partitions = sqlPartitions // Store.Partitions reads any table's
+	return q
 }

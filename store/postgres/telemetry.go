@@ -79,16 +79,43 @@ func (t *telemetry) close() {
 
 // CleanupLag returns how long the oldest record that cleanup may remove has
 // waited for it, by the database clock, or 0 when there is none. It is what the
-// oncemill.store.cleanup.lag gauge reports.
+// oncemill.store.cleanup.lag gauge reports. In the partitioned layout, which
+// has no purge_at index to find that record, it is how long the oldest
+// partition has outlived the time it was due to go (partitionLag).
 func (s *Store) CleanupLag(ctx context.Context) (time.Duration, error) {
 	ctx, cancel, err := s.enter(ctx, "cleanup lag", 0)
 	if err != nil {
 		return 0, err
 	}
 	defer s.leave(cancel)
+	if s.opts.Layout == LayoutPartitioned {
+		return s.partitionLag(ctx)
+	}
 	var secs float64
 	if err := s.pool.QueryRow(ctx, s.sql.cleanupLag).Scan(&secs); err != nil {
 		return 0, wrap("cleanup lag", err)
 	}
 	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// partitionLag is the partitioned layout's cleanup lag, read from the
+// catalog alone: how long ago the oldest partition was due to be dropped,
+// or 0. A partition is due one retention (Options.Retention) and one width
+// after its range ends: by then every row claimed in it is past its purge
+// time, unless a lease or an outcome TTL outlived the retention. A steady
+// rise means the upkeep is not running, its drops keep timing out, or rows
+// live longer than Options.Retention says.
+func (s *Store) partitionLag(ctx context.Context) (time.Duration, error) {
+	var now time.Time
+	if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return 0, wrap("cleanup lag", err)
+	}
+	parts, err := s.listPartitions(ctx, s.pool)
+	if err != nil {
+		return 0, wrap("cleanup lag", err)
+	}
+	if len(parts) == 0 {
+		return 0, nil
+	}
+	return max(now.Sub(parts[0].upper.Add(s.opts.Retention+s.width)), 0), nil
 }

@@ -67,7 +67,11 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		if err != nil {
 			return store.TxResult{}, wrap("claim", err)
 		}
-		res, tx, err := s.claimTx(ctx, conn, req, purge, waitMS, lock)
+		claim := s.claimTx
+		if s.opts.Layout == LayoutPartitioned {
+			claim = s.claimTxPartitioned
+		}
+		res, tx, err := claim(ctx, conn, req, purge, waitMS, lock)
 		if err == nil && res.Decision == store.DecisionExecute {
 			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
 			t.handler = newHandlerTx(tx, t, true)
@@ -79,6 +83,11 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
 			return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld}, Contended: true}, nil
+		case isNoPartition(err) && runs == 1:
+			if err := s.ensurePartitions(ctx); err != nil {
+				return store.TxResult{}, err
+			}
+			continue
 		case err != nil:
 			return store.TxResult{}, wrap("claim", err)
 		case res.Decision != 0:
@@ -121,6 +130,26 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxReq
 	return res, tx, err
 }
 
+// claimTxPartitioned is claimTx in the partitioned layout: BEGIN, the
+// key's advisory lock (waiting up to waitMS) and the claim, in one round
+// trip.
+func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(s.opts.TxOptions)
+	b.Queue(s.sql.partLockTx, waitMS, lock)
+	b.Queue(s.sql.partClaimTx, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return store.ClaimResult{}, nil, err
+	}
+	res, err := s.batchClaim(br, req.Scope, req.Key)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return res, br.Tx(), err
+}
+
 // claimLockKey is the second half of a claim's advisory lock key. Two keys
 // that share it only make each other's claims take the slower path.
 func claimLockKey(scope, key string) int32 {
@@ -160,6 +189,9 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 		return err
 	}
 	defer s.leave(cancel)
+	if s.opts.Layout == LayoutPartitioned {
+		return s.recordRollbackPartitioned(ctx, lease, fingerprint, out)
+	}
 	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
 		micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
 		claimLockKey(lease.Scope, lease.Key), storableText(lease.MessageUUID, maxMessageUUIDLen))
@@ -170,6 +202,37 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 		return fmt.Errorf("oncemill: postgres: record rollback %q/%q: another delivery claimed or finished the key: %w", lease.Scope, lease.Key, store.ErrLeaseLost)
 	}
 	return nil
+}
+
+// recordRollbackPartitioned is RecordRollback in the partitioned layout:
+// the key's advisory lock without waiting, then the write, in one
+// transaction.
+func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
+	for runs := 1; ; runs++ {
+		var n int64
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			var locked bool
+			if err := tx.QueryRow(ctx, s.sql.partTryLock, claimLockKey(lease.Scope, lease.Key)).Scan(&locked); err != nil || !locked {
+				return err
+			}
+			return tx.QueryRow(ctx, s.sql.partRecordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
+				micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
+				micros(s.width), storableText(lease.MessageUUID, maxMessageUUIDLen)).Scan(&n)
+		})
+		if isNoPartition(err) && runs == 1 {
+			if err := s.ensurePartitions(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return wrap("record rollback", err)
+		}
+		if n == 0 {
+			return fmt.Errorf("oncemill: postgres: record rollback %q/%q: another delivery claimed or finished the key: %w", lease.Scope, lease.Key, store.ErrLeaseLost)
+		}
+		return nil
+	}
 }
 
 // claimTx is an open one-transaction claim: store.Tx.

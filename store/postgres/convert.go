@@ -1,0 +1,153 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// sqlClaimedAtDefault reads the default of claimed_at of a table of the
+// DELETE layout whose conversion began: the conversion's time, less a
+// microsecond.
+const sqlClaimedAtDefault = `
+SELECT (regexp_match(pg_get_expr(d.adbin, d.adrelid), '''([^'']*)'''))[1]::timestamptz
+FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = to_regclass($1) AND a.attname = 'claimed_at' AND NOT a.attisdropped`
+
+// sqlRenameChecks pairs the CHECK constraints of the new table ($1) with
+// those of the old one ($2) that say the same under another name: ATTACH
+// matches them by name, and the new table's got names of their own, the
+// old table's holding theirs.
+const sqlRenameChecks = `
+SELECT p.conname::text, c.conname::text
+FROM pg_constraint p
+JOIN pg_constraint c ON c.conrelid = to_regclass($2) AND c.contype = 'c' AND pg_get_constraintdef(c.oid) = pg_get_constraintdef(p.oid)
+WHERE p.conrelid = to_regclass($1) AND p.contype = 'c' AND p.conname <> c.conname`
+
+// convertToPartitioned turns a table of the DELETE layout, at
+// partitionedVersion, into the partitioned layout: the old table becomes the
+// first partition, holding every claim before the conversion. The steps
+// that read the table run online, and each is resumed by the next Migrate
+// if one is interrupted: claimed_at is added with the conversion's time as
+// a constant default (a change of the catalog, which also fixes that time
+// for a resumed conversion), with the range as a CHECK constraint NOT VALID;
+// the unique index (scope, key, claimed_at) is built CONCURRENTLY; the
+// constraint is validated (SHARE UPDATE EXCLUSIVE: claims go on). Workers
+// of the DELETE layout keep working meanwhile. The last step
+// (migrations/partitioned/convert.sql, then the attach) is one short
+// transaction that reads no row; from then on those workers fail, saying to
+// set LayoutPartitioned.
+func (s *Store) convertToPartitioned(ctx context.Context) error {
+	oldName := s.opts.Table + "_delete_layout"
+	index := pgx.Identifier{s.opts.Table + "_claim_idx"}.Sanitize()
+	qualifiedIndex := s.names.schema + "." + index
+	rangeCheck := pgx.Identifier{s.opts.Table + "_claim_range"}.Sanitize()
+	fail := func(step string, err error) error {
+		return fmt.Errorf("oncemill: postgres: migrate: converting %s to the partitioned layout: %s: %w", s.names.table, step, err)
+	}
+	lit := func(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'::timestamptz" }
+
+	// 1. The column, and the range unchecked, under the migration lock.
+	var bound time.Time
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
+			return err
+		}
+		var def *time.Time
+		if err := tx.QueryRow(ctx, sqlClaimedAtDefault, s.names.table).Scan(&def); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if def != nil { // a conversion began: resume it
+			bound = def.Add(time.Microsecond)
+			return nil
+		}
+		if err := tx.QueryRow(ctx, "SELECT now()").Scan(&bound); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN claimed_at timestamptz NOT NULL DEFAULT %s; ALTER TABLE %s ADD CONSTRAINT %s CHECK (claimed_at < %s) NOT VALID",
+			s.names.table, lit(bound.Add(-time.Microsecond)), s.names.table, rangeCheck, lit(bound)), pgx.QueryExecModeSimpleProtocol)
+		return err
+	})
+	if err != nil {
+		return fail("adding claimed_at", err)
+	}
+	// 2. The unique index, concurrently; an invalid one left by an
+	// interrupted build is dropped first.
+	var invalid bool
+	if err := s.pool.QueryRow(ctx, "SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)",
+		qualifiedIndex).Scan(&invalid); err != nil {
+		return fail("reading the index", err)
+	}
+	if invalid {
+		if _, err := s.pool.Exec(ctx, "DROP INDEX CONCURRENTLY "+qualifiedIndex); err != nil {
+			return fail("dropping an invalid index", err)
+		}
+	}
+	if _, err := s.pool.Exec(ctx, fmt.Sprintf("CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (scope, key, claimed_at)", index, s.names.table)); err != nil {
+		return fail("building the index", err)
+	}
+	// 3. The range, checked without blocking claims.
+	if _, err := s.pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s VALIDATE CONSTRAINT %s", s.names.table, rangeCheck)); err != nil {
+		return fail("validating the range", err)
+	}
+	// 4. The switch, in one short transaction.
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fail("beginning", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	var kind string
+	if err := tx.QueryRow(ctx, "SELECT relkind::text FROM pg_class, pg_advisory_xact_lock($2) WHERE oid = to_regclass($1)", s.names.table, migrateLockKey).Scan(&kind); err != nil {
+		return fail("taking the migration lock", err)
+	}
+	if kind == "p" {
+		return nil // another worker finished it
+	}
+	r := strings.NewReplacer(
+		"{{OLD_NAME}}", pgx.Identifier{oldName}.Sanitize(),
+		"{{OLD}}", s.qualified(oldName),
+		"{{PKEY}}", pgx.Identifier{s.opts.Table + "_pkey"}.Sanitize(),
+		"{{NEW_PKEY}}", pgx.Identifier{oldName + "_pkey"}.Sanitize(),
+		"{{CLAIM_INDEX}}", index,
+		"{{BOUND}}", lit(bound),
+	)
+	for _, f := range []string{"migrations/partitioned/convert.sql", partitionedMigration} {
+		b, err := migrationFS.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("oncemill: postgres: migrate: %w", err)
+		}
+		if _, err := tx.Exec(ctx, s.names.render(r.Replace(string(b))), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return fail(path.Base(f), err)
+		}
+	}
+	rows, err := tx.Query(ctx, sqlRenameChecks, s.names.table, s.qualified(oldName))
+	if err != nil {
+		return fail("reading the CHECK constraints", err)
+	}
+	renames, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([2]string, error) {
+		var r [2]string
+		return r, row.Scan(&r[0], &r[1])
+	})
+	if err != nil {
+		return fail("reading the CHECK constraints", err)
+	}
+	for _, rn := range renames {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s RENAME CONSTRAINT %s TO %s", s.qualified(oldName),
+			pgx.Identifier{rn[1]}.Sanitize(), pgx.Identifier{rn[0]}.Sanitize())); err != nil {
+			return fail("renaming a CHECK constraint", err)
+		}
+	}
+	attach := fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO (%s)", s.names.table, s.qualified(oldName), lit(bound))
+	if _, err := tx.Exec(ctx, attach); err != nil {
+		return fail("attaching the old table", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fail("committing", err)
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+package postgres
+
+import "strings"
+
+// The statements of the partitioned layout (LayoutPartitioned) that differ
+// from the DELETE layout's. A unique index of a partitioned table must
+// include the partition key (claimed_at), so nothing in the table keeps
+// (scope, key) unique: every statement that may create a row of a key runs
+// after a statement that takes the key's advisory lock, in the same
+// transaction, and looks the key up in every partition. The lookup runs in
+// its own statement, after the lock is granted, so that its READ COMMITTED
+// snapshot holds every row a previous holder of the lock committed (a lock
+// taken inside the statement would come after the statement's snapshot).
+// Complete, Extend, Release, Get, List, Delete and the one-transaction
+// commit are the DELETE layout's: they name the row by (scope, key, token),
+// which matches one row in one partition.
+
+// sqlPartLockLease takes the key's advisory lock ($1) for the claim that
+// follows it in the same transaction (a batch: one round trip). The wait is
+// bounded by the operation's context.
+const sqlPartLockLease = `SELECT pg_advisory_xact_lock({{CLAIM_LOCK}}, $1){{ASYNC}}`
+
+// sqlPartLockTx is the one-transaction claim's lock: it waits at most $1
+// milliseconds (lock_timeout, put back to the session's value in the same
+// statement) for the key's advisory lock ($2), which the claim then holds
+// until its transaction ends.
+const sqlPartLockTx = `
+WITH p AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($1::int8)::text, true)),
+l AS MATERIALIZED (SELECT pg_advisory_xact_lock({{CLAIM_LOCK}}, $2) FROM p)
+SELECT set_config('lock_timeout', p.prior, true) FROM p CROSS JOIN l`
+
+// partLookup is the key's row (at most one, across every partition),
+// locked, with what a claim may do with it: take it afresh (free), carry
+// its attempt count on (carry: the rules of sqlClaim), and whether it is
+// older than one partition width (aged: a claim that takes it moves it to
+// the current partition, $W). $1 scope, $2 key, $3 fingerprint.
+const partLookup = `o AS MATERIALIZED (
+	SELECT t.*,
+		(t.status <> {{IN_PROGRESS}} AND t.expires_at <= now()) AS free,
+		(((t.status = {{IN_PROGRESS}} AND t.expires_at <= now()) OR (t.status = {{RETRYABLE}} AND t.expires_at > now()))
+			AND ($3::text = '' OR t.fingerprint = '' OR $3::text = t.fingerprint)) AS carry,
+		t.claimed_at <= statement_timestamp() - $W::int8 * interval '1 microsecond' AS aged
+	FROM {{TABLE}} t
+	WHERE t.scope = $1::text AND t.key = $2::text
+	FOR UPDATE),
+take AS (SELECT * FROM o WHERE free OR carry),
+moved AS (
+	DELETE FROM {{TABLE}} t USING take
+	WHERE take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at
+	RETURNING take.*)`
+
+// sqlPartClaim takes the key after sqlPartLockLease or sqlPartLockTx, with
+// the decisions of sqlClaim: a new key is inserted in the current
+// partition; a row it takes is updated in place, or, when it is older than
+// one partition width ($7, microseconds), deleted and inserted again in the
+// current partition, carrying its token and attempt count, so that an old
+// partition is not kept alive by the keys claimed again after it; a row it
+// does not take is returned with the decision. Parameters as sqlClaim's:
+// $4 expiry and $5 purge time in microseconds from now(), $6 the message
+// UUID.
+var sqlPartClaim = `
+WITH ` + strings.ReplaceAll(partLookup, "$W", "$7") + `,
+upd AS (
+	UPDATE {{TABLE}} t SET
+		status = {{NEW_STATUS}},
+		token = greatest(nextval({{SEQ_LITERAL}}), take.token + 1),
+		attempt = CASE WHEN take.free THEN 1 ELSE take.attempt + 1 END,
+		taken_over = (take.status = {{IN_PROGRESS}}),
+		fingerprint = CASE WHEN take.free OR $3::text <> '' THEN $3::text ELSE take.fingerprint END,
+		expires_at = now() + $4::int8 * interval '1 microsecond',
+		purge_at = now() + $5::int8 * interval '1 microsecond',
+		result = NULL,
+		error_kind = NULL,
+		error_message = NULL,
+		created_at = CASE WHEN take.free THEN now() ELSE take.created_at END,
+		updated_at = now(),
+		message_uuid = $6::text
+	FROM take
+	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at
+	RETURNING t.fingerprint, t.token, t.attempt, t.taken_over, t.created_at, t.updated_at, t.expires_at),
+ins AS (
+	INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+		expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
+	SELECT $1::text, $2::text,
+		CASE WHEN m.scope IS NULL OR m.free OR $3::text <> '' THEN $3::text ELSE m.fingerprint END,
+		{{NEW_STATUS}},
+		CASE WHEN m.scope IS NULL THEN nextval({{SEQ_LITERAL}}) ELSE greatest(nextval({{SEQ_LITERAL}}), m.token + 1) END,
+		CASE WHEN m.scope IS NULL OR m.free THEN 1 ELSE m.attempt + 1 END,
+		coalesce(m.status = {{IN_PROGRESS}}, false),
+		now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond',
+		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $6::text, statement_timestamp()
+	FROM (SELECT 1) one LEFT JOIN moved m ON true
+	WHERE m.scope IS NOT NULL OR NOT EXISTS (SELECT 1 FROM o)
+	RETURNING fingerprint, token, attempt, taken_over, created_at, updated_at, expires_at),
+done AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
+SELECT {{EXECUTE}}::int2, d.fingerprint, {{IN_PROGRESS}}::int2, d.token, d.attempt, d.taken_over,
+	NULL::bytea, ''::text, ''::text, d.created_at, d.updated_at, d.expires_at, $6::text
+FROM done d
+UNION ALL
+SELECT
+	(CASE
+		WHEN $3::text <> '' AND o.fingerprint <> '' AND $3::text <> o.fingerprint THEN {{MISMATCH}}
+		WHEN o.status = {{IN_PROGRESS}} AND o.expires_at > now() THEN {{IN_PROGRESS_DECISION}}
+		WHEN o.status IN ({{SUCCEEDED}}, {{FAILED}}) THEN {{REPLAY}}
+		ELSE 0
+	END)::int2,
+	o.fingerprint, o.status, o.token, o.attempt, o.taken_over,
+	o.result, coalesce(o.error_kind, ''), coalesce(o.error_message, ''), o.created_at, o.updated_at, o.expires_at, o.message_uuid
+FROM o
+WHERE NOT (o.free OR o.carry)`
+
+// sqlPartRecordRollback is sqlRecordRollback after the key's advisory lock
+// was taken without waiting (RecordRollback gives up when another claim
+// holds it): it writes where a claim could take the key, moving an aged
+// row like sqlPartClaim, and returns how many rows it wrote (0 or 1).
+// Parameters as sqlRecordRollback's, but $11 is the partition width (the
+// lock was taken before).
+var sqlPartRecordRollback = `
+WITH ` + strings.ReplaceAll(partLookup, "$W", "$11") + `,
+upd AS (
+	UPDATE {{TABLE}} t SET
+		status = $4::int2,
+		token = greatest(take.token, $5::int8),
+		attempt = greatest(take.attempt, $6::int4),
+		taken_over = false,
+		fingerprint = CASE WHEN take.free OR $3::text <> '' THEN $3::text ELSE take.fingerprint END,
+		result = NULL,
+		error_kind = nullif($8::text, ''),
+		error_message = nullif($9::text, ''),
+		expires_at = now() + $7::int8 * interval '1 microsecond',
+		purge_at = now() + $10::int8 * interval '1 microsecond',
+		created_at = CASE WHEN take.free THEN now() ELSE take.created_at END,
+		updated_at = now(),
+		message_uuid = $12::text
+	FROM take
+	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at
+	RETURNING 1),
+ins AS (
+	INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+		error_kind, error_message, expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
+	SELECT $1::text, $2::text,
+		CASE WHEN m.scope IS NULL OR m.free OR $3::text <> '' THEN $3::text ELSE m.fingerprint END,
+		$4::int2, greatest(m.token, $5::int8), greatest(m.attempt, $6::int4), false,
+		nullif($8::text, ''), nullif($9::text, ''),
+		now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond',
+		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $12::text, statement_timestamp()
+	FROM (SELECT 1) one LEFT JOIN moved m ON true
+	WHERE m.scope IS NOT NULL OR NOT EXISTS (SELECT 1 FROM o)
+	RETURNING 1)
+SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins)`
+
+// sqlPartTryLock takes the key's advisory lock ($1) without waiting.
+const sqlPartTryLock = `SELECT pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1)`
+
+// Partition upkeep.
+
+// sqlPartitions lists the partitions of the table with their bounds, oldest
+// first, read from the catalog (pg_get_expr prints the bounds in the
+// session's time zone with its offset, so the casts give them back exactly;
+// the partition a converted table became starts at MINVALUE, read as year 1).
+const sqlPartitions = `
+SELECT c.relname::text, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00'), m[2]::timestamptz
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
+WHERE i.inhparent = to_regclass($1)
+ORDER BY 2`
+
+// sqlPartitionLive is what a partition holds ({{PART}}): its rows, and the
+// time its last row may go (every row is past its purge time and expired),
+// NULL when it is empty.
+const sqlPartitionLive = `SELECT count(*), max(greatest(purge_at, expires_at)) FROM {{PART}}`
