@@ -7,6 +7,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"iter"
 	"net/url"
 	"strings"
 	"time"
@@ -259,4 +260,18 @@ func (b *backend) storeNow(ctx context.Context) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s: %w", b.where, err)
 	}
 	return now, nil
+}
+
+// pages yields the pages of req from req.After to the last, or the error
+// that ended them: the paging every command that reads records shares.
+func (b *backend) pages(ctx context.Context, req store.ListRequest) iter.Seq2[store.ListPage, error] {
+	return func(yield func(store.ListPage, error) bool) {
+		for {
+			page, err := b.admin.List(ctx, req)
+			if !yield(page, err) || err != nil || page.Next == "" {
+				return
+			}
+			req.After = page.Next
+		}
+	}
 }

@@ -85,8 +85,7 @@ func (c *inspectCmd) runUUID(a *app) error {
 		}
 		req := store.ListRequest{Scope: c.Scope, MessageUUID: c.UUID}
 		n := 0
-		for {
-			page, err := b.admin.List(a.ctx, req)
+		for page, err := range b.pages(a.ctx, req) {
 			if err != nil {
 				return err
 			}
@@ -104,10 +103,6 @@ func (c *inspectCmd) runUUID(a *app) error {
 				}
 				n++
 			}
-			if page.Next == "" {
-				break
-			}
-			req.After = page.Next
 		}
 		if n == 0 {
 			where := ""

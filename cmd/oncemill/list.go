@@ -78,8 +78,7 @@ func (c *listCmd) Run(a *app) error {
 			t.row(recordColumns...)
 		}
 		n := 0
-		for {
-			page, err := b.admin.List(a.ctx, req)
+		for page, err := range b.pages(a.ctx, req) {
 			if err != nil {
 				return err
 			}
@@ -94,10 +93,7 @@ func (c *listCmd) Run(a *app) error {
 				}
 				t.row(v.cells()...)
 			}
-			if page.Next == "" {
-				break
-			}
-			if !c.All {
+			if page.Next != "" && !c.All {
 				if t != nil {
 					if err := t.flush(); err != nil {
 						return err
@@ -106,7 +102,6 @@ func (c *listCmd) Run(a *app) error {
 				fmt.Fprintf(a.stderr, "%d records; more after this page: add --after=%s (or --all)\n", n, page.Next)
 				return nil
 			}
-			req.After = page.Next
 		}
 		if t != nil {
 			if err := t.flush(); err != nil {

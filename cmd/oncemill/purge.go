@@ -69,8 +69,7 @@ func (c *purgeCmd) Run(a *app) error {
 			t.row(append([]any{"ACTION"}, recordColumns...)...)
 		}
 		req := c.request(now, c.Batch)
-		for {
-			page, err := b.admin.List(a.ctx, req)
+		for page, err := range b.pages(a.ctx, req) {
 			if err != nil {
 				return err
 			}
@@ -107,10 +106,6 @@ func (c *purgeCmd) Run(a *app) error {
 					t.row(append([]any{action}, line.cells()...)...)
 				}
 			}
-			if page.Next == "" {
-				break
-			}
-			req.After = page.Next
 		}
 		if a.g.JSON {
 			return writeJSON(a.stdout, sum)

@@ -101,8 +101,7 @@ func (c *statsCmd) Run(a *app) error {
 		counts := map[group]*countEntry{}
 		var oldestLease, oldestExpired *store.Record
 		req := store.ListRequest{Scope: c.Scope, Limit: c.PageSize}
-		for {
-			page, err := b.admin.List(a.ctx, req)
+		for page, err := range b.pages(a.ctx, req) {
 			if err != nil {
 				return err
 			}
@@ -129,10 +128,6 @@ func (c *statsCmd) Run(a *app) error {
 					oldestExpired = r
 				}
 			}
-			if page.Next == "" {
-				break
-			}
-			req.After = page.Next
 		}
 		for _, e := range counts {
 			v.Counts = append(v.Counts, *e)
