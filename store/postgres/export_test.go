@@ -31,7 +31,7 @@ func (s *Store) Statements() map[string]string {
 func (s *Store) PartitionedStatements() map[string]string {
 	q := s.sql
 	return map[string]string{
-		"partClaimLease": q.partClaimLease, "partClaimTx": q.partClaimTx, "partRecordRollback": q.partRecordRollback,
+		"partClaimLease": q.partClaimLease, "partClaimNew": q.partClaimNew, "partClaimTx": q.partClaimTx, "partRecordRollback": q.partRecordRollback,
 	}
 }
 

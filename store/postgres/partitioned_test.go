@@ -46,22 +46,7 @@ type part struct {
 // partitionsOf lists the partitions of the partitioned table, oldest first.
 func partitionsOf(tb testing.TB, pool *pgxpool.Pool, schema string) []part {
 	tb.Helper()
-	rows, err := pool.Query(context.Background(), `
-		SELECT c.relname::text, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00'), m[2]::timestamptz
-		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
-		WHERE i.inhparent = to_regclass($1) ORDER BY 2`, table(schema, partitionedTable))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (part, error) {
-		var p part
-		return p, r.Scan(&p.name, &p.lower, &p.upper)
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return ps
+	return partsOf(tb, pool, schema, partitionedTable)
 }
 
 func run(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) {

@@ -116,6 +116,7 @@ func TestPlansUseIndexesPartitioned(t *testing.T) {
 	statements := s.PartitionedStatements()
 	args := map[string]string{
 		"partClaimLease":     `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 60000000)`,
+		"partClaimNew":       `('s', 'k', 'fp', 1000000, 2000000, 'uuid')`,
 		"partClaimTx":        `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 60000000)`,
 		"partRecordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 60000000, 'uuid')`,
 	}

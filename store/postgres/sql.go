@@ -357,7 +357,7 @@ type statements struct {
 
 	// The partitioned layout's (sql_partitioned.go); empty in the DELETE
 	// layout but for partitions.
-	partLockLease, partLockTx, partClaimLease, partClaimTx, partTryLock, partRecordRollback, partitions string
+	partLockLease, partLockTx, partClaimLease, partClaimNew, partClaimTx, partTryLock, partRecordRollback, partitions string
 }
 
 func newStatements(n names, async bool, layout Layout) statements {
@@ -390,6 +390,7 @@ func newStatements(n names, async bool, layout Layout) statements {
 		q.partLockLease = n.render(strings.ReplaceAll(sqlPartLockLease, "{{ASYNC}}", asyncSQL))
 		q.partLockTx = n.render(sqlPartLockTx)
 		q.partClaimLease = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}"))
+		q.partClaimNew = n.render(sqlPartClaimNew)
 		q.partClaimTx = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}"))
 		q.partTryLock = n.render(sqlPartTryLock)
 		q.partRecordRollback = n.render(sqlPartRecordRollback)

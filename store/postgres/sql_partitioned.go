@@ -49,6 +49,23 @@ moved AS (
 	WHERE take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at
 	RETURNING take.*)`
 
+// sqlPartClaimNew is the one-transaction claim's fast path, sent with BEGIN
+// and sqlPartLockTx: a key with no row in any partition is inserted in the
+// current partition in its final form, as sqlClaimNew does in the DELETE
+// layout. It returns the token, or nothing when the key has a row; the
+// claim then goes on with sqlPartClaim in the same transaction, under the
+// lock it holds. A statement that only inserts is planned and run without
+// the UPDATE and DELETE of sqlPartClaim, which PostgreSQL prepares for
+// every partition. Parameters: $1 scope, $2 key, $3 fingerprint, $4 expiry
+// and $5 purge time in microseconds from now(), $6 the message UUID.
+const sqlPartClaimNew = `
+INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
+SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, nextval({{SEQ_LITERAL}}), 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $6::text, statement_timestamp()
+WHERE NOT EXISTS (SELECT 1 FROM {{TABLE}} t WHERE t.scope = $1::text AND t.key = $2::text)
+RETURNING token`
+
 // sqlPartClaim takes the key after sqlPartLockLease or sqlPartLockTx, with
 // the decisions of sqlClaim: a new key is inserted in the current
 // partition; a row it takes is updated in place, or, when it is older than

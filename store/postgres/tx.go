@@ -131,23 +131,37 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxReq
 }
 
 // claimTxPartitioned is claimTx in the partitioned layout: BEGIN, the
-// key's advisory lock (waiting up to waitMS) and the claim, in one round
-// trip.
+// key's advisory lock (waiting up to waitMS) and sqlPartClaimNew in one
+// round trip, which takes a new key; for a key that has a row, sqlPartClaim
+// decides in a second round trip, under the lock.
 func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.partLockTx, waitMS, lock)
-	b.Queue(s.sql.partClaimTx, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
+	b.Queue(s.sql.partClaimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return store.ClaimResult{}, nil, err
 	}
-	res, err := s.batchClaim(br, req.Scope, req.Key)
-	if cerr := br.Close(); err == nil {
+	_, err := br.Exec()
+	var token int64
+	if err == nil {
+		err = br.QueryRow().Scan(&token)
+	}
+	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 		err = cerr
 	}
-	return res, br.Tx(), err
+	tx := br.Tx()
+	switch {
+	case err == nil:
+		return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1, MessageUUID: req.MessageUUID}}, tx, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return store.ClaimResult{}, tx, err
+	}
+	res, err := s.claimStatement(ctx, tx, s.sql.partClaimTx, req.Scope, req.Key, req.Fingerprint,
+		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
+	return res, tx, err
 }
 
 // claimLockKey is the second half of a claim's advisory lock key. Two keys
