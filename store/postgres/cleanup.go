@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -80,7 +81,10 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 		}
 		removed, err := s.dropPartitions(ctx)
 		s.telemetry.deleted.Add(ctx, int64(removed), s.telemetry.tableAttrs)
-		return removed, true, err
+		if err != nil {
+			return removed, true, err
+		}
+		return removed, true, s.buildKeyFilters(ctx)
 	}
 	batch := s.opts.CleanupBatch
 	cursor := time.Time{} // older than any row
@@ -133,6 +137,12 @@ func (s *Store) cleaner(ctx context.Context, interval time.Duration) {
 		}
 		first = false
 		removed, ran, err := s.cleanupPass(ctx)
+		if s.opts.Layout == LayoutPartitioned && ctx.Err() == nil {
+			// Every worker, leader or not, loads the filters its claims use.
+			if ferr := s.refreshKeyFilters(ctx); ferr != nil {
+				err = errors.Join(err, ferr)
+			}
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			s.opts.Logger.Error("oncemill: cleanup pass failed; it runs again next interval", "error", err, "removed", removed, "table", s.opts.Schema+"."+s.opts.Table)

@@ -46,3 +46,22 @@ const (
 
 // SchemaVersion is the newest schema version Migrate applies.
 var SchemaVersion = schemaVersion
+
+// KeyFilters is how many partitions' key filters claims consult now.
+func (s *Store) KeyFilters() int {
+	if f := s.keyFilters.Load(); f != nil {
+		return len(f.filters)
+	}
+	return 0
+}
+
+// RefreshKeyFilters loads the key filters as every worker's cleaner does
+// after its pass.
+func (s *Store) RefreshKeyFilters(ctx context.Context) error { return s.refreshKeyFilters(ctx) }
+
+// ClaimNewLooksEverywhere reports whether a one-transaction claim of
+// scope/key now looks the key up in every partition (a filter may hold it,
+// or none is loaded) rather than in the open ones only.
+func (s *Store) ClaimNewLooksEverywhere(scope, key string) bool {
+	return s.keyFilters.Load().claimNewFor(scope, key, s.sql.partClaimNew) == s.sql.partClaimNew
+}

@@ -179,6 +179,9 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 		}
 	}
 	if s.opts.Layout == LayoutPartitioned {
+		if _, err := s.pool.Exec(ctx, s.names.render(sqlKeyFiltersTable)); err != nil {
+			return fmt.Errorf("oncemill: postgres: migrate: creating the key filters table: %w", err)
+		}
 		return s.ensurePartitions(ctx)
 	}
 	return nil

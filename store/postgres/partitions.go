@@ -55,11 +55,30 @@ func (s *Store) listPartitions(ctx context.Context, q querier) ([]partition, err
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (partition, error) {
-		var p partition
-		err := row.Scan(&p.name, &p.lower, &p.upper)
-		return p, err
+	return pgx.CollectRows(rows, scanPartition)
+}
+
+// scanPartition reads a row of sqlPartitions.
+func scanPartition(row pgx.CollectableRow) (partition, error) {
+	var p partition
+	err := row.Scan(&p.name, &p.lower, &p.upper)
+	return p, err
+}
+
+// partitionsNow reads the database's clock and the table's partitions,
+// oldest first, in one round trip.
+func (s *Store) partitionsNow(ctx context.Context) (time.Time, []partition, error) {
+	var now time.Time
+	var parts []partition
+	b := &pgx.Batch{}
+	b.Queue("SELECT now()").QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
+	b.Queue(s.sql.partitions, s.names.table).Query(func(rows pgx.Rows) error {
+		var err error
+		parts, err = pgx.CollectRows(rows, scanPartition)
+		return err
 	})
+	err := s.pool.SendBatch(ctx, b).Close()
+	return now, parts, err
 }
 
 // partitionsAhead is how far past now the partitions reach after an

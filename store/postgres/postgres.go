@@ -48,6 +48,9 @@ type Store struct {
 	width        time.Duration
 	partitionKey int64
 	partNext     map[string]time.Time
+	// keyFilters is what claims consult (keyfilters.go); nil until the
+	// cleaner first loads the filters.
+	keyFilters atomic.Pointer[keyFilters]
 
 	// reruns counts claims that a statement left unanswered (the READ
 	// COMMITTED corner) and that ran again; for tests.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -22,6 +23,9 @@ type names struct {
 	index    string // "table_expires_at_idx", migration 1's index (unqualified: CREATE INDEX names it in the table's schema)
 	purge    string // "table_purge_at_idx"
 	versions string // "schema"."table_migrations"
+	// keyFilters is the partitioned layout's "schema"."table_key_filters"
+	// (keyfilters.go).
+	keyFilters string
 	// claimLock is the first half of the advisory lock key of a claim:
 	// the table's, so that claims of different tables never meet.
 	claimLock int32
@@ -38,6 +42,7 @@ func newNames(schema, table string) names {
 		purge:    pgx.Identifier{table + "_purge_at_idx"}.Sanitize(),
 		versions: pgx.Identifier{schema, table + "_migrations"}.Sanitize(),
 	}
+	n.keyFilters = pgx.Identifier{schema, table + "_key_filters"}.Sanitize()
 	n.claimLock = int32(lockKey("claim", n))
 	return n
 }
@@ -53,6 +58,7 @@ func (n names) render(sql string) string {
 		"{{PURGE_INDEX}}", n.purge,
 		"{{CLAIM_LOCK}}", fmt.Sprint(n.claimLock),
 		"{{VERSIONS}}", n.versions,
+		"{{KEY_FILTERS}}", n.keyFilters,
 		// Codes shared with Go, so the SQL cannot drift from them.
 		"{{IN_PROGRESS}}", fmt.Sprint(int(store.StatusInProgress)),
 		"{{SUCCEEDED}}", fmt.Sprint(int(store.StatusSucceeded)),
@@ -390,7 +396,7 @@ func newStatements(n names, async bool, layout Layout) statements {
 		q.partLockLease = n.render(strings.ReplaceAll(sqlPartLockLease, "{{ASYNC}}", asyncSQL))
 		q.partLockTx = n.render(sqlPartLockTx)
 		q.partClaimLease = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}"))
-		q.partClaimNew = n.render(sqlPartClaimNew)
+		q.partClaimNew = claimNewFrom(n, time.Time{})
 		q.partClaimTx = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}"))
 		q.partTryLock = n.render(sqlPartTryLock)
 		q.partRecordRollback = n.render(sqlPartRecordRollback)

@@ -56,14 +56,20 @@ moved AS (
 // claim then goes on with sqlPartClaim in the same transaction, under the
 // lock it holds. A statement that only inserts is planned and run without
 // the UPDATE and DELETE of sqlPartClaim, which PostgreSQL prepares for
-// every partition. Parameters: $1 scope, $2 key, $3 fingerprint, $4 expiry
-// and $5 purge time in microseconds from now(), $6 the message UUID.
+// every partition. It looks the key up in the partitions from
+// {{LOOKUP_FROM}} on, a constant of the statement's text (claimNewFrom):
+// the key filters (keyfilters.go) tell which closed partitions cannot hold
+// the key, and a constant bound lets PostgreSQL leave them out of the plan,
+// which then neither opens nor locks them; a parameter would keep every
+// partition in a cached plan. Parameters: $1 scope, $2 key, $3
+// fingerprint, $4 expiry and $5 purge time in microseconds from now(), $6
+// the message UUID.
 const sqlPartClaimNew = `
 INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
 	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
 SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, nextval({{SEQ_LITERAL}}), 1, false,
-	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $6::text, statement_timestamp()
-WHERE NOT EXISTS (SELECT 1 FROM {{TABLE}} t WHERE t.scope = $1::text AND t.key = $2::text)
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $6::text, clock_timestamp()
+WHERE NOT EXISTS (SELECT 1 FROM {{TABLE}} t WHERE t.scope = $1::text AND t.key = $2::text AND t.claimed_at >= {{LOOKUP_FROM}})
 RETURNING token`
 
 // sqlPartClaim takes the key after sqlPartLockLease or sqlPartLockTx, with
@@ -105,7 +111,7 @@ ins AS (
 		CASE WHEN m.scope IS NULL OR m.free THEN 1 ELSE m.attempt + 1 END,
 		coalesce(m.status = {{IN_PROGRESS}}, false),
 		now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond',
-		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $6::text, statement_timestamp()
+		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $6::text, clock_timestamp()
 	FROM (SELECT 1) one LEFT JOIN moved m ON true
 	WHERE m.scope IS NOT NULL OR NOT EXISTS (SELECT 1 FROM o)
 	RETURNING fingerprint, token, attempt, taken_over, created_at, updated_at, expires_at),
@@ -160,7 +166,7 @@ ins AS (
 		$4::int2, greatest(m.token, $5::int8), greatest(m.attempt, $6::int4), false,
 		nullif($8::text, ''), nullif($9::text, ''),
 		now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond',
-		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $12::text, statement_timestamp()
+		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $12::text, clock_timestamp()
 	FROM (SELECT 1) one LEFT JOIN moved m ON true
 	WHERE m.scope IS NOT NULL OR NOT EXISTS (SELECT 1 FROM o)
 	RETURNING 1)
@@ -168,6 +174,21 @@ SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins)`
 
 // sqlPartTryLock takes the key's advisory lock ($1) without waiting.
 const sqlPartTryLock = `SELECT pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1)`
+
+// sqlKeyFiltersTable holds the key filter of each closed partition
+// (keyfilters.go): a Bloom filter of its keys, in the encoding of
+// github.com/bits-and-blooms/bloom/v3. Created by Migrate beside the
+// partitioned table, of any version: a table that has none only means
+// that every claim looks a key up in every partition.
+const sqlKeyFiltersTable = `
+CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
+	partition   text PRIMARY KEY,
+	lower_bound timestamptz NOT NULL,
+	upper_bound timestamptz NOT NULL,
+	keys        bigint NOT NULL,
+	filter      bytea NOT NULL,
+	built_at    timestamptz NOT NULL DEFAULT now()
+)`
 
 // Partition upkeep.
 

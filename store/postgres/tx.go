@@ -132,13 +132,15 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxReq
 
 // claimTxPartitioned is claimTx in the partitioned layout: BEGIN, the
 // key's advisory lock (waiting up to waitMS) and sqlPartClaimNew in one
-// round trip, which takes a new key; for a key that has a row, sqlPartClaim
-// decides in a second round trip, under the lock.
+// round trip, which takes a new key, looked up in the partitions the key
+// filters cannot rule out; for a key that has a row, sqlPartClaim decides
+// in a second round trip, under the lock.
 func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.partLockTx, waitMS, lock)
-	b.Queue(s.sql.partClaimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
+	claimNew := s.keyFilters.Load().claimNewFor(req.Scope, req.Key, s.sql.partClaimNew)
+	b.Queue(claimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()

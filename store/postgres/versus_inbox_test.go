@@ -102,15 +102,15 @@ func newRetentionBench(b *testing.B) *retentionBench {
 		env.pools[name] = testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 + 2 }) // and the cleaner
 	}
 	// The stores: rows purge a window after their claim, the cleaners run
-	// every inboxCleanupEvery.
-	opts := postgres.Options{Schema: env.schema, CleanupInterval: inboxCleanupEvery, Retention: retentionWindow}
+	// every inboxCleanupEvery once the tables are filled (the stores that
+	// migrate them have none).
+	opts := postgres.Options{Schema: env.schema, Retention: retentionWindow}
 	deleteOpts := opts
 	deleteOpts.Table = "records_delete"
-	deleteStore := newStore(b, env.pools["delete"], deleteOpts)
+	newStore(b, env.admin, deleteOpts)
 	partOpts := opts
 	partOpts.Table, partOpts.Layout = "records_partitioned", postgres.LayoutPartitioned
-	partStore := newStore(b, env.pools["partitioned"], partOpts)
-
+	newStore(b, env.admin, partOpts)
 	ident := func(name string) string { return pgx.Identifier{env.schema, name}.Sanitize() }
 	for _, q := range []string{
 		"CREATE TABLE " + ident("inbox") + " (key text PRIMARY KEY, created_at timestamptz NOT NULL)",
@@ -128,8 +128,22 @@ func newRetentionBench(b *testing.B) *retentionBench {
 
 	start := dbNow(b, env.admin)
 	fillStart := time.Now()
-	fillRetentionWindow(b, env, partStore, rows, start)
+	fillRetentionWindow(b, env, rows, start)
 	b.Logf("filled the inbox and both records tables with %d rows each in %v", rows, time.Since(fillStart).Round(time.Second))
+	deleteOpts.CleanupInterval, partOpts.CleanupInterval = inboxCleanupEvery, inboxCleanupEvery
+	deleteStore := newStore(b, env.pools["delete"], deleteOpts)
+	partStore := newStore(b, env.pools["partitioned"], partOpts)
+	// The partitioned store's first cleanup pass builds the key filters of
+	// the filled partitions, closed for a minute, and loads them.
+	filterStart := time.Now()
+	closed := 0
+	for _, p := range partsOf(b, env.admin, env.schema, "records_partitioned") {
+		if p.upper.Add(time.Minute).Before(start) {
+			closed++
+		}
+	}
+	testenv.WaitFor(b, 10*time.Minute, "the key filters of the filled partitions", func() bool { return partStore.KeyFilters() >= closed })
+	b.Logf("built and loaded the key filters of %d partitions in %v", closed, time.Since(filterStart).Round(time.Second))
 
 	env.plain = insertIn(env.pools["plain"], ident("plain_ledger"))
 	env.inbox = inboxHandler(env.pools["inbox"], ident("inbox"), ident("inbox_ledger"))
@@ -149,7 +163,7 @@ func newRetentionBench(b *testing.B) *retentionBench {
 // purged a window after its claim, as the variants' own writes do. The
 // partitioned table gets the partitions of the past window first, named as
 // the store names its own.
-func fillRetentionWindow(b *testing.B, env *retentionBench, part *postgres.Store, rows int, start time.Time) {
+func fillRetentionWindow(b *testing.B, env *retentionBench, rows int, start time.Time) {
 	ctx := b.Context()
 	width := retentionWindow / 24
 	oldest := partsOf(b, env.admin, env.schema, "records_partitioned")[0].lower

@@ -1,0 +1,262 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/bits-and-blooms/bloom/v3"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Key filters of the partitioned layout. A claim of a new key must find
+// that the key has no row in any partition, and a lookup in a partitioned
+// table reads the primary key of every partition: on a table larger than
+// shared_buffers, a page read for each of the 25 or so partitions, which
+// costs several times the claim's own insert. But a partition whose range
+// has ended takes no new key: a row is inserted only into the partition of
+// its claimed_at, the clock_timestamp() of the insert. So once a partition
+// is closed, the cleaner's leader reads its keys once into a Bloom filter,
+// stored in the table <Table>_key_filters; every worker loads the filters,
+// and a claim whose key none of them may hold looks it up only in the
+// partitions that are still open (claimed_at >= the first unfiltered
+// partition's lower bound, which PostgreSQL prunes to at execution). A key
+// that a filter may hold (a row of it, or a false positive, 0.1% per
+// filter) is looked up in every partition, as without filters.
+// docs/stores.md, "Partitioned layout".
+
+const (
+	// keyFilterFalsePositives is the false-positive rate each filter is
+	// sized for: 0.1%, about 1.8 bytes per key. With 24 filtered
+	// partitions, 2.4% of new keys are looked up in every partition.
+	keyFilterFalsePositives = 0.001
+	// keyFilterDelay is how long after a partition's range ends its filter
+	// is built: a row is inserted only within microseconds of reading the
+	// clock that chose its partition, so a minute later nothing can still
+	// be on its way in, and the SHARE lock the build takes first waits for
+	// the transactions that put rows in and have not ended.
+	keyFilterDelay = time.Minute
+)
+
+// keyFilter is the filter of one closed partition.
+type keyFilter struct {
+	partition
+	filter *bloom.BloomFilter
+}
+
+// keyFilters is what a claim consults: the filters of the oldest
+// partitions, with no gap, and the lower bound of the first partition
+// without one (open), from which on a new key is always looked up, with
+// sqlPartClaimNew for that bound (claimNew).
+type keyFilters struct {
+	filters  []keyFilter
+	open     time.Time
+	claimNew string
+}
+
+// claimNewFor is the fast-path claim statement for scope/key: the one that
+// looks the key up from open when no filter may hold it, else everywhere.
+func (f *keyFilters) claimNewFor(scope, key, everywhere string) string {
+	if f == nil || len(f.filters) == 0 {
+		return everywhere
+	}
+	id := filterID(scope, key)
+	k := f.filters[0].filter.K()
+	locs := bloom.Locations(id, k)
+	for _, kf := range f.filters {
+		may := false
+		if kf.filter.K() == k {
+			may = kf.filter.TestLocations(locs)
+		} else {
+			may = kf.filter.Test(id)
+		}
+		if may {
+			return everywhere
+		}
+	}
+	return f.claimNew
+}
+
+// claimNewFrom renders sqlPartClaimNew for a lookup from the partition
+// bound from on; the zero time means every partition.
+func claimNewFrom(n names, from time.Time) string {
+	bound := "'-infinity'::timestamptz"
+	if !from.IsZero() {
+		bound = "'" + from.UTC().Format(time.RFC3339Nano) + "'::timestamptz"
+	}
+	return n.render(strings.ReplaceAll(sqlPartClaimNew, "{{LOOKUP_FROM}}", bound))
+}
+
+// filterID is what a filter holds of a key: scope, a NUL byte (which
+// neither may contain), key.
+func filterID(scope, key string) []byte {
+	b := make([]byte, 0, len(scope)+1+len(key))
+	b = append(b, scope...)
+	b = append(b, 0)
+	return append(b, key...)
+}
+
+// prefixFiltered returns the filters that cover parts (oldest first) from
+// the oldest on without a gap, and the lower bound of the first partition
+// with no filter. With no partition at all, nothing is filtered.
+func prefixFiltered(parts []partition, loaded map[string]keyFilter) *keyFilters {
+	f := &keyFilters{}
+	for _, p := range parts {
+		kf, ok := loaded[p.name]
+		if !ok || !kf.lower.Equal(p.lower) || !kf.upper.Equal(p.upper) {
+			f.open = p.lower
+			return f
+		}
+		f.filters = append(f.filters, kf)
+	}
+	// Every partition is filtered (none is open: the upkeep is behind); a
+	// new partition would start at the newest's upper bound.
+	if n := len(parts); n > 0 {
+		f.open = parts[n-1].upper
+	}
+	return f
+}
+
+// buildKeyFilters builds the filter of every partition closed for
+// keyFilterDelay that has none, and deletes the filters of dropped
+// partitions. The cleaner's leader runs it.
+func (s *Store) buildKeyFilters(ctx context.Context) error {
+	now, parts, err := s.partitionsNow(ctx)
+	if err != nil {
+		return wrap("building key filters: listing partitions", err)
+	}
+	have, err := s.filterNames(ctx)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(parts))
+	for _, p := range parts {
+		names = append(names, p.name)
+		if have[p.name] || p.upper.Add(keyFilterDelay).After(now) {
+			continue
+		}
+		if err := s.buildKeyFilter(ctx, p); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
+				continue // busy: the next pass tries again
+			}
+			return err
+		}
+	}
+	if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition <> ALL($1)", names); err != nil {
+		return wrap("deleting the key filters of dropped partitions", err)
+	}
+	return nil
+}
+
+// buildKeyFilter reads the keys of the closed partition p into a filter
+// and stores it. It first takes p's SHARE lock, which waits for every
+// transaction that wrote to p to end, and lets it go at once: no new key
+// can enter p any more, so a read after it sees every key p will ever hold.
+func (s *Store) buildKeyFilter(ctx context.Context, p partition) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", dropLockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "LOCK TABLE "+s.qualified(p.name)+" IN SHARE MODE")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var n uint
+	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.qualified(p.name)).Scan(&n); err != nil {
+		return wrap("building the key filter of "+p.name, err)
+	}
+	f := bloom.NewWithEstimates(max(n, 1), keyFilterFalsePositives)
+	rows, err := s.pool.Query(ctx, "SELECT scope, key FROM "+s.qualified(p.name))
+	if err != nil {
+		return wrap("building the key filter of "+p.name, err)
+	}
+	var scope, key string
+	_, err = pgx.ForEachRow(rows, []any{&scope, &key}, func() error {
+		f.Add(filterID(scope, key))
+		return nil
+	})
+	if err != nil {
+		return wrap("building the key filter of "+p.name, err)
+	}
+	b, err := f.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("oncemill: postgres: encoding the key filter of %s: %w", p.name, err)
+	}
+	_, err = s.pool.Exec(ctx, "INSERT INTO "+s.names.keyFilters+` (partition, lower_bound, upper_bound, keys, filter)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(n), b)
+	if err != nil {
+		return wrap("storing the key filter of "+p.name, err)
+	}
+	return nil
+}
+
+// filterNames lists the partitions that have a filter.
+func (s *Store) filterNames(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, "SELECT partition FROM "+s.names.keyFilters)
+	if err != nil {
+		return nil, wrap("listing key filters", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, wrap("listing key filters", err)
+	}
+	have := make(map[string]bool, len(names))
+	for _, n := range names {
+		have[n] = true
+	}
+	return have, nil
+}
+
+// refreshKeyFilters loads the filters this worker does not hold yet, drops
+// those of dropped partitions, and publishes what claims consult. Every
+// worker's cleaner runs it after its pass.
+func (s *Store) refreshKeyFilters(ctx context.Context) error {
+	_, parts, err := s.partitionsNow(ctx)
+	if err != nil {
+		return wrap("loading key filters: listing partitions", err)
+	}
+	have, err := s.filterNames(ctx)
+	if err != nil {
+		return err
+	}
+	old := map[string]keyFilter{}
+	if cur := s.keyFilters.Load(); cur != nil {
+		for _, kf := range cur.filters {
+			old[kf.name] = kf
+		}
+	}
+	loaded := make(map[string]keyFilter, len(have))
+	for _, p := range parts {
+		if !have[p.name] {
+			continue
+		}
+		if kf, ok := old[p.name]; ok {
+			loaded[p.name] = kf
+			continue
+		}
+		var b []byte
+		kf := keyFilter{filter: &bloom.BloomFilter{}}
+		err := s.pool.QueryRow(ctx, "SELECT partition, lower_bound, upper_bound, filter FROM "+s.names.keyFilters+" WHERE partition = $1", p.name).
+			Scan(&kf.name, &kf.lower, &kf.upper, &b)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // dropped meanwhile
+		}
+		if err != nil {
+			return wrap("loading the key filter of "+p.name, err)
+		}
+		if err := kf.filter.UnmarshalBinary(b); err != nil {
+			return fmt.Errorf("oncemill: postgres: decoding the key filter of %s: %w", p.name, err)
+		}
+		loaded[p.name] = kf
+	}
+	f := prefixFiltered(parts, loaded)
+	f.claimNew = claimNewFrom(s.names, f.open)
+	s.keyFilters.Store(f)
+	return nil
+}

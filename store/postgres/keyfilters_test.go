@@ -1,0 +1,169 @@
+package postgres_test
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oncemill/oncemill/internal/testenv"
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+// The key filters of closed partitions: a claim of a key that a closed
+// partition holds still finds it (a replay, not a second execution), a new
+// key is looked up in the open partitions only, and a dropped partition's
+// filter goes with it.
+func TestPartitionedKeyFilters(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{})
+	ctx := t.Context()
+	now := dbNow(t, pool)
+	// Three closed partitions: two with a live success, one whose every
+	// row may go.
+	lower := now.Truncate(time.Hour).Add(-4 * time.Hour)
+	for i, name := range []string{"closed_live", "closed_dead", "closed_kept"} {
+		addPartition(t, pool, schema, name, lower.Add(time.Duration(i)*time.Hour), lower.Add(time.Duration(i+1)*time.Hour))
+	}
+	insertOld(t, pool, schema, "s", "kept", store.StatusSucceeded, 1, lower.Add(time.Minute), true)
+	insertOld(t, pool, schema, "s", "gone", store.StatusSucceeded, 1, lower.Add(time.Hour+time.Minute), false)
+	insertOld(t, pool, schema, "s", "kept-2", store.StatusSucceeded, 1, lower.Add(2*time.Hour+time.Minute), true)
+	// The store's own partitions start at now; the gap before them is not
+	// a partition.
+	if s.ClaimNewLooksEverywhere("s", "new-1") != true {
+		t.Fatal("before any filter is loaded a new key must be looked up everywhere")
+	}
+	if _, _, err := s.CleanupPass(ctx); err != nil { // drops closed_dead, builds the others' filters
+		t.Fatal(err)
+	}
+	if err := s.RefreshKeyFilters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.KeyFilters(); got != 2 {
+		t.Fatalf("%d key filters loaded; want 2 (closed_live, closed_kept)", got)
+	}
+	var stored []string
+	rows, err := pool.Query(ctx, "SELECT partition FROM "+table(schema, partitionedTable+"_key_filters")+" ORDER BY lower_bound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, n)
+	}
+	if fmt.Sprint(stored) != "[closed_live closed_kept]" {
+		t.Fatalf("stored filters %v; want those of closed_live and closed_kept (closed_dead was dropped)", stored)
+	}
+	for _, key := range []string{"kept", "kept-2"} {
+		if !s.ClaimNewLooksEverywhere("s", key) {
+			t.Fatalf("no filter holds %s", key)
+		}
+	}
+	fast := 0
+	for i := range 1000 {
+		if !s.ClaimNewLooksEverywhere("s", fmt.Sprintf("new-%d", i)) {
+			fast++
+		}
+	}
+	if fast < 950 { // 0.1% false positives per filter
+		t.Fatalf("%d of 1000 new keys looked up in the open partitions only; want nearly all", fast)
+	}
+	res, err := s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: "kept", SuccessTTL: time.Hour, Wait: time.Second})
+	if err != nil || res.Decision != store.DecisionReplay {
+		t.Fatalf("ClaimInTx(kept) = %+v, %v; want a replay of the success in closed_live", res.ClaimResult, err)
+	}
+	res, err = s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: "new-0", SuccessTTL: time.Hour, Wait: time.Second})
+	if err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimInTx(new-0) = %+v, %v; want Execute", res.ClaimResult, err)
+	}
+	if err := res.Tx.Commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	res, err = s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: "new-0", SuccessTTL: time.Hour, Wait: time.Second})
+	if err != nil || res.Decision != store.DecisionReplay {
+		t.Fatalf("ClaimInTx(new-0) again = %+v, %v; want a replay", res.ClaimResult, err)
+	}
+
+	// The closed partitions' rows expire: the next pass drops them and
+	// their filters, and the next refresh forgets them.
+	run(t, pool, "UPDATE "+table(schema, partitionedTable)+" SET expires_at = now() - interval '1 second', purge_at = now() - interval '1 second' WHERE key IN ('kept', 'kept-2')")
+	s2 := newPartitioned(t, pool, schema, postgres.Options{}) // the first remembers when kept was due
+	if _, _, err := s2.CleanupPass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RefreshKeyFilters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.KeyFilters(); got != 0 {
+		// The store's own partitions are not closed yet.
+		t.Fatalf("%d key filters loaded after the drops; want 0", got)
+	}
+}
+
+// Claims from 8 connections of keys whose successes live in a closed
+// partition, while its key filter is built and loaded: every claim
+// replays, none executes.
+func TestPartitionedKeyFiltersUnderConcurrentClaims(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{})
+	ctx := t.Context()
+	now := dbNow(t, pool)
+	lower := now.Truncate(time.Hour).Add(-3 * time.Hour)
+	addPartition(t, pool, schema, "holder", lower.Add(time.Hour), lower.Add(2*time.Hour))
+	for i := range 200 {
+		insertOld(t, pool, schema, "s", fmt.Sprintf("old-%d", i), store.StatusSucceeded, 1, lower.Add(time.Hour+time.Duration(i)*time.Second), true)
+	}
+	var executed, replayed atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for c := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("old-%d", (i*8+c)%200)
+				res, err := s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: key, SuccessTTL: time.Hour, Wait: 5 * time.Second})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch res.Decision {
+				case store.DecisionExecute:
+					executed.Add(1)
+					_ = res.Tx.Rollback(ctx)
+				case store.DecisionReplay:
+					replayed.Add(1)
+				}
+			}
+		})
+	}
+	for range 5 {
+		if _, _, err := s.CleanupPass(ctx); err != nil {
+			t.Error(err)
+		}
+		if err := s.RefreshKeyFilters(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+	testenv.WaitFor(t, 30*time.Second, "claims after the filters loaded", func() bool { return replayed.Load() > 400 })
+	close(stop)
+	wg.Wait()
+	if s.KeyFilters() != 1 {
+		t.Fatalf("%d key filters; want holder's", s.KeyFilters())
+	}
+	if n := executed.Load(); n != 0 {
+		t.Fatalf("%d claims executed a key whose success lives in a filtered partition; want every one to replay", n)
+	}
+}
