@@ -31,7 +31,7 @@ func (s *Store) Statements() map[string]string {
 func (s *Store) PartitionedStatements() map[string]string {
 	q := s.sql
 	return map[string]string{
-		"partClaimLease": q.partClaimLease, "partClaimNew": q.partClaimNew, "partClaimTx": q.partClaimTx, "partRecordRollback": q.partRecordRollback,
+		"partClaimLease": q.part.lease, "partClaimNew": q.part.new, "partClaimTx": q.part.tx, "partRecordRollback": q.part.rollback,
 	}
 }
 
@@ -59,9 +59,9 @@ func (s *Store) KeyFilters() int {
 // after its pass.
 func (s *Store) RefreshKeyFilters(ctx context.Context) error { return s.refreshKeyFilters(ctx) }
 
-// ClaimNewLooksEverywhere reports whether a one-transaction claim of
-// scope/key now looks the key up in every partition (a filter may hold it,
-// or none is loaded) rather than in the open ones only.
-func (s *Store) ClaimNewLooksEverywhere(scope, key string) bool {
-	return s.keyFilters.Load().claimNewFor(scope, key, s.sql.partClaimNew) == s.sql.partClaimNew
+// ClaimLooksEverywhere reports whether a claim of scope/key now looks the
+// key up in every partition (a filter may hold it, or none is loaded)
+// rather than in the open ones only.
+func (s *Store) ClaimLooksEverywhere(scope, key string) bool {
+	return s.keyFilters.Load().claimsFor(scope, key, &s.sql.part) == &s.sql.part
 }

@@ -21,8 +21,8 @@ import (
 // its claimed_at, the clock_timestamp() of the insert. So once a partition
 // is closed, the cleaner's leader reads its keys once into a Bloom filter,
 // stored in the table <Table>_key_filters; every worker loads the filters,
-// and a claim whose key none of them may hold looks it up only in the
-// partitions that are still open (claimed_at >= the first unfiltered
+// and a claim (of either mode) or RecordRollback whose key none of them may
+// hold looks it up only in the partitions that are still open (claimed_at >= the first unfiltered
 // partition's lower bound, which PostgreSQL prunes to at execution). A key
 // that a filter may hold (a row of it, or a false positive, 0.1% per
 // filter) is looked up in every partition, as without filters.
@@ -50,16 +50,38 @@ type keyFilter struct {
 // keyFilters is what a claim consults: the filters of the oldest
 // partitions, with no gap, and the lower bound of the first partition
 // without one (open), from which on a new key is always looked up, with
-// sqlPartClaimNew for that bound (claimNew).
+// the claim statements for that bound.
 type keyFilters struct {
-	filters  []keyFilter
-	open     time.Time
-	claimNew string
+	filters []keyFilter
+	open    time.Time
+	claims  partClaims
 }
 
-// claimNewFor is the fast-path claim statement for scope/key: the one that
-// looks the key up from open when no filter may hold it, else everywhere.
-func (f *keyFilters) claimNewFor(scope, key, everywhere string) string {
+// partClaims are the partitioned layout's statements that look a key up,
+// rendered for a lookup from one partition bound on (sql_partitioned.go).
+type partClaims struct {
+	lease, tx, new, rollback string
+}
+
+// renderPartClaims renders the statements that look a key up for a lookup
+// from the partition bound from on; the zero time means every partition.
+func renderPartClaims(n names, from time.Time) partClaims {
+	bound := "'-infinity'::timestamptz"
+	if !from.IsZero() {
+		bound = "'" + from.UTC().Format(time.RFC3339Nano) + "'::timestamptz"
+	}
+	r := func(sql string) string { return n.render(strings.ReplaceAll(sql, "{{LOOKUP_FROM}}", bound)) }
+	return partClaims{
+		lease:    r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}")),
+		tx:       r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}")),
+		new:      r(sqlPartClaimNew),
+		rollback: r(sqlPartRecordRollback),
+	}
+}
+
+// claimsFor is the claims for scope/key: those that look the key up from
+// open when no filter may hold it, else everywhere's.
+func (f *keyFilters) claimsFor(scope, key string, everywhere *partClaims) *partClaims {
 	if f == nil || len(f.filters) == 0 {
 		return everywhere
 	}
@@ -77,17 +99,7 @@ func (f *keyFilters) claimNewFor(scope, key, everywhere string) string {
 			return everywhere
 		}
 	}
-	return f.claimNew
-}
-
-// claimNewFrom renders sqlPartClaimNew for a lookup from the partition
-// bound from on; the zero time means every partition.
-func claimNewFrom(n names, from time.Time) string {
-	bound := "'-infinity'::timestamptz"
-	if !from.IsZero() {
-		bound = "'" + from.UTC().Format(time.RFC3339Nano) + "'::timestamptz"
-	}
-	return n.render(strings.ReplaceAll(sqlPartClaimNew, "{{LOOKUP_FROM}}", bound))
+	return &f.claims
 }
 
 // filterID is what a filter holds of a key: scope, a NUL byte (which
@@ -256,7 +268,7 @@ func (s *Store) refreshKeyFilters(ctx context.Context) error {
 		loaded[p.name] = kf
 	}
 	f := prefixFiltered(parts, loaded)
-	f.claimNew = claimNewFrom(s.names, f.open)
+	f.claims = renderPartClaims(s.names, f.open)
 	s.keyFilters.Store(f)
 	return nil
 }

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -45,21 +46,27 @@ func TestPrefixFiltered(t *testing.T) {
 }
 
 // A key a filter holds is looked up everywhere; with no filter, every key is.
-func TestClaimNewFor(t *testing.T) {
+func TestClaimsFor(t *testing.T) {
 	n := newNames("s", "t")
-	f := &keyFilters{filters: []keyFilter{{filter: bloom.NewWithEstimates(100, 0.001)}}, claimNew: "open"}
+	everywhere := renderPartClaims(n, time.Time{})
+	f := &keyFilters{filters: []keyFilter{{filter: bloom.NewWithEstimates(100, 0.001)}}, claims: renderPartClaims(n, time.Unix(0, 0))}
 	f.filters[0].filter.Add(filterID("scope", "held"))
-	if got := f.claimNewFor("scope", "held", "everywhere"); got != "everywhere" {
-		t.Fatalf("held key: %q", got)
+	if got := f.claimsFor("scope", "held", &everywhere); got != &everywhere {
+		t.Fatal("a key the filter holds is not looked up everywhere")
 	}
-	if got := f.claimNewFor("scope", "other", "everywhere"); got != "open" {
-		t.Fatalf("new key: %q", got)
+	if got := f.claimsFor("scope", "other", &everywhere); got != &f.claims {
+		t.Fatal("a new key is looked up everywhere")
 	}
 	var none *keyFilters
-	if got := none.claimNewFor("scope", "other", "everywhere"); got != "everywhere" {
-		t.Fatalf("no filters: %q", got)
+	if got := none.claimsFor("scope", "other", &everywhere); got != &everywhere {
+		t.Fatal("with no filters a key is not looked up everywhere")
 	}
-	if a, b := claimNewFrom(n, time.Time{}), claimNewFrom(n, time.Unix(0, 0)); a == b {
-		t.Fatal("the bound is not in the statement")
+	for name, pair := range map[string][2]string{
+		"lease": {everywhere.lease, f.claims.lease}, "tx": {everywhere.tx, f.claims.tx},
+		"new": {everywhere.new, f.claims.new}, "rollback": {everywhere.rollback, f.claims.rollback},
+	} {
+		if pair[0] == pair[1] || strings.Contains(pair[1], "{{") {
+			t.Fatalf("%s: the bound is not in the statement, or a placeholder is left", name)
+		}
 	}
 }

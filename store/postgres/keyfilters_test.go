@@ -34,7 +34,7 @@ func TestPartitionedKeyFilters(t *testing.T) {
 	insertOld(t, pool, schema, "s", "kept-2", store.StatusSucceeded, 1, lower.Add(2*time.Hour+time.Minute), true)
 	// The store's own partitions start at now; the gap before them is not
 	// a partition.
-	if s.ClaimNewLooksEverywhere("s", "new-1") != true {
+	if s.ClaimLooksEverywhere("s", "new-1") != true {
 		t.Fatal("before any filter is loaded a new key must be looked up everywhere")
 	}
 	if _, _, err := s.CleanupPass(ctx); err != nil { // drops closed_dead, builds the others' filters
@@ -62,13 +62,13 @@ func TestPartitionedKeyFilters(t *testing.T) {
 		t.Fatalf("stored filters %v; want those of closed_live and closed_kept (closed_dead was dropped)", stored)
 	}
 	for _, key := range []string{"kept", "kept-2"} {
-		if !s.ClaimNewLooksEverywhere("s", key) {
+		if !s.ClaimLooksEverywhere("s", key) {
 			t.Fatalf("no filter holds %s", key)
 		}
 	}
 	fast := 0
 	for i := range 1000 {
-		if !s.ClaimNewLooksEverywhere("s", fmt.Sprintf("new-%d", i)) {
+		if !s.ClaimLooksEverywhere("s", fmt.Sprintf("new-%d", i)) {
 			fast++
 		}
 	}
@@ -78,6 +78,17 @@ func TestPartitionedKeyFilters(t *testing.T) {
 	res, err := s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: "kept", SuccessTTL: time.Hour, Wait: time.Second})
 	if err != nil || res.Decision != store.DecisionReplay {
 		t.Fatalf("ClaimInTx(kept) = %+v, %v; want a replay of the success in closed_live", res.ClaimResult, err)
+	}
+	lres, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "kept-2", LeaseDuration: time.Minute})
+	if err != nil || lres.Decision != store.DecisionReplay {
+		t.Fatalf("ClaimLease(kept-2) = %+v, %v; want a replay of the success in closed_kept", lres, err)
+	}
+	lres, err = s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "new-lease", LeaseDuration: time.Minute})
+	if err != nil || lres.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimLease(new-lease) = %+v, %v; want Execute", lres, err)
+	}
+	if lres, err = s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "new-lease", LeaseDuration: time.Minute}); err != nil || lres.Decision != store.DecisionHeld {
+		t.Fatalf("ClaimLease(new-lease) again = %+v, %v; want Held", lres, err)
 	}
 	res, err = s.ClaimInTx(ctx, store.TxRequest{Scope: "s", Key: "new-0", SuccessTTL: time.Hour, Wait: time.Second})
 	if err != nil || res.Decision != store.DecisionExecute {

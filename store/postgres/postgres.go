@@ -301,7 +301,7 @@ func (s *Store) claimLeasePartitioned(ctx context.Context, req store.LeaseReques
 	// when the batch is closed.)
 	b.Queue("begin isolation level read committed")
 	b.Queue(s.sql.partLockLease, claimLockKey(req.Scope, req.Key))
-	b.Queue(s.sql.partClaimLease, req.Scope, req.Key, req.Fingerprint,
+	b.Queue(s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part).lease, req.Scope, req.Key, req.Fingerprint,
 		micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID, micros(s.width))
 	b.Queue("commit")
 	br := s.pool.SendBatch(ctx, b)

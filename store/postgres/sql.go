@@ -363,7 +363,9 @@ type statements struct {
 
 	// The partitioned layout's (sql_partitioned.go); empty in the DELETE
 	// layout but for partitions.
-	partLockLease, partLockTx, partClaimLease, partClaimNew, partClaimTx, partTryLock, partRecordRollback, partitions string
+	partLockLease, partLockTx, partTryLock, partitions string
+	// part are the claims that look a key up in every partition.
+	part partClaims
 }
 
 func newStatements(n names, async bool, layout Layout) statements {
@@ -395,11 +397,8 @@ func newStatements(n names, async bool, layout Layout) statements {
 		}
 		q.partLockLease = n.render(strings.ReplaceAll(sqlPartLockLease, "{{ASYNC}}", asyncSQL))
 		q.partLockTx = n.render(sqlPartLockTx)
-		q.partClaimLease = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}"))
-		q.partClaimNew = claimNewFrom(n, time.Time{})
-		q.partClaimTx = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}"))
+		q.part = renderPartClaims(n, time.Time{})
 		q.partTryLock = n.render(sqlPartTryLock)
-		q.partRecordRollback = n.render(sqlPartRecordRollback)
 	}
 	q.partitions = sqlPartitions // Store.Partitions reads any table's
 	return q

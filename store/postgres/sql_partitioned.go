@@ -11,6 +11,12 @@ import "strings"
 // its own statement, after the lock is granted, so that its READ COMMITTED
 // snapshot holds every row a previous holder of the lock committed (a lock
 // taken inside the statement would come after the statement's snapshot).
+// Each statement that looks a key up does so in the partitions from
+// {{LOOKUP_FROM}} on, a constant of the statement's text (partClaims): the
+// key filters (keyfilters.go) tell which closed partitions cannot hold the
+// key, and a constant bound lets PostgreSQL leave them out of the plan,
+// which then neither opens nor locks them, where a parameter would keep
+// every partition in a cached generic plan.
 // Complete, Extend, Release, Get, List, Delete and the one-transaction
 // commit are the DELETE layout's: they name the row by (scope, key, token),
 // which matches one row in one partition.
@@ -29,8 +35,8 @@ WITH p AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_con
 l AS MATERIALIZED (SELECT pg_advisory_xact_lock({{CLAIM_LOCK}}, $2) FROM p)
 SELECT set_config('lock_timeout', p.prior, true) FROM p CROSS JOIN l`
 
-// partLookup is the key's row (at most one, across every partition),
-// locked, with what a claim may do with it: take it afresh (free), carry
+// partLookup is the key's row (at most one, across every partition from
+// {{LOOKUP_FROM}} on: partClaims), locked, with what a claim may do with it: take it afresh (free), carry
 // its attempt count on (carry: the rules of sqlClaim), and whether it is
 // older than one partition width (aged: a claim that takes it moves it to
 // the current partition, $W). $1 scope, $2 key, $3 fingerprint.
@@ -41,12 +47,12 @@ const partLookup = `o AS MATERIALIZED (
 			AND ($3::text = '' OR t.fingerprint = '' OR $3::text = t.fingerprint)) AS carry,
 		t.claimed_at <= statement_timestamp() - $W::int8 * interval '1 microsecond' AS aged
 	FROM {{TABLE}} t
-	WHERE t.scope = $1::text AND t.key = $2::text
+	WHERE t.scope = $1::text AND t.key = $2::text AND t.claimed_at >= {{LOOKUP_FROM}}
 	FOR UPDATE),
 take AS (SELECT * FROM o WHERE free OR carry),
 moved AS (
 	DELETE FROM {{TABLE}} t USING take
-	WHERE take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at
+	WHERE take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at AND t.claimed_at >= {{LOOKUP_FROM}}
 	RETURNING take.*)`
 
 // sqlPartClaimNew is the one-transaction claim's fast path, sent with BEGIN
@@ -57,13 +63,9 @@ moved AS (
 // lock it holds. A statement that only inserts is planned and run without
 // the UPDATE and DELETE of sqlPartClaim, which PostgreSQL prepares for
 // every partition. It looks the key up in the partitions from
-// {{LOOKUP_FROM}} on, a constant of the statement's text (claimNewFrom):
-// the key filters (keyfilters.go) tell which closed partitions cannot hold
-// the key, and a constant bound lets PostgreSQL leave them out of the plan,
-// which then neither opens nor locks them; a parameter would keep every
-// partition in a cached plan. Parameters: $1 scope, $2 key, $3
-// fingerprint, $4 expiry and $5 purge time in microseconds from now(), $6
-// the message UUID.
+// {{LOOKUP_FROM}} on, as every statement that looks a key up does
+// (partClaims). Parameters: $1 scope, $2 key, $3 fingerprint, $4 expiry
+// and $5 purge time in microseconds from now(), $6 the message UUID.
 const sqlPartClaimNew = `
 INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
 	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
@@ -99,7 +101,7 @@ upd AS (
 		updated_at = now(),
 		message_uuid = $6::text
 	FROM take
-	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at
+	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at AND t.claimed_at >= {{LOOKUP_FROM}}
 	RETURNING t.fingerprint, t.token, t.attempt, t.taken_over, t.created_at, t.updated_at, t.expires_at),
 ins AS (
 	INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
@@ -156,7 +158,7 @@ upd AS (
 		updated_at = now(),
 		message_uuid = $12::text
 	FROM take
-	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at
+	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at AND t.claimed_at >= {{LOOKUP_FROM}}
 	RETURNING 1),
 ins AS (
 	INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,

@@ -139,8 +139,8 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.partLockTx, waitMS, lock)
-	claimNew := s.keyFilters.Load().claimNewFor(req.Scope, req.Key, s.sql.partClaimNew)
-	b.Queue(claimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
+	claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
+	b.Queue(claims.new, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -161,7 +161,7 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 	case !errors.Is(err, pgx.ErrNoRows):
 		return store.ClaimResult{}, tx, err
 	}
-	res, err := s.claimStatement(ctx, tx, s.sql.partClaimTx, req.Scope, req.Key, req.Fingerprint,
+	res, err := s.claimStatement(ctx, tx, claims.tx, req.Scope, req.Key, req.Fingerprint,
 		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
 	return res, tx, err
 }
@@ -231,7 +231,7 @@ func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim
 			if err := tx.QueryRow(ctx, s.sql.partTryLock, claimLockKey(lease.Scope, lease.Key)).Scan(&locked); err != nil || !locked {
 				return err
 			}
-			return tx.QueryRow(ctx, s.sql.partRecordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
+			return tx.QueryRow(ctx, s.keyFilters.Load().claimsFor(lease.Scope, lease.Key, &s.sql.part).rollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
 				micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
 				micros(s.width), storableText(lease.MessageUUID, maxMessageUUIDLen)).Scan(&n)
 		})
