@@ -393,6 +393,8 @@ func newStatements(n names, async bool, layout Layout) statements {
 		q.partClaimTx = n.render(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}"))
 		q.partTryLock = n.render(sqlPartTryLock)
 		q.partRecordRollback = n.render(sqlPartRecordRollback)
+		q.complete = n.render(sqlComplete + partLive)
+		q.release = n.render(sqlRelease + partLive)
 	}
 	q.partitions = sqlPartitions // Store.Partitions reads any table's
 	return q
