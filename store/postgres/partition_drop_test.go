@@ -347,3 +347,43 @@ func TestPartitionedUpkeepFinishesAnInterruptedDrop(t *testing.T) {
 		t.Fatalf("%d of the tables are left, %v", left, err)
 	}
 }
+
+// DeleteExpired on the partitioned layout drops the partitions whose rows
+// may all go, as the cleaner's pass does, returning their rows (more than
+// its limit: a partition goes whole) and deleting none; only when no
+// partition can go does it delete up to limit expired rows from those that
+// stay. Live records stay either way.
+func TestPartitionedDeleteExpiredDropsPartitions(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{})
+	lower := dbNow(t, pool).Truncate(time.Hour).Add(-4 * time.Hour)
+	fillOld(t, pool, schema, "old", "s", lower, 7)
+	for _, key := range []string{"expired-1", "expired-2", "live"} {
+		if _, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: key, LeaseDuration: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, pool, "UPDATE "+table(schema, partitionedTable)+" SET expires_at = now() - interval '1 second', purge_at = now() - interval '1 second' WHERE key LIKE 'expired-%'")
+
+	if n, err := s.DeleteExpired(t.Context(), 1); err != nil || n != 7 {
+		t.Fatalf("DeleteExpired(1) with a partition that may go = %d, %v; want its 7 rows", n, err)
+	}
+	for _, p := range partitionsOf(t, pool, schema) {
+		if p.name == "old" {
+			t.Fatal("the partition is still there")
+		}
+	}
+	if got := len(rowsOf(t, pool, schema, "s", "expired-1")) + len(rowsOf(t, pool, schema, "s", "expired-2")); got != 2 {
+		t.Fatalf("%d of the 2 expired rows in the current partition are left; want both (a drop deletes no row)", got)
+	}
+	for i, want := range []int{1, 1, 0} {
+		if n, err := s.DeleteExpired(t.Context(), 1); err != nil || n != want {
+			t.Fatalf("DeleteExpired(1) #%d with no partition to drop = %d, %v; want %d", i+1, n, err, want)
+		}
+	}
+	if rec, err := s.Get(t.Context(), "s", "live"); err != nil || rec.Status != store.StatusInProgress {
+		t.Fatalf("Get(live) = %+v, %v; want the live lease", rec, err)
+	}
+}
