@@ -118,7 +118,7 @@ func TestCommandsAcrossPartitions(t *testing.T) {
 	}
 	// The odd keys move to the old partition (an UPDATE of the partition
 	// key moves the row).
-	exec("UPDATE "+qualified+" SET claimed_at = date_trunc('hour', now()) - interval '210 minutes' WHERE right(key, 1)::int % 2 = 1")
+	exec("UPDATE " + qualified + " SET claimed_at = date_trunc('hour', now()) - interval '210 minutes' WHERE right(key, 1)::int % 2 = 1")
 	var inOld int
 	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM "+pgx.Identifier{schema, "old"}.Sanitize()).Scan(&inOld); err != nil || inOld != n/2 {
 		t.Fatalf("%d rows in the old partition, %v; want %d", inOld, err, n/2)
