@@ -182,7 +182,9 @@ ORDER BY parts.state = 2 DESC, parts.lower`
 
 // sqlOlderLockers reports whether another transaction that began before $2
 // holds a lock on the table ($1) or one of its partitions (a prepared
-// transaction, which has no start time, counts). Autovacuum is left out.
+// transaction, which has no start time, counts, and so does a session of
+// another role when this one may not read its start: pg_read_all_stats).
+// Autovacuum is left out.
 const sqlOlderLockers = `
 SELECT EXISTS (
 	SELECT 1
