@@ -51,8 +51,8 @@ func TestPartitionedDropBlocksNoClaim(t *testing.T) {
 	for i := range oldParts {
 		fillOld(t, admin, schema, fmt.Sprintf("old_%d", i), "old", base.Add(time.Duration(i)*time.Hour), perPart)
 	}
-	// Partitions far enough ahead that the cleaner creates none meanwhile
-	// (creating one locks the table: not what this measures).
+	// Partitions far enough ahead that the cleaner creates none meanwhile:
+	// this measures drops (creation: TestPartitionedCreationWaitsForNoTransaction).
 	dropAllCurrent := func() {
 		for _, p := range partitionsOf(t, admin, schema) {
 			if !strings.HasPrefix(p.name, "old_") {
@@ -385,5 +385,47 @@ func TestPartitionedDeleteExpiredDropsPartitions(t *testing.T) {
 	}
 	if rec, err := s.Get(t.Context(), "s", "live"); err != nil || rec.Status != store.StatusInProgress {
 		t.Fatalf("Get(live) = %+v, %v; want the live lease", rec, err)
+	}
+}
+
+// Creating a partition does not wait for the transactions open on the
+// table: with a one-transaction claim open (its handler at work), a pass
+// creates the partitions ahead within a few seconds, and another claim
+// goes through meanwhile. (CREATE TABLE … PARTITION OF locks the table
+// ACCESS EXCLUSIVE: it would wait for the open claim, and every new claim
+// behind it.)
+func TestPartitionedCreationWaitsForNoTransaction(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{}) // 2-minute partitions
+	dropAllPartitions(t, pool, schema)
+	now := dbNow(t, pool)
+	addPartition(t, pool, schema, "now", now.Add(-time.Hour), now.Add(time.Minute))
+	open, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: "open", SuccessTTL: time.Hour, Wait: time.Second})
+	if err != nil || open.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimInTx = %+v, %v", open.ClaimResult, err)
+	}
+	defer open.Tx.Rollback(context.Background()) //nolint:errcheck
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, _, err := s.CleanupPass(ctx); err != nil {
+		t.Fatalf("a pass with a claim's transaction open: %v; want the partitions ahead created without waiting for it", err)
+	}
+	var ahead bool
+	for _, p := range partitionsOf(t, pool, schema) {
+		ahead = ahead || p.lower.Equal(now.Add(time.Minute))
+	}
+	if !ahead {
+		t.Fatalf("no partition was created after the current one: %+v", partitionsOf(t, pool, schema))
+	}
+	if res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "other", LeaseDuration: time.Minute}); err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimLease while the claim is open = %+v, %v", res, err)
+	}
+	if err := open.Tx.Commit(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(t.Context(), "s", "open"); err != nil || rec.Status != store.StatusSucceeded {
+		t.Fatalf("Get(open) = %+v, %v", rec, err)
 	}
 }

@@ -130,11 +130,24 @@ func (s *Store) ensurePartitions(ctx context.Context) error {
 	}
 	for end := now.Add(s.partitionsAhead()); lower.Before(end); lower = lower.Add(s.width) {
 		name := s.partitionName(lower)
-		// DDL takes no parameters; the bounds are timestamps this code formats.
-		ddl := fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s') WITH (fillfactor = 80)",
-			s.qualified(name), s.names.table, lower.UTC().Format(time.RFC3339Nano), lower.Add(s.width).UTC().Format(time.RFC3339Nano))
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return s.partitionDDLError("creating partition "+name, err)
+		// Created alone and then attached, not CREATE TABLE … PARTITION OF,
+		// which locks the table ACCESS EXCLUSIVE: it would wait for every
+		// transaction open on the table while every new claim queued
+		// behind it. ATTACH takes SHARE UPDATE EXCLUSIVE, which no claim's
+		// lock conflicts with, and the new table's scan finds it empty.
+		// LIKE copies the columns with their types, collations, NOT NULL
+		// and CHECK constraints, which ATTACH requires; ATTACH builds the
+		// primary key's index. DDL takes no parameters; the bounds are
+		// timestamps this code formats.
+		ddl := []string{
+			fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 80)", s.qualified(name), s.names.table),
+			fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')",
+				s.names.table, s.qualified(name), lower.UTC().Format(time.RFC3339Nano), lower.Add(s.width).UTC().Format(time.RFC3339Nano)),
+		}
+		for _, stmt := range ddl {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return s.partitionDDLError("creating partition "+name, err)
+			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
