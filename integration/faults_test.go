@@ -30,8 +30,10 @@ import (
 // that requeues a nack at once does (RabbitMQ), while the proxy cuts,
 // stalls or slows the store's connections. Every message must end acked,
 // charged once in the one-transaction mode (PostgreSQL) and at most once
-// in the lease mode (Redis: a success that cannot be recorded is acked, so
-// a later duplicate could run again; none may here, since the faults end).
+// in the lease mode (Redis, and PostgreSQL's partitioned layout in
+// TestStoreFaultsPartitioned: a success that cannot be recorded is acked,
+// so a later duplicate could run again; none may here, since the faults
+// end).
 
 // faultProxy starts a proxy to upstream and returns it with its address.
 func faultProxy(t *testing.T, upstream string) *toxiproxy.Proxy {
@@ -78,11 +80,15 @@ type faultRun struct {
 
 func TestStoreFaults(t *testing.T) { testStoreFaults(t, storeKinds) }
 
-// The faults again on the partitioned layout of PostgreSQL.
+// The faults again on the partitioned layout of PostgreSQL, in both modes:
+// the one-transaction mode (postgres) and the lease mode (postgres-lease,
+// whose handler's effect is counted in memory, as Redis's is).
 func TestStoreFaultsPartitioned(t *testing.T) {
-	kind := storeKinds[0]
-	kind.layout = postgres.LayoutPartitioned
-	testStoreFaults(t, []storeKind{kind})
+	tx := storeKinds[0]
+	tx.layout = postgres.LayoutPartitioned
+	lease := tx
+	lease.name, lease.lease = "postgres-lease", true
+	testStoreFaults(t, []storeKind{tx, lease})
 }
 
 func testStoreFaults(t *testing.T, kinds []storeKind) {
@@ -144,7 +150,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 	var b *receiver.Builder
 	var handler message.HandlerFunc
 	switch kind.name {
-	case "postgres":
+	case "postgres", "postgres-lease":
 		proxy := faultProxy(t, pgUpstream(t))
 		pool := proxiedPool(t, proxy, 16, 0) // pgx's default connect timeout, as before
 		direct := pgPool(t)
@@ -152,6 +158,12 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		must(t, err)
 		t.Cleanup(func() { st.Close() })
 		must(t, st.Migrate(context.Background()))
+		if kind.lease {
+			b = receiver.New(st)
+			handler, r.effects = countedEffects()
+			defer runFaultLoop(t, r, b, handler, p, proxy, f)
+			break
+		}
 		ledger := pgx.Identifier{ns, "ledger"}.Sanitize()
 		_, err = direct.Exec(context.Background(), "CREATE TABLE "+ledger+" (id bigserial PRIMARY KEY, uuid text NOT NULL)")
 		must(t, err)
@@ -183,29 +195,35 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		t.Cleanup(func() { _ = client.Close() })
 		st, err := redisstore.New(client, redisstore.Options{Prefix: ns})
 		must(t, err)
-		var mu sync.Mutex
-		effects := map[string]int{}
 		b = receiver.New(st)
-		handler = func(m *message.Message) ([]*message.Message, error) {
-			mu.Lock()
-			effects[m.UUID]++
-			mu.Unlock()
-			return nil, nil
-		}
-		r.effects = func() map[string]int {
-			mu.Lock()
-			defer mu.Unlock()
-			out := map[string]int{}
-			for k, v := range effects {
-				out[k] = v
-			}
-			return out
-		}
+		handler, r.effects = countedEffects()
 		defer runFaultLoop(t, r, b, handler, p, proxy, f)
 	default:
 		t.Fatalf("no fault run for store kind %q: add one to runFault", kind.name)
 	}
 	return r
+}
+
+// countedEffects is a lease-mode handler that counts its runs per message
+// in memory, and what it counted.
+func countedEffects() (message.HandlerFunc, func() map[string]int) {
+	var mu sync.Mutex
+	effects := map[string]int{}
+	handler := func(m *message.Message) ([]*message.Message, error) {
+		mu.Lock()
+		effects[m.UUID]++
+		mu.Unlock()
+		return nil, nil
+	}
+	return handler, func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		out := map[string]int{}
+		for k, v := range effects {
+			out[k] = v
+		}
+		return out
+	}
 }
 
 // runFaultLoop delivers the messages on 8 consumers until each is acked,

@@ -29,6 +29,10 @@ type storeKind struct {
 	// layout is the PostgreSQL table's layout where a test builds the store
 	// itself (TestStoreFaultsPartitioned).
 	layout postgres.Layout
+	// lease runs the PostgreSQL store in the lease mode, not the
+	// one-transaction mode, where a test builds the receiver itself
+	// (TestStoreFaultsPartitioned).
+	lease bool
 }
 
 var storeKinds = []storeKind{

@@ -48,13 +48,19 @@ type fixture struct {
 	age func(t *testing.T, scope, key string, d time.Duration)
 }
 
-var storeNames = []string{"postgres", "redis", "tiered"}
+// storeNames are the fixtures every forEachStore test runs on:
+// postgres-partitioned is PostgreSQL's partitioned layout
+// (postgres.LayoutPartitioned), which the CLI reaches with
+// --postgres-layout=partitioned.
+var storeNames = []string{"postgres", "postgres-partitioned", "redis", "tiered"}
 
 func newFixture(t *testing.T, name string) *fixture {
 	t.Helper()
 	switch name {
 	case "postgres":
-		return newPostgresFixture(t)
+		return newPostgresFixture(t, postgres.LayoutDelete)
+	case "postgres-partitioned":
+		return newPostgresFixture(t, postgres.LayoutPartitioned)
 	case "redis":
 		return newRedisFixture(t)
 	case "tiered":
@@ -79,11 +85,11 @@ func postgresFlags(schema string) []string {
 	return []string{"--store=postgres", "--postgres-dsn=" + testenv.PostgresDSN(), "--postgres-schema=" + schema, "--postgres-table=oncemill_records"}
 }
 
-func newPostgresFixture(t *testing.T) *fixture {
+func newPostgresFixture(t *testing.T, layout postgres.Layout) *fixture {
 	t.Helper()
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1, Layout: layout})
 	if err != nil {
 		t.Fatalf("postgres.New: %v", err)
 	}
@@ -92,10 +98,14 @@ func newPostgresFixture(t *testing.T) *fixture {
 		t.Fatalf("Migrate: %v", err)
 	}
 	qualified := pgx.Identifier{schema, "oncemill_records"}.Sanitize()
+	name, flags := "postgres", postgresFlags(schema)
+	if layout == postgres.LayoutPartitioned {
+		name, flags = "postgres-partitioned", append(flags, "--postgres-layout=partitioned")
+	}
 	return &fixture{
-		name:  "postgres",
+		name:  name,
 		st:    st,
-		flags: postgresFlags(schema),
+		flags: flags,
 		age: func(t *testing.T, scope, key string, d time.Duration) {
 			t.Helper()
 			tag, err := pool.Exec(t.Context(), "UPDATE "+qualified+
@@ -162,7 +172,7 @@ func newRedisFixture(t *testing.T) *fixture {
 // test's next ClaimLease at once rather than when the invalidation arrives.
 func newTieredFixture(t *testing.T) *fixture {
 	t.Helper()
-	pg := newPostgresFixture(t)
+	pg := newPostgresFixture(t, postgres.LayoutDelete)
 	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	if err := c.Ping(t.Context()).Err(); err != nil {

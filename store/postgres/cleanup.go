@@ -5,27 +5,56 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DeleteExpired removes expired records on demand, a batch at a time,
-// beside the background cleaner (Options.CleanupInterval), or instead of it
-// when that is off: one bounded DELETE of up to limit expired records
-// (expired leases included) whose purge time has come (the claim's
-// LeaseRequest.Retain), oldest first, returning how many it removed. Until
+// DeleteExpired removes expired records on demand, beside the background
+// cleaner (Options.CleanupInterval), or instead of it when that is off,
+// and returns how many it removed. To remove everything expired, call it
+// until it returns 0. What it does depends on the layout:
+//
+// LayoutDelete: one bounded DELETE of up to limit expired records (expired
+// leases included) whose purge time has come (the claim's
+// LeaseRequest.Retain), oldest first, walking the purge_at index. Until
 // then an expired lease keeps its attempt count for the next ClaimLease;
-// after it, the next ClaimLease of the key starts again at attempt 1. To
-// remove everything expired, call it until it returns 0. It skips rows
-// that another transaction holds (FOR UPDATE SKIP LOCKED), so it never waits
-// for a ClaimLease, and holds its own row locks for one short statement.
+// after it, the next ClaimLease of the key starts again at attempt 1. It
+// skips rows that another transaction holds (FOR UPDATE SKIP LOCKED), so it
+// never waits for a ClaimLease, and holds its own row locks for one short
+// statement.
+//
+// LayoutPartitioned: first what the cleaner's pass does, unless another
+// worker's cleaner is in one (the same one-leader lock): it drops every
+// partition whose rows may all go, blocking no claim (dropPartitions), and
+// returns their rows, which may be more than limit (a partition goes whole
+// or not at all), having deleted none. Only when no partition could go does
+// it delete up to limit expired records past their purge time, with the
+// rule and the locking of LayoutDelete, from the partitions that stay:
+// with no purge_at index that statement reads every partition, which suits
+// an operator or a test, not a program in a loop; the rows it deletes leave
+// dead tuples in partitions that would go whole later anyway. Its bound is
+// Options.StatementTimeout plus the upkeep's wait (the longer of
+// StatementTimeout and CleanupInterval).
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, invalid("delete expired", "limit is %d, must be positive", limit)
 	}
-	ctx, cancel, err := s.enter(ctx, "delete expired", 0)
+	extra := time.Duration(0)
+	if s.opts.Layout == LayoutPartitioned {
+		extra = 2 * s.upkeepWait() // the wait for older transactions, and a detach
+	}
+	ctx, cancel, err := s.enter(ctx, "delete expired", extra)
 	if err != nil {
 		return 0, err
 	}
 	defer s.leave(cancel)
+	if s.opts.Layout == LayoutPartitioned {
+		dropped, err := s.asLeader(ctx, s.dropPartitions)
+		s.telemetry.deleted.Add(ctx, int64(dropped), s.telemetry.tableAttrs)
+		if err != nil || dropped > 0 {
+			return dropped, err
+		}
+	}
 	var n int
 	var newest time.Time
 	if err := s.pool.QueryRow(ctx, s.sql.cleanupBatch, limit, time.Time{}).Scan(&n, &newest); err != nil {
@@ -35,35 +64,41 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return n, nil
 }
 
-// cleanupPass removes every expired record in batches of
-// Options.CleanupBatch, unless another worker is cleaning the same table:
-// then it returns at once with ran false. The background cleaner runs it
-// every Options.CleanupInterval.
-//
-// One cleaner at a time: the pass holds a session advisory lock
-// (pg_try_advisory_lock) on a connection of its own for its duration, and a
-// worker that dies mid-pass releases it with its session. Each batch is its
-// own short transaction, so no lock is held from one batch to the next.
-func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err error) {
+// asLeader runs f under the cleaner's one-leader lock, as cleanupPass
+// does, or returns 0 at once when another worker holds it.
+func (s *Store) asLeader(ctx context.Context, f func(context.Context) (int, error)) (int, error) {
 	s.cleanupMu.Lock()
 	defer s.cleanupMu.Unlock()
+	_, unlock, ok, err := s.leaderLock(ctx)
+	if err != nil || !ok {
+		return 0, err
+	}
+	defer unlock()
+	return f(ctx)
+}
 
+// leaderLock takes the cleaner's one-leader lock: a session advisory lock
+// (pg_try_advisory_lock) on a connection of its own, which unlock gives
+// back (a worker that dies releases it with its session), and which the
+// holder may use until then. ok is false when another worker holds it. The
+// caller holds cleanupMu.
+func (s *Store) leaderLock(ctx context.Context) (conn *pgxpool.Conn, unlock func(), ok bool, err error) {
 	actx, cancel := context.WithTimeout(ctx, s.opts.StatementTimeout)
 	defer cancel()
-	conn, err := s.pool.Acquire(actx)
+	conn, err = s.pool.Acquire(actx)
 	if err != nil {
-		return 0, false, wrap("cleanup", err)
+		return nil, nil, false, wrap("cleanup", err)
 	}
 	var locked bool
 	if err := conn.QueryRow(actx, "SELECT pg_try_advisory_lock($1)", s.cleanupKey).Scan(&locked); err != nil {
 		conn.Release()
-		return 0, false, wrap("cleanup: taking the cleaner lock", err)
+		return nil, nil, false, wrap("cleanup: taking the cleaner lock", err)
 	}
 	if !locked {
 		conn.Release()
-		return 0, false, nil
+		return nil, nil, false, nil
 	}
-	defer func() {
+	return conn, func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.StatementTimeout)
 		defer cancel()
 		var unlocked bool
@@ -72,7 +107,26 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 			_ = conn.Conn().Close(uctx)
 		}
 		conn.Release()
-	}()
+	}, true, nil
+}
+
+// cleanupPass removes every expired record in batches of
+// Options.CleanupBatch (the partitioned layout: creates partitions ahead
+// and drops those whose rows may all go), unless another worker is
+// cleaning the same table: then it returns at once with ran false. The
+// background cleaner runs it every Options.CleanupInterval.
+//
+// One cleaner at a time: the pass holds the one-leader lock (leaderLock)
+// for its duration. Each batch is its own short transaction, so no lock is
+// held from one batch to the next.
+func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err error) {
+	s.cleanupMu.Lock()
+	defer s.cleanupMu.Unlock()
+	conn, unlock, ok, err := s.leaderLock(ctx)
+	if err != nil || !ok {
+		return 0, false, err
+	}
+	defer unlock()
 
 	if s.opts.Layout == LayoutPartitioned {
 		// Partition upkeep instead of DELETE batches.

@@ -74,7 +74,10 @@
 // no unique index can span the partitions, so every claim takes the key's
 // advisory lock and then looks the key up in every partition, in a
 // statement of its own; a key claimed again after its partition aged moves
-// to the current partition. docs/stores.md, "Partitioned layout (in
+// to the current partition. A partition leaves by DETACH PARTITION …
+// CONCURRENTLY (PostgreSQL 14 or later) and is then dropped, so no claim
+// waits for it; on this layout Complete and Release refuse a lease past
+// its purge time and expired. docs/stores.md, "Partitioned layout (in
 // progress)", has the design and what is left of it.
 //
 // # Limits

@@ -9,7 +9,6 @@ import (
 
 	"github.com/bits-and-blooms/bloom/v3"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Key filters of the partitioned layout. A claim of a new key must find
@@ -34,10 +33,9 @@ const (
 	// partitions, 2.4% of new keys are looked up in every partition.
 	keyFilterFalsePositives = 0.001
 	// keyFilterDelay is how long after a partition's range ends its filter
-	// is built: a row is inserted only within microseconds of reading the
-	// clock that chose its partition, so a minute later nothing can still
-	// be on its way in, and the SHARE lock the build takes first waits for
-	// the transactions that put rows in and have not ended.
+	// is built: a row is inserted within microseconds of reading the clock
+	// that chose its partition, so a minute later nothing can still be on
+	// its way in.
 	keyFilterDelay = time.Minute
 )
 
@@ -135,50 +133,50 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) *keyFilters 
 // buildKeyFilters builds the filter of every partition closed for
 // keyFilterDelay that has none, and deletes the filters of dropped
 // partitions. The cleaner's leader runs it.
+//
+// A partition's keys are read once every transaction older than the pass
+// has ended (awaitOlderTransactions, which takes no lock): a transaction
+// that put a row in the partition read the clock before its range ended,
+// a minute or more before the pass began, so the read sees every key the
+// partition will ever hold.
 func (s *Store) buildKeyFilters(ctx context.Context) error {
-	now, parts, err := s.partitionsNow(ctx)
+	now, parts, err := s.listPartitions(ctx, s.pool)
 	if err != nil {
 		return wrap("building key filters: listing partitions", err)
 	}
+	parts = inTable(parts)
 	have, err := s.filterNames(ctx)
 	if err != nil {
 		return err
 	}
 	names := make([]string, 0, len(parts))
+	var due []partition
 	for _, p := range parts {
 		names = append(names, p.name)
-		if have[p.name] || p.upper.Add(keyFilterDelay).After(now) {
-			continue
-		}
-		if err := s.buildKeyFilter(ctx, p); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
-				continue // busy: the next pass tries again
-			}
-			return err
+		if !have[p.name] && !p.upper.Add(keyFilterDelay).After(now) {
+			due = append(due, p)
 		}
 	}
 	if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition <> ALL($1)", names); err != nil {
 		return wrap("deleting the key filters of dropped partitions", err)
 	}
+	if len(due) == 0 {
+		return nil
+	}
+	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
+		return err // the next pass tries again
+	}
+	for _, p := range due {
+		if err := s.buildKeyFilter(ctx, p); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // buildKeyFilter reads the keys of the closed partition p into a filter
-// and stores it. It first takes p's SHARE lock, which waits for every
-// transaction that wrote to p to end, and lets it go at once: no new key
-// can enter p any more, so a read after it sees every key p will ever hold.
+// and stores it.
 func (s *Store) buildKeyFilter(ctx context.Context, p partition) error {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", dropLockTimeout.Milliseconds())); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, "LOCK TABLE "+s.qualified(p.name)+" IN SHARE MODE")
-		return err
-	})
-	if err != nil {
-		return err
-	}
 	var n uint
 	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.qualified(p.name)).Scan(&n); err != nil {
 		return wrap("building the key filter of "+p.name, err)
@@ -229,10 +227,11 @@ func (s *Store) filterNames(ctx context.Context) (map[string]bool, error) {
 // those of dropped partitions, and publishes what claims consult. Every
 // worker's cleaner runs it after its pass.
 func (s *Store) refreshKeyFilters(ctx context.Context) error {
-	_, parts, err := s.partitionsNow(ctx)
+	_, parts, err := s.listPartitions(ctx, s.pool)
 	if err != nil {
 		return wrap("loading key filters: listing partitions", err)
 	}
+	parts = inTable(parts)
 	have, err := s.filterNames(ctx)
 	if err != nil {
 		return err

@@ -15,20 +15,21 @@ import (
 // partitions ahead of the clock, and dropping those whose every row is past
 // its purge time. docs/stores.md, "Partitioned layout (in progress)".
 
-// dropLockTimeout bounds each lock a drop waits for: the partition's (held
-// by a claim moving a row out of it, or a completion of one of its rows)
-// and the parent's, which DROP takes ACCESS EXCLUSIVE and which every
-// transaction on the table holds until it ends. Claims queue behind a drop
-// that waits, so the bound is short; a drop that times out is tried again
-// by the next pass. Below deadlock_timeout (1s by default), so that in a
-// deadlock with a claim (which holds the parent and waits for the
-// partition) the drop gives up first.
-const dropLockTimeout = 500 * time.Millisecond
+// partitionState is where a partition is in its way out.
+type partitionState int
+
+const (
+	attached      partitionState = iota
+	detachPending                // a DETACH … CONCURRENTLY was interrupted: FINALIZE completes it
+	detached                     // detached by the upkeep but not dropped: only DROP is left
+)
 
 // partition is one partition of the table, [lower, upper) of claimed_at.
+// A detached one has no bounds.
 type partition struct {
 	name         string
 	lower, upper time.Time
+	state        partitionState
 }
 
 // partitionName is the name of the partition starting at lower: the
@@ -49,36 +50,48 @@ func isNoPartition(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
 }
 
-// listPartitions reads the table's partitions from the catalog, oldest first.
-func (s *Store) listPartitions(ctx context.Context, q querier) ([]partition, error) {
-	rows, err := q.Query(ctx, s.sql.partitions, s.names.table)
+// listPartitions reads, in one statement, the database's now() and the
+// table's partitions from the catalog, oldest first: those attached or
+// detaching, then the tables the upkeep detached and has not dropped yet
+// (found by detachedMarker).
+func (s *Store) listPartitions(ctx context.Context, q querier) (time.Time, []partition, error) {
+	rows, err := q.Query(ctx, s.sql.partitions, s.names.table, s.opts.Schema, s.detachedMarker())
 	if err != nil {
-		return nil, err
+		return time.Time{}, nil, err
 	}
-	return pgx.CollectRows(rows, scanPartition)
-}
-
-// scanPartition reads a row of sqlPartitions.
-func scanPartition(row pgx.CollectableRow) (partition, error) {
-	var p partition
-	err := row.Scan(&p.name, &p.lower, &p.upper)
-	return p, err
-}
-
-// partitionsNow reads the database's clock and the table's partitions,
-// oldest first, in one round trip.
-func (s *Store) partitionsNow(ctx context.Context) (time.Time, []partition, error) {
 	var now time.Time
 	var parts []partition
-	b := &pgx.Batch{}
-	b.Queue("SELECT now()").QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
-	b.Queue(s.sql.partitions, s.names.table).Query(func(rows pgx.Rows) error {
-		var err error
-		parts, err = pgx.CollectRows(rows, scanPartition)
-		return err
-	})
-	err := s.pool.SendBatch(ctx, b).Close()
-	return now, parts, err
+	for rows.Next() {
+		var name *string
+		var p partition
+		if err := rows.Scan(&now, &name, &p.lower, &p.upper, &p.state); err != nil {
+			rows.Close()
+			return time.Time{}, nil, err
+		}
+		if name != nil { // nil: no partition, the row carries now() alone
+			p.name = *name
+			parts = append(parts, p)
+		}
+	}
+	return now, parts, rows.Err()
+}
+
+// inTable is parts without those detached already.
+func inTable(parts []partition) []partition {
+	out := parts[:0:0]
+	for _, p := range parts {
+		if p.state != detached {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// detachedMarker is the comment the upkeep puts on a partition before it
+// detaches it, by which a later pass finds and drops it if this one ends
+// between the detach and the drop.
+func (s *Store) detachedMarker() string {
+	return "oncemill: detached from " + s.opts.Schema + "." + s.opts.Table + " by the partition upkeep; dropped by its next pass"
 }
 
 // partitionsAhead is how far past now the partitions reach after an
@@ -101,25 +114,40 @@ func (s *Store) ensurePartitions(ctx context.Context) error {
 		return wrap("creating partitions", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	var now time.Time
-	if err := tx.QueryRow(ctx, "SELECT now() FROM pg_advisory_xact_lock($1)", s.partitionKey).Scan(&now); err != nil {
+	// The lock first, in a statement of its own: the list after it sees
+	// every partition that the worker before created.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.partitionKey); err != nil {
 		return wrap("creating partitions", err)
 	}
-	parts, err := s.listPartitions(ctx, tx)
+	now, parts, err := s.listPartitions(ctx, tx)
 	if err != nil {
 		return wrap("creating partitions: listing them", err)
 	}
+	parts = inTable(parts)
 	lower := now.Truncate(s.width)
 	if n := len(parts); n > 0 && parts[n-1].upper.After(lower) {
 		lower = parts[n-1].upper
 	}
 	for end := now.Add(s.partitionsAhead()); lower.Before(end); lower = lower.Add(s.width) {
 		name := s.partitionName(lower)
-		// DDL takes no parameters; the bounds are timestamps this code formats.
-		ddl := fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s') WITH (fillfactor = 80)",
-			s.qualified(name), s.names.table, lower.UTC().Format(time.RFC3339Nano), lower.Add(s.width).UTC().Format(time.RFC3339Nano))
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return s.partitionDDLError("creating partition "+name, err)
+		// Created alone and then attached, not CREATE TABLE … PARTITION OF,
+		// which locks the table ACCESS EXCLUSIVE: it would wait for every
+		// transaction open on the table while every new claim queued
+		// behind it. ATTACH takes SHARE UPDATE EXCLUSIVE, which no claim's
+		// lock conflicts with, and the new table's scan finds it empty.
+		// LIKE copies the columns with their types, collations, NOT NULL
+		// and CHECK constraints, which ATTACH requires; ATTACH builds the
+		// primary key's index. DDL takes no parameters; the bounds are
+		// timestamps this code formats.
+		ddl := []string{
+			fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 80)", s.qualified(name), s.names.table),
+			fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')",
+				s.names.table, s.qualified(name), lower.UTC().Format(time.RFC3339Nano), lower.Add(s.width).UTC().Format(time.RFC3339Nano)),
+		}
+		for _, stmt := range ddl {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return s.partitionDDLError("creating partition "+name, err)
+			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -140,92 +168,228 @@ func (s *Store) partitionDDLError(op string, err error) error {
 	return wrap(op, err)
 }
 
-// dropPartitions drops every partition whose range has ended and whose
-// rows are all past their purge time and expired, and
-// returns how many rows went with them. The background cleaner runs it
-// under its one-leader lock.
+// dropPartitions drops every partition whose rows are all past their purge
+// time and expired, without blocking a claim, and returns how many rows
+// went with them. The background cleaner runs it under its one-leader lock
+// (so does DeleteExpired).
 //
-// A partition is read twice: without a lock, which finds when its last row
-// may go (remembered, so that a partition with a live row is not read
-// again before then), and, once that time has come, under a SHARE lock,
-// which waits for the transactions writing to it and keeps new writers out,
-// so that what it reads is final. Only then is it dropped, in the same
-// transaction. Readers (every claim's lookup) are not blocked until the
-// DROP itself.
+// A claim never waits for it: no lock it takes conflicts with the locks
+// of claims (ROW EXCLUSIVE on the table and every partition). DROP TABLE of
+// an attached partition would lock the table ACCESS EXCLUSIVE, which waits
+// for every transaction open on it (a one-transaction handler's included)
+// while every new claim queues behind it; instead a partition leaves the
+// table by DETACH PARTITION … CONCURRENTLY, which takes SHARE UPDATE
+// EXCLUSIVE on both, marks the partition detaching (statements that begin
+// after that do not see it), waits, without holding a lock anyone waits
+// for, for the transactions that may still see it, and then takes the
+// partition alone ACCESS EXCLUSIVE; the detached table, which nothing
+// reaches any more, is then dropped (locking only itself).
+//
+// Why no row that matters is lost. Let T be the database's now() read with
+// the list. A partition is a candidate when its range ended by T (upper <=
+// T): a claim that begins at T or later puts its row, claimed_at being its
+// statement_timestamp(), in a later partition. Then:
+//
+//  1. Barrier: wait (awaitOlderTransactions, polling pg_locks) until no
+//     transaction that began before T holds a lock on the table or a
+//     partition. Every statement of the store on a row takes those locks as
+//     it starts, and holds them until its transaction ends.
+//  2. Read the partition once: the time its last row may go,
+//     greatest(purge_at, expires_at), and the time it ages, claimed_at +
+//     one width; the latest of these over its rows. Every write of a
+//     transaction that began before T has committed or rolled back by now
+//     (1), so it is in what this reads. If that time is after T, the
+//     partition stays, and is not read again before then (partNext).
+//  3. Otherwise every row is expired and past its purge time as of T, and
+//     what a transaction that began at T or later can do to one of them is:
+//     a claim or RecordRollback that takes it moves it out (deletes it here
+//     and inserts it into the current partition), as the row is aged for a
+//     statement_timestamp() of T or later (sqlPartClaim); Complete and
+//     Release refuse it, as they refuse any row past its purge time and
+//     expired (partLive: what the DELETE layout's cleanup may have removed
+//     already); Extend refuses an expired lease; a delete deletes. None of
+//     them can make a row of the partition live again, so whatever the
+//     detach hides from a claim was free to go.
+//  4. DETACH … CONCURRENTLY. A claim that began before the partition was
+//     marked detaching may still move a row out of it: the detach waits for
+//     that claim's transaction, and the row it inserted into the current
+//     partition is what the next claim of the key finds (after waiting for
+//     the key's advisory lock). A claim that begins after the mark does not
+//     see the partition: it finds no row where the rows were all free to
+//     go, as after the DELETE layout's cleanup, and its token still rises
+//     (one sequence). A Complete of one of its rows, in a transaction that
+//     began at T or later, is refused (3), whether it sees the partition or
+//     not: the lease was lost.
+//  5. DROP TABLE of the detached table, its rows counted in the same
+//     transaction.
+//
+// So a partition is read once, after the barrier: the read before a SHARE
+// lock that the previous version took is not needed, since no lock is
+// taken and the barrier, not a lock, makes the read final.
+//
+// What an earlier pass left half done comes first: a detach that was
+// interrupted (the partition detaching, found in the catalog) is completed
+// with DETACH … FINALIZE, and a table detached but not dropped (marked by
+// detachedMarker before the detach) is dropped. Both were read by the pass
+// that began detaching them.
 func (s *Store) dropPartitions(ctx context.Context) (int, error) {
-	var now time.Time
-	if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
-		return 0, wrap("dropping partitions", err)
-	}
-	parts, err := s.listPartitions(ctx, s.pool)
+	now, parts, err := s.listPartitions(ctx, s.pool)
 	if err != nil {
 		return 0, wrap("dropping partitions: listing them", err)
 	}
 	removed := 0
+	var due []partition
 	for _, p := range parts {
-		if p.upper.After(now) {
-			break // sorted: the rest are newer
-		}
-		if next, ok := s.partNext[p.name]; ok && next.After(now) {
+		switch {
+		case p.state == detached:
+		case p.state == detachPending:
+			if err := s.detach(ctx, p, "FINALIZE"); err != nil {
+				return removed, err
+			}
+		case p.upper.After(now):
+			continue // its range has not ended
+		case s.partNext[p.name].After(now):
+			continue // a row of it lives until then
+		default:
+			due = append(due, p)
 			continue
 		}
-		var rows int
+		n, err := s.dropDetached(ctx, p)
+		if err != nil {
+			return removed, err
+		}
+		removed += n
+	}
+	if len(due) == 0 {
+		return removed, nil
+	}
+	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
+		return removed, err // the next pass tries again
+	}
+	for _, p := range due {
 		var last *time.Time
 		live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
-		if err := s.pool.QueryRow(ctx, live).Scan(&rows, &last); err != nil {
+		if err := s.pool.QueryRow(ctx, live, micros(s.width)).Scan(&last); err != nil {
 			return removed, wrap("dropping partitions: reading "+p.name, err)
 		}
 		if last != nil && last.After(now) {
 			s.partNext[p.name] = *last
 			continue
 		}
-		n, dropped, err := s.dropPartition(ctx, p)
-		if err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
-				continue // busy: the next pass tries again
-			}
+		// The mark first: if this pass ends after the detach, the next
+		// one finds the table by it.
+		comment := fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker())
+		if _, err := s.pool.Exec(ctx, comment); err != nil {
+			return removed, s.partitionDDLError("marking partition "+p.name, err)
+		}
+		if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
 			return removed, err
 		}
-		if dropped {
-			removed += n
-			delete(s.partNext, p.name)
+		n, err := s.dropDetached(ctx, p)
+		if err != nil {
+			return removed, err
 		}
+		removed += n
+		delete(s.partNext, p.name)
 	}
 	return removed, nil
 }
 
-// dropPartition drops p if, under its SHARE lock, every row in it may go.
-func (s *Store) dropPartition(ctx context.Context, p partition) (rows int, dropped bool, err error) {
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return 0, false, wrap("dropping partition "+p.name, err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", dropLockTimeout.Milliseconds())); err != nil {
-		return 0, false, wrap("dropping partition "+p.name, err)
-	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+s.qualified(p.name)+" IN SHARE MODE"); err != nil {
-		return 0, false, err
-	}
-	var last *time.Time
-	var now time.Time
-	if err := tx.QueryRow(ctx, "SELECT count(*), max(greatest(purge_at, expires_at)), statement_timestamp() FROM "+s.qualified(p.name)).Scan(&rows, &last, &now); err != nil {
-		return 0, false, wrap("dropping partition "+p.name, err)
-	}
-	if last != nil && last.After(now) {
-		s.partNext[p.name] = *last
-		return 0, false, nil
-	}
-	if _, err := tx.Exec(ctx, "DROP TABLE "+s.qualified(p.name)); err != nil {
+// detach runs DETACH PARTITION … mode (CONCURRENTLY or FINALIZE) of p,
+// waiting up to upkeepWait: it blocks no claim, and one that is interrupted
+// leaves p detaching, which the next pass finalizes.
+func (s *Store) detach(ctx context.Context, p partition, mode string) error {
+	dctx, cancel := context.WithTimeout(ctx, s.upkeepWait())
+	defer cancel()
+	ddl := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s %s", s.names.table, s.qualified(p.name), mode)
+	if _, err := s.pool.Exec(dctx, ddl); err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable {
-			return 0, false, err
+		if errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.Contains(pgErr.Message, "default partition") {
+			return fmt.Errorf("oncemill: postgres: detaching partition %s: %w (the partitioned layout makes no DEFAULT partition, "+
+				"and PostgreSQL cannot detach a partition concurrently while the table has one: detach the DEFAULT partition)", p.name, err)
 		}
-		return 0, false, s.partitionDDLError("dropping partition "+p.name, err)
+		return s.partitionDDLError("detaching partition "+p.name+" ("+mode+")", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, false, wrap("dropping partition "+p.name, err)
+	return nil
+}
+
+// dropDetached drops the detached table p and returns how many rows it
+// held: one round trip. Nothing else reaches a detached table, so its lock
+// is not waited for (a lock_timeout guards against a stray session).
+func (s *Store) dropDetached(ctx context.Context, p partition) (int, error) {
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", s.opts.StatementTimeout.Milliseconds()))
+	b.Queue("SELECT count(*) FROM " + s.qualified(p.name))
+	b.Queue("DROP TABLE " + s.qualified(p.name))
+	b.Queue("commit")
+	br := s.pool.SendBatch(ctx, b)
+	var rows int
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
 	}
-	return rows, true, nil
+	if err == nil {
+		err = br.QueryRow().Scan(&rows)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, s.partitionDDLError("dropping partition "+p.name, err)
+	}
+	return rows, nil
+}
+
+// upkeepWait bounds each wait of the partition upkeep that blocks nobody:
+// for the transactions older than a pass (awaitOlderTransactions) and for a
+// DETACH … CONCURRENTLY or FINALIZE, which waits for the transactions that
+// may still see the partition. The longer of Options.StatementTimeout and
+// Options.CleanupInterval: a one-transaction handler may hold its
+// transaction open longer than a statement, and a pass that runs out leaves
+// the partition to the next one.
+func (s *Store) upkeepWait() time.Duration {
+	return max(s.opts.StatementTimeout, s.opts.CleanupInterval)
+}
+
+// awaitOlderTransactions waits until no other transaction that began
+// before t holds a lock on the table or one of its partitions, polling
+// pg_locks: it takes no lock, so nobody waits for it. It reports false
+// when upkeepWait ran out first (or ctx ended: then with its error).
+// Autovacuum workers are not waited for: they write no row, and a detach
+// cancels them.
+func (s *Store) awaitOlderTransactions(ctx context.Context, t time.Time) (bool, error) {
+	wctx, cancel := context.WithTimeout(ctx, s.upkeepWait())
+	defer cancel()
+	pause := 10 * time.Millisecond
+	for {
+		var older bool
+		err := s.pool.QueryRow(wctx, sqlOlderLockers, s.names.table, t).Scan(&older)
+		if err != nil {
+			if wctx.Err() != nil && ctx.Err() == nil {
+				return false, nil
+			}
+			return false, wrap("partition upkeep: waiting for older transactions", err)
+		}
+		if !older {
+			return true, nil
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-wctx.Done():
+			timer.Stop()
+			if ctx.Err() != nil {
+				return false, fmt.Errorf("oncemill: postgres: partition upkeep: %w", ctx.Err())
+			}
+			return false, nil
+		case <-timer.C:
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
 }

@@ -29,11 +29,12 @@ func (s *Store) Partitions(ctx context.Context) ([]Partition, error) {
 	if err != nil {
 		return nil, err
 	}
-	parts, err := s.listPartitions(lctx, s.pool)
+	_, parts, err := s.listPartitions(lctx, s.pool)
 	s.leave(cancel)
 	if err != nil {
 		return nil, wrap("partitions", err)
 	}
+	parts = inTable(parts)
 	out := make([]Partition, 0, len(parts))
 	for _, p := range parts {
 		q := Partition{Name: p.name, To: p.upper}

@@ -399,6 +399,8 @@ func newStatements(n names, async bool, layout Layout) statements {
 		q.partLockTx = n.render(sqlPartLockTx)
 		q.part = renderPartClaims(n, time.Time{})
 		q.partTryLock = n.render(sqlPartTryLock)
+		q.complete = n.render(sqlComplete + partLive)
+		q.release = n.render(sqlRelease + partLive)
 	}
 	q.partitions = sqlPartitions // Store.Partitions reads any table's
 	return q

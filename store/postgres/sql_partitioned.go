@@ -194,19 +194,57 @@ CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
 
 // Partition upkeep.
 
-// sqlPartitions lists the partitions of the table with their bounds, oldest
-// first, read from the catalog (pg_get_expr prints the bounds in the
-// session's time zone with its offset, so the casts give them back exactly;
-// the partition a converted table became starts at MINVALUE, read as year 1).
+// sqlPartitions is now() and the partitions of the table ($1) with their
+// bounds and state (0 attached, 1 detaching), oldest first, read from the
+// catalog (pg_get_expr prints the bounds in the session's time zone with
+// its offset, so the casts give them back exactly; given no relation, it
+// locks none, so it never waits for a partition being detached; the partition a
+// converted table became starts at MINVALUE, read as year 1), after the
+// tables of schema $2 that the upkeep detached and did not drop (state 2,
+// no bounds: their comment is $3). One row with a NULL name when there is
+// none of either, so that now() comes back in the same round trip.
 const sqlPartitions = `
-SELECT c.relname::text, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00'), m[2]::timestamptz
-FROM pg_inherits i
-JOIN pg_class c ON c.oid = i.inhrelid
-CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
-WHERE i.inhparent = to_regclass($1)
-ORDER BY 2`
+WITH parts AS (
+	SELECT c.relname::text AS name, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00') AS lower, m[2]::timestamptz AS upper,
+		CASE WHEN i.inhdetachpending THEN 1 ELSE 0 END AS state
+	FROM pg_inherits i
+	JOIN pg_class c ON c.oid = i.inhrelid
+	CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, 0), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
+	WHERE i.inhparent = to_regclass($1)
+	UNION ALL
+	SELECT c.relname::text, '0001-01-01 00:00:00+00'::timestamptz, '0001-01-01 00:00:00+00'::timestamptz, 2
+	FROM pg_class c
+	WHERE c.relnamespace = to_regnamespace($2)::oid AND c.relkind = 'r' AND NOT c.relispartition
+		AND obj_description(c.oid, 'pg_class') = $3::text)
+SELECT now(), parts.name, coalesce(parts.lower, now()), coalesce(parts.upper, now()), coalesce(parts.state, 0)
+FROM (SELECT 1) one LEFT JOIN parts ON true
+ORDER BY parts.state = 2 DESC, parts.lower`
 
-// sqlPartitionLive is what a partition holds ({{PART}}): its rows, and the
-// time its last row may go (every row is past its purge time and expired),
-// NULL when it is empty.
-const sqlPartitionLive = `SELECT count(*), max(greatest(purge_at, expires_at)) FROM {{PART}}`
+// sqlOlderLockers reports whether another transaction that began before $2
+// holds a lock on the table ($1) or one of its partitions (a prepared
+// transaction, which has no start time, counts, and so does a session of
+// another role when this one may not read its start: pg_read_all_stats).
+// Autovacuum is left out.
+const sqlOlderLockers = `
+SELECT EXISTS (
+	SELECT 1
+	FROM pg_locks l
+	LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+	WHERE l.locktype = 'relation'
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND (l.relation = to_regclass($1) OR l.relation IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1)))
+		AND l.pid IS DISTINCT FROM pg_backend_pid()
+		AND coalesce(a.backend_type, '') <> 'autovacuum worker'
+		AND (a.xact_start IS NULL OR a.xact_start < $2::timestamptz))`
+
+// sqlPartitionLive is the time the last row of a partition ({{PART}}) may
+// go (it is past its purge time and expired) and a claim moves it out (its
+// claimed_at is one width, $1 microseconds, ago), NULL when it is empty.
+const sqlPartitionLive = `SELECT max(greatest(purge_at, expires_at, claimed_at + $1::int8 * interval '1 microsecond')) FROM {{PART}}`
+
+// partLive is what the partitioned layout adds to Complete and Release:
+// they refuse a row past its purge time and expired, which the DELETE
+// layout's cleanup may have deleted already, so that no write makes a row
+// of a partition being dropped live again (dropPartitions).
+const partLive = `
+	AND (expires_at > now() OR purge_at > now())`

@@ -99,21 +99,18 @@ func (s *Store) CleanupLag(ctx context.Context) (time.Duration, error) {
 }
 
 // partitionLag is the partitioned layout's cleanup lag, read from the
-// catalog alone: how long ago the oldest partition was due to be dropped,
+// catalog alone, with now(), in one round trip: how long ago the oldest partition was due to be dropped,
 // or 0. A partition is due one retention (Options.Retention) and one width
 // after its range ends: by then every row claimed in it is past its purge
 // time, unless a lease or an outcome TTL outlived the retention. A steady
 // rise means the upkeep is not running, its drops keep timing out, or rows
 // live longer than Options.Retention says.
 func (s *Store) partitionLag(ctx context.Context) (time.Duration, error) {
-	var now time.Time
-	if err := s.pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
-		return 0, wrap("cleanup lag", err)
-	}
-	parts, err := s.listPartitions(ctx, s.pool)
+	now, parts, err := s.listPartitions(ctx, s.pool)
 	if err != nil {
 		return 0, wrap("cleanup lag", err)
 	}
+	parts = inTable(parts)
 	if len(parts) == 0 {
 		return 0, nil
 	}

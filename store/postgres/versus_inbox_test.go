@@ -228,7 +228,7 @@ func partsOf(tb testing.TB, pool *pgxpool.Pool, schema, tbl string) []part {
 	rows, err := pool.Query(tb.Context(), `
 		SELECT c.relname::text, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00'), m[2]::timestamptz
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
+		CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, 0), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
 		WHERE i.inhparent = to_regclass($1) ORDER BY 2`, table(schema, tbl))
 	if err != nil {
 		tb.Fatal(err)
