@@ -184,7 +184,8 @@ func isUndefinedTable(err error) bool {
 // every interval through CleanupPass (the background cleaner's own pass,
 // its lock included), with the background cleaner off, so that each pass
 // is timed, with the rows it removed and the partitions it dropped (read
-// from the catalog before and after). It reports, per layout:
+// from the catalog before and after), and vacuum runs as autovacuum would
+// at this time scale (vacuumer). It reports, per layout:
 //
 //   - last-q/first-q: msgs/s of the last quarter of the run over the first
 //     (goal ≥ 0.95): the table grows from empty to a retention and then
