@@ -244,6 +244,7 @@ func BenchmarkPartitionedFlatAsItGrows(b *testing.B) {
 				r.name, r.s.rate, cfg.length, r.s.first, r.s.last, r.s.lastOverFirst, r.s.p50, r.s.p99, r.s.outsideClaims,
 				r.s.p99Drop, r.s.dropPasses, r.s.dropClaims, r.s.p99Drop.Seconds()/r.s.p99.Seconds(), r.s.p99Pass, r.s.otherPasses,
 				r.s.removed, r.s.dropped, r.s.longestDrop.Round(time.Millisecond))
+			b.Logf("%s: msgs/s by eighth of the run %.0f, partitions %v", r.name, r.s.eighths, r.s.partsAt)
 		}
 	}
 }
@@ -275,6 +276,7 @@ func (t *timedClaims) ClaimInTx(ctx context.Context, req store.TxRequest) (store
 type cleanupPassSpan struct {
 	span
 	removed, dropped int
+	parts            int // partitions before it
 }
 
 // growth is what one layout's run recorded.
@@ -347,7 +349,7 @@ func growRun(b *testing.B, layout postgres.Layout, cfg turnover) *growth {
 		if err != nil || !ran {
 			b.Fatalf("CleanupPass = %d, %v, %v", removed, ran, err)
 		}
-		p.removed = removed
+		p.removed, p.parts = removed, len(before)
 		after := childrenOf(b, pool, schema, "records")
 		for name := range before {
 			if !after[name] {
@@ -374,6 +376,10 @@ type growSummary struct {
 	dropPasses, otherPasses          int
 	removed, dropped                 int
 	longestDrop                      time.Duration
+	// msgs/s in each eighth of the run, and the most partitions a pass
+	// found in it.
+	eighths []float64
+	partsAt []int
 }
 
 // summary sorts the claims by the passes they overlap: one that removed
@@ -394,6 +400,22 @@ func (g *growth) summary(length time.Duration) growSummary {
 		}
 	}
 	s.rate /= length.Seconds()
+	eighth := length / 8
+	s.eighths = make([]float64, 8)
+	s.partsAt = make([]int, 8)
+	for _, d := range g.done {
+		if i := int(d / eighth); i < 8 {
+			s.eighths[i]++
+		}
+	}
+	for i := range s.eighths {
+		s.eighths[i] /= eighth.Seconds()
+	}
+	for _, p := range g.passes {
+		if i := int(p.from / eighth); i < 8 {
+			s.partsAt[i] = max(s.partsAt[i], p.parts)
+		}
+	}
 	s.first, s.last = float64(first)/q.Seconds(), float64(last)/q.Seconds()
 	s.lastOverFirst = s.last / s.first
 	var drops, others []span
