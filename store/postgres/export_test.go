@@ -1,6 +1,10 @@
 package postgres
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"time"
+)
 
 // Internals for the tests of package postgres_test.
 
@@ -10,6 +14,18 @@ func (s *Store) Reruns() int64 { return s.reruns.Load() }
 // CleanupPass runs one pass of the background cleaner now.
 func (s *Store) CleanupPass(ctx context.Context) (removed int, ran bool, err error) {
 	return s.cleanupPass(ctx)
+}
+
+// WithPartitionWidth returns o with partitions w wide in place of the
+// width o.Retention gives (partitionWidth, at least a minute), so that a
+// benchmark spans several retentions in minutes. w is whole seconds: the
+// partitions are named to the second (partitionName).
+func WithPartitionWidth(o Options, w time.Duration) Options {
+	if w < time.Second || w%time.Second != 0 {
+		panic(fmt.Sprintf("WithPartitionWidth(%v): use whole seconds", w))
+	}
+	o.width = w
+	return o
 }
 
 // CleanupLockKey is the advisory lock key of the store's cleaner.

@@ -118,6 +118,12 @@ type Options struct {
 	MeterProvider metric.MeterProvider
 	// Logger receives errors of the background cleaner (default: discard).
 	Logger *slog.Logger
+
+	// width, when set, is the partition width in place of the one
+	// Retention gives (partitionWidth, at least a minute): whole seconds,
+	// for the benchmarks only (export_test.go, WithPartitionWidth), which
+	// must span several retentions in minutes.
+	width time.Duration
 }
 
 // withDefaults validates o and fills in the defaults. Every error says what

@@ -33,9 +33,19 @@ type partition struct {
 }
 
 // partitionName is the name of the partition starting at lower: the
-// table's name, "_p" and lower in UTC to the minute (widths are whole
-// minutes), at most 48+2+12 characters.
+// table's name, "_p" and lower in UTC to the minute, at most 48+2+12 = 62
+// bytes (maxTableLen). Partitions of one table start at least a width
+// apart, and widths are whole minutes (partitionWidth), so no two share a
+// name, even when they do not start on a whole minute (after a conversion,
+// the first starts where the converted table's range ends). A width of
+// seconds (the benchmarks' WithPartitionWidth) names them to the second
+// instead, with "_" alone: "_p" would make 48+2+14 = 64 bytes, past
+// PostgreSQL's 63 (NAMEDATALEN-1), which it would cut without an error,
+// and a digit where "p" stands keeps the two forms apart.
 func (s *Store) partitionName(lower time.Time) string {
+	if s.width%time.Minute != 0 {
+		return s.opts.Table + "_" + lower.UTC().Format("20060102150405")
+	}
 	return s.opts.Table + "_p" + lower.UTC().Format("200601021504")
 }
 

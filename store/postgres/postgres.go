@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -86,7 +87,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		sql:          newStatements(n, opts.AsyncBegin, opts.Layout),
 		cleanupKey:   lockKey("cleanup", n),
 		claimRetries: 10,
-		width:        partitionWidth(opts.Retention),
+		width:        cmp.Or(opts.width, partitionWidth(opts.Retention)),
 		partitionKey: lockKey("partitions", n),
 		partNext:     map[string]time.Time{},
 	}
