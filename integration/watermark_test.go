@@ -347,7 +347,9 @@ func TestKafkaWatermarkTwoOwners(t *testing.T) {
 		return err == nil && n > 0
 	}, func() string { return "the second member's claim never waited for the first's transaction" })
 	close(release)
-	eventually(t, limit, func() bool { return len(r.ledgerCounts()) == 5 && second.eventsWith(func(e pipeline.Event) bool { return e.MessageUUID == "m-4" }) > 0 },
+	eventually(t, limit, func() bool {
+		return len(r.ledgerCounts()) == 5 && second.eventsWith(func(e pipeline.Event) bool { return e.MessageUUID == "m-4" }) > 0
+	},
 		func() string { return fmt.Sprintf("ledger %v", r.ledgerCounts()) })
 	for id, n := range r.ledgerCounts() {
 		if n != 1 {
