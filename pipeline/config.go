@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
@@ -132,7 +133,7 @@ type KafkaWatermark struct {
 	Position func(*message.Message) (store.KafkaPosition, error)
 	// HighWaterMark returns a partition's high-water mark, checked against
 	// the stored watermark once per partition and process, when the first
-	// message below the watermark comes (store.KafkaWatermarkConfig).
+	// message below the watermark comes (store.KafkaWatermarks).
 	// Required.
 	HighWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)
 }
@@ -161,7 +162,7 @@ func watermarkStore(ts store.Transactional, cfg *Config) (store.Transactional, e
 	if !ok {
 		return nil, configerr.New(setting, "needs a store that keeps Kafka watermarks (store.KafkaWatermarks: store/postgres); %T does not", ts)
 	}
-	wts, err := kw.KafkaWatermarks(store.KafkaWatermarkConfig{Group: w.Group, HighWaterMark: w.HighWaterMark})
+	wts, err := kw.KafkaWatermarks(w.Group, w.HighWaterMark)
 	if err != nil {
 		return nil, configerr.New(setting, "%w", err)
 	}
@@ -171,7 +172,7 @@ func watermarkStore(ts store.Transactional, cfg *Config) (store.Transactional, e
 		if err != nil {
 			return "", err
 		}
-		return p.Key(), nil
+		return kafkapos.Key(p), nil
 	})
 	cfg.Fingerprint = keygen.NoFingerprint
 	cfg.Scope = keygen.StorableKey(w.Group, store.MaxScopeLen)

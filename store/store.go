@@ -3,9 +3,6 @@ package store
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -355,25 +352,21 @@ type Record struct {
 // one-transaction mode on Kafka, one row per (consumer group, topic,
 // partition) instead of a record per message: the watermark mode
 // (docs/kafka.md). KafkaWatermarks returns the Transactional whose claims
-// read the message's position from its key (KafkaPosition.Key): a message
+// read the message's position from its key ("<topic>/<partition>/<offset>",
+// the form of keygen/kafkakeys.Offset): a message
 // below the partition's watermark is a duplicate, any other executes and
 // moves the watermark past it in the handler's transaction.
+//
+// group is the consumer group whose offsets the watermarks follow
+// (required: offsets mean nothing outside a group's progress).
+// highWaterMark returns the offset the next record produced to a partition
+// will get (Kafka's high-water mark); the store asks it once per partition
+// and process, the first time a message below the watermark arrives: a
+// watermark above it means the topic was recreated, and the claim fails
+// with ErrWatermarkAhead instead of acking every message as a duplicate
+// (required).
 type KafkaWatermarks interface {
-	KafkaWatermarks(cfg KafkaWatermarkConfig) (Transactional, error)
-}
-
-// KafkaWatermarkConfig configures the watermark mode's claims.
-type KafkaWatermarkConfig struct {
-	// Group is the consumer group whose offsets the watermarks follow.
-	// Required: offsets mean nothing outside a group's progress.
-	Group string
-	// HighWaterMark returns the offset the next record produced to the
-	// partition will get (Kafka's high-water mark). The store asks it once
-	// per partition and process, the first time a message below the
-	// watermark arrives: a watermark above it means the topic was recreated,
-	// and the claim fails with ErrWatermarkAhead instead of acking every
-	// message as a duplicate. Required.
-	HighWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)
+	KafkaWatermarks(group string, highWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)) (Transactional, error)
 }
 
 // ErrWatermarkAhead: a partition's stored watermark is above the
@@ -387,37 +380,4 @@ type KafkaPosition struct {
 	Topic     string
 	Partition int32
 	Offset    int64
-}
-
-// Key is the position as the watermark mode's key, "<topic>/<partition>/<offset>",
-// the form of keygen/kafkakeys.Offset.
-func (p KafkaPosition) Key() string {
-	b := make([]byte, 0, len(p.Topic)+24)
-	b = append(b, p.Topic...)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, int64(p.Partition), 10)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, p.Offset, 10)
-	return string(b)
-}
-
-// ParseKafkaKey reads a key written by KafkaPosition.Key. The topic may
-// hold '/' (Kafka's do not); partition and offset are the last two fields.
-func ParseKafkaKey(key string) (KafkaPosition, error) {
-	rest, off, ok1 := cutLast(key)
-	topic, part, ok2 := cutLast(rest)
-	offset, err1 := strconv.ParseInt(off, 10, 64)
-	partition, err2 := strconv.ParseInt(part, 10, 32)
-	if !ok1 || !ok2 || topic == "" || err1 != nil || err2 != nil || offset < 0 || partition < 0 {
-		return KafkaPosition{}, fmt.Errorf("%w: key %.80q is not a Kafka position <topic>/<partition>/<offset>", ErrInvalidRequest, key)
-	}
-	return KafkaPosition{Topic: topic, Partition: int32(partition), Offset: offset}, nil
-}
-
-func cutLast(s string) (before, after string, ok bool) {
-	i := strings.LastIndexByte(s, '/')
-	if i < 0 {
-		return "", "", false
-	}
-	return s[:i], s[i+1:], true
 }

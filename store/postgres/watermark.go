@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/store"
 )
 
@@ -164,20 +165,20 @@ func newWatermarkStatements(n names) watermarkStatements {
 var errWatermarkConfig = fmt.Errorf("oncemill: postgres: kafka watermarks: %w", store.ErrInvalidRequest)
 
 // KafkaWatermarks implements store.KafkaWatermarks: the one-transaction
-// claims of the watermark mode for cfg.Group, on the table
+// claims of the watermark mode for the consumer group group, on the table
 // <Table>_watermarks that Migrate creates. Use it through
 // receiver.NewTransactional(st).WithKafkaWatermark, which builds it.
-func (s *Store) KafkaWatermarks(cfg store.KafkaWatermarkConfig) (store.Transactional, error) {
+func (s *Store) KafkaWatermarks(group string, highWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)) (store.Transactional, error) {
 	switch {
-	case cfg.Group == "":
+	case group == "":
 		return nil, fmt.Errorf("%w: the consumer group is empty; the watermarks follow a group's progress: pass the subscriber's ConsumerGroup", errWatermarkConfig)
-	case cfg.HighWaterMark == nil:
+	case highWaterMark == nil:
 		return nil, fmt.Errorf("%w: HighWaterMark is nil; pass a function that asks Kafka for a partition's high-water mark (kafkakeys.HighWaterMark)", errWatermarkConfig)
 	}
-	if err := checkText("kafka watermarks", "group", cfg.Group); err != nil {
+	if err := checkText("kafka watermarks", "group", group); err != nil {
 		return nil, err
 	}
-	return &watermarks{s: s, group: cfg.Group, highWaterMark: cfg.HighWaterMark}, nil
+	return &watermarks{s: s, group: group, highWaterMark: highWaterMark}, nil
 }
 
 // watermarks is the mode's store.Transactional over a Store.
@@ -195,9 +196,9 @@ var _ store.Transactional = (*watermarks)(nil)
 func (w *watermarks) Limits() store.Limits { return w.s.Limits() }
 
 // ClaimInTx implements store.Transactional: req.Key is a position
-// (store.KafkaPosition.Key); Scope and Fingerprint are not stored.
+// (internal/kafkapos); Scope and Fingerprint are not stored.
 func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxResult, error) {
-	pos, err := store.ParseKafkaKey(req.Key)
+	pos, err := kafkapos.Parse(req.Key)
 	if err != nil {
 		return store.TxResult{}, fmt.Errorf("oncemill: postgres: watermark claim: %w", err)
 	}
@@ -278,7 +279,7 @@ func (w *watermarks) checkAhead(ctx context.Context, pos store.KafkaPosition, wa
 // watermark past the offset and becomes the row's last outcome; a
 // retryable one records the offset's attempt count.
 func (w *watermarks) RecordRollback(ctx context.Context, lease store.Claim, _ string, out store.Completion) error {
-	pos, err := store.ParseKafkaKey(lease.Key)
+	pos, err := kafkapos.Parse(lease.Key)
 	if err != nil {
 		return fmt.Errorf("oncemill: postgres: watermark record rollback: %w", err)
 	}
