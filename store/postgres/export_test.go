@@ -46,3 +46,14 @@ const (
 
 // SchemaVersion is the newest schema version Migrate applies.
 var SchemaVersion = schemaVersion
+
+// WatermarkStatements are the watermark mode's statements of the delivery
+// path and of MoveWatermark, by name (not the operator's listing, which
+// reads the table).
+func (s *Store) WatermarkStatements() map[string]string {
+	q := s.wm
+	return map[string]string{
+		"wmClaim": q.claim, "wmCommitResult": q.commitResult, "wmRetryable": q.retryable, "wmFailed": q.failed,
+		"wmLock": q.lock, "wmMove": q.move,
+	}
+}

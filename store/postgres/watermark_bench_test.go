@@ -16,6 +16,7 @@ import (
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
@@ -246,4 +247,85 @@ func wmRoundRun(b *testing.B, partitions, n int, first int64, handle func(contex
 		b.FailNow()
 	}
 	return took
+}
+
+// BenchmarkWatermarkStorage sends 1,000,000 messages through the watermark
+// mode (16 partitions, each its own handler delivering its offsets in
+// order, no business write) and reports the watermark table's rows and
+// size every 250,000 messages: one row per partition, and a size that does
+// not grow with the message count (wm-bytes-first, wm-bytes-last: after the
+// first and the last quarter). The messages go through the store's claims
+// and commits directly, without the stage: the table is what is measured.
+//
+//	go test -run='^$' -bench=WatermarkStorage -benchtime=1x -timeout=60m ./store/postgres
+//
+// With -short it sends 16,000: a check that it runs.
+func BenchmarkWatermarkStorage(b *testing.B) {
+	for range b.N {
+		watermarkStorage(b)
+	}
+}
+
+func watermarkStorage(b *testing.B) {
+	const partitions = 16
+	total := 1_000_000
+	if testing.Short() {
+		total = 16_000
+	}
+	ctx := b.Context()
+	pool := testenv.Pool(b, func(cfg *pgxpool.Config) { cfg.MaxConns = partitions + 2 })
+	schema := testenv.Schema(b, pool)
+	st := newStore(b, pool, postgres.Options{Schema: schema})
+	wts, err := st.KafkaWatermarks("storage", func(context.Context, string, int32) (int64, error) { return 1 << 62, nil })
+	if err != nil {
+		b.Fatal(err)
+	}
+	wmTable := pgx.Identifier{schema, postgres.DefaultTable + "_watermarks"}.Sanitize()
+	size := func() (rows int, bytes int64) {
+		if err := pool.QueryRow(ctx, "SELECT count(*), pg_total_relation_size($1) FROM "+wmTable, wmTable).Scan(&rows, &bytes); err != nil {
+			b.Fatal(err)
+		}
+		return rows, bytes
+	}
+	perPartition := total / partitions
+	quarter := perPartition / 4
+	var sizes []int64
+	start := time.Now()
+	for q := range 4 {
+		var wg sync.WaitGroup
+		for p := range partitions {
+			wg.Go(func() {
+				for o := q * quarter; o < (q+1)*quarter; o++ {
+					key := fmt.Sprintf("orders/%d/%d", p, o)
+					res, err := wts.ClaimInTx(ctx, store.TxRequest{Scope: "storage", Key: key, SuccessTTL: time.Hour, Wait: time.Second})
+					if err == nil && res.Decision != store.DecisionExecute {
+						err = fmt.Errorf("%s: decision %v", key, res.Decision)
+					}
+					if err == nil {
+						err = res.Tx.Commit(ctx, nil)
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+		rows, bytes := size()
+		if rows != partitions {
+			b.Fatalf("after %d messages the watermark table holds %d rows, want %d", (q+1)*quarter*partitions, rows, partitions)
+		}
+		sizes = append(sizes, bytes)
+	}
+	msgs := 4 * quarter * partitions
+	b.ReportMetric(float64(partitions), "wm-rows")
+	b.ReportMetric(float64(sizes[0]), "wm-bytes-first")
+	b.ReportMetric(float64(sizes[3]), "wm-bytes-last")
+	b.ReportMetric(float64(msgs)/time.Since(start).Seconds(), "msgs/s")
+	b.Logf("%d messages on %d partitions: %d rows; table and index %d bytes after the first quarter, %d, %d and %d after the others",
+		msgs, partitions, partitions, sizes[0], sizes[1], sizes[2], sizes[3])
 }
