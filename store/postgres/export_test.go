@@ -53,7 +53,7 @@ var SchemaVersion = schemaVersion
 func (s *Store) WatermarkStatements() map[string]string {
 	q := s.wm
 	return map[string]string{
-		"wmClaim": q.claim, "wmCommitResult": q.commitResult, "wmRetryable": q.retryable, "wmFailed": q.failed,
+		"wmClaim": q.claim, "wmClaimNew": q.claimNew, "wmCommitResult": q.commitResult, "wmRetryable": q.retryable, "wmFailed": q.failed,
 		"wmLock": q.lock, "wmMove": q.move,
 	}
 }

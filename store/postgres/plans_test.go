@@ -159,6 +159,7 @@ func TestPlansUseIndexesWatermarks(t *testing.T) {
 	s := newStore(t, pool, postgres.Options{Schema: schema})
 	args := map[string]string{
 		"wmClaim":        `('g', 't', 0, 42, 'uuid', 5000)`,
+		"wmClaimNew":     `('g', 't', 0, 42, 'uuid', 5000)`,
 		"wmCommitResult": `('g', 't', 0, '\x01'::bytea)`,
 		"wmRetryable":    `('g', 't', 0, 42, 2)`,
 		"wmFailed":       `('g', 't', 0, 42, 2, 'uuid', 'cached', 'declined')`,

@@ -39,25 +39,11 @@ import (
 // of the offset at the watermark, so that the policy's attempt cap counts
 // across deliveries.
 
-// sqlWatermarkClaim is the watermark mode's claim, the first statement of
-// the handler's transaction: $1 group, $2 topic, $3 partition, $4 offset, $5
-// message UUID, $6 the lock wait in milliseconds. It locks the partition's
-// row (ON CONFLICT DO UPDATE locks it, waiting for another owner's open
-// transaction, and then sees what that one committed) and returns the
-// row's values before the claim, with duplicate telling the two answers
-// apart: for a duplicate every column keeps its value, and the caller rolls
-// the transaction back. Offsets may have gaps (compaction, transaction
-// markers): any offset at or above the watermark executes. lock_timeout is
-// set for the upsert and put back in the same statement (claimForm's way),
-// so the handler's statements keep the session's value.
-const sqlWatermarkClaim = `
-WITH lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true)),
-up AS (
-	INSERT INTO {{WATERMARKS}} AS w (group_id, topic, partition, next_offset, last_offset, last_status, last_result,
-		last_error_kind, last_error_message, last_message_uuid, attempt_offset, attempts, token, duplicate, updated_at)
-	SELECT $1::text, $2::text, $3::int4, $4::int8 + 1, $4::int8, {{SUCCEEDED}}, NULL, NULL, NULL, $5::text, $4::int8, 1, 1, false, now()
-	FROM lt
-	ON CONFLICT (group_id, topic, partition) DO UPDATE SET
+// wmSet moves the watermark past offset $4 and records it as the last
+// offset ($5: its message UUID), unless the offset is below the watermark:
+// then every column keeps its value but duplicate, which tells the caller.
+// The SET expressions read the row as it was before the statement.
+const wmSet = `
 		duplicate = {{DUP}},
 		next_offset = CASE WHEN {{DUP}} THEN w.next_offset ELSE $4::int8 + 1 END,
 		last_offset = CASE WHEN {{DUP}} THEN w.last_offset ELSE $4::int8 END,
@@ -69,14 +55,56 @@ up AS (
 		attempts = CASE WHEN {{DUP}} THEN w.attempts WHEN w.attempt_offset = $4::int8 THEN w.attempts + 1 ELSE 1 END,
 		attempt_offset = CASE WHEN {{DUP}} THEN w.attempt_offset ELSE $4::int8 END,
 		token = CASE WHEN {{DUP}} THEN w.token ELSE w.token + 1 END,
-		updated_at = CASE WHEN {{DUP}} THEN w.updated_at ELSE now() END
+		updated_at = CASE WHEN {{DUP}} THEN w.updated_at ELSE now() END`
+
+// wmReturning is what a claim returns: the row after it.
+const wmReturning = `
 	RETURNING w.duplicate, w.next_offset, w.last_offset, w.last_status, w.last_result, coalesce(w.last_error_kind, ''),
-		coalesce(w.last_error_message, ''), w.last_message_uuid, w.attempts, w.token, w.updated_at
-)
-SELECT up.*, set_config('lock_timeout', lt.prior, true) FROM up CROSS JOIN lt`
+		coalesce(w.last_error_message, ''), w.last_message_uuid, w.attempts, w.token, w.updated_at`
 
 // wmDup is the claim's test for a duplicate, on the row before the claim.
 const wmDup = `($4::int8 < w.next_offset)`
+
+// lockTimeout sets lock_timeout to $6 milliseconds for the statement's
+// row lock, and the final SELECT puts it back (claimForm's way): the
+// handler's own statements keep the session's value. MATERIALIZED makes
+// it run before the row is locked.
+const wmLockTimeout = `lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true))`
+
+// sqlWatermarkClaim is the watermark mode's claim, the first statement of
+// the handler's transaction, sent with its BEGIN: $1 group, $2 topic, $3
+// partition, $4 offset, $5 message UUID, $6 the lock wait in milliseconds.
+// It updates the partition's row (locking it, waiting for another owner's
+// open transaction, and then seeing what that one committed) and returns
+// its values, with duplicate telling the two answers apart; for a
+// duplicate every other column keeps its value, and the caller rolls the
+// transaction back. Offsets may have gaps (compaction, transaction
+// markers): any offset at or above the watermark executes. A plain UPDATE
+// rather than an upsert: ON CONFLICT locks the row with a write of its own
+// before it updates it. It returns no row for a partition without one:
+// sqlWatermarkClaimNew then inserts it in the same transaction.
+const sqlWatermarkClaim = `
+WITH ` + wmLockTimeout + `,
+up AS (
+	UPDATE {{WATERMARKS}} AS w SET` + wmSet + `
+	FROM lt
+	WHERE w.group_id = $1 AND w.topic = $2 AND w.partition = $3` + wmReturning + `
+)
+SELECT up.*, set_config('lock_timeout', lt.prior, true) FROM up CROSS JOIN lt`
+
+// sqlWatermarkClaimNew is the claim of a partition without a row (its first
+// message): it inserts the row, or, when another owner inserted it
+// meanwhile, locks and updates it as sqlWatermarkClaim does.
+const sqlWatermarkClaimNew = `
+WITH ` + wmLockTimeout + `,
+up AS (
+	INSERT INTO {{WATERMARKS}} AS w (group_id, topic, partition, next_offset, last_offset, last_status, last_result,
+		last_error_kind, last_error_message, last_message_uuid, attempt_offset, attempts, token, duplicate, updated_at)
+	SELECT $1::text, $2::text, $3::int4, $4::int8 + 1, $4::int8, {{SUCCEEDED}}, NULL, NULL, NULL, $5::text, $4::int8, 1, 1, false, now()
+	FROM lt
+	ON CONFLICT (group_id, topic, partition) DO UPDATE SET` + wmSet + wmReturning + `
+)
+SELECT up.*, set_config('lock_timeout', lt.prior, true) FROM up CROSS JOIN lt`
 
 // sqlWatermarkCommitResult, sent with COMMIT in one round trip, stores the
 // produced messages of the success the claim recorded.
@@ -144,13 +172,14 @@ SELECT next_offset FROM {{WATERMARKS}} WHERE group_id = $1 AND topic = $2 AND pa
 
 // watermarkStatements are the mode's SQL with the store's names.
 type watermarkStatements struct {
-	claim, commitResult, retryable, failed, list, lock, move string
+	claim, claimNew, commitResult, retryable, failed, list, lock, move string
 }
 
 func newWatermarkStatements(n names) watermarkStatements {
 	r := n.render
 	return watermarkStatements{
 		claim:        r(strings.ReplaceAll(sqlWatermarkClaim, "{{DUP}}", wmDup)),
+		claimNew:     r(strings.ReplaceAll(sqlWatermarkClaimNew, "{{DUP}}", wmDup)),
 		commitResult: r(sqlWatermarkCommitResult),
 		retryable:    r(sqlWatermarkRetryable),
 		failed:       r(sqlWatermarkFailed),
@@ -219,21 +248,25 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 	if err != nil {
 		return store.TxResult{}, wrap("watermark claim", err)
 	}
+	args := []any{w.group, pos.Topic, pos.Partition, pos.Offset, uuid, max(req.Wait.Milliseconds(), 1)}
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
-	b.Queue(s.wm.claim, w.group, pos.Topic, pos.Partition, pos.Offset, uuid, max(req.Wait.Milliseconds(), 1))
+	b.Queue(s.wm.claim, args...)
 	br := conn.SendBatch(ctx, b)
 	var row wmRow
 	if _, err = br.Exec(); err == nil {
-		err = br.QueryRow().Scan(&row.duplicate, &row.next, &row.lastOffset, &row.lastStatus, &row.lastResult, &row.errorKind,
-			&row.errorMessage, &row.lastUUID, &row.attempts, &row.token, &row.updatedAt, nil)
+		err = row.scan(br.QueryRow())
 	}
-	if cerr := br.Close(); err == nil {
+	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 		err = cerr
+	}
+	tx := br.Tx()
+	if errors.Is(err, pgx.ErrNoRows) { // the partition's first message: no row yet
+		err = row.scan(tx.QueryRow(ctx, s.wm.claimNew, args...))
 	}
 	if err == nil && !row.duplicate {
 		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, wm: &wmCommit{group: w.group, pos: pos}}
-		t.handler = newHandlerTx(br.Tx(), t, true)
+		t.handler = newHandlerTx(tx, t, true)
 		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: row.token, Attempt: int(row.attempts), MessageUUID: uuid}
 		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil
 	}
@@ -326,6 +359,12 @@ type wmRow struct {
 	attempts                int32
 	token                   int64
 	updatedAt               time.Time
+}
+
+// scan reads a claim's row (and the lock_timeout put back, dropped).
+func (r *wmRow) scan(row pgx.Row) error {
+	return row.Scan(&r.duplicate, &r.next, &r.lastOffset, &r.lastStatus, &r.lastResult, &r.errorKind,
+		&r.errorMessage, &r.lastUUID, &r.attempts, &r.token, &r.updatedAt, nil)
 }
 
 // record is a duplicate's answer: the last outcome, produced messages or

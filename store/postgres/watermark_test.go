@@ -367,7 +367,13 @@ func TestWatermarkTwoOwners(t *testing.T) {
 		_, err := f.deliver(0, 0)
 		firstDone <- err
 	}()
-	<-entered
+	select {
+	case <-entered:
+	case err := <-firstDone:
+		t.Fatalf("the first delivery ended without running the handler: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first delivery never ran the handler")
+	}
 	secondDone := make(chan []*message.Message, 1)
 	go func() {
 		out, err := f.deliver(0, 0)
@@ -378,10 +384,32 @@ func TestWatermarkTwoOwners(t *testing.T) {
 	}()
 	waitForLockWait(t, f.pool, f.schema)
 	close(release)
-	if err := <-firstDone; err != nil {
-		t.Fatal(err)
+	var out []*message.Message
+	for _, done := range []func() bool{
+		func() bool {
+			select {
+			case err := <-firstDone:
+				if err != nil {
+					t.Fatal(err)
+				}
+				return true
+			case <-time.After(30 * time.Second):
+				return false
+			}
+		},
+		func() bool {
+			select {
+			case out = <-secondDone:
+				return true
+			case <-time.After(30 * time.Second):
+				return false
+			}
+		},
+	} {
+		if !done() {
+			t.Fatal("a delivery did not end within 30s")
+		}
 	}
-	out := <-secondDone
 	if len(out) != 1 || out[0].UUID != "out-p0-o0" {
 		t.Fatalf("second owner got %v, want the first owner's produced message", out)
 	}
