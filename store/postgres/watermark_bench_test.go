@@ -259,7 +259,7 @@ func wmRoundRun(b *testing.B, partitions, n int, first int64, handle func(contex
 //
 //	go test -run='^$' -bench=WatermarkStorage -benchtime=1x -timeout=60m ./store/postgres
 //
-// With -short it sends 16,000: a check that it runs.
+// With -short it sends 1,600: a check that it runs.
 func BenchmarkWatermarkStorage(b *testing.B) {
 	for range b.N {
 		watermarkStorage(b)
@@ -270,7 +270,7 @@ func watermarkStorage(b *testing.B) {
 	const partitions = 16
 	total := 1_000_000
 	if testing.Short() {
-		total = 16_000
+		total = 1_600
 	}
 	ctx := b.Context()
 	pool := testenv.Pool(b, func(cfg *pgxpool.Config) { cfg.MaxConns = partitions + 2 })
