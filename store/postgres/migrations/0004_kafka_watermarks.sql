@@ -8,7 +8,10 @@
 -- count the failed attempts of the offset at the watermark across
 -- deliveries. The table has as many rows as partitions and never grows with
 -- the messages; its rows are updated in place (HOT: no indexed column
--- changes), with room left on each page for the new versions.
+-- changes). fillfactor 10, the least there is, puts at most a few rows on a
+-- page, and leaves the rest of it for their new versions: the handlers of
+-- different partitions then seldom update the same page, and a page is
+-- seldom too full, or too busy, to prune before the next update.
 CREATE TABLE IF NOT EXISTS {{WATERMARKS}} (
 	group_id           text NOT NULL,
 	topic              text NOT NULL,
@@ -26,7 +29,7 @@ CREATE TABLE IF NOT EXISTS {{WATERMARKS}} (
 	duplicate          boolean NOT NULL DEFAULT false,
 	updated_at         timestamptz NOT NULL,
 	PRIMARY KEY (group_id, topic, partition)
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 10);
 
 COMMENT ON TABLE {{WATERMARKS}} IS 'oncemill: the Kafka watermark mode, one row per consumer group, topic and partition';
 COMMENT ON COLUMN {{WATERMARKS}}.next_offset IS 'the watermark: the next offset to process; lower offsets are duplicates';
