@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill"
@@ -581,5 +582,55 @@ func TestWatermarksAndMove(t *testing.T) {
 	}
 	if ws, err := s.Watermarks(ctx, "other", ""); err != nil || len(ws) != 0 {
 		t.Fatalf("Watermarks of another group = %+v, %v", ws, err)
+	}
+}
+
+// Under repeatable read the second owner's claim, which waited for the
+// first's transaction, fails with a serialization error (nacked by the
+// stage, decided again on redelivery) instead of replaying.
+func TestWatermarkTwoOwnersRepeatableRead(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	st := newStore(t, pool, postgres.Options{Schema: schema, TxOptions: pgx.TxOptions{IsoLevel: pgx.RepeatableRead}})
+	wts, err := st.KafkaWatermarks("g", func(context.Context, string, int32) (int64, error) { return 1 << 62, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	claim := func(offset int64) (store.TxResult, error) {
+		return wts.ClaimInTx(ctx, store.TxRequest{Scope: "g", Key: fmt.Sprintf("t/0/%d", offset), SuccessTTL: time.Hour, Wait: 20 * time.Second})
+	}
+	first, err := claim(0)
+	if err != nil || first.Decision != store.DecisionExecute {
+		t.Fatalf("offset 0: %v, %v", first.Decision, err)
+	}
+	if err := first.Tx.Commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	old, err := claim(1)
+	if err != nil || old.Decision != store.DecisionExecute {
+		t.Fatalf("offset 1: %v, %v", old.Decision, err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		res, err := claim(1)
+		if err == nil {
+			err = fmt.Errorf("decision %v, want an error", res.Decision)
+		}
+		second <- err
+	}()
+	waitForLockWait(t, pool, schema)
+	if err := old.Tx.Commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-second:
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+			t.Fatalf("the second owner's claim: %v, want a serialization failure (40001)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the second owner's claim did not end")
 	}
 }
