@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/store"
@@ -102,6 +104,79 @@ type Config struct {
 	// Events report what enforcement would have done (Event.Shadow), and
 	// oncemill.shadow.duplicates counts the duplicates by decision.
 	Shadow bool
+	// KafkaWatermark, when set, turns the one-transaction mode
+	// (NewTransactional) into its watermark mode on Kafka (docs/kafka.md):
+	// one row per (consumer group, topic, partition) instead of a record
+	// per message. The key is the message's position, so KeyGenerator,
+	// Fingerprint, Scope and ScopeFunc must be left unset; the store must
+	// implement store.KafkaWatermarks (store/postgres). NewLeased refuses it.
+	KafkaWatermark *KafkaWatermark
+}
+
+// KafkaWatermark configures the watermark mode (Config.KafkaWatermark).
+// With watermill-kafka:
+//
+//	pipeline.KafkaWatermark{
+//		Group:         "orders",                          // the subscriber's ConsumerGroup
+//		Position:      kafkakeys.Position,
+//		HighWaterMark: kafkakeys.HighWaterMark(client), // a sarama.Client
+//	}
+type KafkaWatermark struct {
+	// Group is the subscriber's consumer group: watermill-kafka's message
+	// context does not carry it. Required: a consumer without a group reads
+	// its partitions from its initial offset on every start, and the
+	// offsets it re-reads would all be duplicates.
+	Group string
+	// Position returns where the message sits: kafkakeys.Position. An error
+	// wrapping keygen.ErrNoKey (a message not consumed from Kafka) is
+	// handled as policy.MissingKey says. Required.
+	Position func(*message.Message) (store.KafkaPosition, error)
+	// HighWaterMark returns a partition's high-water mark, checked against
+	// the stored watermark once per partition and process, when the first
+	// message below the watermark comes (store.KafkaWatermarks).
+	// Required.
+	HighWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)
+}
+
+// watermarkStore checks cfg.KafkaWatermark and returns the store of its
+// claims, with cfg's key and scope set to the mode's. The fields it sets
+// are the ones it refuses, so a ConfigError names what the user set.
+func watermarkStore(ts store.Transactional, cfg *Config) (store.Transactional, error) {
+	w := cfg.KafkaWatermark
+	const setting = "Config.KafkaWatermark"
+	switch {
+	case w.Group == "":
+		return nil, configerr.New(setting, "has no consumer group: the watermarks follow a group's committed progress, and a consumer without a group re-reads its partitions on every start, which would all be duplicates; pass the subscriber's ConsumerGroup")
+	case w.Position == nil:
+		return nil, configerr.New(setting, "has no Position; pass kafkakeys.Position")
+	case w.HighWaterMark == nil:
+		return nil, configerr.New(setting, "has no HighWaterMark; pass kafkakeys.HighWaterMark(client) with a sarama.Client of the cluster, which the mode asks to detect a recreated topic")
+	case cfg.KeyGenerator != nil:
+		return nil, configerr.New("Config.KeyGenerator", "is set with the Kafka watermark mode, whose key is the message's position; leave it unset (for duplicates at new offsets, see docs/kafka.md)")
+	case cfg.Fingerprint != nil:
+		return nil, configerr.New("Config.Fingerprint", "is set with the Kafka watermark mode, which stores no fingerprint: one offset is one record; leave it unset")
+	case cfg.Scope != "" || cfg.ScopeFunc != nil:
+		return nil, configerr.New("Config.Scope", "is set with the Kafka watermark mode, whose rows are (consumer group, topic, partition); leave Scope and ScopeFunc unset")
+	}
+	kw, ok := ts.(store.KafkaWatermarks)
+	if !ok {
+		return nil, configerr.New(setting, "needs a store that keeps Kafka watermarks (store.KafkaWatermarks: store/postgres); %T does not", ts)
+	}
+	wts, err := kw.KafkaWatermarks(w.Group, w.HighWaterMark)
+	if err != nil {
+		return nil, configerr.New(setting, "%w", err)
+	}
+	position := w.Position
+	cfg.KeyGenerator = keygen.Func(func(msg *message.Message) (string, error) {
+		p, err := position(msg)
+		if err != nil {
+			return "", err
+		}
+		return kafkapos.Key(p), nil
+	})
+	cfg.Fingerprint = keygen.NoFingerprint
+	cfg.Scope = keygen.StorableKey(w.Group, store.MaxScopeLen)
+	return wts, nil
 }
 
 // RetryConfig configures in-process retries: cenkalti/backoff/v5's

@@ -32,6 +32,9 @@ func NewLeased(st store.Store, cfg Config) (*Leased, error) {
 	if st == nil {
 		return nil, configerr.New("store", "nil; pass a store such as memory.New(memory.Options{})")
 	}
+	if cfg.KafkaWatermark != nil {
+		return nil, configerr.New("Config.KafkaWatermark", "is the one-transaction mode's (NewTransactional): the watermark moves in the handler's transaction; the lease mode has none")
+	}
 	s := &Leased{store: st}
 	if err := s.configure(cfg, st.Limits()); err != nil {
 		return nil, err

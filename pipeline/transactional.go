@@ -46,6 +46,12 @@ func NewTransactional(ts store.Transactional, cfg Config) (*Transactional, error
 	case cfg.Policy.Heartbeat != 0:
 		return nil, configerr.New("policy.Heartbeat", "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
 	}
+	if cfg.KafkaWatermark != nil {
+		var err error
+		if ts, err = watermarkStore(ts, &cfg); err != nil {
+			return nil, err
+		}
+	}
 	s := &Transactional{store: ts}
 	if err := s.configure(cfg, ts.Limits()); err != nil {
 		return nil, err

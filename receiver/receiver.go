@@ -249,6 +249,23 @@ func (b *Builder) WithShadow(on bool) *Builder {
 	return b
 }
 
+// WithKafkaWatermark turns the one-transaction mode into its watermark mode
+// on Kafka (docs/kafka.md): one row per (consumer group, topic, partition)
+// holds the next offset to process, moved in the handler's transaction, so
+// a redelivery is told from new work with no record per message, and the
+// last committed message's produced messages are replayed with their
+// UUIDs. w.Position is kafkakeys.Position, w.HighWaterMark
+// kafkakeys.HighWaterMark(client). Build refuses it with New (the lease
+// mode), on a store without Kafka watermarks (store.KafkaWatermarks: not
+// store/tiered), without a consumer group, and with WithKeyGenerator,
+// WithFingerprint, WithScope or WithScopeFunc: the key is the position.
+// It covers redeliveries only: a producer's duplicate at a new offset runs
+// again (docs/kafka.md says how to add a content key).
+func (b *Builder) WithKafkaWatermark(w pipeline.KafkaWatermark) *Builder {
+	b.cfg.KafkaWatermark = &w
+	return b
+}
+
 // Build validates the configuration and returns the receiver. Every error
 // is a *oncemill.ConfigError naming the builder method that set the value
 // (WithPolicy(Policy.Heartbeat), WithRetry(RetryConfig.MaxTries)).

@@ -347,3 +347,37 @@ type Record struct {
 	// records written before stores kept it.
 	MessageUUID string
 }
+
+// KafkaWatermarks is implemented by stores that can keep, for the
+// one-transaction mode on Kafka, one row per (consumer group, topic,
+// partition) instead of a record per message: the watermark mode
+// (docs/kafka.md). KafkaWatermarks returns the Transactional whose claims
+// read the message's position from its key ("<topic>/<partition>/<offset>",
+// the form of keygen/kafkakeys.Offset): a message
+// below the partition's watermark is a duplicate, any other executes and
+// moves the watermark past it in the handler's transaction.
+//
+// group is the consumer group whose offsets the watermarks follow
+// (required: offsets mean nothing outside a group's progress).
+// highWaterMark returns the offset the next record produced to a partition
+// will get (Kafka's high-water mark); the store asks it once per partition
+// and process, the first time a message below the watermark arrives: a
+// watermark above it means the topic was recreated, and the claim fails
+// with ErrWatermarkAhead instead of acking every message as a duplicate
+// (required).
+type KafkaWatermarks interface {
+	KafkaWatermarks(group string, highWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)) (Transactional, error)
+}
+
+// ErrWatermarkAhead: a partition's stored watermark is above the
+// partition's high-water mark, so its offsets started again (the topic was
+// deleted and recreated). The watermark mode refuses to decide until an
+// operator moves the watermark ("oncemill watermark move").
+var ErrWatermarkAhead = errors.New("the stored watermark is ahead of the partition's high-water mark")
+
+// KafkaPosition is where a message sits in Kafka.
+type KafkaPosition struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+}

@@ -5,6 +5,12 @@
 // payment delivered again, or published twice, is acked without a second row.
 // GET /healthz answers 200 while the router runs; SIGTERM or SIGINT drains:
 // stop consuming, finish the handlers in flight, close everything, exit 0.
+//
+// With WATERMARK=1 it runs the watermark mode instead (docs/kafka.md): one
+// row per partition of the consumer group holds the next offset to process,
+// moved in the handler's transaction, and no record is kept per message. A
+// payment published twice is then two offsets, which the watermark does not
+// tell apart: the ledger's unique message_uuid absorbs the second.
 package main
 
 import (
@@ -30,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 
+	"github.com/oncemill/oncemill/keygen/kafkakeys"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
@@ -44,6 +51,7 @@ type config struct {
 	Schema      string   // DB_SCHEMA: holds oncemill's records and the ledger
 	HTTPAddr    string   // HTTP_ADDR: where /healthz listens
 	PublishDemo bool     // PUBLISH_DEMO=1: publish three payments, one of them twice
+	Watermark   bool     // WATERMARK=1: the watermark mode
 }
 
 func configFromEnv() config {
@@ -55,6 +63,7 @@ func configFromEnv() config {
 		Schema:      cmp.Or(os.Getenv("DB_SCHEMA"), "oncemill_example"),
 		HTTPAddr:    cmp.Or(os.Getenv("HTTP_ADDR"), "127.0.0.1:8080"),
 		PublishDemo: os.Getenv("PUBLISH_DEMO") == "1",
+		Watermark:   os.Getenv("WATERMARK") == "1",
 	}
 }
 
@@ -86,11 +95,23 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err := st.Migrate(ctx); err != nil { // idempotent; safe from every worker at once
 		return err
 	}
-	// No unique constraint on message_uuid: oncemill alone keeps it to one row.
+	// In the key mode no unique constraint on message_uuid: oncemill alone
+	// keeps it to one row.
 	ledger := pgx.Identifier{cfg.Schema, "ledger"}.Sanitize()
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+ledger+` (
 		id bigserial PRIMARY KEY, message_uuid text NOT NULL, account text NOT NULL, cents bigint NOT NULL)`); err != nil {
 		return err
+	}
+	insert := `INSERT INTO ` + ledger + ` (message_uuid, account, cents) VALUES ($1, $2, $3)`
+	if cfg.Watermark {
+		// The watermark tells redeliveries (the same offset) from new
+		// work; a payment published twice is a new offset. The business
+		// key, unique, absorbs it in the same transaction: one index entry
+		// per payment, which the ledger keeps anyway.
+		if _, err := pool.Exec(ctx, `CREATE UNIQUE INDEX IF NOT EXISTS ledger_message_uuid ON `+ledger+` (message_uuid)`); err != nil {
+			return err
+		}
+		insert += ` ON CONFLICT (message_uuid) DO NOTHING`
 	}
 
 	pc := kafka.DefaultSaramaSyncPublisherConfig()
@@ -100,7 +121,24 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	defer pub.Close() // the dead letter's, and the demo's
-	r, err := receiver.NewTransactional(st).
+	b := receiver.NewTransactional(st)
+	if cfg.Watermark {
+		// The high-water mark of a partition, to refuse a watermark ahead of
+		// it (a topic recreated) rather than ack every message unrun.
+		cc := sarama.NewConfig()
+		cc.Version = sarama.V2_8_0_0
+		client, err := sarama.NewClient(cfg.Brokers, cc)
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		b = b.WithKafkaWatermark(pipeline.KafkaWatermark{
+			Group:         cfg.Group, // the subscriber's, below
+			Position:      kafkakeys.Position,
+			HighWaterMark: kafkakeys.HighWaterMark(client),
+		})
+	}
+	r, err := b.
 		WithPolicy(policy.Policy{SuccessTTL: 7 * 24 * time.Hour}). // longer than Kafka could redeliver: lag, a group rewound
 		WithLogger(logger).
 		WithMessagingSystem(semconv.MessagingSystemKafka).
@@ -142,8 +180,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		// The transaction oncemill opened for this message; returning nil
 		// commits this insert together with the record of the message.
 		tx, _ := postgres.TxFromContext(msg.Context())
-		_, err := tx.Exec(msg.Context(), `INSERT INTO `+ledger+` (message_uuid, account, cents) VALUES ($1, $2, $3)`,
-			msg.UUID, p.Account, p.Cents)
+		_, err := tx.Exec(msg.Context(), insert, msg.UUID, p.Account, p.Cents)
 		return err
 	})
 

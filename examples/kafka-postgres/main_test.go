@@ -39,6 +39,18 @@ var healthzAddr = regexp.MustCompile(`msg="serving /healthz" addr=(\S+)`)
 // duplicate of one, and checks one ledger row per payment, /healthz, and
 // that SIGTERM drains and exits 0.
 func TestKafkaPostgres(t *testing.T) {
+	testKafkaPostgres(t, false)
+}
+
+// TestKafkaPostgresWatermark runs it in the watermark mode (WATERMARK=1):
+// bob's payment published twice is two offsets, both executed, and the
+// ledger's unique message_uuid keeps one row; the watermark table holds one
+// row for the topic's partition.
+func TestKafkaPostgresWatermark(t *testing.T) {
+	testKafkaPostgres(t, true)
+}
+
+func testKafkaPostgres(t *testing.T, watermark bool) {
 	pool, schema := exampletest.Postgres(t)
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
 	if err != nil {
@@ -53,6 +65,9 @@ func TestKafkaPostgres(t *testing.T) {
 	cmd.Env = append(os.Environ(), "EXAMPLE_RUN_MAIN=1",
 		"KAFKA_BROKERS="+brokers, "KAFKA_TOPIC="+topic, "KAFKA_GROUP="+topic+"-ledger",
 		"DATABASE_URL="+exampletest.PostgresDSN, "DB_SCHEMA="+schema, "HTTP_ADDR=127.0.0.1:0")
+	if watermark {
+		cmd.Env = append(cmd.Env, "WATERMARK=1")
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -111,11 +126,24 @@ func TestKafkaPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	exampletest.Eventually(t, 60*time.Second, log, "3 payments executed and 1 replayed", func() (bool, error) {
-		return log.Count("outcome=executed") == 3 && log.Count("outcome=replayed") == 1, running()
-	})
-	if n := log.Count("outcome=replayed", "uuid="+uuids[1]); n != 1 {
-		exampletest.Fatalf(t, log, "bob's duplicate replayed %d times, want 1", n)
+	if watermark {
+		exampletest.Eventually(t, 60*time.Second, log, "4 offsets executed", func() (bool, error) {
+			return log.Count("outcome=executed") == 4, running()
+		})
+		var rows, next int64
+		if err := pool.QueryRow(t.Context(), "SELECT count(*), max(next_offset) FROM "+pgx.Identifier{schema, "oncemill_records_watermarks"}.Sanitize()).Scan(&rows, &next); err != nil {
+			t.Fatal(err)
+		}
+		if rows != 1 || next != 4 {
+			exampletest.Fatalf(t, log, "the watermark table holds %d rows, watermark %d; want 1 row at 4", rows, next)
+		}
+	} else {
+		exampletest.Eventually(t, 60*time.Second, log, "3 payments executed and 1 replayed", func() (bool, error) {
+			return log.Count("outcome=executed") == 3 && log.Count("outcome=replayed") == 1, running()
+		})
+		if n := log.Count("outcome=replayed", "uuid="+uuids[1]); n != 1 {
+			exampletest.Fatalf(t, log, "bob's duplicate replayed %d times, want 1", n)
+		}
 	}
 	exampletest.ExactlyOnce(t, exampletest.CountRows(t, pool, pgx.Identifier{schema, "ledger"}.Sanitize()), uuids...)
 

@@ -1,13 +1,16 @@
 package kafkakeys
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/store"
 )
 
 // ErrNoOffset: the message was not consumed from Kafka by a Watermill router
@@ -43,4 +46,33 @@ func offsetKey(msg *message.Message) (string, error) {
 	b = append(b, '/')
 	b = strconv.AppendInt(b, offset, 10)
 	return string(b), nil
+}
+
+// Position is where a message consumed by watermill-kafka sits: the
+// router's subscribe topic, and the partition and offset of its message
+// context. It is the watermark mode's pipeline.KafkaWatermark.Position
+// (receiver.Builder.WithKafkaWatermark); ErrNoOffset for a message not
+// consumed from Kafka.
+func Position(msg *message.Message) (store.KafkaPosition, error) {
+	if msg == nil {
+		return store.KafkaPosition{}, fmt.Errorf("%w: message is nil", keygen.ErrNoKey)
+	}
+	ctx := msg.Context()
+	partition, okP := kafka.MessagePartitionFromCtx(ctx)
+	offset, okO := kafka.MessagePartitionOffsetFromCtx(ctx)
+	if !okP || !okO {
+		return store.KafkaPosition{}, ErrNoOffset
+	}
+	return store.KafkaPosition{Topic: message.SubscribeTopicFromCtx(ctx), Partition: partition, Offset: offset}, nil
+}
+
+// HighWaterMark asks client for a partition's high-water mark (the offset
+// the next record produced to it gets), for the watermark mode's check of
+// a recreated topic (pipeline.KafkaWatermark.HighWaterMark). client is a
+// sarama.Client of the cluster the subscriber reads; its answer comes from
+// the partition's leader.
+func HighWaterMark(client sarama.Client) func(ctx context.Context, topic string, partition int32) (int64, error) {
+	return func(_ context.Context, topic string, partition int32) (int64, error) {
+		return client.GetOffset(topic, partition, sarama.OffsetNewest)
+	}
 }

@@ -23,3 +23,15 @@ func TestOffsetWithoutKafkaIsNoKey(t *testing.T) {
 		t.Fatalf("Key(nil) = %v, want keygen.ErrNoKey", err)
 	}
 }
+
+// Position outside Kafka has no position, never a made-up one (a real
+// delivery's is tested through kfake in integration/: the watermark tests).
+func TestPositionWithoutKafkaIsNoKey(t *testing.T) {
+	msg := message.NewMessage("m-1", []byte("{}"))
+	if _, err := kafkakeys.Position(msg); !errors.Is(err, kafkakeys.ErrNoOffset) || !errors.Is(err, keygen.ErrNoKey) {
+		t.Fatalf("Position of a message without a Kafka context = %v, want ErrNoOffset", err)
+	}
+	if _, err := kafkakeys.Position(nil); !errors.Is(err, keygen.ErrNoKey) {
+		t.Fatalf("Position(nil) = %v, want keygen.ErrNoKey", err)
+	}
+}

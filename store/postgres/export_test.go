@@ -81,3 +81,14 @@ func (s *Store) RefreshKeyFilters(ctx context.Context) error { return s.refreshK
 func (s *Store) ClaimLooksEverywhere(scope, key string) bool {
 	return s.keyFilters.Load().claimsFor(scope, key, &s.sql.part) == &s.sql.part
 }
+
+// WatermarkStatements are the watermark mode's statements of the delivery
+// path and of MoveWatermark, by name (not the operator's listing, which
+// reads the table).
+func (s *Store) WatermarkStatements() map[string]string {
+	q := s.wm
+	return map[string]string{
+		"wmClaim": q.claim, "wmClaimNew": q.claimNew, "wmCommitResult": q.commitResult, "wmRetryable": q.retryable, "wmFailed": q.failed,
+		"wmLock": q.lock, "wmMove": q.move,
+	}
+}

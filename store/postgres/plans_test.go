@@ -150,3 +150,38 @@ func TestPlansUseIndexesPartitioned(t *testing.T) {
 	}
 	checkPlans(t, pool, "at 100k rows", statements, args)
 }
+
+// The watermark mode's statements name the partition's row by its primary
+// key, empty and with 10k partitions' rows.
+func TestPlansUseIndexesWatermarks(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newStore(t, pool, postgres.Options{Schema: schema})
+	args := map[string]string{
+		"wmClaim":        `('g', 't', 0, 42, 'uuid', 5000)`,
+		"wmClaimNew":     `('g', 't', 0, 42, 'uuid', 5000)`,
+		"wmCommitResult": `('g', 't', 0, '\x01'::bytea)`,
+		"wmRetryable":    `('g', 't', 0, 42, 2)`,
+		"wmFailed":       `('g', 't', 0, 42, 2, 'uuid', 'cached', 'declined')`,
+		"wmLock":         `('g', 't', 0)`,
+		"wmMove":         `('g', 't', 0, 42)`,
+	}
+	statements := s.WatermarkStatements()
+	if len(statements) != len(args) {
+		t.Fatalf("%d statements, %d with sample arguments", len(statements), len(args))
+	}
+	checkPlans(t, pool, "empty", statements, args)
+	wm := pgx.Identifier{schema, postgres.DefaultTable + "_watermarks"}.Sanitize()
+	_, err := pool.Exec(t.Context(), fmt.Sprintf(`INSERT INTO %s (group_id, topic, partition, next_offset, last_offset, last_status,
+		attempt_offset, attempts, token, updated_at)
+		SELECT 'group-' || (i %% 100), 'topic-' || (i / 100), i %% 16, i, i - 1, 2, i, 0, 1, now() FROM generate_series(1, 10000) i
+		ON CONFLICT DO NOTHING`, wm))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), "ANALYZE "+wm); err != nil {
+		t.Fatal(err)
+	}
+	checkPlans(t, pool, "at 10k rows", statements, args)
+}

@@ -42,6 +42,7 @@ type Store struct {
 	telemetry    *telemetry
 	cleanupMu    sync.Mutex // one pass at a time within this process
 	claimRetries int        // bound on statement runs per claim (READ COMMITTED corner)
+	wm           watermarkStatements
 
 	// The partitioned layout's: the partition width, the advisory lock key
 	// of partition creation, and when each partition read by the cleaner
@@ -59,9 +60,10 @@ type Store struct {
 }
 
 var (
-	_ store.Store         = (*Store)(nil)
-	_ store.Admin         = (*Store)(nil)
-	_ store.Transactional = (*Store)(nil)
+	_ store.Store           = (*Store)(nil)
+	_ store.Admin           = (*Store)(nil)
+	_ store.Transactional   = (*Store)(nil)
+	_ store.KafkaWatermarks = (*Store)(nil)
 )
 
 // New returns a store over pool configured by opts. It does no I/O: call
@@ -85,6 +87,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		opts:         opts,
 		names:        n,
 		sql:          newStatements(n, opts.AsyncBegin, opts.Layout),
+		wm:           newWatermarkStatements(n),
 		cleanupKey:   lockKey("cleanup", n),
 		claimRetries: 10,
 		width:        cmp.Or(opts.width, partitionWidth(opts.Retention)),

@@ -26,6 +26,9 @@ type names struct {
 	// keyFilters is the partitioned layout's "schema"."table_key_filters"
 	// (keyfilters.go).
 	keyFilters string
+	// watermarks is the watermark mode's table, one row per Kafka
+	// partition (watermark.go): "schema"."table_watermarks".
+	watermarks string
 	// claimLock is the first half of the advisory lock key of a claim:
 	// the table's, so that claims of different tables never meet.
 	claimLock int32
@@ -34,13 +37,14 @@ type names struct {
 func newNames(schema, table string) names {
 	seq := pgx.Identifier{schema, table + "_token_seq"}.Sanitize()
 	n := names{
-		schema:   pgx.Identifier{schema}.Sanitize(),
-		table:    pgx.Identifier{schema, table}.Sanitize(),
-		seq:      seq,
-		seqLit:   "'" + seq + "'", // identifiers are [a-z0-9_]: no quote to escape
-		index:    pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
-		purge:    pgx.Identifier{table + "_purge_at_idx"}.Sanitize(),
-		versions: pgx.Identifier{schema, table + "_migrations"}.Sanitize(),
+		schema:     pgx.Identifier{schema}.Sanitize(),
+		table:      pgx.Identifier{schema, table}.Sanitize(),
+		seq:        seq,
+		seqLit:     "'" + seq + "'", // identifiers are [a-z0-9_]: no quote to escape
+		index:      pgx.Identifier{table + "_expires_at_idx"}.Sanitize(),
+		purge:      pgx.Identifier{table + "_purge_at_idx"}.Sanitize(),
+		versions:   pgx.Identifier{schema, table + "_migrations"}.Sanitize(),
+		watermarks: pgx.Identifier{schema, table + "_watermarks"}.Sanitize(),
 	}
 	n.keyFilters = pgx.Identifier{schema, table + "_key_filters"}.Sanitize()
 	n.claimLock = int32(lockKey("claim", n))
@@ -59,6 +63,7 @@ func (n names) render(sql string) string {
 		"{{CLAIM_LOCK}}", fmt.Sprint(n.claimLock),
 		"{{VERSIONS}}", n.versions,
 		"{{KEY_FILTERS}}", n.keyFilters,
+		"{{WATERMARKS}}", n.watermarks,
 		// Codes shared with Go, so the SQL cannot drift from them.
 		"{{IN_PROGRESS}}", fmt.Sprint(int(store.StatusInProgress)),
 		"{{SUCCEEDED}}", fmt.Sprint(int(store.StatusSucceeded)),

@@ -259,6 +259,9 @@ type claimTx struct {
 	ttl        time.Duration
 	started    time.Time
 	handler    *handlerTx
+	// wm is set for the watermark mode's claim (watermark.go): Commit
+	// writes the produced messages into the partition's row.
+	wm *wmCommit
 	// ended is set before the last round trip, so that the handler's
 	// pgx.Tx, and what it made, refuse to touch the connection, which goes
 	// back to the pool.
@@ -308,9 +311,9 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	}
 	var tag pgconn.CommandTag
 	var err error
-	if result != nil || time.Since(t.started) > expirySlack(t.ttl) {
+	if stmt, args := t.resultStatement(result); stmt != "" {
 		b := &pgx.Batch{}
-		b.Queue(t.s.sql.commitResult, t.scope, t.key, result, micros(t.ttl))
+		b.Queue(stmt, args...)
 		b.Queue("commit")
 		br := t.conn.SendBatch(ctx, b)
 		if _, err = br.Exec(); err == nil {
@@ -330,6 +333,19 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 		return wrap("commit", err)
 	}
 	return nil
+}
+
+// resultStatement is the statement Commit sends before COMMIT, if any: the
+// produced messages, and in the key mode the expiry when the transaction
+// outran its slack.
+func (t *claimTx) resultStatement(result []byte) (string, []any) {
+	switch {
+	case t.wm != nil && result != nil:
+		return t.s.wm.commitResult, []any{t.wm.group, t.wm.pos.Topic, t.wm.pos.Partition, result}
+	case t.wm == nil && (result != nil || time.Since(t.started) > expirySlack(t.ttl)):
+		return t.s.sql.commitResult, []any{t.scope, t.key, result, micros(t.ttl)}
+	}
+	return "", nil
 }
 
 // Rollback implements store.Tx.

@@ -81,6 +81,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--sqs-visibility-timeout=1500ms"}, "whole seconds"},
 		{[]string{"--kafka-partitions=0"}, "--kafka-partitions=0"},
 		{[]string{"--kafka-session-timeout=30s"}, "must be below 30s"},
+		{[]string{"--kafka-watermark", "--broker=kafka"}, "needs --broker=kafka and --store=postgres"},
 		{[]string{"--drain-timeout=0s"}, "--drain-timeout=0s"},
 		{[]string{"--log-level=loud"}, `--log-level="loud"`},
 		{[]string{"--count=ten"}, "invalid value"},

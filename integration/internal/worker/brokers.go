@@ -27,6 +27,9 @@ type Broker struct {
 	// that no message is dropped for want of a queue (AMQP drops a message
 	// published to a queue that does not exist yet).
 	InitTopics func(ctx context.Context, names []string) error
+	// HighWaterMark returns a partition's high-water mark (Kafka only), for
+	// the watermark mode.
+	HighWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)
 	// Closers close what the broker opened; Close calls them last first.
 	Closers []func() error
 }

@@ -47,6 +47,7 @@ type Config struct {
 	// Broker settings.
 	KafkaPartitions      int           // partitions of each topic the worker creates
 	KafkaSessionTimeout  time.Duration // consumer group session timeout
+	KafkaWatermark       bool          // the watermark mode of the one-transaction receiver (postgres on kafka)
 	SQSVisibilityTimeout time.Duration // of the queues the worker creates
 	SQSWorkers           int           // concurrent receivers per queue
 
@@ -138,6 +139,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PGSchema, "postgres-schema", c.PGSchema, "schema of the records and ledger tables [$ONCEMILL_POSTGRES_SCHEMA]")
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", c.RedisPrefix, "prefix of the records and ledger keys [$ONCEMILL_REDIS_PREFIX]")
 	fs.IntVar(&c.KafkaPartitions, "kafka-partitions", c.KafkaPartitions, "partitions of each Kafka topic the worker creates")
+	fs.BoolVar(&c.KafkaWatermark, "kafka-watermark", c.KafkaWatermark, "with --broker=kafka --store=postgres: the watermark mode, one row per consumer group, topic and partition instead of a record per message; the key is the message's offset, so --key has no effect and a command published twice runs twice")
 	fs.DurationVar(&c.KafkaSessionTimeout, "kafka-session-timeout", c.KafkaSessionTimeout, "Kafka consumer group session timeout: how long a crashed worker's partitions wait before another takes them (below 30s)")
 	fs.DurationVar(&c.SQSVisibilityTimeout, "sqs-visibility-timeout", c.SQSVisibilityTimeout, "VisibilityTimeout of the SQS queues the worker creates: when a nacked or unacked message comes back (whole seconds)")
 	fs.IntVar(&c.SQSWorkers, "sqs-workers", c.SQSWorkers, "concurrent receivers per SQS queue")
@@ -236,6 +238,8 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
+	case c.KafkaWatermark && (c.Broker != "kafka" || c.Store != "postgres"):
+		return fmt.Errorf("--kafka-watermark with --broker=%s --store=%s: the watermark mode needs --broker=kafka and --store=postgres", c.Broker, c.Store)
 	case c.Mode == "consume" && c.Broker == "gochannel":
 		return errors.New("--mode=consume with --broker=gochannel: gochannel lives in one process, so nothing could reach this worker; choose kafka, amqp or sqs")
 	case c.Mode == "produce" && c.Broker == "gochannel":

@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+
+	"github.com/oncemill/oncemill/keygen/kafkakeys"
 )
 
 // kafkaVersion is the protocol version sarama speaks: Kafka 2.8 and later
@@ -58,6 +60,18 @@ func newKafka(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 	}
 	b.InitTopics = func(ctx context.Context, names []string) error {
 		return createKafkaTopics(brokers, names, cfg.KafkaPartitions)
+	}
+	if cfg.KafkaWatermark {
+		cc := sarama.NewConfig()
+		cc.Version = kafkaVersion
+		cc.Metadata.Retry.Backoff = 250 * time.Millisecond
+		client, err := sarama.NewClient(brokers, cc)
+		if err != nil {
+			_ = b.Close()
+			return nil, fmt.Errorf("kafka client (%s): %w", cfg.KafkaBrokers, err)
+		}
+		b.Closers = append(b.Closers, client.Close)
+		b.HighWaterMark = kafkakeys.HighWaterMark(client)
 	}
 	return b, nil
 }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/oncemill/oncemill/keygen"
+	"github.com/oncemill/oncemill/keygen/kafkakeys"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
@@ -47,6 +48,11 @@ type ReceiverDeps struct {
 	DeadTopic string
 	Tel       *Telemetry         // nil: the global OpenTelemetry providers
 	System    attribute.KeyValue // messaging.system of the broker
+	// Group and HighWaterMark are the watermark mode's (--kafka-watermark):
+	// the consumer group of the handler the receiver serves, and the
+	// broker's high-water marks.
+	Group         string
+	HighWaterMark func(ctx context.Context, topic string, partition int32) (int64, error)
 }
 
 // NewReceiver returns the middleware every payments handler runs behind:
@@ -73,9 +79,14 @@ func NewReceiver(cfg Config, d ReceiverDeps) (message.HandlerMiddleware, error) 
 		b = receiver.NewTransactional(d.Tx)
 		p.LeaseDuration = 0 // the claim is held by the handler's transaction
 	}
-	b = b.WithKeyGenerator(d.Keys).
-		WithScope(cfg.Scope).
-		WithPolicy(p).
+	if cfg.KafkaWatermark {
+		// The key is the message's offset, its rows are (group, topic,
+		// partition): no key generator, no scope.
+		b = b.WithKafkaWatermark(pipeline.KafkaWatermark{Group: d.Group, Position: kafkakeys.Position, HighWaterMark: d.HighWaterMark})
+	} else {
+		b = b.WithKeyGenerator(d.Keys).WithScope(cfg.Scope)
+	}
+	b = b.WithPolicy(p).
 		WithLogger(d.Log).
 		WithEventHandler(d.OnEvent)
 	if d.DeadPub != nil {
@@ -122,9 +133,12 @@ func NewRouter(cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores,
 	if opts.DeadLetters {
 		d.DeadPub, d.DeadTopic = b.Pub, tp.DeadLetters()
 	}
-	rmw, err := hooks.newReceiver(cfg, d)
-	if err != nil {
-		return nil, err
+	d.HighWaterMark = b.HighWaterMark
+	var rmw message.HandlerMiddleware
+	if !cfg.KafkaWatermark { // else one per handler, below
+		if rmw, err = hooks.newReceiver(cfg, d); err != nil {
+			return nil, err
+		}
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: opts.CloseTimeout}, watermill.NewSlogLogger(log))
 	if err != nil {
@@ -151,7 +165,16 @@ func NewRouter(cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores,
 			outer, inner = r.EndOnRevoke()
 			mws = append(mws, outer)
 		}
-		mws = append(append(mws, hooks.Outer...), rmw)
+		hmw := rmw
+		if cfg.KafkaWatermark {
+			// The watermark mode's rows belong to a consumer group, and
+			// each topic has its own: a receiver per handler.
+			d.Group = cfg.ConsumerGroup + "-" + topic
+			if hmw, err = hooks.newReceiver(cfg, d); err != nil {
+				return nil, err
+			}
+		}
+		mws = append(append(mws, hooks.Outer...), hmw)
 		if inner != nil {
 			mws = append(mws, inner)
 		}
