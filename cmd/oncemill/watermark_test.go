@@ -12,7 +12,7 @@ import (
 // move refuses without --force, then moves with an audit line on stderr.
 func TestWatermarkShowAndMove(t *testing.T) {
 	t.Parallel()
-	fx := newPostgresFixture(t)
+	fx := newPostgresFixture(t, postgres.LayoutDelete)
 	st := fx.st.(*postgres.Store)
 	if _, _, err := st.MoveWatermark(t.Context(), "orders", "payments", 2, 1500); err != nil {
 		t.Fatal(err)
