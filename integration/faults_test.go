@@ -154,7 +154,16 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		proxy := faultProxy(t, pgUpstream(t))
 		pool := proxiedPool(t, proxy, 16, 0) // pgx's default connect timeout, as before
 		direct := pgPool(t)
-		st, err := postgres.New(pool, postgres.Options{Schema: ns, StatementTimeout: 500 * time.Millisecond, CleanupInterval: -1, Layout: kind.layout})
+		// A lease-mode claim commits its row in the batch that answers it: a
+		// claim that runs out of its bound after the commit leaves a live
+		// lease, taken over once it expires, so under the latency fault
+		// (several round trips of 50-200 ms: connecting, preparing, the
+		// batch) its bound must let it finish within the 2 s lease.
+		timeout := 500 * time.Millisecond
+		if kind.lease {
+			timeout = 1500 * time.Millisecond
+		}
+		st, err := postgres.New(pool, postgres.Options{Schema: ns, StatementTimeout: timeout, CleanupInterval: -1, Layout: kind.layout})
 		must(t, err)
 		t.Cleanup(func() { st.Close() })
 		must(t, st.Migrate(context.Background()))
