@@ -113,19 +113,11 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxReq
 		br.Close()
 		return store.ClaimResult{}, nil, err
 	}
-	var token int64
-	err := br.QueryRow().Scan(&token)
-	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
-		err = cerr
+	res, tx, taken, err := takeNewKey(br, nil, req)
+	if taken || err != nil {
+		return res, tx, err
 	}
-	tx := br.Tx()
-	switch {
-	case err == nil:
-		return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1, MessageUUID: req.MessageUUID}}, tx, nil
-	case !errors.Is(err, pgx.ErrNoRows):
-		return store.ClaimResult{}, tx, err
-	}
-	res, err := s.claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
+	res, err = s.claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
 		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, waitMS, lock)
 	return res, tx, err
 }
@@ -146,7 +138,22 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 		br.Close()
 		return store.ClaimResult{}, nil, err
 	}
-	_, err := br.Exec()
+	_, err := br.Exec() // the lock
+	res, tx, taken, err := takeNewKey(br, err, req)
+	if taken || err != nil {
+		return res, tx, err
+	}
+	res, err = s.claimStatement(ctx, tx, claims.tx, req.Scope, req.Key, req.Fingerprint,
+		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
+	return res, tx, err
+}
+
+// takeNewKey reads a fast-path claim's answer, the token of the row it
+// inserted for a new key, as the batch's next result (unless err, an
+// earlier result's error, is set), and closes the batch: taken with the
+// claim, or not taken when the key has a row and the claim goes on in the
+// transaction.
+func takeNewKey(br pgx.BatchResults, err error, req store.TxRequest) (res store.ClaimResult, tx pgx.Tx, taken bool, _ error) {
 	var token int64
 	if err == nil {
 		err = br.QueryRow().Scan(&token)
@@ -154,16 +161,14 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 	if cerr := br.Close(); err == nil || errors.Is(err, pgx.ErrNoRows) && cerr != nil {
 		err = cerr
 	}
-	tx := br.Tx()
+	tx = br.Tx()
 	switch {
 	case err == nil:
-		return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1, MessageUUID: req.MessageUUID}}, tx, nil
-	case !errors.Is(err, pgx.ErrNoRows):
-		return store.ClaimResult{}, tx, err
+		return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: token, Attempt: 1, MessageUUID: req.MessageUUID}}, tx, true, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return store.ClaimResult{}, tx, false, nil
 	}
-	res, err := s.claimStatement(ctx, tx, claims.tx, req.Scope, req.Key, req.Fingerprint,
-		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
-	return res, tx, err
+	return store.ClaimResult{}, tx, false, err
 }
 
 // claimLockKey is the second half of a claim's advisory lock key. Two keys
