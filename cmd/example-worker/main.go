@@ -441,8 +441,10 @@ func (w *worker) openBroker() (b *broker, err error) {
 		c.Consumer.Offsets.Initial = sarama.OffsetOldest // what was published before the first worker joined counts
 		// sarama's 60 s rebalance timeout outlasts its own 30 s read timeout:
 		// with workers crashing, a group stalled for minutes. A live member
-		// rejoins within a heartbeat; the session timeout (10 s) is enough.
-		c.Consumer.Group.Rebalance.Timeout = c.Consumer.Group.Session.Timeout
+		// rejoins within a heartbeat; half the session timeout (10 s) is
+		// enough, and ends a rebalance before the session of a member
+		// waiting in it runs out (docs/kafka.md, Recommended settings).
+		c.Consumer.Group.Rebalance.Timeout = c.Consumer.Group.Session.Timeout / 2
 		// A JoinGroup waits up to the rebalance timeout, nothing else longer: a
 		// response that never comes costs 5 s more, not 30 s (docs/kafka.md).
 		c.Net.ReadTimeout = c.Consumer.Group.Rebalance.Timeout + 5*time.Second

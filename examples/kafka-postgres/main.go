@@ -156,7 +156,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what came before it
 	// Bound rebalances and unanswered requests (docs/kafka.md, "A rebalance during an outage").
 	sc.Consumer.Group.Session.Timeout = 10 * time.Second
-	sc.Consumer.Group.Rebalance.Timeout = sc.Consumer.Group.Session.Timeout
+	sc.Consumer.Group.Rebalance.Timeout = sc.Consumer.Group.Session.Timeout / 2
 	sc.Net.ReadTimeout = sc.Consumer.Group.Rebalance.Timeout + 5*time.Second
 	sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{Brokers: cfg.Brokers, Unmarshaler: kafka.DefaultMarshaler{},
 		OverwriteSaramaConfig: sc, ConsumerGroup: cfg.Group}, wlog)

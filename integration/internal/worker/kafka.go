@@ -280,8 +280,15 @@ func kafkaConsumerConfig(cfg Config) *sarama.Config {
 	// crashing every few seconds the JoinGroup call timed out, the member
 	// rejoined, the coordinator waited again, and the group made no progress
 	// for minutes (TestKafkaGroupProgressesWhileWorkersCrash). A live member
-	// rejoins within a heartbeat, so the session timeout is ample.
-	c.Consumer.Group.Rebalance.Timeout = cfg.KafkaSessionTimeout
+	// rejoins within a heartbeat. Half the session timeout, not all of it:
+	// a member that rejoined stops heartbeating, and kfake removes it, its
+	// JoinGroup unanswered, when its session runs out before the rebalance
+	// ends (TestKfakeDropsJoinOfMemberWhoseSessionExpires); every join
+	// restarts the rebalance timer, so with workers crashing every 1–3 s a
+	// rebalance as long as the session dropped members and the group went
+	// 11–18 s without progress (TestKafkaGroupProgressesAfterDatabaseOutage,
+	// docs/kafka.md).
+	c.Consumer.Group.Rebalance.Timeout = cfg.KafkaSessionTimeout / 2
 	c.Consumer.Group.Rebalance.Retry.Backoff = 250 * time.Millisecond
 	// How long sarama waits for any response, sarama's default 30 s
 	// otherwise. A JoinGroup legitimately waits up to the rebalance timeout;
