@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -172,7 +171,7 @@ SELECT next_offset FROM {{WATERMARKS}} WHERE group_id = $1 AND topic = $2 AND pa
 
 // watermarkStatements are the mode's SQL with the store's names.
 type watermarkStatements struct {
-	claim, claimNew, commitResult, retryable, failed, list, lock, move string
+	claim, claimNew, commitResult, commitFast, retryable, failed, list, lock, move string
 }
 
 func newWatermarkStatements(n names) watermarkStatements {
@@ -181,6 +180,7 @@ func newWatermarkStatements(n names) watermarkStatements {
 		claim:        r(strings.ReplaceAll(sqlWatermarkClaim, "{{DUP}}", wmDup)),
 		claimNew:     r(strings.ReplaceAll(sqlWatermarkClaimNew, "{{DUP}}", wmDup)),
 		commitResult: r(sqlWatermarkCommitResult),
+		commitFast:   r(sqlWatermarkCommitFast),
 		retryable:    r(sqlWatermarkRetryable),
 		failed:       r(sqlWatermarkFailed),
 		list:         r(sqlWatermarks),
@@ -218,6 +218,9 @@ type watermarks struct {
 	// checked holds the partitions (topic, partition) whose watermark was
 	// found at or below the high-water mark by this process.
 	checked sync.Map
+	// cache holds the watermarks this process committed last, for the fast
+	// path (watermark_fast.go).
+	cache wmCache
 }
 
 var _ store.Transactional = (*watermarks)(nil)
@@ -248,6 +251,17 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 	if err != nil {
 		return store.TxResult{}, wrap("watermark claim", err)
 	}
+	part := wmPart(pos)
+	if known, ok := w.cache.take(part, pos.Offset); ok { // the fast path (watermark_fast.go)
+		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key,
+			wm: &wmCommit{group: w.group, pos: pos, uuid: uuid, cache: &w.cache}}
+		t.lazy = &lazyTx{conn: conn, opts: s.opts.TxOptions, beginCtx: func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), s.opts.StatementTimeout)
+		}}
+		t.handler = newHandlerTx(t.lazy, t, true)
+		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: known.token + 1, Attempt: 1, MessageUUID: uuid}
+		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil
+	}
 	args := []any{w.group, pos.Topic, pos.Partition, pos.Offset, uuid, max(req.Wait.Milliseconds(), 1)}
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
@@ -265,7 +279,8 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 		err = row.scan(tx.QueryRow(ctx, s.wm.claimNew, args...))
 	}
 	if err == nil && !row.duplicate {
-		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, wm: &wmCommit{group: w.group, pos: pos}}
+		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key,
+			wm: &wmCommit{group: w.group, pos: pos, uuid: uuid, cache: &w.cache, token: row.token}}
 		t.handler = newHandlerTx(tx, t, true)
 		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: row.token, Attempt: int(row.attempts), MessageUUID: uuid}
 		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil
@@ -290,7 +305,7 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 // every message would be acked as a duplicate. The check is left undone
 // while it fails, so that it fails again.
 func (w *watermarks) checkAhead(ctx context.Context, pos store.KafkaPosition, watermark int64) error {
-	part := pos.Topic + "/" + strconv.Itoa(int(pos.Partition))
+	part := wmPart(pos)
 	if _, ok := w.checked.Load(part); ok {
 		return nil
 	}
@@ -342,10 +357,16 @@ func (w *watermarks) RecordRollback(ctx context.Context, lease store.Claim, _ st
 }
 
 // wmCommit is what a watermark claim's Commit writes the produced messages
-// into.
+// into, and the partition's entry in the process's cache that a clean
+// commit puts back.
 type wmCommit struct {
 	group string
 	pos   store.KafkaPosition
+	uuid  string
+	cache *wmCache
+	// token is the pessimistic claim's (the row's after it); the fast
+	// path's commit reads it from the row.
+	token int64
 }
 
 // wmRow is the claim's answer.

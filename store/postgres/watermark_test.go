@@ -597,11 +597,18 @@ func TestWatermarkTwoOwnersRepeatableRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
-	claim := func(offset int64) (store.TxResult, error) {
-		return wts.ClaimInTx(ctx, store.TxRequest{Scope: "g", Key: fmt.Sprintf("t/0/%d", offset), SuccessTTL: time.Hour, Wait: 20 * time.Second})
+	// The owners of offset 1 are other processes (their own watermarks),
+	// which know nothing of the partition: they take the pessimistic claim.
+	others, err := st.KafkaWatermarks("g", func(context.Context, string, int32) (int64, error) { return 1 << 62, nil })
+	if err != nil {
+		t.Fatal(err)
 	}
-	first, err := claim(0)
+	ctx := t.Context()
+	claimOn := func(w store.Transactional, offset int64) (store.TxResult, error) {
+		return w.ClaimInTx(ctx, store.TxRequest{Scope: "g", Key: fmt.Sprintf("t/0/%d", offset), SuccessTTL: time.Hour, Wait: 20 * time.Second})
+	}
+	claim := func(offset int64) (store.TxResult, error) { return claimOn(others, offset) }
+	first, err := claimOn(wts, 0)
 	if err != nil || first.Decision != store.DecisionExecute {
 		t.Fatalf("offset 0: %v, %v", first.Decision, err)
 	}
