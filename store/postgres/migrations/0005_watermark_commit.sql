@@ -1,3 +1,8 @@
+-- contended is scratch, as duplicate is: set by a claim that waited for
+-- another owner's transaction on the row (watermark.go, wmContended), and
+-- returned to it; meaningless once committed.
+ALTER TABLE {{WATERMARKS}} ADD COLUMN IF NOT EXISTS contended boolean NOT NULL DEFAULT false;
+
 -- The watermark mode's optimistic commit (watermark_fast.go): a process that
 -- committed a partition's last message knows its watermark, and runs the
 -- next message's handler without claiming first; the claim moves to the
@@ -28,6 +33,7 @@ BEGIN
 		attempt_offset = p_offset,
 		token = w.token + 1,
 		duplicate = false,
+		contended = false,
 		updated_at = now()
 	WHERE w.group_id = p_group AND w.topic = p_topic AND w.partition = p_partition AND w.next_offset <= p_offset
 	RETURNING w.token INTO new_token;
@@ -38,3 +44,4 @@ BEGIN
 	RETURN new_token;
 END
 $$;
+
