@@ -14,6 +14,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/internal/requests"
 	"github.com/oncemill/oncemill/store/postgres/internal/guardtx"
+	"github.com/oncemill/oncemill/store/postgres/internal/lazytx"
 )
 
 // The one-transaction mode (store.Transactional). Claim sends BEGIN and the
@@ -270,7 +271,7 @@ type claimTx struct {
 	// lazy is set for the watermark mode's fast path (watermark_fast.go):
 	// the handler's transaction, begun with its first statement; Commit
 	// claims the offset.
-	lazy *lazyTx
+	lazy *lazytx.Tx
 	// ended is set before the last round trip, so that the handler's
 	// pgx.Tx, and what it made, refuse to touch the connection, which goes
 	// back to the pool.
@@ -371,7 +372,7 @@ func (t *claimTx) Rollback(ctx context.Context) error {
 	t.ended = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
 	defer cancel()
-	if t.lazy != nil && t.lazy.settle() != nil {
+	if t.lazy != nil && t.lazy.Settle() != nil {
 		_ = t.conn.Conn().Close(ctx) // a batch left mid-way: the connection cannot be trusted
 	}
 	rollback(ctx, t.conn)

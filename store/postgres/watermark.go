@@ -13,6 +13,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres/internal/lazytx"
 )
 
 // The watermark mode on Kafka (store.KafkaWatermarks, docs/kafka.md). A
@@ -264,9 +265,9 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 	if known, ok := w.cache.take(part, pos.Offset); ok { // the fast path (watermark_fast.go)
 		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key,
 			wm: &wmCommit{group: w.group, pos: pos, uuid: uuid, cache: &w.cache}}
-		t.lazy = &lazyTx{conn: conn, opts: s.opts.TxOptions, beginCtx: func() (context.Context, context.CancelFunc) {
+		t.lazy = lazytx.New(conn, s.opts.TxOptions, func() (context.Context, context.CancelFunc) {
 			return context.WithTimeout(context.Background(), s.opts.StatementTimeout)
-		}}
+		})
 		t.handler = newHandlerTx(t.lazy, t, true)
 		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: known.token + 1, Attempt: 1, MessageUUID: uuid}
 		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil
