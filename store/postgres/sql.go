@@ -29,9 +29,6 @@ type names struct {
 	// watermarks is the watermark mode's table, one row per Kafka
 	// partition (watermark.go): "schema"."table_watermarks".
 	watermarks string
-	// wmCommit is the watermark mode's commit function (migration 5,
-	// watermark_fast.go): "schema"."table_wm_commit".
-	wmCommit string
 	// claimLock is the first half of the advisory lock key of a claim:
 	// the table's, so that claims of different tables never meet.
 	claimLock int32
@@ -48,7 +45,6 @@ func newNames(schema, table string) names {
 		purge:      pgx.Identifier{table + "_purge_at_idx"}.Sanitize(),
 		versions:   pgx.Identifier{schema, table + "_migrations"}.Sanitize(),
 		watermarks: pgx.Identifier{schema, table + "_watermarks"}.Sanitize(),
-		wmCommit:   pgx.Identifier{schema, table + "_wm_commit"}.Sanitize(),
 	}
 	n.keyFilters = pgx.Identifier{schema, table + "_key_filters"}.Sanitize()
 	n.claimLock = int32(lockKey("claim", n))
@@ -68,7 +64,6 @@ func (n names) render(sql string) string {
 		"{{VERSIONS}}", n.versions,
 		"{{KEY_FILTERS}}", n.keyFilters,
 		"{{WATERMARKS}}", n.watermarks,
-		"{{WM_COMMIT}}", n.wmCommit,
 		// Codes shared with Go, so the SQL cannot drift from them.
 		"{{IN_PROGRESS}}", fmt.Sprint(int(store.StatusInProgress)),
 		"{{SUCCEEDED}}", fmt.Sprint(int(store.StatusSucceeded)),

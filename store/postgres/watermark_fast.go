@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -13,7 +14,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// The watermark mode's fast path (docs/kafka.md, "Watermark mode"). A
+// The watermark mode's fast path (docs/kafka.md, "The watermark mode"). A
 // partition's messages come one at a time, so the process that committed
 // offset N usually sees N+1 next, and the row holds what that commit left:
 // the claim would only read back what the process already knows. After a
@@ -21,14 +22,13 @@ import (
 // next claim at or above it sends nothing: the handler's transaction
 // begins with its first statement, BEGIN and statement in one round trip
 // (lazytx), and the commit does the claim's work, in COMMIT's round trip,
-// with sqlWatermarkCommitFast: the function of migration 5 advances the
-// watermark if it is still at or below the offset, and otherwise raises
-// wmMovedCode, which aborts the transaction, so the COMMIT pipelined after
-// it commits nothing. Two owners of a partition are then ordered at the
-// commit, by the row's lock, rather than at the claim: the second finds the
-// watermark moved, rolls back, and its delivery is answered from the row
-// (errWatermarkMoved: the stage claims again, the pessimistic way, and
-// replays).
+// with sqlWatermarkCommitFast, which advances the watermark if it is still
+// at or below the offset, and otherwise fails, which aborts the
+// transaction, so the COMMIT pipelined after it commits nothing. Two owners
+// of a partition are then ordered at the commit, by the row's lock, rather
+// than at the claim: the second finds the watermark moved, rolls back, and
+// its delivery is answered from the row (errWatermarkMoved: the stage
+// claims again, the pessimistic way, and replays).
 //
 // Everything but a clean commit forgets the partition (a claim takes the
 // entry out): a failure, a rollback, a duplicate, an offset below the
@@ -38,15 +38,15 @@ import (
 // they went before. The cache never decides anything by itself: the commit
 // checks the row.
 
-// wmMovedCode is the SQLSTATE the commit function raises when the watermark
-// moved past the offset.
-const wmMovedCode = "OM001"
+// invalidTextRepresentation is the SQLSTATE of sqlWatermarkCommitFast when
+// the watermark moved past the offset: its marker, cast to a number.
+const invalidTextRepresentation = "22P02"
 
 // Other commit failures that say another transaction got in the way: under
-// REPEATABLE READ or SERIALIZABLE, the row updated by another owner since the
-// snapshot (or another serialization conflict), and a deadlock with another
-// owner's claim. The stage claims again the pessimistic way, which decides
-// from the row.
+// REPEATABLE READ or SERIALIZABLE, the row updated by another owner since
+// the snapshot (or another serialization conflict), and a deadlock with
+// another owner's claim. The stage claims again the pessimistic way, which
+// decides from the row.
 const (
 	serializationFailure = "40001"
 	deadlockDetected     = "40P01"
@@ -57,9 +57,41 @@ const (
 // It wraps store.ErrLeaseLost: the offset is, or may be, another owner's.
 var errWatermarkMoved = fmt.Errorf("the partition's watermark moved past the offset, or another owner's transaction conflicted, before the commit: nothing was committed: %w", store.ErrLeaseLost)
 
-// sqlWatermarkCommitFast calls the commit function: $1 group, $2 topic, $3
-// partition, $4 offset, $5 message UUID, $6 produced messages.
-const sqlWatermarkCommitFast = `SELECT {{WM_COMMIT}}($1::text, $2::text, $3::int4, $4::int8, $5::text, $6::bytea)`
+// sqlWatermarkCommitFast is the fast path's claim, sent with COMMIT: $1
+// group, $2 topic, $3 partition, $4 offset, $5 message UUID, $6 produced
+// messages. It moves the watermark past the offset and records it as the
+// last one, as a pessimistic claim and its commit do, if the watermark is
+// still at or below the offset, waiting for the row's lock if another
+// owner holds it; it returns the row's new token. If the watermark moved
+// past the offset, no row is updated and the statement fails casting
+// wmMovedMarker to a number (SQLSTATE 22P02, the marker in the message):
+// the error aborts the transaction on the server. One plain statement
+// rather than a PL/pgSQL function that raises a code of its own: the
+// function's call cost 1-4% of the benchmark's throughput
+// (docs/benchmarks.md).
+const sqlWatermarkCommitFast = `
+WITH up AS (
+	UPDATE {{WATERMARKS}} AS w SET
+		next_offset = $4::int8 + 1,
+		last_offset = $4::int8,
+		last_status = {{SUCCEEDED}},
+		last_result = $6::bytea,
+		last_error_kind = NULL,
+		last_error_message = NULL,
+		last_message_uuid = $5::text,
+		attempts = CASE WHEN w.attempt_offset = $4::int8 THEN w.attempts + 1 ELSE 1 END,
+		attempt_offset = $4::int8,
+		token = w.token + 1,
+		duplicate = false,
+		contended = false,
+		updated_at = now()
+	WHERE w.group_id = $1 AND w.topic = $2 AND w.partition = $3 AND w.next_offset <= $4::int8
+	RETURNING w.token
+)
+SELECT coalesce((SELECT token::text FROM up), '` + wmMovedMarker + `')::int8`
+
+// wmMovedMarker is the text sqlWatermarkCommitFast fails to cast.
+const wmMovedMarker = "oncemill: the watermark moved past the offset"
 
 // wmKnown is what a process knows of a partition after its own commit.
 type wmKnown struct {
@@ -132,7 +164,7 @@ func (t *claimTx) commitFast(ctx context.Context, result []byte) error {
 	rollback(ctx, t.conn) // a no-op after a commit; releases the connection
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && (pgErr.Code == wmMovedCode || pgErr.Code == serializationFailure || pgErr.Code == deadlockDetected):
+	case errors.As(err, &pgErr) && (pgErr.Code == invalidTextRepresentation && strings.Contains(pgErr.Message, wmMovedMarker) || pgErr.Code == serializationFailure || pgErr.Code == deadlockDetected):
 		return fmt.Errorf("oncemill: postgres: commit %s: %w (%w)", t.key, errWatermarkMoved, err)
 	case err != nil:
 		return wrap("commit", err)
