@@ -30,7 +30,8 @@ import (
 // produced messages, which its redelivery replays with their UUIDs. A
 // rolled-back transaction leaves the watermark where it was. The row never
 // multiplies: the table holds one row per partition, however many messages
-// went through.
+// went through. A process that committed a partition's previous message
+// skips this claim and claims at the commit instead (watermark_fast.go).
 //
 // A failure cached by the policy (or whose attempts ran out) moves the
 // watermark past its offset in a transaction of its own and becomes the
