@@ -92,6 +92,7 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 		MessageUUID: d.msg.UUID,
 	}
 	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
+	reclaim := true // once: see execute
 	for {
 		req.Wait = time.Millisecond // policy.HeldKeyNack and policy.HeldKeyReject do not wait, nor does shadow mode
 		if s.policy.HeldKey == policy.HeldKeyWait && !s.shadow {
@@ -107,7 +108,12 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 		d.event.Decision = res.Decision
 		d.event.Contended = d.event.Contended || res.Contended
 		if res.Decision == store.DecisionExecute {
-			return s.execute(d, h, &req, res)
+			msgs, lost, err := s.execute(d, h, &req, res, reclaim)
+			if !lost {
+				return msgs, err
+			}
+			d.event.Contended, reclaim = true, false
+			continue
 		}
 		if s.shadow {
 			return s.shadowed(d, h, &res.ClaimResult)
@@ -122,7 +128,14 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 // success with the record, or rolls the attempt back, claim included. A
 // retry claims again in a fresh transaction. This is the one place where
 // the mode's transactions end.
-func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.TxRequest, res store.TxResult) ([]*message.Message, error) {
+//
+// A commit that fails with store.ErrLeaseLost committed nothing because
+// another delivery got the key first: the watermark mode's fast path,
+// which claims at the commit, finds the offset committed by another owner.
+// With reclaim, execute then returns lost, records nothing and leaves the
+// delivery to claim again, which answers it from the record (a replay) or
+// runs it again: never a failed attempt, never a nack.
+func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.TxRequest, res store.TxResult, reclaim bool) (_ []*message.Message, lost bool, _ error) {
 	run := txRun{stage: s, claim: res.Claim, fingerprint: req.Fingerprint, failureTTL: d.ttl.failure}
 	tx := res.Tx
 	d.event.Attempt, d.event.Token, d.event.Takeover = run.claim.Attempt, run.claim.Token, res.Takeover
@@ -159,15 +172,18 @@ func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.T
 	})
 	s.tel.leaseDone(orig, started)
 
+	if reclaim && errors.Is(herr, errCommit) && errors.Is(herr, store.ErrLeaseLost) {
+		return nil, true, nil
+	}
 	if herr != nil { // the last attempt rolled back
 		d.event.Attempt = run.claim.Attempt
 		msgs, err := s.fail(detached, d, &run, herr)
 		d.stored = run.stored
-		return msgs, err
+		return msgs, false, err
 	}
 	d.event.Outcome = OutcomeExecuted // and committed: a nil error comes only with a commit
 	d.stored = req.SuccessTTL
-	return msgs, nil
+	return msgs, false, nil
 }
 
 // commit ends the attempt's transaction with the record of its success.

@@ -14,6 +14,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/internal/requests"
 	"github.com/oncemill/oncemill/store/postgres/internal/guardtx"
+	"github.com/oncemill/oncemill/store/postgres/internal/lazytx"
 )
 
 // The one-transaction mode (store.Transactional). Claim sends BEGIN and the
@@ -267,6 +268,10 @@ type claimTx struct {
 	// wm is set for the watermark mode's claim (watermark.go): Commit
 	// writes the produced messages into the partition's row.
 	wm *wmCommit
+	// lazy is set for the watermark mode's fast path (watermark_fast.go):
+	// the handler's transaction, begun with its first statement; Commit
+	// claims the offset.
+	lazy *lazytx.Tx
 	// ended is set before the last round trip, so that the handler's
 	// pgx.Tx, and what it made, refuse to touch the connection, which goes
 	// back to the pool.
@@ -310,6 +315,9 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 		rollback(ctx, t.conn)
 		return invalid("commit", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(result), t.s.opts.MaxResultBytes)
 	}
+	if t.lazy != nil {
+		return t.commitFast(ctx, result)
+	}
 	if t.conn.Conn().PgConn().TxStatus() == 'E' {
 		rollback(ctx, t.conn)
 		return wrap("commit", errAborted)
@@ -337,6 +345,9 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	if err != nil {
 		return wrap("commit", err)
 	}
+	if t.wm != nil { // the next message of the partition may take the fast path
+		t.wm.cache.put(wmPart(t.wm.pos), wmKnown{next: t.wm.pos.Offset + 1, token: t.wm.token})
+	}
 	return nil
 }
 
@@ -361,6 +372,9 @@ func (t *claimTx) Rollback(ctx context.Context) error {
 	t.ended = true
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
 	defer cancel()
+	if t.lazy != nil && t.lazy.Settle() != nil {
+		_ = t.conn.Conn().Close(ctx) // a batch left mid-way: the connection cannot be trusted
+	}
 	rollback(ctx, t.conn)
 	return nil
 }

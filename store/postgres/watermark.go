@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres/internal/lazytx"
 )
 
 // The watermark mode on Kafka (store.KafkaWatermarks, docs/kafka.md). A
@@ -30,7 +30,8 @@ import (
 // produced messages, which its redelivery replays with their UUIDs. A
 // rolled-back transaction leaves the watermark where it was. The row never
 // multiplies: the table holds one row per partition, however many messages
-// went through.
+// went through. A process that committed a partition's previous message
+// skips this claim and claims at the commit instead (watermark_fast.go).
 //
 // A failure cached by the policy (or whose attempts ran out) moves the
 // watermark past its offset in a transaction of its own and becomes the
@@ -55,21 +56,30 @@ const wmSet = `
 		attempts = CASE WHEN {{DUP}} THEN w.attempts WHEN w.attempt_offset = $4::int8 THEN w.attempts + 1 ELSE 1 END,
 		attempt_offset = CASE WHEN {{DUP}} THEN w.attempt_offset ELSE $4::int8 END,
 		token = CASE WHEN {{DUP}} THEN w.token ELSE w.token + 1 END,
-		updated_at = CASE WHEN {{DUP}} THEN w.updated_at ELSE now() END`
+		updated_at = CASE WHEN {{DUP}} THEN w.updated_at ELSE now() END,
+		contended = {{CONTENDED}}`
 
 // wmReturning is what a claim returns: the row after it.
 const wmReturning = `
 	RETURNING w.duplicate, w.next_offset, w.last_offset, w.last_status, w.last_result, coalesce(w.last_error_kind, ''),
-		coalesce(w.last_error_message, ''), w.last_message_uuid, w.attempts, w.token, w.updated_at`
+		coalesce(w.last_error_message, ''), w.last_message_uuid, w.attempts, w.token, w.updated_at, w.contended`
 
 // wmDup is the claim's test for a duplicate, on the row before the claim.
 const wmDup = `($4::int8 < w.next_offset)`
+
+// wmContended tells whether the claim waited for another owner: the row it
+// updates is not the version its statement's snapshot saw (lt.seen), so
+// another transaction committed it meanwhile, the claim having waited for
+// its lock (or met it just committed). A claim of a new partition that
+// finds the row inserted meanwhile is contended too (sqlWatermarkClaimNew).
+const wmContended = `(w.xmin::text IS DISTINCT FROM lt.seen)`
 
 // lockTimeout sets lock_timeout to $6 milliseconds for the statement's
 // row lock, and the final SELECT puts it back (claimForm's way): the
 // handler's own statements keep the session's value. MATERIALIZED makes
 // it run before the row is locked.
-const wmLockTimeout = `lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true))`
+const wmLockTimeout = `lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($6::int8)::text, true),
+	(SELECT s.xmin::text FROM {{WATERMARKS}} AS s WHERE s.group_id = $1 AND s.topic = $2 AND s.partition = $3) AS seen)`
 
 // sqlWatermarkClaim is the watermark mode's claim, the first statement of
 // the handler's transaction, sent with its BEGIN: $1 group, $2 topic, $3
@@ -99,8 +109,8 @@ const sqlWatermarkClaimNew = `
 WITH ` + wmLockTimeout + `,
 up AS (
 	INSERT INTO {{WATERMARKS}} AS w (group_id, topic, partition, next_offset, last_offset, last_status, last_result,
-		last_error_kind, last_error_message, last_message_uuid, attempt_offset, attempts, token, duplicate, updated_at)
-	SELECT $1::text, $2::text, $3::int4, $4::int8 + 1, $4::int8, {{SUCCEEDED}}, NULL, NULL, NULL, $5::text, $4::int8, 1, 1, false, now()
+		last_error_kind, last_error_message, last_message_uuid, attempt_offset, attempts, token, duplicate, updated_at, contended)
+	SELECT $1::text, $2::text, $3::int4, $4::int8 + 1, $4::int8, {{SUCCEEDED}}, NULL, NULL, NULL, $5::text, $4::int8, 1, 1, false, now(), false
 	FROM lt
 	ON CONFLICT (group_id, topic, partition) DO UPDATE SET` + wmSet + wmReturning + `
 )
@@ -172,15 +182,16 @@ SELECT next_offset FROM {{WATERMARKS}} WHERE group_id = $1 AND topic = $2 AND pa
 
 // watermarkStatements are the mode's SQL with the store's names.
 type watermarkStatements struct {
-	claim, claimNew, commitResult, retryable, failed, list, lock, move string
+	claim, claimNew, commitResult, commitFast, retryable, failed, list, lock, move string
 }
 
 func newWatermarkStatements(n names) watermarkStatements {
 	r := n.render
 	return watermarkStatements{
-		claim:        r(strings.ReplaceAll(sqlWatermarkClaim, "{{DUP}}", wmDup)),
-		claimNew:     r(strings.ReplaceAll(sqlWatermarkClaimNew, "{{DUP}}", wmDup)),
+		claim:        r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", wmContended).Replace(sqlWatermarkClaim)),
+		claimNew:     r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", "true").Replace(sqlWatermarkClaimNew)),
 		commitResult: r(sqlWatermarkCommitResult),
+		commitFast:   r(sqlWatermarkCommitFast),
 		retryable:    r(sqlWatermarkRetryable),
 		failed:       r(sqlWatermarkFailed),
 		list:         r(sqlWatermarks),
@@ -218,6 +229,9 @@ type watermarks struct {
 	// checked holds the partitions (topic, partition) whose watermark was
 	// found at or below the high-water mark by this process.
 	checked sync.Map
+	// cache holds the watermarks this process committed last, for the fast
+	// path (watermark_fast.go).
+	cache wmCache
 }
 
 var _ store.Transactional = (*watermarks)(nil)
@@ -248,6 +262,17 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 	if err != nil {
 		return store.TxResult{}, wrap("watermark claim", err)
 	}
+	part := wmPart(pos)
+	if known, ok := w.cache.take(part, pos.Offset); ok { // the fast path (watermark_fast.go)
+		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key,
+			wm: &wmCommit{group: w.group, pos: pos, uuid: uuid, cache: &w.cache}}
+		t.lazy = lazytx.New(conn, s.opts.TxOptions, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), s.opts.StatementTimeout)
+		})
+		t.handler = newHandlerTx(t.lazy, t, true)
+		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: known.token + 1, Attempt: 1, MessageUUID: uuid}
+		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil
+	}
 	args := []any{w.group, pos.Topic, pos.Partition, pos.Offset, uuid, max(req.Wait.Milliseconds(), 1)}
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
@@ -265,10 +290,11 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 		err = row.scan(tx.QueryRow(ctx, s.wm.claimNew, args...))
 	}
 	if err == nil && !row.duplicate {
-		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, wm: &wmCommit{group: w.group, pos: pos}}
+		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key,
+			wm: &wmCommit{group: w.group, pos: pos, uuid: uuid, cache: &w.cache, token: row.token}}
 		t.handler = newHandlerTx(tx, t, true)
 		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: row.token, Attempt: int(row.attempts), MessageUUID: uuid}
-		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil
+		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t, Contended: row.contended}, nil
 	}
 	rollback(ctx, conn) // a duplicate changed nothing, and keeps no connection
 	var pgErr *pgconn.PgError
@@ -281,7 +307,7 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 	if err := w.checkAhead(ctx, pos, row.next); err != nil {
 		return store.TxResult{}, err
 	}
-	return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionReplay, Record: row.record(req, pos)}}, nil
+	return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionReplay, Record: row.record(req, pos)}, Contended: row.contended}, nil
 }
 
 // checkAhead compares the partition's watermark with its high-water mark,
@@ -290,7 +316,7 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 // every message would be acked as a duplicate. The check is left undone
 // while it fails, so that it fails again.
 func (w *watermarks) checkAhead(ctx context.Context, pos store.KafkaPosition, watermark int64) error {
-	part := pos.Topic + "/" + strconv.Itoa(int(pos.Partition))
+	part := wmPart(pos)
 	if _, ok := w.checked.Load(part); ok {
 		return nil
 	}
@@ -342,10 +368,16 @@ func (w *watermarks) RecordRollback(ctx context.Context, lease store.Claim, _ st
 }
 
 // wmCommit is what a watermark claim's Commit writes the produced messages
-// into.
+// into, and the partition's entry in the process's cache that a clean
+// commit puts back.
 type wmCommit struct {
 	group string
 	pos   store.KafkaPosition
+	uuid  string
+	cache *wmCache
+	// token is the pessimistic claim's (the row's after it); the fast
+	// path's commit reads it from the row.
+	token int64
 }
 
 // wmRow is the claim's answer.
@@ -359,12 +391,13 @@ type wmRow struct {
 	attempts                int32
 	token                   int64
 	updatedAt               time.Time
+	contended               bool
 }
 
 // scan reads a claim's row (and the lock_timeout put back, dropped).
 func (r *wmRow) scan(row pgx.Row) error {
 	return row.Scan(&r.duplicate, &r.next, &r.lastOffset, &r.lastStatus, &r.lastResult, &r.errorKind,
-		&r.errorMessage, &r.lastUUID, &r.attempts, &r.token, &r.updatedAt, nil)
+		&r.errorMessage, &r.lastUUID, &r.attempts, &r.token, &r.updatedAt, &r.contended, nil)
 }
 
 // record is a duplicate's answer: the last outcome, produced messages or

@@ -69,6 +69,14 @@ func newWMFixture(t *testing.T, p policy.Policy) *wmFixture {
 		t.Fatal(err)
 	}
 	p.NackDelay, p.AttemptDelay = -1, -1
+	f.h = f.owner(t, p)
+	return f
+}
+
+// owner builds a stage over the fixture's store, as another process would:
+// with a watermark cache of its own. Its events go to f.events.
+func (f *wmFixture) owner(t *testing.T, p policy.Policy) message.HandlerFunc {
+	t.Helper()
 	r, err := receiver.NewTransactional(f.s).
 		WithKafkaWatermark(pipeline.KafkaWatermark{
 			Group:    wmGroup,
@@ -85,7 +93,7 @@ func newWMFixture(t *testing.T, p policy.Policy) *wmFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.h = r.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	return r.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := postgres.TxFromContext(msg.Context())
 		if !ok {
 			return nil, errors.New("handler: no transaction in the context")
@@ -103,7 +111,6 @@ func newWMFixture(t *testing.T, p policy.Policy) *wmFixture {
 		}
 		return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte("booked"))}, nil
 	})
-	return f
 }
 
 // msg is the message at (partition, offset); its UUID names them, so a
@@ -415,11 +422,16 @@ func TestWatermarkTwoOwners(t *testing.T) {
 		t.Fatalf("second owner got %v, want the first owner's produced message", out)
 	}
 	var outcomes []pipeline.Outcome
+	var second pipeline.Event
 	for range 2 {
-		outcomes = append(outcomes, f.event(t).Outcome)
+		second = f.event(t)
+		outcomes = append(outcomes, second.Outcome)
 	}
 	if !(outcomes[0] == pipeline.OutcomeExecuted && outcomes[1] == pipeline.OutcomeReplayed) {
 		t.Fatalf("outcomes %v, want executed then replayed", outcomes)
+	}
+	if !second.Contended {
+		t.Fatalf("the second owner's claim waited for the first's lock, and its event says it was not contended: %+v", second)
 	}
 	if n := f.ledgerRows(t); n != 1 {
 		t.Fatalf("ledger holds %d rows, want 1", n)
@@ -597,11 +609,18 @@ func TestWatermarkTwoOwnersRepeatableRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := t.Context()
-	claim := func(offset int64) (store.TxResult, error) {
-		return wts.ClaimInTx(ctx, store.TxRequest{Scope: "g", Key: fmt.Sprintf("t/0/%d", offset), SuccessTTL: time.Hour, Wait: 20 * time.Second})
+	// The owners of offset 1 are other processes (their own watermarks),
+	// which know nothing of the partition: they take the pessimistic claim.
+	others, err := st.KafkaWatermarks("g", func(context.Context, string, int32) (int64, error) { return 1 << 62, nil })
+	if err != nil {
+		t.Fatal(err)
 	}
-	first, err := claim(0)
+	ctx := t.Context()
+	claimOn := func(w store.Transactional, offset int64) (store.TxResult, error) {
+		return w.ClaimInTx(ctx, store.TxRequest{Scope: "g", Key: fmt.Sprintf("t/0/%d", offset), SuccessTTL: time.Hour, Wait: 20 * time.Second})
+	}
+	claim := func(offset int64) (store.TxResult, error) { return claimOn(others, offset) }
+	first, err := claimOn(wts, 0)
 	if err != nil || first.Decision != store.DecisionExecute {
 		t.Fatalf("offset 0: %v, %v", first.Decision, err)
 	}

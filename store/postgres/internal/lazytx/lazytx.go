@@ -1,0 +1,369 @@
+// Package lazytx is a pgx.Tx whose BEGIN goes out with its first
+// statement, in one batch (pgx.Batch.BeginTx), rather than in a round trip
+// of its own: the watermark mode's fast path (store/postgres,
+// watermark_fast.go), where nothing else has to be sent before the
+// handler's first statement.
+package lazytx
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Conn is what a Tx needs of its connection (a *pgxpool.Conn).
+type Conn interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	Conn() *pgx.Conn
+}
+
+// New returns a transaction on conn, begun with opts by its first
+// statement. beginCtx bounds a BEGIN sent where no context is given (Conn,
+// LargeObjects).
+func New(conn Conn, opts pgx.TxOptions, beginCtx func() (context.Context, context.CancelFunc)) *Tx {
+	return &Tx{conn: conn, opts: opts, beginCtx: beginCtx}
+}
+
+// Begun tells whether BEGIN was sent (and did not fail).
+func (t *Tx) Begun() bool { return t.tx != nil }
+
+// Broken is the error of a BEGIN that failed where it could not be
+// returned (Conn, LargeObjects): the transaction must not commit.
+func (t *Tx) Broken() error { return t.broken }
+
+// Settle closes the batch the first statement went out in if its rows are
+// still open; the connection is then free.
+func (t *Tx) Settle() error { return t.settle() }
+
+// Tx is a pgx.Tx: BEGIN goes out with the handler's
+// first statement, in one batch (pgx.Batch.BeginTx), rather than in a
+// round trip of its own. What cannot share a batch (CopyFrom, Prepare, a
+// savepoint, LargeObjects, Conn, a statement with a query mode option or
+// several statements in one string) sends BEGIN alone first. Until the
+// first statement, tx is nil.
+type Tx struct {
+	conn Conn
+	opts pgx.TxOptions
+	// beginCtx bounds a BEGIN sent where no context is given (Conn,
+	// LargeObjects).
+	beginCtx func() (context.Context, context.CancelFunc)
+	tx       pgx.Tx
+	// pending is the batch the first statement went out in while its rows
+	// are still being read (Query, QueryRow): it is closed when they are,
+	// or before the next statement.
+	pending pgx.BatchResults
+	// broken is set when BEGIN failed where the error could not be
+	// returned: the transaction must not commit.
+	broken error
+}
+
+var _ pgx.Tx = (*Tx)(nil)
+
+// settle closes the pending batch, if any.
+func (t *Tx) settle() error {
+	if t.pending == nil {
+		return nil
+	}
+	br := t.pending
+	t.pending = nil
+	return br.Close()
+}
+
+// begin sends BEGIN alone, unless the transaction has begun.
+func (t *Tx) begin(ctx context.Context) error {
+	if err := t.settle(); err != nil {
+		return err
+	}
+	if t.tx != nil {
+		return nil
+	}
+	tx, err := t.conn.BeginTx(ctx, t.opts)
+	if err != nil {
+		return err
+	}
+	t.tx = tx
+	return nil
+}
+
+// started returns the begun transaction, after closing a pending batch, or
+// nil when the next statement can carry BEGIN.
+func (t *Tx) started() (pgx.Tx, error) {
+	if err := t.settle(); err != nil {
+		return nil, err
+	}
+	return t.tx, nil
+}
+
+// batchable: a statement that can go out in a batch with BEGIN. pgx sends
+// Exec without arguments with the simple protocol, which allows several
+// statements in one string; a batch does not, so such a string (any ';')
+// begins alone. A query mode or result format option is not a batch's
+// either.
+func batchable(sql string, args []any, exec bool) bool {
+	if exec && len(args) == 0 && strings.Contains(sql, ";") {
+		return false
+	}
+	if len(args) > 0 {
+		switch args[0].(type) {
+		case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			return false
+		}
+	}
+	return true
+}
+
+// send sends BEGIN and the batch's statements, and reads BEGIN's result.
+func (t *Tx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	br := t.conn.SendBatch(ctx, b)
+	t.tx = br.Tx()
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		t.tx = nil // nothing began: the next statement tries again
+		return nil, err
+	}
+	return br, nil
+}
+
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tx, err := t.started()
+	switch {
+	case err != nil:
+		return pgconn.CommandTag{}, err
+	case tx == nil && !batchable(sql, args, true):
+		if err := t.begin(ctx); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		tx = t.tx
+	}
+	if tx != nil {
+		return tx.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	b.Queue(sql, args...)
+	br, err := t.send(ctx, b)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	tx, err := t.started()
+	switch {
+	case err != nil:
+		return errRow{err}
+	case tx == nil && !batchable(sql, args, false):
+		if err := t.begin(ctx); err != nil {
+			return errRow{err}
+		}
+		tx = t.tx
+	}
+	if tx != nil {
+		return tx.QueryRow(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	b.Queue(sql, args...)
+	br, err := t.send(ctx, b)
+	if err != nil {
+		return errRow{err}
+	}
+	t.pending = br
+	return lazyRow{t: t, row: br.QueryRow()}
+}
+
+// lazyRow closes the first statement's batch once scanned.
+type lazyRow struct {
+	t   *Tx
+	row pgx.Row
+}
+
+func (r lazyRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.t.settle(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	tx, err := t.started()
+	switch {
+	case err != nil:
+		return nil, err
+	case tx == nil && !batchable(sql, args, false):
+		if err := t.begin(ctx); err != nil {
+			return nil, err
+		}
+		tx = t.tx
+	}
+	if tx != nil {
+		return tx.Query(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	b.Queue(sql, args...)
+	br, err := t.send(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	t.pending = br
+	rows, err := br.Query()
+	if err != nil {
+		if cerr := t.settle(); cerr != nil && rows == nil {
+			return nil, cerr
+		}
+		return rows, err
+	}
+	return &lazyRows{Rows: rows, t: t}, nil
+}
+
+// lazyRows closes the first statement's batch when the rows are closed,
+// or read to the end (pgx closes them then).
+type lazyRows struct {
+	pgx.Rows
+	t   *Tx
+	err error
+}
+
+func (r *lazyRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *lazyRows) Close() {
+	r.Rows.Close()
+	if err := r.t.settle(); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *lazyRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	tx, err := t.started()
+	switch {
+	case err != nil:
+		return pgx.FailedBatchResults(b, err)
+	case tx == nil && b.Len() == 0:
+		if err := t.begin(ctx); err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+		tx = t.tx
+	}
+	if tx != nil {
+		return tx.SendBatch(ctx, b)
+	}
+	// The handler's queued queries, callbacks included, after BEGIN.
+	nb := &pgx.Batch{}
+	nb.BeginTx(t.opts)
+	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
+	br, err := t.send(ctx, nb)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	t.pending = br
+	return lazyBatch{BatchResults: br, t: t}
+}
+
+// lazyBatch is the handler's batch, sent after BEGIN in the same batch:
+// its Close closes both.
+type lazyBatch struct {
+	pgx.BatchResults
+	t *Tx
+}
+
+func (b lazyBatch) Close() error {
+	if b.t.pending != b.BatchResults {
+		return b.BatchResults.Close() // closed already: its first error again
+	}
+	return b.t.settle()
+}
+
+// Tx is nil: the handler's batch began no transaction of its own.
+func (b lazyBatch) Tx() pgx.Tx { return nil }
+
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Begin(ctx)
+}
+
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.begin(ctx); err != nil {
+		return 0, err
+	}
+	return t.tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return t.tx.Prepare(ctx, name, sql)
+}
+
+// beginNow begins where no context is given and no error can be returned.
+// A failure closes the connection, so that nothing the handler sends on it
+// runs outside the transaction, leaves a closed pgx.Tx (its statements
+// fail with pgx.ErrTxClosed), and makes the commit refuse.
+func (t *Tx) beginNow() {
+	ctx, cancel := t.beginCtx()
+	defer cancel()
+	if err := t.begin(ctx); err != nil {
+		t.broken = err
+		_ = t.conn.Conn().Close(ctx)
+		b := &pgx.Batch{}
+		b.BeginTx(t.opts)
+		t.tx = pgx.FailedBatchResults(b, err).Tx()
+	}
+}
+
+func (t *Tx) LargeObjects() pgx.LargeObjects {
+	t.beginNow()
+	return t.tx.LargeObjects()
+}
+
+// Conn is the connection, in the begun transaction: statements sent on it
+// directly are the transaction's.
+func (t *Tx) Conn() *pgx.Conn {
+	t.beginNow()
+	return t.conn.Conn()
+}
+
+// Commit and Rollback serve no caller: the handler's top level refuses
+// them (handlerTx), and its savepoints are pgx's.
+func (t *Tx) Commit(ctx context.Context) error {
+	if err := t.begin(ctx); err != nil {
+		return err
+	}
+	return t.tx.Commit(ctx)
+}
+
+func (t *Tx) Rollback(ctx context.Context) error {
+	if err := t.settle(); err != nil || t.tx == nil {
+		return err
+	}
+	return t.tx.Rollback(ctx)
+}
