@@ -19,7 +19,7 @@ import (
 // offset N usually sees N+1 next, and the row holds what that commit left:
 // the claim would only read back what the process already knows. After a
 // clean commit the process keeps the partition's watermark (wmCache); the
-// next claim at or above it sends nothing: the handler's transaction
+// claim of the next offset sends nothing: the handler's transaction
 // begins with its first statement, BEGIN and statement in one round trip
 // (lazytx), and the commit does the claim's work, in COMMIT's round trip,
 // with sqlWatermarkCommitFast, which advances the watermark if it is still
@@ -110,15 +110,20 @@ func wmPart(pos store.KafkaPosition) string {
 	return pos.Topic + "/" + strconv.Itoa(int(pos.Partition))
 }
 
-// take removes the partition's entry and returns it if offset is at or
-// above its watermark. Taking it out means every outcome but a clean commit
-// (which puts one back) leaves the partition to the pessimistic path.
+// take removes the partition's entry and returns it if offset is its
+// watermark: the offset right after this process's last commit. Only that
+// one: an offset further on means the partition's messages did not come
+// here in order (a gap of compaction or a transaction marker, or offsets
+// another owner handled, then a rebalance brought the partition back), and
+// the row, not the cache, knows what it holds. Taking the entry out means
+// every outcome but a clean commit (which puts one back) leaves the
+// partition to the pessimistic path.
 func (c *wmCache) take(part string, offset int64) (wmKnown, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k, ok := c.m[part]
 	delete(c.m, part)
-	return k, ok && offset >= k.next
+	return k, ok && offset == k.next
 }
 
 func (c *wmCache) put(part string, k wmKnown) {

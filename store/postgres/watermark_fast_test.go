@@ -309,6 +309,35 @@ func TestWatermarkFastPathStaleCache(t *testing.T) {
 	}
 }
 
+// Only the offset right after the process's own commit takes the fast
+// path: one further on (a gap, or offsets another owner handled before a
+// rebalance brought the partition back) is claimed the pessimistic way, in
+// BEGIN's round trip, and the watermark moves past it.
+func TestWatermarkFastPathOnlyTheNextOffset(t *testing.T) {
+	t.Parallel()
+	f := newWMFast(t, postgres.Options{})
+	commitAt(t, f.w, 0) // this process knows watermark 1
+	before := f.count.load()
+	res := claimAt(t, f.w, 3)
+	if res.Decision != store.DecisionExecute {
+		t.Fatalf("offset 3: decision %v, want execute", res.Decision)
+	}
+	if rt := f.count.load().minus(before).roundTrips; rt != 1 {
+		t.Fatalf("the claim of offset 3 after offset 0 made %v round trips, want 1 (the pessimistic claim)", rt)
+	}
+	if err := res.Tx.Commit(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.next(t); n != 4 {
+		t.Fatalf("watermark %d after offset 3, want 4", n)
+	}
+	before = f.count.load()
+	commitAt(t, f.w, 4) // the next offset: the fast path again
+	if rt := f.count.load().minus(before).roundTrips; rt != 1 {
+		t.Fatalf("a fast claim and commit without statements made %v round trips, want 1", rt)
+	}
+}
+
 // Under repeatable read the fast path's snapshot begins with the handler's
 // first statement; another owner's commit of the row after it makes the
 // commit function fail with a serialization failure, which is a lost claim
