@@ -91,7 +91,10 @@ type Event struct {
 	// another running delivery (store.DecisionHeld), whatever came of it: a
 	// wait that ended in a replay or an execution, or a nack. In the
 	// one-transaction mode it comes from store.ClaimResult.Contended: a wait
-	// that ended in an execution (the holder rolled back) is not seen.
+	// that ended in an execution (the holder rolled back) is not seen in the
+	// key mode; the watermark mode sees it (the partition row's lock), and
+	// sets it too when its fast path's commit found the watermark moved
+	// and the delivery was claimed again.
 	Contended bool
 	// Exhausted is true when the handler failed retryably (under
 	// policy.NeverCacheFailures, in any way) on an attempt at or past
