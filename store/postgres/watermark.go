@@ -262,13 +262,10 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 	if err != nil {
 		return store.TxResult{}, wrap("watermark claim", err)
 	}
-	part := wmPart(pos)
-	if known, ok := w.cache.take(part, pos.Offset); ok { // the fast path (watermark_fast.go)
+	if known, ok := w.cache.take(wmPart(pos), pos.Offset); ok { // the fast path (watermark_fast.go)
 		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key,
 			wm: &wmCommit{group: w.group, pos: pos, uuid: uuid, cache: &w.cache}}
-		t.lazy = lazytx.New(conn, s.opts.TxOptions, func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), s.opts.StatementTimeout)
-		})
+		t.lazy = lazytx.New(conn, s.opts.TxOptions, s.opts.StatementTimeout)
 		t.handler = newHandlerTx(t.lazy, t, true)
 		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: known.token + 1, Attempt: 1, MessageUUID: uuid}
 		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil

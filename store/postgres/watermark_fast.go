@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -99,15 +98,21 @@ type wmKnown struct {
 	token int64
 }
 
-// wmCache holds, per partition ("topic/partition"), the watermark this
-// process committed last.
+// wmCache holds, per partition, the watermark this process committed last.
 type wmCache struct {
 	mu sync.Mutex
-	m  map[string]wmKnown
+	m  map[wmPartition]wmKnown
 }
 
-func wmPart(pos store.KafkaPosition) string {
-	return pos.Topic + "/" + strconv.Itoa(int(pos.Partition))
+// wmPartition names a partition in the process's maps: a comparable
+// struct, so that a claim builds no string to look it up.
+type wmPartition struct {
+	topic     string
+	partition int32
+}
+
+func wmPart(pos store.KafkaPosition) wmPartition {
+	return wmPartition{pos.Topic, pos.Partition}
 }
 
 // take removes the partition's entry and returns it if offset is its
@@ -118,7 +123,7 @@ func wmPart(pos store.KafkaPosition) string {
 // the row, not the cache, knows what it holds. Taking the entry out means
 // every outcome but a clean commit (which puts one back) leaves the
 // partition to the pessimistic path.
-func (c *wmCache) take(part string, offset int64) (wmKnown, bool) {
+func (c *wmCache) take(part wmPartition, offset int64) (wmKnown, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k, ok := c.m[part]
@@ -126,11 +131,11 @@ func (c *wmCache) take(part string, offset int64) (wmKnown, bool) {
 	return k, ok && offset == k.next
 }
 
-func (c *wmCache) put(part string, k wmKnown) {
+func (c *wmCache) put(part wmPartition, k wmKnown) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]wmKnown{}
+		c.m = map[wmPartition]wmKnown{}
 	}
 	c.m[part] = k
 }

@@ -8,6 +8,7 @@ package lazytx
 import (
 	"context"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,10 +22,10 @@ type Conn interface {
 }
 
 // New returns a transaction on conn, begun with opts by its first
-// statement. beginCtx bounds a BEGIN sent where no context is given (Conn,
-// LargeObjects).
-func New(conn Conn, opts pgx.TxOptions, beginCtx func() (context.Context, context.CancelFunc)) *Tx {
-	return &Tx{conn: conn, opts: opts, beginCtx: beginCtx}
+// statement. beginTimeout bounds a BEGIN sent where no context is given
+// (Conn, LargeObjects).
+func New(conn Conn, opts pgx.TxOptions, beginTimeout time.Duration) *Tx {
+	return &Tx{conn: conn, opts: opts, beginTimeout: beginTimeout}
 }
 
 // Begun tells whether BEGIN was sent (and did not fail).
@@ -47,10 +48,10 @@ func (t *Tx) Settle() error { return t.settle() }
 type Tx struct {
 	conn Conn
 	opts pgx.TxOptions
-	// beginCtx bounds a BEGIN sent where no context is given (Conn,
+	// beginTimeout bounds a BEGIN sent where no context is given (Conn,
 	// LargeObjects).
-	beginCtx func() (context.Context, context.CancelFunc)
-	tx       pgx.Tx
+	beginTimeout time.Duration
+	tx           pgx.Tx
 	// pending is the batch the first statement went out in while its rows
 	// are still being read (Query, QueryRow): it is closed when they are,
 	// or before the next statement.
@@ -88,13 +89,28 @@ func (t *Tx) begin(ctx context.Context) error {
 	return nil
 }
 
-// started returns the begun transaction, after closing a pending batch, or
-// nil when the next statement can carry BEGIN.
-func (t *Tx) started() (pgx.Tx, error) {
+// first prepares a statement: it returns the begun transaction to send it
+// in (after closing a pending batch, and after sending BEGIN alone if the
+// statement cannot share a batch with it), or, when the transaction has not
+// begun, sends BEGIN and the statement in one batch and returns its
+// results, BEGIN's read.
+func (t *Tx) first(ctx context.Context, sql string, args []any, exec bool) (pgx.Tx, pgx.BatchResults, error) {
 	if err := t.settle(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return t.tx, nil
+	if t.tx == nil && !batchable(sql, args, exec) {
+		if err := t.begin(ctx); err != nil {
+			return nil, nil, err
+		}
+	}
+	if t.tx != nil {
+		return t.tx, nil, nil
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	b.Queue(sql, args...)
+	br, err := t.send(ctx, b)
+	return nil, br, err
 }
 
 // batchable: a statement that can go out in a batch with BEGIN. pgx sends
@@ -128,25 +144,12 @@ func (t *Tx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 }
 
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	tx, err := t.started()
+	tx, br, err := t.first(ctx, sql, args, true)
 	switch {
 	case err != nil:
 		return pgconn.CommandTag{}, err
-	case tx == nil && !batchable(sql, args, true):
-		if err := t.begin(ctx); err != nil {
-			return pgconn.CommandTag{}, err
-		}
-		tx = t.tx
-	}
-	if tx != nil {
+	case tx != nil:
 		return tx.Exec(ctx, sql, args...)
-	}
-	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
-	b.Queue(sql, args...)
-	br, err := t.send(ctx, b)
-	if err != nil {
-		return pgconn.CommandTag{}, err
 	}
 	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
@@ -156,25 +159,12 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 }
 
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	tx, err := t.started()
+	tx, br, err := t.first(ctx, sql, args, false)
 	switch {
 	case err != nil:
 		return errRow{err}
-	case tx == nil && !batchable(sql, args, false):
-		if err := t.begin(ctx); err != nil {
-			return errRow{err}
-		}
-		tx = t.tx
-	}
-	if tx != nil {
+	case tx != nil:
 		return tx.QueryRow(ctx, sql, args...)
-	}
-	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
-	b.Queue(sql, args...)
-	br, err := t.send(ctx, b)
-	if err != nil {
-		return errRow{err}
 	}
 	t.pending = br
 	return lazyRow{t: t, row: br.QueryRow()}
@@ -199,25 +189,12 @@ type errRow struct{ err error }
 func (r errRow) Scan(...any) error { return r.err }
 
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	tx, err := t.started()
+	tx, br, err := t.first(ctx, sql, args, false)
 	switch {
 	case err != nil:
 		return nil, err
-	case tx == nil && !batchable(sql, args, false):
-		if err := t.begin(ctx); err != nil {
-			return nil, err
-		}
-		tx = t.tx
-	}
-	if tx != nil {
+	case tx != nil:
 		return tx.Query(ctx, sql, args...)
-	}
-	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
-	b.Queue(sql, args...)
-	br, err := t.send(ctx, b)
-	if err != nil {
-		return nil, err
 	}
 	t.pending = br
 	rows, err := br.Query()
@@ -261,18 +238,16 @@ func (r *lazyRows) Err() error {
 }
 
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	tx, err := t.started()
-	switch {
-	case err != nil:
+	if err := t.settle(); err != nil {
 		return pgx.FailedBatchResults(b, err)
-	case tx == nil && b.Len() == 0:
+	}
+	if t.tx == nil && b.Len() == 0 {
 		if err := t.begin(ctx); err != nil {
 			return pgx.FailedBatchResults(b, err)
 		}
-		tx = t.tx
 	}
-	if tx != nil {
-		return tx.SendBatch(ctx, b)
+	if t.tx != nil {
+		return t.tx.SendBatch(ctx, b)
 	}
 	// The handler's queued queries, callbacks included, after BEGIN.
 	nb := &pgx.Batch{}
@@ -329,7 +304,7 @@ func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDe
 // runs outside the transaction, leaves a closed pgx.Tx (its statements
 // fail with pgx.ErrTxClosed), and makes the commit refuse.
 func (t *Tx) beginNow() {
-	ctx, cancel := t.beginCtx()
+	ctx, cancel := context.WithTimeout(context.Background(), t.beginTimeout)
 	defer cancel()
 	if err := t.begin(ctx); err != nil {
 		t.broken = err
