@@ -43,13 +43,16 @@ import (
 // wmSet moves the watermark past offset $4 and records it as the last
 // offset ($5: its message UUID), unless the offset is below the watermark:
 // then every column keeps its value but duplicate, which tells the caller.
-// The SET expressions read the row as it was before the statement.
+// The SET expressions read the row as it was before the statement. The
+// claims store no result ({{RESULT}} NULL: the commit does); the fast
+// path's commit (watermark_fast.go) uses it with {{DUP}} false, storing
+// its produced messages.
 const wmSet = `
 		duplicate = {{DUP}},
 		next_offset = CASE WHEN {{DUP}} THEN w.next_offset ELSE $4::int8 + 1 END,
 		last_offset = CASE WHEN {{DUP}} THEN w.last_offset ELSE $4::int8 END,
 		last_status = CASE WHEN {{DUP}} THEN w.last_status ELSE {{SUCCEEDED}} END,
-		last_result = CASE WHEN {{DUP}} THEN w.last_result END,
+		last_result = CASE WHEN {{DUP}} THEN w.last_result ELSE {{RESULT}} END,
 		last_error_kind = CASE WHEN {{DUP}} THEN w.last_error_kind END,
 		last_error_message = CASE WHEN {{DUP}} THEN w.last_error_message END,
 		last_message_uuid = CASE WHEN {{DUP}} THEN w.last_message_uuid ELSE $5::text END,
@@ -188,10 +191,10 @@ type watermarkStatements struct {
 func newWatermarkStatements(n names) watermarkStatements {
 	r := n.render
 	return watermarkStatements{
-		claim:        r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", wmContended).Replace(sqlWatermarkClaim)),
-		claimNew:     r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", "true").Replace(sqlWatermarkClaimNew)),
+		claim:        r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", wmContended, "{{RESULT}}", "NULL").Replace(sqlWatermarkClaim)),
+		claimNew:     r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", "true", "{{RESULT}}", "NULL").Replace(sqlWatermarkClaimNew)),
 		commitResult: r(sqlWatermarkCommitResult),
-		commitFast:   r(sqlWatermarkCommitFast),
+		commitFast:   r(strings.NewReplacer("{{DUP}}", "false", "{{CONTENDED}}", "false", "{{RESULT}}", "$6::bytea").Replace(sqlWatermarkCommitFast)),
 		retryable:    r(sqlWatermarkRetryable),
 		failed:       r(sqlWatermarkFailed),
 		list:         r(sqlWatermarks),

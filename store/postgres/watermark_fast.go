@@ -59,31 +59,18 @@ var errWatermarkMoved = fmt.Errorf("the partition's watermark moved past the off
 // sqlWatermarkCommitFast is the fast path's claim, sent with COMMIT: $1
 // group, $2 topic, $3 partition, $4 offset, $5 message UUID, $6 produced
 // messages. It moves the watermark past the offset and records it as the
-// last one, as a pessimistic claim and its commit do, if the watermark is
-// still at or below the offset, waiting for the row's lock if another
-// owner holds it; it returns the row's new token. If the watermark moved
+// last one with the claims' SET list (wmSet, as a non-duplicate), if the
+// watermark is still at or below the offset, waiting for the row's lock if
+// another owner holds it; it returns the row's new token. If the watermark moved
 // past the offset, no row is updated and the statement fails casting
 // wmMovedMarker to a number (SQLSTATE 22P02, the marker in the message):
 // the error aborts the transaction on the server. One plain statement
 // rather than a PL/pgSQL function that raises a code of its own: the
 // function's call cost 1-4% of the benchmark's throughput
-// (docs/benchmarks.md).
+// (docs/benchmarks-history.md).
 const sqlWatermarkCommitFast = `
 WITH up AS (
-	UPDATE {{WATERMARKS}} AS w SET
-		next_offset = $4::int8 + 1,
-		last_offset = $4::int8,
-		last_status = {{SUCCEEDED}},
-		last_result = $6::bytea,
-		last_error_kind = NULL,
-		last_error_message = NULL,
-		last_message_uuid = $5::text,
-		attempts = CASE WHEN w.attempt_offset = $4::int8 THEN w.attempts + 1 ELSE 1 END,
-		attempt_offset = $4::int8,
-		token = w.token + 1,
-		duplicate = false,
-		contended = false,
-		updated_at = now()
+	UPDATE {{WATERMARKS}} AS w SET` + wmSet + `
 	WHERE w.group_id = $1 AND w.topic = $2 AND w.partition = $3 AND w.next_offset <= $4::int8
 	RETURNING w.token
 )
