@@ -111,6 +111,18 @@ type Config struct {
 	// Fingerprint, Scope and ScopeFunc must be left unset; the store must
 	// implement store.KafkaWatermarks (store/postgres). NewLeased refuses it.
 	KafkaWatermark *KafkaWatermark
+	// DeferredClaim, in the one-transaction mode (NewTransactional), sends
+	// a delivery's claim with the handler's first statement, in the
+	// transaction's first round trip (store.TxRequest.Deferrable), rather
+	// than in a round trip of its own before the handler runs: a message
+	// costs one round trip less. A duplicate then runs the handler up to
+	// its first statement, which fails; nothing of that transaction
+	// commits, whatever the handler returns, and the delivery is answered
+	// as usual (a replay, a wait, a rejection), claimed again up front.
+	// Leave it off when the handler acts outside the database before its
+	// first statement. Shadow mode claims up front. NewLeased and the
+	// watermark mode refuse it.
+	DeferredClaim bool
 }
 
 // KafkaWatermark configures the watermark mode (Config.KafkaWatermark).

@@ -35,6 +35,9 @@ func NewLeased(st store.Store, cfg Config) (*Leased, error) {
 	if cfg.KafkaWatermark != nil {
 		return nil, configerr.New("Config.KafkaWatermark", "is the one-transaction mode's (NewTransactional): the watermark moves in the handler's transaction; the lease mode has none")
 	}
+	if cfg.DeferredClaim {
+		return nil, configerr.New("Config.DeferredClaim", "is the one-transaction mode's (NewTransactional): the claim rides the handler's first statement in its transaction; the lease mode claims before the handler runs")
+	}
 	s := &Leased{store: st}
 	if err := s.configure(cfg, st.Limits()); err != nil {
 		return nil, err

@@ -18,6 +18,12 @@ import (
 // retryable unless the policy says otherwise.
 var errCommit = errors.New("oncemill: committing the handler's transaction")
 
+// errTxLost wraps a commit or rollback that found the transaction without
+// the key (store.ErrLeaseLost): a claim made at the commit (the watermark
+// mode's fast path) or sent with the handler's first statement
+// (store.TxRequest.Deferrable) lost to another delivery. Nothing committed.
+var errTxLost = errors.New("oncemill: the handler's transaction did not hold the key, so nothing of it committed")
+
 // errClaimTaken ends a retry whose new claim found the key taken by another
 // delivery in the moment between the rollback and the claim.
 var errClaimTaken = fmt.Errorf("oncemill: another delivery claimed the key between two attempts: %w", store.ErrLeaseLost)
@@ -32,6 +38,8 @@ var errClaimTaken = fmt.Errorf("oncemill: another delivery claimed the key betwe
 type Transactional struct {
 	idempotency
 	store store.Transactional
+	// deferred is Config.DeferredClaim.
+	deferred bool
 }
 
 // NewTransactional validates cfg and returns the one-transaction mode's
@@ -47,12 +55,15 @@ func NewTransactional(ts store.Transactional, cfg Config) (*Transactional, error
 		return nil, configerr.New("policy.Heartbeat", "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
 	}
 	if cfg.KafkaWatermark != nil {
+		if cfg.DeferredClaim {
+			return nil, configerr.New("Config.DeferredClaim", "is the key mode's: the watermark mode's fast path claims at the commit already; leave it off")
+		}
 		var err error
 		if ts, err = watermarkStore(ts, &cfg); err != nil {
 			return nil, err
 		}
 	}
-	s := &Transactional{store: ts}
+	s := &Transactional{store: ts, deferred: cfg.DeferredClaim}
 	if err := s.configure(cfg, ts.Limits()); err != nil {
 		return nil, err
 	}
@@ -90,6 +101,10 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 		SuccessTTL:  d.ttl.success,
 		Retain:      d.ttl.retain,
 		MessageUUID: d.msg.UUID,
+		// Until it is claimed again after losing that way (execute).
+		// Shadow mode runs a duplicate's handler unguarded after its
+		// claim, which must then have been decided: it claims up front.
+		Deferrable: s.deferred && !s.shadow,
 	}
 	w := waiter{until: time.Now().Add(s.policy.HeldKeyTimeout)}
 	reclaim := true // once: see execute
@@ -112,7 +127,7 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 			if !lost {
 				return msgs, err
 			}
-			d.event.Contended, reclaim = true, false
+			d.event.Contended, reclaim, req.Deferrable = true, false, false
 			continue
 		}
 		if s.shadow {
@@ -129,12 +144,15 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 // retry claims again in a fresh transaction. This is the one place where
 // the mode's transactions end.
 //
-// A commit that fails with store.ErrLeaseLost committed nothing because
-// another delivery got the key first: the watermark mode's fast path,
-// which claims at the commit, finds the offset committed by another owner.
-// With reclaim, execute then returns lost, records nothing and leaves the
-// delivery to claim again, which answers it from the record (a replay) or
-// runs it again: never a failed attempt, never a nack.
+// A commit or rollback that fails with store.ErrLeaseLost committed
+// nothing because another delivery got the key first: the watermark mode's
+// fast path, which claims at the commit, finds the offset committed by
+// another owner; a deferred claim (store.TxRequest.Deferrable), sent with
+// the handler's first statement, finds the key held or recorded, whatever
+// the handler returned. With reclaim, execute then returns lost, records
+// nothing and leaves the delivery to claim again, up front, which answers
+// it from the record (a replay) or runs it again: never a failed attempt,
+// never a nack.
 func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.TxRequest, res store.TxResult, reclaim bool) (_ []*message.Message, lost bool, _ error) {
 	run := txRun{stage: s, claim: res.Claim, fingerprint: req.Fingerprint, failureTTL: d.ttl.failure}
 	tx := res.Tx
@@ -160,7 +178,9 @@ func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.T
 		msgs, err := runHandler(h, d.msg)
 		d.msg.SetContext(orig)
 		if err != nil {
-			s.rollback(detached, tx, &run.claim)
+			if rerr := s.rollback(detached, tx, &run.claim); rerr != nil {
+				err = rerr // the claim was lost: the handler's error is moot
+			}
 		} else {
 			err = s.commit(detached, tx, msgs)
 		}
@@ -172,7 +192,7 @@ func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.T
 	})
 	s.tel.leaseDone(orig, started)
 
-	if reclaim && errors.Is(herr, errCommit) && errors.Is(herr, store.ErrLeaseLost) {
+	if reclaim && errors.Is(herr, errTxLost) {
 		return nil, true, nil
 	}
 	if herr != nil { // the last attempt rolled back
@@ -191,7 +211,10 @@ func (s *Transactional) commit(ctx context.Context, tx store.Tx, msgs []*message
 	ctx, m := s.tel.startStore(ctx, opCommit)
 	err := tx.Commit(ctx, s.successOutcome(msgs, 0).Result) // the TTL is the claim's (TxRequest.SuccessTTL)
 	m.end(ctx, err)
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		return fmt.Errorf("%w: %w", errTxLost, err)
+	case err != nil:
 		return fmt.Errorf("%w: %w", errCommit, err)
 	}
 	return nil
@@ -199,11 +222,17 @@ func (s *Transactional) commit(ctx context.Context, tx store.Tx, msgs []*message
 
 // rollback ends the attempt's transaction, claim and business writes
 // included. A failed rollback leaves nothing behind either: the store
-// closes a connection it cannot roll back.
-func (s *Transactional) rollback(ctx context.Context, tx store.Tx, claim *store.Claim) {
-	if err := tx.Rollback(ctx); err != nil {
+// closes a connection it cannot roll back. It returns an error only when
+// the transaction turns out not to have held the key (errTxLost).
+func (s *Transactional) rollback(ctx context.Context, tx store.Tx, claim *store.Claim) error {
+	err := tx.Rollback(ctx)
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		return fmt.Errorf("%w: %w", errTxLost, err)
+	case err != nil:
 		s.logger.LogAttrs(ctx, slog.LevelError, "Rolling back the handler's transaction failed", slog.String("scope", claim.Scope), slog.String("key", claim.Key), slog.Any("error", err))
 	}
+	return nil
 }
 
 // claim is the store's call, measured.

@@ -132,6 +132,14 @@ type TxRequest struct {
 	// record (Record.MessageUUID) by the claim and by RecordRollback (which
 	// finds it in Claim.MessageUUID).
 	MessageUUID string
+	// Deferrable lets the store send the claim with the handler's first
+	// statement, in the transaction's first round trip, rather than decide
+	// it before ClaimInTx returns. DecisionExecute is then provisional: if
+	// the key turns out to be held or recorded, the handler's statements
+	// fail, nothing of the transaction commits, and Commit and Rollback
+	// return an error wrapping ErrLeaseLost; the caller claims again
+	// without Deferrable. A store that always decides up front ignores it.
+	Deferrable bool
 }
 
 // TxResult is Claim's answer. With DecisionExecute, Tx is the open
@@ -160,6 +168,8 @@ type Tx interface {
 	// Claim finds what really happened.
 	Commit(ctx context.Context, result []byte) error
 	// Rollback ends the transaction, claim and business writes included.
+	// After a deferred claim that did not take the key
+	// (TxRequest.Deferrable) it returns an error wrapping ErrLeaseLost.
 	Rollback(ctx context.Context) error
 }
 

@@ -58,7 +58,7 @@ type keyFilters struct {
 // partClaims are the partitioned layout's statements that look a key up,
 // rendered for a lookup from one partition bound on (sql_partitioned.go).
 type partClaims struct {
-	lease, tx, new, rollback string
+	lease, tx, new, deferred, rollback string
 }
 
 // renderPartClaims renders the statements that look a key up for a lookup
@@ -72,7 +72,8 @@ func renderPartClaims(n names, from time.Time) partClaims {
 	return partClaims{
 		lease:    r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}")),
 		tx:       r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}")),
-		new:      r(sqlPartClaimNew),
+		new:      r(newTokenFromSequence.Replace(sqlPartClaimNew)),
+		deferred: r(deferredForm(sqlPartClaimNew)),
 		rollback: r(sqlPartRecordRollback),
 	}
 }

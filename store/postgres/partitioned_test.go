@@ -118,13 +118,22 @@ func insertOld(tb testing.TB, pool *pgxpool.Pool, schema, scope, key string, sta
 // upkeep drops: one execution, one record, and the old partition gone.
 func TestPartitionedOneExecutionAsPartitionsTurnOver(t *testing.T) {
 	t.Parallel()
+	for _, deferred := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deferred=%v", deferred), func(t *testing.T) {
+			t.Parallel()
+			testPartitionedOneExecutionAsPartitionsTurnOver(t, deferred)
+		})
+	}
+}
+
+func testPartitionedOneExecutionAsPartitionsTurnOver(t *testing.T, deferred bool) {
 	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 12 })
 	schema := testenv.Schema(t, pool)
 	s := newPartitioned(t, pool, schema, postgres.Options{})
 	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
 	run(t, pool, "CREATE TABLE "+ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL)")
 	var executed atomic.Int64
-	r, err := receiver.NewTransactional(s).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
+	r, err := receiver.NewTransactional(s).WithDeferredClaim(deferred).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
 		if e.Outcome == pipeline.OutcomeExecuted {
 			executed.Add(1)
 		}
@@ -201,6 +210,15 @@ func TestPartitionedOneExecutionAsPartitionsTurnOver(t *testing.T) {
 // record in the partition before it.
 func TestPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T) {
 	t.Parallel()
+	for _, deferred := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deferred=%v", deferred), func(t *testing.T) {
+			t.Parallel()
+			testPartitioned64DeliveriesOfOneKeyAcrossABoundary(t, deferred)
+		})
+	}
+}
+
+func testPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T, deferred bool) {
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
 	newPartitioned(t, pool, schema, postgres.Options{})
@@ -218,7 +236,7 @@ func TestPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	var replays, executed atomic.Int64
-	r, err := receiver.NewTransactional(s).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
+	r, err := receiver.NewTransactional(s).WithDeferredClaim(deferred).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
 		switch e.Outcome {
 		case pipeline.OutcomeReplayed:
 			replays.Add(1)

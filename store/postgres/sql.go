@@ -204,11 +204,12 @@ var (
 // so that no other claim of the key can be in flight when it inserts. It
 // returns the token, or nothing when the key is held or already has a row;
 // the claim then goes on with sqlClaim's claimForm in the same transaction,
-// which waits for the lock and decides. $7 is the message UUID.
+// which waits for the lock and decides. $7 is the message UUID. The token
+// is {{NEW_TOKEN}}: the sequence's next, or a deferred claim's (deferredForm).
 const sqlClaimNew = `
 INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
 	expires_at, purge_at, created_at, updated_at, message_uuid)
-SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, nextval({{SEQ_LITERAL}}), 1, false,
+SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
 	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text
 WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6)
 ON CONFLICT (scope, key) DO NOTHING
@@ -363,12 +364,12 @@ SELECT coalesce(extract(epoch FROM now() - (
 
 // statements are the store's SQL with its names filled in.
 type statements struct {
-	begin, claimNew, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
+	begin, claimNew, claimDeferred, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
 	get, list, del, cleanupBatch, cleanupLag string
 
 	// The partitioned layout's (sql_partitioned.go); empty in the DELETE
 	// layout but for partitions.
-	partLockLease, partLockTx, partTryLock, partitions string
+	partLockLease, partLockTx, partTryLock, partLockDeferred, partitions string
 	// part are the claims that look a key up in every partition.
 	part partClaims
 }
@@ -381,7 +382,8 @@ func newStatements(n names, async bool, layout Layout) statements {
 	q := statements{
 		// The forms leave placeholders of their own, which render fills in.
 		begin:          n.render(begin.Replace(sqlClaim)),
-		claimNew:       n.render(sqlClaimNew),
+		claimNew:       n.render(newTokenFromSequence.Replace(sqlClaimNew)),
+		claimDeferred:  n.render(deferredForm(sqlClaimNew)),
 		claim:          n.render(claimForm.Replace(sqlClaim)),
 		commitResult:   n.render(sqlCommitResult),
 		recordRollback: n.render(sqlRecordRollback),
@@ -404,6 +406,7 @@ func newStatements(n names, async bool, layout Layout) statements {
 		q.partLockTx = n.render(sqlPartLockTx)
 		q.part = renderPartClaims(n, time.Time{})
 		q.partTryLock = n.render(sqlPartTryLock)
+		q.partLockDeferred = n.render(sqlPartLockDeferred)
 		q.complete = n.render(sqlComplete + partLive)
 		q.release = n.render(sqlRelease + partLive)
 	}

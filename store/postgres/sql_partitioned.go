@@ -69,7 +69,7 @@ moved AS (
 const sqlPartClaimNew = `
 INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
 	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
-SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, nextval({{SEQ_LITERAL}}), 1, false,
+SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
 	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $6::text, clock_timestamp()
 WHERE NOT EXISTS (SELECT 1 FROM {{TABLE}} t WHERE t.scope = $1::text AND t.key = $2::text AND t.claimed_at >= {{LOOKUP_FROM}})
 RETURNING token`
@@ -176,6 +176,11 @@ SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins)`
 
 // sqlPartTryLock takes the key's advisory lock ($1) without waiting.
 const sqlPartTryLock = `SELECT pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1)`
+
+// sqlPartLockDeferred is a deferred claim's lock (deferred.go): the key's
+// advisory lock ($1) without waiting, or a failure (deferredMarker) when
+// another claim holds it, which refuses the claim.
+const sqlPartLockDeferred = `SELECT (CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1) THEN '1' ELSE '` + deferredMarker + `' END)::int8`
 
 // sqlKeyFiltersTable holds the key filter of each closed partition
 // (keyfilters.go): a Bloom filter of its keys, in the encoding of

@@ -68,6 +68,9 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		if err != nil {
 			return store.TxResult{}, wrap("claim", err)
 		}
+		if req.Deferrable {
+			return s.claimDeferred(conn, req, purge, started), nil
+		}
 		claim := s.claimTx
 		if s.opts.Layout == LayoutPartitioned {
 			claim = s.claimTxPartitioned
@@ -315,8 +318,21 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 		rollback(ctx, t.conn)
 		return invalid("commit", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(result), t.s.opts.MaxResultBytes)
 	}
-	if t.lazy != nil {
+	if t.wm != nil && t.lazy != nil {
 		return t.commitFast(ctx, result)
+	}
+	if t.lazy != nil { // a deferred claim: BEGIN and the claim, unless the handler's first statement took them
+		err := t.lazy.Start(ctx)
+		if err == nil {
+			err = t.lazy.Broken()
+		}
+		if err != nil {
+			rollback(ctx, t.conn)
+			if refused := t.lazy.Refused(); refused != nil {
+				return refused
+			}
+			return wrap("commit", err)
+		}
 	}
 	if t.conn.Conn().PgConn().TxStatus() == 'E' {
 		rollback(ctx, t.conn)
@@ -375,7 +391,15 @@ func (t *claimTx) Rollback(ctx context.Context) error {
 	if t.lazy != nil && t.lazy.Settle() != nil {
 		_ = t.conn.Conn().Close(ctx) // a batch left mid-way: the connection cannot be trusted
 	}
+	if t.lazy != nil && t.wm == nil && !t.lazy.Begun() {
+		// A deferred claim the handler sent no statement with: whether its
+		// failure is the key's, or a duplicate's, only the claim can tell.
+		_ = t.lazy.Start(ctx)
+	}
 	rollback(ctx, t.conn)
+	if t.lazy != nil {
+		return t.lazy.Refused() // a deferred claim that did not take the key
+	}
 	return nil
 }
 

@@ -384,9 +384,20 @@ func TestTransactionalDuplicateWaitIsBounded(t *testing.T) {
 	}
 }
 
-// 64 deliveries of one key over 8 connections: one business row, 63 replays.
+// 64 deliveries of one key over 8 connections: one business row, 63
+// replays, with the claim sent up front and with the handler's first
+// statement (WithDeferredClaim).
 func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
 	t.Parallel()
+	for _, deferred := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deferred=%v", deferred), func(t *testing.T) {
+			t.Parallel()
+			testTransactional64DeliveriesOfOneKey(t, deferred)
+		})
+	}
+}
+
+func testTransactional64DeliveriesOfOneKey(t *testing.T, deferred bool) {
 	f := newLedgerFixture(t, policy.Policy{}.WithDefaults())
 	small := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	s, err := postgres.New(small, postgres.Options{Schema: f.schema, CleanupInterval: -1})
@@ -395,7 +406,7 @@ func TestTransactional64DeliveriesOfOneKey(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	var replays, executed atomic.Int64
-	r, err := receiver.NewTransactional(s).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
+	r, err := receiver.NewTransactional(s).WithDeferredClaim(deferred).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
 		switch e.Outcome {
 		case pipeline.OutcomeReplayed:
 			replays.Add(1)

@@ -21,7 +21,7 @@ import (
 // BenchmarkPartitionedVersusInbox compares the one-transaction mode on the
 // partitioned layout with a hand-written inbox that cleans up after itself,
 // on tables that hold a retention window's worth of rows while their
-// cleanup runs, in one run. Four variants handle a message whose handler
+// cleanup runs, in one run. Five variants handle a message whose handler
 // inserts one business row through its transaction:
 //
 //   - plain: a pgx transaction (BEGIN, the INSERT, COMMIT);
@@ -32,7 +32,10 @@ import (
 //   - delete: receiver.NewTransactional on the DELETE layout, its own
 //     background cleaner deleting in batches;
 //   - partitioned: the same on LayoutPartitioned, its cleaner dropping
-//     partitions.
+//     partitions;
+//   - deferred: the partitioned variant with WithDeferredClaim(true) (the
+//     claim sent with the handler's INSERT), on the same table through a
+//     store of its own.
 //
 // Before the first sub-benchmark, the inbox and both records tables are
 // filled with retentionRows rows claimed at even steps over the last
@@ -47,10 +50,11 @@ import (
 // rounds of the same number of messages per variant, the order rotating
 // each round, every variant on a pool of its own. Each reports
 // partitioned/inbox and partitioned/plain (msgs/s over the whole
-// sub-benchmark), the other ratios, every variant's msgs/s, and the
-// smallest table of the three at the end (rows-min).
+// sub-benchmark), deferred/inbox and deferred/plain, the other ratios,
+// every variant's msgs/s, and the smallest table of the three at the end
+// (rows-min).
 //
-// Run it once (about 20 minutes, 4 of them filling the tables):
+// Run it once (about 25 minutes, 4 of them filling the tables):
 //
 //	go test -run='^$' -bench=PartitionedVersusInbox -benchtime=1x -timeout=90m ./store/postgres
 //
@@ -90,7 +94,7 @@ type retentionBench struct {
 	// warms it to its own count.
 	pools map[string]*pgxpool.Pool
 	// The handlers.
-	plain, inbox, deleteLayout, partitioned func(context.Context, string) error
+	plain, inbox, deleteLayout, partitioned, deferred func(context.Context, string) error
 }
 
 func newRetentionBench(b *testing.B) *retentionBench {
@@ -101,7 +105,7 @@ func newRetentionBench(b *testing.B) *retentionBench {
 	}
 	env := &retentionBench{admin: testenv.Pool(b), pools: map[string]*pgxpool.Pool{}}
 	env.schema = testenv.Schema(b, env.admin)
-	for _, name := range []string{"plain", "inbox", "delete", "partitioned"} {
+	for _, name := range []string{"plain", "inbox", "delete", "partitioned", "deferred"} {
 		env.pools[name] = testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 + 2 }) // and the cleaner
 	}
 	// The stores: rows purge a window after their claim, the cleaners run
@@ -123,7 +127,7 @@ func newRetentionBench(b *testing.B) *retentionBench {
 			b.Fatal(err)
 		}
 	}
-	for _, name := range []string{"plain", "inbox", "delete", "partitioned"} {
+	for _, name := range []string{"plain", "inbox", "delete", "partitioned", "deferred"} {
 		if _, err := env.admin.Exec(ctx, "CREATE TABLE "+ident(name+"_ledger")+" (key text PRIMARY KEY, amount int NOT NULL)"); err != nil {
 			b.Fatal(err)
 		}
@@ -136,6 +140,7 @@ func newRetentionBench(b *testing.B) *retentionBench {
 	deleteOpts.CleanupInterval, partOpts.CleanupInterval = inboxCleanupEvery, inboxCleanupEvery
 	deleteStore := newStore(b, env.pools["delete"], deleteOpts)
 	partStore := newStore(b, env.pools["partitioned"], partOpts)
+	deferredStore := newStore(b, env.pools["deferred"], partOpts) // one cleaner leads; both load the filters
 	// The partitioned store's first cleanup pass builds the key filters of
 	// the filled partitions, closed for a minute, and loads them.
 	filterStart := time.Now()
@@ -145,13 +150,16 @@ func newRetentionBench(b *testing.B) *retentionBench {
 			closed++
 		}
 	}
-	testenv.WaitFor(b, 10*time.Minute, "the key filters of the filled partitions", func() bool { return partStore.KeyFilters() >= closed })
+	testenv.WaitFor(b, 10*time.Minute, "the key filters of the filled partitions", func() bool {
+		return partStore.KeyFilters() >= closed && deferredStore.KeyFilters() >= closed
+	})
 	b.Logf("built and loaded the key filters of %d partitions in %v", closed, time.Since(filterStart).Round(time.Second))
 
 	env.plain = insertIn(env.pools["plain"], ident("plain_ledger"))
 	env.inbox = inboxHandler(env.pools["inbox"], ident("inbox"), ident("inbox_ledger"))
-	env.deleteLayout = onceHandler(b, deleteStore, ident("delete_ledger"))
-	env.partitioned = onceHandler(b, partStore, ident("partitioned_ledger"))
+	env.deleteLayout = onceHandler(b, deleteStore, ident("delete_ledger"), false)
+	env.partitioned = onceHandler(b, partStore, ident("partitioned_ledger"), false)
+	env.deferred = onceHandler(b, deferredStore, ident("deferred_ledger"), true)
 
 	// The hand-written cleaner, until the benchmark ends.
 	cleanerCtx, stop := context.WithCancel(context.Background())
@@ -324,9 +332,10 @@ func inboxCleaner(ctx context.Context, b *testing.B, pool *pgxpool.Pool, inbox s
 }
 
 // onceHandler is the one-transaction mode on st around the business insert,
-// with a success kept for the retention window.
-func onceHandler(b *testing.B, st *postgres.Store, ledger string) func(context.Context, string) error {
-	r, err := receiver.NewTransactional(st).WithScope("bench").WithPolicy(policy.Policy{SuccessTTL: retentionWindow}).Build()
+// with a success kept for the retention window, and the claim deferred or
+// not.
+func onceHandler(b *testing.B, st *postgres.Store, ledger string, deferred bool) func(context.Context, string) error {
+	r, err := receiver.NewTransactional(st).WithDeferredClaim(deferred).WithScope("bench").WithPolicy(policy.Policy{SuccessTTL: retentionWindow}).Build()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -354,6 +363,7 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		{name: "inbox", handle: env.inbox, pool: env.pools["inbox"]},
 		{name: "delete", handle: env.deleteLayout, pool: env.pools["delete"]},
 		{name: "partitioned", handle: env.partitioned, pool: env.pools["partitioned"]},
+		{name: "deferred", handle: env.deferred, pool: env.pools["deferred"]},
 	}
 	for _, v := range variants {
 		warm(b, v.pool, handlers)
@@ -371,7 +381,7 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		}
 		return float64(len(v.times)*perRound) / sum.Seconds()
 	}
-	plain, inbox, del, parted := rate(variants[0]), rate(variants[1]), rate(variants[2]), rate(variants[3])
+	plain, inbox, del, parted, deferred := rate(variants[0]), rate(variants[1]), rate(variants[2]), rate(variants[3]), rate(variants[4])
 	rowsMin := -1
 	for _, tbl := range []string{"inbox", "records_delete", "records_partitioned"} {
 		var n int
@@ -384,13 +394,16 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 	}
 	b.ReportMetric(parted/inbox, "partitioned/inbox")
 	b.ReportMetric(parted/plain, "partitioned/plain")
+	b.ReportMetric(deferred/inbox, "deferred/inbox")
+	b.ReportMetric(deferred/plain, "deferred/plain")
 	b.ReportMetric(del/inbox, "delete/inbox")
 	b.ReportMetric(inbox/plain, "inbox/plain")
 	b.ReportMetric(plain, "plain-msgs/s")
 	b.ReportMetric(inbox, "inbox-msgs/s")
 	b.ReportMetric(del, "delete-msgs/s")
 	b.ReportMetric(parted, "partitioned-msgs/s")
+	b.ReportMetric(deferred, "deferred-msgs/s")
 	b.ReportMetric(float64(rowsMin), "rows-min")
-	b.Logf("handlers=%d: %d rounds of %d messages per variant; plain %.0f, inbox %.0f, delete layout %.0f, partitioned %.0f msgs/s; partitioned/inbox %.3f, partitioned/plain %.3f, delete/inbox %.3f; smallest table %d rows",
-		handlers, rounds, perRound, plain, inbox, del, parted, parted/inbox, parted/plain, del/inbox, rowsMin)
+	b.Logf("handlers=%d: %d rounds of %d messages per variant; plain %.0f, inbox %.0f, delete layout %.0f, partitioned %.0f, deferred %.0f msgs/s; partitioned/inbox %.3f, partitioned/plain %.3f, deferred/inbox %.3f, deferred/plain %.3f, delete/inbox %.3f; smallest table %d rows",
+		handlers, rounds, perRound, plain, inbox, del, parted, deferred, parted/inbox, parted/plain, deferred/inbox, deferred/plain, del/inbox, rowsMin)
 }

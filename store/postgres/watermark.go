@@ -268,7 +268,7 @@ func (w *watermarks) ClaimInTx(ctx context.Context, req store.TxRequest) (store.
 	if known, ok := w.cache.take(wmPart(pos), pos.Offset); ok { // the fast path (watermark_fast.go)
 		t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key,
 			wm: &wmCommit{group: w.group, pos: pos, uuid: uuid, cache: &w.cache}}
-		t.lazy = lazytx.New(conn, s.opts.TxOptions, s.opts.StatementTimeout)
+		t.lazy = lazytx.New(conn, s.opts.TxOptions, s.opts.StatementTimeout, nil)
 		t.handler = newHandlerTx(t.lazy, t, true)
 		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: known.token + 1, Attempt: 1, MessageUUID: uuid}
 		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}, nil

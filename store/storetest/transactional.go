@@ -30,6 +30,9 @@ func runTransactional(t *testing.T, newEnv func(t *testing.T) *env) {
 		{"TokensRise", testTxTokensRise},
 		{"InvalidRequests", testTxInvalidRequests},
 		{"MessageUUID", testTxMessageUUID},
+		{"DeferredClaimOfANewKeyCommits", testTxDeferredClaimOfANewKeyCommits},
+		{"DeferredClaimOfARecordedKeyIsLost", testTxDeferredClaimOfARecordedKeyIsLost},
+		{"DeferredClaimOfAHeldKeyIsLost", testTxDeferredClaimOfAHeldKeyIsLost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -279,5 +282,76 @@ func testTxInvalidRequests(t *testing.T, e *txEnv) {
 		if err := e.record(l, out); !errors.Is(err, store.ErrInvalidRequest) {
 			t.Errorf("RecordRollback of %s = %v, want ErrInvalidRequest", name, err)
 		}
+	}
+}
+
+// deferred claims key with TxRequest.Deferrable. A store may decide up
+// front anyway; either way the answer is Execute for a new key.
+func (e *txEnv) deferred(key string) store.TxResult {
+	e.t.Helper()
+	req := e.req(key, "fp")
+	req.Deferrable = true
+	res, err := e.tx.ClaimInTx(e.ctx, req)
+	if err != nil {
+		e.t.Fatalf("deferred Claim(%q): %v", key, err)
+	}
+	return res
+}
+
+// lost checks that a deferred claim of a key held or recorded elsewhere
+// either was decided up front (no transaction) or ends, by end, in an
+// error wrapping ErrLeaseLost.
+func (e *txEnv) lost(res store.TxResult, end func(store.Tx) error) {
+	e.t.Helper()
+	if res.Decision != store.DecisionExecute {
+		return // decided up front
+	}
+	if err := end(res.Tx); !errors.Is(err, store.ErrLeaseLost) {
+		e.t.Fatalf("ending a deferred claim of a key another delivery holds or recorded = %v, want ErrLeaseLost", err)
+	}
+}
+
+func testTxDeferredClaimOfANewKeyCommits(t *testing.T, e *txEnv) {
+	res := e.deferred("k")
+	if res.Decision != store.DecisionExecute || res.Tx == nil || res.Claim.Attempt != 1 || res.Claim.Token == 0 {
+		t.Fatalf("deferred claim of a new key = %v %+v, want Execute at attempt 1 with a token and a transaction", res.Decision, res.Claim)
+	}
+	e.commit(res, []byte("result"))
+	if rec := e.claim(store.DecisionReplay, "k", "fp").Record; rec.Status != store.StatusSucceeded || string(rec.Result) != "result" || rec.Token != res.Claim.Token {
+		t.Fatalf("replayed record = %+v, want the deferred claim's success with its token %d", rec, res.Claim.Token)
+	}
+	// A rollback of a deferred claim that took the key leaves it free.
+	e.rollback(e.deferred("free"))
+	e.rollback(e.claim(store.DecisionExecute, "free", "fp"))
+}
+
+func testTxDeferredClaimOfARecordedKeyIsLost(t *testing.T, e *txEnv) {
+	e.commit(e.claim(store.DecisionExecute, "k", "fp"), []byte("first"))
+	e.lost(e.deferred("k"), func(tx store.Tx) error { return tx.Commit(e.ctx, []byte("second")) })
+	e.lost(e.deferred("k"), func(tx store.Tx) error { return tx.Rollback(e.ctx) })
+	if rec := e.claim(store.DecisionReplay, "k", "fp").Record; string(rec.Result) != "first" {
+		t.Fatalf("record after lost deferred claims = %+v, want the first success", rec)
+	}
+	// A cached failure, and a retryable record, are recorded keys too: the
+	// claim decided up front carries the attempt on.
+	failed := e.claim(store.DecisionExecute, "f", "fp")
+	e.rollback(failed)
+	if err := e.record(failed.Claim, retryable); err != nil {
+		t.Fatal(err)
+	}
+	e.lost(e.deferred("f"), func(tx store.Tx) error { return tx.Commit(e.ctx, nil) })
+	if again := e.claim(store.DecisionExecute, "f", "fp"); again.Claim.Attempt != 2 {
+		t.Fatalf("claim after a lost deferred claim = attempt %d, want 2", again.Claim.Attempt)
+	} else {
+		e.rollback(again)
+	}
+}
+
+func testTxDeferredClaimOfAHeldKeyIsLost(t *testing.T, e *txEnv) {
+	held := e.claim(store.DecisionExecute, "k", "fp")
+	e.lost(e.deferred("k"), func(tx store.Tx) error { return tx.Commit(e.ctx, []byte("second")) })
+	e.commit(held, []byte("first"))
+	if rec := e.claim(store.DecisionReplay, "k", "fp").Record; string(rec.Result) != "first" {
+		t.Fatalf("record = %+v, want the holder's success only", rec)
 	}
 }

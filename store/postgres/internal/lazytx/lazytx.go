@@ -2,7 +2,9 @@
 // statement, in one batch (pgx.Batch.BeginTx), rather than in a round trip
 // of its own: the watermark mode's fast path (store/postgres,
 // watermark_fast.go), where nothing else has to be sent before the
-// handler's first statement.
+// handler's first statement, and the key mode's deferred claim (tx.go),
+// whose statements go out between BEGIN and the handler's first statement
+// (a Prelude).
 package lazytx
 
 import (
@@ -21,11 +23,22 @@ type Conn interface {
 	Conn() *pgx.Conn
 }
 
+// Prelude is statements sent with BEGIN, after it and ahead of the first
+// statement, in the same batch.
+type Prelude interface {
+	// Queue queues the statements.
+	Queue(b *pgx.Batch)
+	// Read reads their results, after BEGIN's. An error refuses the
+	// transaction: the server skips the rest of the batch, and every
+	// statement fails with the error (Refused).
+	Read(br pgx.BatchResults) error
+}
+
 // New returns a transaction on conn, begun with opts by its first
-// statement. beginTimeout bounds a BEGIN sent where no context is given
-// (Conn, LargeObjects).
-func New(conn Conn, opts pgx.TxOptions, beginTimeout time.Duration) *Tx {
-	return &Tx{conn: conn, opts: opts, beginTimeout: beginTimeout}
+// statement, with prelude (nil for none). beginTimeout bounds a BEGIN sent
+// where no context is given (Conn, LargeObjects).
+func New(conn Conn, opts pgx.TxOptions, beginTimeout time.Duration, prelude Prelude) *Tx {
+	return &Tx{conn: conn, opts: opts, beginTimeout: beginTimeout, prelude: prelude}
 }
 
 // Begun tells whether BEGIN was sent (and did not fail).
@@ -35,9 +48,17 @@ func (t *Tx) Begun() bool { return t.tx != nil }
 // returned (Conn, LargeObjects): the transaction must not commit.
 func (t *Tx) Broken() error { return t.broken }
 
+// Refused is the prelude's error: the transaction cannot commit, and its
+// statements fail with it.
+func (t *Tx) Refused() error { return t.refused }
+
 // Settle closes the batch the first statement went out in if its rows are
 // still open; the connection is then free.
 func (t *Tx) Settle() error { return t.settle() }
+
+// Start sends BEGIN, with the prelude, unless the transaction has begun:
+// for a commit when the handler sent no statement.
+func (t *Tx) Start(ctx context.Context) error { return t.begin(ctx) }
 
 // Tx is a pgx.Tx: BEGIN goes out with the handler's
 // first statement, in one batch (pgx.Batch.BeginTx), rather than in a
@@ -59,6 +80,9 @@ type Tx struct {
 	// broken is set when BEGIN failed where the error could not be
 	// returned: the transaction must not commit.
 	broken error
+	// prelude goes out with BEGIN; refused is its error.
+	prelude Prelude
+	refused error
 }
 
 var _ pgx.Tx = (*Tx)(nil)
@@ -73,13 +97,24 @@ func (t *Tx) settle() error {
 	return br.Close()
 }
 
-// begin sends BEGIN alone, unless the transaction has begun.
+// begin sends BEGIN, alone or with the prelude, unless the transaction has
+// begun.
 func (t *Tx) begin(ctx context.Context) error {
 	if err := t.settle(); err != nil {
 		return err
 	}
+	if t.refused != nil {
+		return t.refused
+	}
 	if t.tx != nil {
 		return nil
+	}
+	if t.prelude != nil {
+		br, err := t.send(ctx, t.batch())
+		if err != nil {
+			return err
+		}
+		return br.Close()
 	}
 	tx, err := t.conn.BeginTx(ctx, t.opts)
 	if err != nil {
@@ -98,6 +133,9 @@ func (t *Tx) first(ctx context.Context, sql string, args []any, exec bool) (pgx.
 	if err := t.settle(); err != nil {
 		return nil, nil, err
 	}
+	if t.refused != nil {
+		return nil, nil, t.refused
+	}
 	if t.tx == nil && !batchable(sql, args, exec) {
 		if err := t.begin(ctx); err != nil {
 			return nil, nil, err
@@ -106,11 +144,20 @@ func (t *Tx) first(ctx context.Context, sql string, args []any, exec bool) (pgx.
 	if t.tx != nil {
 		return t.tx, nil, nil
 	}
-	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
+	b := t.batch()
 	b.Queue(sql, args...)
 	br, err := t.send(ctx, b)
 	return nil, br, err
+}
+
+// batch is a batch that begins the transaction: BEGIN and the prelude.
+func (t *Tx) batch() *pgx.Batch {
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	if t.prelude != nil {
+		t.prelude.Queue(b)
+	}
+	return b
 }
 
 // batchable: a statement that can go out in a batch with BEGIN. pgx sends
@@ -131,7 +178,8 @@ func batchable(sql string, args []any, exec bool) bool {
 	return true
 }
 
-// send sends BEGIN and the batch's statements, and reads BEGIN's result.
+// send sends a batch of t.batch(), and reads the results of BEGIN and the
+// prelude.
 func (t *Tx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 	br := t.conn.SendBatch(ctx, b)
 	t.tx = br.Tx()
@@ -139,6 +187,13 @@ func (t *Tx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 		br.Close()
 		t.tx = nil // nothing began: the next statement tries again
 		return nil, err
+	}
+	if t.prelude != nil {
+		if err := t.prelude.Read(br); err != nil {
+			br.Close() // the server skipped the rest of the batch
+			t.refused = err
+			return nil, err
+		}
 	}
 	return br, nil
 }
@@ -246,12 +301,14 @@ func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 			return pgx.FailedBatchResults(b, err)
 		}
 	}
+	if t.refused != nil {
+		return pgx.FailedBatchResults(b, t.refused)
+	}
 	if t.tx != nil {
 		return t.tx.SendBatch(ctx, b)
 	}
 	// The handler's queued queries, callbacks included, after BEGIN.
-	nb := &pgx.Batch{}
-	nb.BeginTx(t.opts)
+	nb := t.batch()
 	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
 	br, err := t.send(ctx, nb)
 	if err != nil {

@@ -1,0 +1,115 @@
+package postgres
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres/internal/lazytx"
+)
+
+// The one-transaction mode's deferred claim (store.TxRequest.Deferrable,
+// docs/concepts.md "The claim rides the first statement"). A claim of a new
+// key decides nothing that the handler needs before its first statement:
+// the record it inserts is the transaction's own until the commit. So
+// ClaimInTx answers DecisionExecute without a round trip, and the claim's
+// statements go out with BEGIN and the handler's first statement, in one
+// batch (lazytx.Prelude): the key's advisory lock without waiting and the
+// insert of a new key's record, as the fast path of a claim decided up
+// front sends them. A message then costs BEGIN-and-claim-and-statement,
+// the handler's other statements, and COMMIT: one round trip fewer than a
+// transaction that begins on its own.
+//
+// When the key is held or has a row, the claim fails on the server
+// (deferredMarker, cast to a number), which aborts the transaction before
+// the handler's statement runs: the statement, and every one after it,
+// fails with errDeferredRefused, and Commit and Rollback return it. It
+// wraps store.ErrLeaseLost: the stage claims again, decided up front, and
+// replays the record, or waits for the holder, or runs the key if it came
+// free. Nothing of the refused transaction commits; what the handler did
+// outside the database before its first statement is all that runs for a
+// duplicate.
+
+// deferredToken is a deferred claim's token: it has to be known before the
+// claim is sent. The claim only takes a key that has no row, so no token of
+// the key's current record is below it, and a later claim of the key takes
+// the greater of the sequence's next and the row's token plus one.
+const deferredToken = 1
+
+// deferredMarker is the text a deferred claim's statements fail to cast
+// when they do not take the key (SQLSTATE 22P02).
+const deferredMarker = "oncemill: the key is held or has a record"
+
+// newTokenFromSequence gives a claim decided up front the sequence's next
+// token.
+var newTokenFromSequence = strings.NewReplacer("{{NEW_TOKEN}}", "nextval({{SEQ_LITERAL}})")
+
+// deferredForm turns a new key's claim statement (sqlClaimNew,
+// sqlPartClaimNew: an insert that returns the token, or nothing when the
+// key has a row or is held) into a deferred claim's, which fails instead of
+// returning nothing.
+func deferredForm(insert string) string {
+	return "WITH ins AS (" + strings.ReplaceAll(insert, "{{NEW_TOKEN}}", fmt.Sprint(deferredToken)) + ")\n" +
+		"SELECT coalesce((SELECT token::text FROM ins), '" + deferredMarker + "')::int8"
+}
+
+// errDeferredRefused is what the handler's statements, Commit and Rollback
+// return after a deferred claim did not take the key.
+var errDeferredRefused = fmt.Errorf("the claim sent with the handler's first statement did not take the key (another delivery holds it or has recorded it, or the claim failed), so nothing in this transaction commits; return the error: the delivery is claimed again and answered from the record: %w", store.ErrLeaseLost)
+
+// deferredClaim is a deferred claim's statements: lazytx.Prelude.
+type deferredClaim struct {
+	s   *Store
+	req store.TxRequest
+	// purge is the record's purge time from now.
+	purge time.Duration
+}
+
+var _ lazytx.Prelude = (*deferredClaim)(nil)
+
+// Queue queues the claim: in the partitioned layout, the lock in a
+// statement of its own, so that the insert's snapshot, taken after it, holds
+// every row a previous holder committed (sql_partitioned.go).
+func (c *deferredClaim) Queue(b *pgx.Batch) {
+	s, req := c.s, &c.req
+	lock := claimLockKey(req.Scope, req.Key)
+	if s.opts.Layout == LayoutPartitioned {
+		b.Queue(s.sql.partLockDeferred, lock)
+		b.Queue(s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part).deferred,
+			req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(c.purge), req.MessageUUID)
+		return
+	}
+	b.Queue(s.sql.claimDeferred, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(c.purge), lock, req.MessageUUID)
+}
+
+// Read reads the claim's results. Any failure refuses the claim: a key
+// held or recorded, and every other (no partition for now, a lost
+// connection), which the claim decided up front meets again and handles.
+func (c *deferredClaim) Read(br pgx.BatchResults) error {
+	var err error
+	if c.s.opts.Layout == LayoutPartitioned {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		var token int64
+		err = br.QueryRow().Scan(&token)
+	}
+	if err != nil {
+		return fmt.Errorf("oncemill: postgres: claim %q/%q: %w (%w)", c.req.Scope, c.req.Key, errDeferredRefused, err)
+	}
+	return nil
+}
+
+// claimDeferred returns the deferred claim of req on conn: DecisionExecute,
+// the transaction to begin with the handler's first statement.
+func (s *Store) claimDeferred(conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, started time.Time) store.TxResult {
+	t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
+	t.lazy = lazytx.New(conn, s.opts.TxOptions, s.opts.StatementTimeout, &deferredClaim{s: s, req: req, purge: purge})
+	t.handler = newHandlerTx(t.lazy, t, true)
+	claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: deferredToken, Attempt: 1, MessageUUID: req.MessageUUID}
+	return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}
+}

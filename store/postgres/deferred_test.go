@@ -1,0 +1,236 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncemill/oncemill/internal/testenv"
+	"github.com/oncemill/oncemill/pipeline"
+	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/receiver"
+	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
+)
+
+// deferredFixture is the one-transaction mode with WithDeferredClaim on a
+// store of either layout, whose pool counts round trips, around body.
+type deferredFixture struct {
+	pool   *pgxpool.Pool
+	count  *statementCounter
+	s      *postgres.Store
+	ledger string
+	events chan pipeline.Event
+	calls  atomic.Int64
+	h      message.HandlerFunc
+}
+
+// book is the business write: a ledger row for msg.
+func (f *deferredFixture) book(msg *message.Message) error {
+	tx, _ := postgres.TxFromContext(msg.Context())
+	_, err := tx.Exec(msg.Context(), "INSERT INTO "+f.ledger+" (message_uuid) VALUES ($1)", msg.UUID)
+	return err
+}
+
+func newDeferredFixture(t *testing.T, layout postgres.Layout, body func(f *deferredFixture, msg *message.Message) ([]*message.Message, error)) *deferredFixture {
+	t.Helper()
+	f := &deferredFixture{count: &statementCounter{}, events: make(chan pipeline.Event, 64)}
+	f.pool = testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = f.count })
+	schema := testenv.Schema(t, f.pool)
+	f.s = newStore(t, f.pool, postgres.Options{Schema: schema, Layout: layout})
+	f.ledger = pgx.Identifier{schema, "ledger"}.Sanitize()
+	run(t, f.pool, "CREATE TABLE "+f.ledger+" (message_uuid text NOT NULL)")
+	p := policy.Policy{}.WithDefaults()
+	p.LeaseDuration, p.Heartbeat, p.AttemptDelay = 0, 0, -1
+	r, err := receiver.NewTransactional(f.s).WithDeferredClaim(true).WithScope("ledger").WithPolicy(p).
+		WithRetry(pipeline.RetryConfig{MaxTries: 1}).
+		WithEventHandler(func(e pipeline.Event) { f.events <- e }).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.h = r.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		f.calls.Add(1)
+		return body(f, msg)
+	})
+	return f
+}
+
+func (f *deferredFixture) rows(t *testing.T, uuid string) int {
+	t.Helper()
+	var n int
+	if err := f.pool.QueryRow(t.Context(), "SELECT count(*) FROM "+f.ledger+" WHERE message_uuid = $1", uuid).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// event is the last delivery's event (the stage reports it before it
+// returns).
+func (f *deferredFixture) event(t *testing.T) pipeline.Event {
+	t.Helper()
+	select {
+	case e := <-f.events:
+		return e
+	default:
+		t.Fatal("no event")
+		return pipeline.Event{}
+	}
+}
+
+// forLayouts runs test on both layouts.
+func forLayouts(t *testing.T, test func(t *testing.T, layout postgres.Layout)) {
+	t.Parallel()
+	for name, layout := range map[string]postgres.Layout{"delete": postgres.LayoutDelete, "partitioned": postgres.LayoutPartitioned} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, layout)
+		})
+	}
+}
+
+func booked(f *deferredFixture, msg *message.Message) ([]*message.Message, error) {
+	if err := f.book(msg); err != nil {
+		return nil, err
+	}
+	return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte("booked"))}, nil
+}
+
+// A new key costs two round trips with the claim deferred: BEGIN, the
+// claim and the handler's statement in one; COMMIT.
+func TestDeferredClaimCostsTwoRoundTrips(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout postgres.Layout) {
+		f := newDeferredFixture(t, layout, booked)
+		if _, err := f.h(message.NewMessage("warm", nil)); err != nil { // prepares the statements
+			t.Fatal(err)
+		}
+		f.event(t)
+		before := f.count.load()
+		const n = 20
+		for i := range n {
+			if _, err := f.h(message.NewMessage(fmt.Sprintf("m-%d", i), nil)); err != nil {
+				t.Fatal(err)
+			}
+			if e := f.event(t); e.Outcome != pipeline.OutcomeExecuted || e.Attempt != 1 || e.Contended {
+				t.Fatalf("event %+v, want executed at attempt 1, not contended", e)
+			}
+		}
+		if got := f.count.load().minus(before); got.roundTrips != 2*n || got.commits != n {
+			t.Fatalf("%v messages took %v round trips and %v commits, want %v and %v", n, got.roundTrips, got.commits, 2*n, n)
+		}
+	})
+}
+
+// A duplicate of a finished key runs the handler up to its first
+// statement, which fails with an error wrapping store.ErrLeaseLost; nothing
+// of it commits, and the delivery replays the recorded success, whether
+// the handler returns the error or swallows it and returns nil.
+func TestDeferredClaimOfADuplicateReplays(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout postgres.Layout) {
+		var stmtErrs []error
+		f := newDeferredFixture(t, layout, func(f *deferredFixture, msg *message.Message) ([]*message.Message, error) {
+			err := f.book(msg)
+			stmtErrs = append(stmtErrs, err)
+			if msg.Metadata.Get("swallow") != "" {
+				return nil, nil
+			}
+			if err != nil {
+				return nil, err
+			}
+			return []*message.Message{message.NewMessage("out-"+msg.UUID, []byte("booked"))}, nil
+		})
+		first, err := f.h(message.NewMessage("m-1", nil))
+		if err != nil || len(first) != 1 {
+			t.Fatalf("first delivery = %v, %v", first, err)
+		}
+		f.event(t)
+		for _, swallow := range []string{"", "yes"} {
+			dup := message.NewMessage("m-1", nil)
+			dup.Metadata.Set("swallow", swallow)
+			out, err := f.h(dup)
+			if err != nil || len(out) != 1 || out[0].UUID != first[0].UUID {
+				t.Fatalf("duplicate (swallow %q) = %v, %v; want the first delivery's message replayed", swallow, out, err)
+			}
+			if e := f.event(t); e.Outcome != pipeline.OutcomeReplayed || !e.Contended {
+				t.Fatalf("duplicate (swallow %q): event %+v, want replayed and contended", swallow, e)
+			}
+		}
+		if n := f.rows(t, "m-1"); n != 1 || f.calls.Load() != 3 {
+			t.Fatalf("%d ledger rows after %d handler runs; want 1 row, 3 runs (each duplicate runs up to its statement)", n, f.calls.Load())
+		}
+		if len(stmtErrs) != 3 || stmtErrs[0] != nil || !errors.Is(stmtErrs[1], store.ErrLeaseLost) || !errors.Is(stmtErrs[2], store.ErrLeaseLost) {
+			t.Fatalf("the statements returned %v; want nil, then errors wrapping store.ErrLeaseLost", stmtErrs)
+		}
+	})
+}
+
+// A handler that fails before any statement: for a new key the failure is
+// the key's (recorded, retryable); for a finished key the rollback sends
+// the claim, which finds the record, and the delivery replays instead of
+// recording a failure over it.
+func TestDeferredClaimFailureWithoutAStatement(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout postgres.Layout) {
+		errTimeout := errors.New("upstream timeout")
+		f := newDeferredFixture(t, layout, func(f *deferredFixture, msg *message.Message) ([]*message.Message, error) {
+			if msg.Metadata.Get("fail") != "" {
+				return nil, errTimeout
+			}
+			return booked(f, msg)
+		})
+		fail := func(uuid string) *message.Message {
+			m := message.NewMessage(uuid, nil)
+			m.Metadata.Set("fail", "yes")
+			return m
+		}
+		if _, err := f.h(fail("new")); !errors.Is(err, errTimeout) {
+			t.Fatalf("failing delivery of a new key = %v, want the handler's error", err)
+		}
+		if e := f.event(t); e.Outcome == pipeline.OutcomeReplayed || e.Attempt != 1 {
+			t.Fatalf("event %+v, want the failure of attempt 1", e)
+		}
+		if rec, err := f.s.Get(context.Background(), "ledger", "new"); err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 1 {
+			t.Fatalf("record = %+v, %v; want retryable at attempt 1", rec, err)
+		}
+
+		if _, err := f.h(message.NewMessage("done", nil)); err != nil {
+			t.Fatal(err)
+		}
+		f.event(t)
+		out, err := f.h(fail("done"))
+		if err != nil || len(out) != 1 || out[0].UUID != "out-done" {
+			t.Fatalf("failing duplicate of a finished key = %v, %v; want the success replayed", out, err)
+		}
+		if e := f.event(t); e.Outcome != pipeline.OutcomeReplayed {
+			t.Fatalf("event %+v, want replayed", e)
+		}
+		if rec, err := f.s.Get(context.Background(), "ledger", "done"); err != nil || rec.Status != store.StatusSucceeded {
+			t.Fatalf("record = %+v, %v; want the success kept", rec, err)
+		}
+	})
+}
+
+// The builder refuses WithDeferredClaim where it has no meaning: the lease
+// mode, and the watermark mode, which defers its own way.
+func TestDeferredClaimRefusedOutsideTheKeyMode(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	s := newStore(t, pool, postgres.Options{})
+	for name, b := range map[string]*receiver.Builder{
+		"New": receiver.New(s),
+		"WithKafkaWatermark": receiver.NewTransactional(s).WithKafkaWatermark(pipeline.KafkaWatermark{
+			Group:    "g",
+			Position: func(*message.Message) (store.KafkaPosition, error) { return store.KafkaPosition{}, nil },
+		}),
+	} {
+		_, err := b.WithDeferredClaim(true).Build()
+		if err == nil || !strings.Contains(err.Error(), "WithDeferredClaim") {
+			t.Errorf("%s with WithDeferredClaim = %v, want an error naming WithDeferredClaim", name, err)
+		}
+	}
+}
