@@ -269,7 +269,7 @@ func (b *Builder) WithKafkaWatermark(w pipeline.KafkaWatermark) *Builder {
 // WithDeferredClaim(true), in the one-transaction mode (NewTransactional),
 // sends each delivery's claim with the handler's first statement instead
 // of in a round trip of its own before the handler runs: a message costs
-// one round trip less (docs/concepts.md, "The deferred claim"). A
+// one round trip less (docs/concepts.md, "What a duplicate gets"). A
 // duplicate then runs the handler up to its first statement, which fails
 // with an error wrapping store.ErrLeaseLost; nothing of that transaction
 // commits, whatever the handler returns, and the delivery is answered as

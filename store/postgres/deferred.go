@@ -13,7 +13,7 @@ import (
 )
 
 // The one-transaction mode's deferred claim (store.TxRequest.Deferrable,
-// docs/concepts.md "The claim rides the first statement"). A claim of a new
+// docs/stores.md, "The deferred claim"). A claim of a new
 // key decides nothing that the handler needs before its first statement:
 // the record it inserts is the transaction's own until the commit. So
 // ClaimInTx answers DecisionExecute without a round trip, and the claim's
@@ -86,12 +86,13 @@ func (c *deferredClaim) Queue(b *pgx.Batch) {
 	b.Queue(s.sql.claimDeferred, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(c.purge), lock, req.MessageUUID)
 }
 
-// Read reads the claim's results. Any failure refuses the claim: a key
-// held or recorded, and every other (no partition for now, a lost
-// connection), which the claim decided up front meets again and handles.
-func (c *deferredClaim) Read(br pgx.BatchResults) error {
-	var err error
-	if c.s.opts.Layout == LayoutPartitioned {
+// Read reads the claim's results after BEGIN's (err). Any failure refuses
+// the claim: a key held or recorded, and every other (BEGIN's, no partition
+// for now, a lost connection), which the claim decided up front meets
+// again and handles: a database that is down fails it, a store failure
+// that spends no attempt.
+func (c *deferredClaim) Read(br pgx.BatchResults, err error) error {
+	if err == nil && c.s.opts.Layout == LayoutPartitioned {
 		_, err = br.Exec()
 	}
 	if err == nil {

@@ -39,10 +39,10 @@ func (f *deferredFixture) book(msg *message.Message) error {
 	return err
 }
 
-func newDeferredFixture(t *testing.T, layout postgres.Layout, body func(f *deferredFixture, msg *message.Message) ([]*message.Message, error)) *deferredFixture {
+func newDeferredFixture(t *testing.T, layout postgres.Layout, body func(f *deferredFixture, msg *message.Message) ([]*message.Message, error), configure ...func(*pgxpool.Config)) *deferredFixture {
 	t.Helper()
 	f := &deferredFixture{count: &statementCounter{}, events: make(chan pipeline.Event, 64)}
-	f.pool = testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = f.count })
+	f.pool = testenv.Pool(t, append([]func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = f.count }}, configure...)...)
 	schema := testenv.Schema(t, f.pool)
 	f.s = newStore(t, f.pool, postgres.Options{Schema: schema, Layout: layout})
 	f.ledger = pgx.Identifier{schema, "ledger"}.Sanitize()
@@ -233,4 +233,34 @@ func TestDeferredClaimRefusedOutsideTheKeyMode(t *testing.T) {
 			t.Errorf("%s with WithDeferredClaim = %v, want an error naming WithDeferredClaim", name, err)
 		}
 	}
+}
+
+// A connection that dies before the handler's first statement fails the
+// deferred claim with it: the delivery claims again up front on a new
+// connection and runs, at attempt 1 still (a store failure spends no
+// attempt), with one business row.
+func TestDeferredClaimLostConnectionIsNotAnAttempt(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout postgres.Layout) {
+		admin := testenv.Pool(t)
+		app := "oncemill-deferred-cut-" + testenv.Schema(t, admin)
+		var cut atomic.Bool
+		f := newDeferredFixture(t, layout, func(f *deferredFixture, msg *message.Message) ([]*message.Message, error) {
+			if !cut.Swap(true) {
+				var n int
+				if err := admin.QueryRow(msg.Context(), "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil || n == 0 {
+					return nil, fmt.Errorf("terminating the fixture's connections: %d, %v", n, err)
+				}
+			}
+			return booked(f, msg)
+		}, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
+		if _, err := f.h(message.NewMessage("m-1", nil)); err != nil {
+			t.Fatalf("delivery = %v, want a success after the claim is made again", err)
+		}
+		if e := f.event(t); e.Outcome != pipeline.OutcomeExecuted || e.Attempt != 1 || !e.Contended {
+			t.Fatalf("event %+v, want executed at attempt 1, contended", e)
+		}
+		if n := f.rows(t, "m-1"); n != 1 || f.calls.Load() != 2 {
+			t.Fatalf("%d ledger rows after %d handler runs; want 1 row, 2 runs", n, f.calls.Load())
+		}
+	})
 }

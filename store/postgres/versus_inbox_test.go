@@ -21,7 +21,7 @@ import (
 // BenchmarkPartitionedVersusInbox compares the one-transaction mode on the
 // partitioned layout with a hand-written inbox that cleans up after itself,
 // on tables that hold a retention window's worth of rows while their
-// cleanup runs, in one run. Five variants handle a message whose handler
+// cleanup runs, in one run. Six variants handle a message whose handler
 // inserts one business row through its transaction:
 //
 //   - plain: a pgx transaction (BEGIN, the INSERT, COMMIT);
@@ -33,9 +33,9 @@ import (
 //     background cleaner deleting in batches;
 //   - partitioned: the same on LayoutPartitioned, its cleaner dropping
 //     partitions;
-//   - deferred: the partitioned variant with WithDeferredClaim(true) (the
-//     claim sent with the handler's INSERT), on the same table through a
-//     store of its own.
+//   - delete-deferred and partitioned-deferred: the last two with
+//     WithDeferredClaim(true) (the claim sent with the handler's INSERT),
+//     each on the same table as its layout's through a store of its own.
 //
 // Before the first sub-benchmark, the inbox and both records tables are
 // filled with retentionRows rows claimed at even steps over the last
@@ -50,11 +50,12 @@ import (
 // rounds of the same number of messages per variant, the order rotating
 // each round, every variant on a pool of its own. Each reports
 // partitioned/inbox and partitioned/plain (msgs/s over the whole
-// sub-benchmark), deferred/inbox and deferred/plain, the other ratios,
-// every variant's msgs/s, and the smallest table of the three at the end
-// (rows-min).
+// sub-benchmark), the same for partitioned-deferred, each other oncemill
+// variant over the inbox, inbox/plain, every variant's msgs/s, and the
+// smallest table of the three at the end (rows-min).
 //
-// Run it once (about 25 minutes, 4 of them filling the tables):
+// Run it once (about 7 minutes on a quiet VM, 2 of them filling the
+// tables; 20 minutes or more under load):
 //
 //	go test -run='^$' -bench=PartitionedVersusInbox -benchtime=1x -timeout=90m ./store/postgres
 //
@@ -93,9 +94,13 @@ type retentionBench struct {
 	// Every variant's pool, sized for the most handlers; each sub-benchmark
 	// warms it to its own count.
 	pools map[string]*pgxpool.Pool
-	// The handlers.
-	plain, inbox, deleteLayout, partitioned, deferred func(context.Context, string) error
+	// The variants, in the order of the first round.
+	variants []*versusVariant
 }
+
+// retentionVariants are the variants' names, each also the name of its
+// pool and of its business table (name_ledger).
+var retentionVariants = []string{"plain", "inbox", "delete", "partitioned", "delete-deferred", "partitioned-deferred"}
 
 func newRetentionBench(b *testing.B) *retentionBench {
 	ctx := b.Context()
@@ -105,7 +110,7 @@ func newRetentionBench(b *testing.B) *retentionBench {
 	}
 	env := &retentionBench{admin: testenv.Pool(b), pools: map[string]*pgxpool.Pool{}}
 	env.schema = testenv.Schema(b, env.admin)
-	for _, name := range []string{"plain", "inbox", "delete", "partitioned", "deferred"} {
+	for _, name := range retentionVariants {
 		env.pools[name] = testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 + 2 }) // and the cleaner
 	}
 	// The stores: rows purge a window after their claim, the cleaners run
@@ -127,7 +132,7 @@ func newRetentionBench(b *testing.B) *retentionBench {
 			b.Fatal(err)
 		}
 	}
-	for _, name := range []string{"plain", "inbox", "delete", "partitioned", "deferred"} {
+	for _, name := range retentionVariants {
 		if _, err := env.admin.Exec(ctx, "CREATE TABLE "+ident(name+"_ledger")+" (key text PRIMARY KEY, amount int NOT NULL)"); err != nil {
 			b.Fatal(err)
 		}
@@ -140,7 +145,10 @@ func newRetentionBench(b *testing.B) *retentionBench {
 	deleteOpts.CleanupInterval, partOpts.CleanupInterval = inboxCleanupEvery, inboxCleanupEvery
 	deleteStore := newStore(b, env.pools["delete"], deleteOpts)
 	partStore := newStore(b, env.pools["partitioned"], partOpts)
-	deferredStore := newStore(b, env.pools["deferred"], partOpts) // one cleaner leads; both load the filters
+	// Stores of their own on the same tables: one cleaner leads each
+	// table, and every partitioned store loads the filters.
+	deleteDeferred := newStore(b, env.pools["delete-deferred"], deleteOpts)
+	partDeferred := newStore(b, env.pools["partitioned-deferred"], partOpts)
 	// The partitioned store's first cleanup pass builds the key filters of
 	// the filled partitions, closed for a minute, and loads them.
 	filterStart := time.Now()
@@ -151,15 +159,21 @@ func newRetentionBench(b *testing.B) *retentionBench {
 		}
 	}
 	testenv.WaitFor(b, 10*time.Minute, "the key filters of the filled partitions", func() bool {
-		return partStore.KeyFilters() >= closed && deferredStore.KeyFilters() >= closed
+		return partStore.KeyFilters() >= closed && partDeferred.KeyFilters() >= closed
 	})
 	b.Logf("built and loaded the key filters of %d partitions in %v", closed, time.Since(filterStart).Round(time.Second))
 
-	env.plain = insertIn(env.pools["plain"], ident("plain_ledger"))
-	env.inbox = inboxHandler(env.pools["inbox"], ident("inbox"), ident("inbox_ledger"))
-	env.deleteLayout = onceHandler(b, deleteStore, ident("delete_ledger"), false)
-	env.partitioned = onceHandler(b, partStore, ident("partitioned_ledger"), false)
-	env.deferred = onceHandler(b, deferredStore, ident("deferred_ledger"), true)
+	handlers := map[string]func(context.Context, string) error{
+		"plain":                insertIn(env.pools["plain"], ident("plain_ledger")),
+		"inbox":                inboxHandler(env.pools["inbox"], ident("inbox"), ident("inbox_ledger")),
+		"delete":               onceHandler(b, deleteStore, ident("delete_ledger"), false),
+		"partitioned":          onceHandler(b, partStore, ident("partitioned_ledger"), false),
+		"delete-deferred":      onceHandler(b, deleteDeferred, ident("delete-deferred_ledger"), true),
+		"partitioned-deferred": onceHandler(b, partDeferred, ident("partitioned-deferred_ledger"), true),
+	}
+	for _, name := range retentionVariants {
+		env.variants = append(env.variants, &versusVariant{name: name, handle: handlers[name], pool: env.pools[name]})
+	}
 
 	// The hand-written cleaner, until the benchmark ends.
 	cleanerCtx, stop := context.WithCancel(context.Background())
@@ -358,14 +372,9 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 	if testing.Short() {
 		rounds, perRound = inboxRoundsShort, inboxRoundShort
 	}
-	variants := []*versusVariant{
-		{name: "plain", handle: env.plain, pool: env.pools["plain"]},
-		{name: "inbox", handle: env.inbox, pool: env.pools["inbox"]},
-		{name: "delete", handle: env.deleteLayout, pool: env.pools["delete"]},
-		{name: "partitioned", handle: env.partitioned, pool: env.pools["partitioned"]},
-		{name: "deferred", handle: env.deferred, pool: env.pools["deferred"]},
-	}
+	variants := env.variants
 	for _, v := range variants {
+		v.times = nil
 		warm(b, v.pool, handlers)
 	}
 	for round := range rounds {
@@ -374,14 +383,14 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 			v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
 		}
 	}
-	rate := func(v *versusVariant) float64 {
+	rates := map[string]float64{}
+	for _, v := range variants {
 		var sum time.Duration
 		for _, d := range v.times {
 			sum += d
 		}
-		return float64(len(v.times)*perRound) / sum.Seconds()
+		rates[v.name] = float64(len(v.times)*perRound) / sum.Seconds()
 	}
-	plain, inbox, del, parted, deferred := rate(variants[0]), rate(variants[1]), rate(variants[2]), rate(variants[3]), rate(variants[4])
 	rowsMin := -1
 	for _, tbl := range []string{"inbox", "records_delete", "records_partitioned"} {
 		var n int
@@ -392,18 +401,22 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 			rowsMin = n
 		}
 	}
-	b.ReportMetric(parted/inbox, "partitioned/inbox")
-	b.ReportMetric(parted/plain, "partitioned/plain")
-	b.ReportMetric(deferred/inbox, "deferred/inbox")
-	b.ReportMetric(deferred/plain, "deferred/plain")
-	b.ReportMetric(del/inbox, "delete/inbox")
+	plain, inbox := rates["plain"], rates["inbox"]
+	line := fmt.Sprintf("handlers=%d: %d rounds of %d messages per variant; inbox/plain %.3f", handlers, rounds, perRound, inbox/plain)
+	for _, name := range retentionVariants[2:] {
+		b.ReportMetric(rates[name]/inbox, name+"/inbox")
+		line += fmt.Sprintf(", %s/inbox %.3f", name, rates[name]/inbox)
+	}
+	for _, name := range []string{"partitioned", "partitioned-deferred"} {
+		b.ReportMetric(rates[name]/plain, name+"/plain")
+		line += fmt.Sprintf(", %s/plain %.3f", name, rates[name]/plain)
+	}
 	b.ReportMetric(inbox/plain, "inbox/plain")
-	b.ReportMetric(plain, "plain-msgs/s")
-	b.ReportMetric(inbox, "inbox-msgs/s")
-	b.ReportMetric(del, "delete-msgs/s")
-	b.ReportMetric(parted, "partitioned-msgs/s")
-	b.ReportMetric(deferred, "deferred-msgs/s")
+	line += "; msgs/s"
+	for _, name := range retentionVariants {
+		b.ReportMetric(rates[name], name+"-msgs/s")
+		line += fmt.Sprintf(" %s %.0f", name, rates[name])
+	}
 	b.ReportMetric(float64(rowsMin), "rows-min")
-	b.Logf("handlers=%d: %d rounds of %d messages per variant; plain %.0f, inbox %.0f, delete layout %.0f, partitioned %.0f, deferred %.0f msgs/s; partitioned/inbox %.3f, partitioned/plain %.3f, deferred/inbox %.3f, deferred/plain %.3f, delete/inbox %.3f; smallest table %d rows",
-		handlers, rounds, perRound, plain, inbox, del, parted, deferred, parted/inbox, parted/plain, deferred/inbox, deferred/plain, del/inbox, rowsMin)
+	b.Logf("%s; smallest table %d rows", line, rowsMin)
 }

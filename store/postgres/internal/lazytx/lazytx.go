@@ -28,10 +28,11 @@ type Conn interface {
 type Prelude interface {
 	// Queue queues the statements.
 	Queue(b *pgx.Batch)
-	// Read reads their results, after BEGIN's. An error refuses the
-	// transaction: the server skips the rest of the batch, and every
-	// statement fails with the error (Refused).
-	Read(br pgx.BatchResults) error
+	// Read reads their results, after BEGIN's; err is BEGIN's error, if
+	// any. An error it returns refuses the transaction: the server skips
+	// the rest of the batch, and every statement fails with the error
+	// (Refused).
+	Read(br pgx.BatchResults, err error) error
 }
 
 // New returns a transaction on conn, begun with opts by its first
@@ -183,17 +184,18 @@ func batchable(sql string, args []any, exec bool) bool {
 func (t *Tx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 	br := t.conn.SendBatch(ctx, b)
 	t.tx = br.Tx()
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		t.tx = nil // nothing began: the next statement tries again
-		return nil, err
-	}
+	_, err := br.Exec()
 	if t.prelude != nil {
-		if err := t.prelude.Read(br); err != nil {
+		if err = t.prelude.Read(br, err); err != nil {
 			br.Close() // the server skipped the rest of the batch
 			t.refused = err
 			return nil, err
 		}
+	}
+	if err != nil {
+		br.Close()
+		t.tx = nil // nothing began: the next statement tries again
+		return nil, err
 	}
 	return br, nil
 }
