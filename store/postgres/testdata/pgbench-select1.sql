@@ -1,0 +1,2 @@
+-- One round trip and nothing else (docs/benchmarks.md).
+SELECT 1;
