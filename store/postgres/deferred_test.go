@@ -64,24 +64,12 @@ func newDeferredFixture(t *testing.T, layout postgres.Layout, body func(f *defer
 
 func (f *deferredFixture) rows(t *testing.T, uuid string) int {
 	t.Helper()
-	var n int
-	if err := f.pool.QueryRow(t.Context(), "SELECT count(*) FROM "+f.ledger+" WHERE message_uuid = $1", uuid).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return ledgerRows(t, f.pool, f.ledger, uuid)
 }
 
-// event is the last delivery's event (the stage reports it before it
-// returns).
 func (f *deferredFixture) event(t *testing.T) pipeline.Event {
 	t.Helper()
-	select {
-	case e := <-f.events:
-		return e
-	default:
-		t.Fatal("no event")
-		return pipeline.Event{}
-	}
+	return nextEvent(t, f.events)
 }
 
 // forLayouts runs test on both layouts.

@@ -84,8 +84,14 @@ func newLedgerFixture(t *testing.T, p policy.Policy, configure ...func(*receiver
 
 func (f *ledgerFixture) rows(t *testing.T, uuid string) int {
 	t.Helper()
+	return ledgerRows(t, f.pool, f.ledger, uuid)
+}
+
+// ledgerRows counts the rows of ledger booked for the message uuid.
+func ledgerRows(t *testing.T, pool *pgxpool.Pool, ledger, uuid string) int {
+	t.Helper()
 	var n int
-	if err := f.pool.QueryRow(t.Context(), "SELECT count(*) FROM "+f.ledger+" WHERE message_uuid = $1", uuid).Scan(&n); err != nil {
+	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM "+ledger+" WHERE message_uuid = $1", uuid).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -98,8 +104,14 @@ func (f *ledgerFixture) deliver(uuid string) ([]*message.Message, error) {
 // event returns the event of the next delivery.
 func (f *ledgerFixture) event(t *testing.T) pipeline.Event {
 	t.Helper()
+	return nextEvent(t, f.events)
+}
+
+// nextEvent is the next event on events, within 30 s.
+func nextEvent(t *testing.T, events <-chan pipeline.Event) pipeline.Event {
+	t.Helper()
 	select {
-	case e := <-f.events:
+	case e := <-events:
 		return e
 	case <-time.After(30 * time.Second):
 		t.Fatal("no event")
