@@ -2,7 +2,7 @@
 // statement, in one batch (pgx.Batch.BeginTx), rather than in a round trip
 // of its own: the watermark mode's fast path (store/postgres,
 // watermark_fast.go), where nothing else has to be sent before the
-// handler's first statement, and the key mode's deferred claim (tx.go),
+// handler's first statement, and the key mode's deferred claim (deferred.go),
 // whose statements go out between BEGIN and the handler's first statement
 // (a Prelude).
 package lazytx
