@@ -37,11 +37,12 @@ import (
 // At the end every message is acked and the ledger holds exactly one row per
 // message.
 const (
-	crashChildEnv = "ONCEMILL_CRASH_CHILD"  // "1" in a child
-	crashSchema   = "ONCEMILL_CRASH_SCHEMA" // the schema to work in
-	crashSeed     = "ONCEMILL_CRASH_SEED"   // the child's random seed
-	crashKill     = "ONCEMILL_CRASH_KILL"   // "1": the child kills itself at random points
-	crashLayout   = "ONCEMILL_CRASH_LAYOUT" // postgres.Layout, as a number
+	crashChildEnv = "ONCEMILL_CRASH_CHILD"    // "1" in a child
+	crashSchema   = "ONCEMILL_CRASH_SCHEMA"   // the schema to work in
+	crashSeed     = "ONCEMILL_CRASH_SEED"     // the child's random seed
+	crashKill     = "ONCEMILL_CRASH_KILL"     // "1": the child kills itself at random points
+	crashLayout   = "ONCEMILL_CRASH_LAYOUT"   // postgres.Layout, as a number
+	crashDeferred = "ONCEMILL_CRASH_DEFERRED" // "true": the claim is deferred (pipeline.Config.DeferredClaim)
 
 	crashMessages = 400
 	crashKills    = 40
@@ -49,16 +50,28 @@ const (
 
 func TestCrashRecovery(t *testing.T) {
 	t.Parallel()
-	testCrashRecovery(t, postgres.LayoutDelete)
+	testCrashRecovery(t, postgres.LayoutDelete, false)
 }
 
 // The same on the partitioned layout.
 func TestCrashRecoveryPartitioned(t *testing.T) {
 	t.Parallel()
-	testCrashRecovery(t, postgres.LayoutPartitioned)
+	testCrashRecovery(t, postgres.LayoutPartitioned, false)
 }
 
-func testCrashRecovery(t *testing.T, layout postgres.Layout) {
+// The same on both layouts with the claim sent with the handler's first
+// statement (the deferred claim).
+func TestCrashRecoveryDeferred(t *testing.T) {
+	t.Parallel()
+	for name, layout := range map[string]postgres.Layout{"delete": postgres.LayoutDelete, "partitioned": postgres.LayoutPartitioned} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testCrashRecovery(t, layout, true)
+		})
+	}
+}
+
+func testCrashRecovery(t *testing.T, layout postgres.Layout, deferred bool) {
 	if os.Getenv(crashChildEnv) != "" {
 		return // a child runs TestCrashChild only
 	}
@@ -88,7 +101,7 @@ func testCrashRecovery(t *testing.T, layout postgres.Layout) {
 		// Half the runs kill themselves at the chosen points; the other half
 		// are killed from outside at a random moment.
 		selfKill := rand.IntN(2) == 0
-		cmd := crashChild(schema, layout, runs, selfKill)
+		cmd := crashChild(schema, layout, deferred, runs, selfKill)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
@@ -134,7 +147,7 @@ func testCrashRecovery(t *testing.T, layout postgres.Layout) {
 	}
 
 	// A last consumer without kills drains the broker.
-	cmd := crashChild(schema, layout, runs+1, false)
+	cmd := crashChild(schema, layout, deferred, runs+1, false)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("final child failed: %v\n%s", err, out)
 	}
@@ -170,7 +183,7 @@ func testCrashRecovery(t *testing.T, layout postgres.Layout) {
 		runs, kills, selfKills, parentKills, redeliveries, takeovers, crashMessages)
 }
 
-func crashChild(schema string, layout postgres.Layout, seed int, kill bool) *exec.Cmd {
+func crashChild(schema string, layout postgres.Layout, deferred bool, seed int, kill bool) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=3m")
 	k := "0"
 	if kill {
@@ -182,6 +195,7 @@ func crashChild(schema string, layout postgres.Layout, seed int, kill bool) *exe
 		crashSeed+"="+strconv.Itoa(seed),
 		crashKill+"="+k,
 		crashLayout+"="+strconv.Itoa(int(layout)),
+		crashDeferred+"="+strconv.FormatBool(deferred),
 		"ONCEMILL_POSTGRES_DSN="+testenv.PostgresDSN(),
 	)
 	return cmd
@@ -209,6 +223,7 @@ func TestCrashChild(t *testing.T) {
 	seed, _ := strconv.Atoi(os.Getenv(crashSeed))
 	kill := os.Getenv(crashKill) == "1"
 	layout, _ := strconv.Atoi(os.Getenv(crashLayout))
+	deferred, _ := strconv.ParseBool(os.Getenv(crashDeferred))
 	rng := rand.New(rand.NewPCG(uint64(seed), uint64(time.Now().UnixNano())))
 	var rngMu sync.Mutex
 	maybeDie := func(p float64) {
@@ -238,7 +253,7 @@ func TestCrashChild(t *testing.T) {
 		NackDelay:   10 * time.Millisecond,
 		MaxAttempts: 1 << 20, // crashes are not failures to cap
 	}
-	idem, err := pipeline.NewTransactional(s, pipeline.Config{Scope: "crash", Policy: p})
+	idem, err := pipeline.NewTransactional(s, pipeline.Config{Scope: "crash", Policy: p, DeferredClaim: deferred})
 	if err != nil {
 		t.Fatal(err)
 	}
