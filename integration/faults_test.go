@@ -75,7 +75,9 @@ var faultDuration = map[string]time.Duration{"cut 4s": 4 * time.Second, "stall 3
 // faultRun is what one run saw.
 type faultRun struct {
 	deliveries, acks, nacks, takeovers atomic.Int64
-	effects                            func() map[string]int
+	// slowest is the longest delivery, in nanoseconds.
+	slowest atomic.Int64
+	effects func() map[string]int
 }
 
 func TestStoreFaults(t *testing.T) { testStoreFaults(t, storeKinds) }
@@ -89,6 +91,17 @@ func TestStoreFaultsPartitioned(t *testing.T) {
 	lease := tx
 	lease.name, lease.lease = "postgres-lease", true
 	testStoreFaults(t, []storeKind{tx, lease})
+}
+
+// The faults again in the one-transaction mode with the claim deferred
+// (WithDeferredClaim), on both layouts: a cut that fails the claim sent
+// with the handler's statement is a store failure, claimed again up front.
+func TestStoreFaultsDeferred(t *testing.T) {
+	del := storeKinds[0]
+	del.name, del.deferred = "postgres-deferred", true
+	part := del
+	part.name, part.layout = "postgres-partitioned-deferred", postgres.LayoutPartitioned
+	testStoreFaults(t, []storeKind{del, part})
 }
 
 func testStoreFaults(t *testing.T, kinds []storeKind) {
@@ -115,7 +128,15 @@ func testStoreFaults(t *testing.T, kinds []storeKind) {
 				if f.name == "latency 50-200ms" && r.takeovers.Load() != 0 {
 					t.Errorf("%d takeovers while the store answered within the lease", r.takeovers.Load())
 				}
-				if f.name != "latency 50-200ms" && r.nacks.Load() == 0 {
+				switch {
+				case f.name == "stall 3s (longer than the lease)" && kind.deferred:
+					// The deferred claim rides the handler's statement, under
+					// the handler's context, not the store's statement
+					// timeout: the stall holds deliveries up, it fails none.
+					if slowest := time.Duration(r.slowest.Load()); slowest < time.Second {
+						t.Errorf("the slowest delivery took %v during the %s: the fault did not reach the store", slowest, f.name)
+					}
+				case f.name != "latency 50-200ms" && r.nacks.Load() == 0:
 					t.Errorf("no delivery was nacked during the %s: the fault did not reach the store", f.name)
 				}
 			})
@@ -150,7 +171,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 	var b *receiver.Builder
 	var handler message.HandlerFunc
 	switch kind.name {
-	case "postgres", "postgres-lease":
+	case "postgres", "postgres-lease", "postgres-deferred", "postgres-partitioned-deferred":
 		proxy := faultProxy(t, pgUpstream(t))
 		pool := proxiedPool(t, proxy, 16, 0) // pgx's default connect timeout, as before
 		direct := pgPool(t)
@@ -176,7 +197,7 @@ func runFault(t *testing.T, kind storeKind, f fault) *faultRun {
 		ledger := pgx.Identifier{ns, "ledger"}.Sanitize()
 		_, err = direct.Exec(context.Background(), "CREATE TABLE "+ledger+" (id bigserial PRIMARY KEY, uuid text NOT NULL)")
 		must(t, err)
-		b = receiver.NewTransactional(st)
+		b = receiver.NewTransactional(st).WithDeferredClaim(kind.deferred)
 		p.LeaseDuration, p.Heartbeat = 0, 0 // the claim is held by the handler's transaction
 		handler = func(m *message.Message) ([]*message.Message, error) {
 			tx, _ := postgres.TxFromContext(m.Context())
@@ -268,7 +289,14 @@ func runFaultLoop(t *testing.T, r *faultRun, b *receiver.Builder, handler messag
 					return
 				case id := <-queue:
 					r.deliveries.Add(1)
-					if _, err := h(message.NewMessage(id, []byte("pay"))); err != nil {
+					start := time.Now()
+					_, err := h(message.NewMessage(id, []byte("pay")))
+					for took := int64(time.Since(start)); ; {
+						if old := r.slowest.Load(); took <= old || r.slowest.CompareAndSwap(old, took) {
+							break
+						}
+					}
+					if err != nil {
 						r.nacks.Add(1)
 						queue <- id // requeued at once, as RabbitMQ does
 						continue

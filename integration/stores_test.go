@@ -33,6 +33,10 @@ type storeKind struct {
 	// one-transaction mode, where a test builds the receiver itself
 	// (TestStoreFaultsPartitioned).
 	lease bool
+	// deferred sends the one-transaction mode's claim with the handler's
+	// first statement (WithDeferredClaim), where a test builds the
+	// receiver itself (TestStoreFaultsDeferred).
+	deferred bool
 }
 
 var storeKinds = []storeKind{
