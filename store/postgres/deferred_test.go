@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -249,6 +250,105 @@ func TestDeferredClaimLostConnectionIsNotAnAttempt(t *testing.T) {
 		}
 		if n := f.rows(t, "m-1"); n != 1 || f.calls.Load() != 2 {
 			t.Fatalf("%d ledger rows after %d handler runs; want 1 row, 2 runs", n, f.calls.Load())
+		}
+	})
+}
+
+// Whatever the handler's first call on its transaction, a deferred claim of
+// a recorded key refuses it with an error wrapping store.ErrLeaseLost, the
+// calls after it fail too, nothing commits, and Commit and Rollback say the
+// claim was lost; on a new key the same first call works and commits.
+func TestDeferredClaimRefusesEveryFirstCall(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout postgres.Layout) {
+		pool := testenv.Pool(t)
+		schema := testenv.Schema(t, pool)
+		s := newStore(t, pool, postgres.Options{Schema: schema, Layout: layout})
+		ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
+		run(t, pool, "CREATE TABLE "+ledger+" (key text NOT NULL, amount int NOT NULL)")
+		insert := "INSERT INTO " + ledger + " (key, amount) VALUES ($1, 100)"
+		claim := func(key string) store.TxResult {
+			t.Helper()
+			res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: key, SuccessTTL: time.Hour, Wait: time.Second, Deferrable: true})
+			if err != nil || res.Decision != store.DecisionExecute || res.Tx == nil {
+				t.Fatalf("deferred claim of %q = %+v, %v; want Execute with a transaction", key, res, err)
+			}
+			return res
+		}
+		for _, tc := range []struct {
+			name  string
+			first func(ctx context.Context, tx pgx.Tx, key string) error
+		}{
+			{"exec", func(ctx context.Context, tx pgx.Tx, key string) error {
+				_, err := tx.Exec(ctx, insert, key)
+				return err
+			}},
+			{"query row", func(ctx context.Context, tx pgx.Tx, key string) error {
+				var k string
+				return tx.QueryRow(ctx, "INSERT INTO "+ledger+" (key, amount) VALUES ($1, 100) RETURNING key", key).Scan(&k)
+			}},
+			{"query", func(ctx context.Context, tx pgx.Tx, key string) error {
+				rows, err := tx.Query(ctx, "INSERT INTO "+ledger+" (key, amount) VALUES ($1, 100) RETURNING key", key)
+				if err != nil {
+					return err
+				}
+				rows.Close()
+				return rows.Err()
+			}},
+			{"send batch", func(ctx context.Context, tx pgx.Tx, key string) error {
+				b := &pgx.Batch{}
+				b.Queue(insert, key)
+				return tx.SendBatch(ctx, b).Close()
+			}},
+			{"copy from", func(ctx context.Context, tx pgx.Tx, key string) error {
+				_, err := tx.CopyFrom(ctx, pgx.Identifier{schema, "ledger"}, []string{"key", "amount"}, pgx.CopyFromRows([][]any{{key, 100}}))
+				return err
+			}},
+			{"savepoint", func(ctx context.Context, tx pgx.Tx, key string) error {
+				sp, err := tx.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				if _, err := sp.Exec(ctx, insert, key); err != nil {
+					return err
+				}
+				return sp.Commit(ctx)
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				ctx := t.Context()
+				key := "k-" + strings.ReplaceAll(tc.name, " ", "-")
+				res := claim(key) // a new key: the first call works
+				tx, _ := postgres.TxFromContext(res.Tx.Context(ctx))
+				if err := tc.first(ctx, tx, key); err != nil {
+					t.Fatalf("first call on a new key: %v", err)
+				}
+				if err := res.Tx.Commit(ctx, nil); err != nil {
+					t.Fatalf("commit: %v", err)
+				}
+				for _, end := range []string{"commit", "rollback"} {
+					dup := claim(key)
+					tx, _ := postgres.TxFromContext(dup.Tx.Context(ctx))
+					if err := tc.first(ctx, tx, key); !errors.Is(err, store.ErrLeaseLost) {
+						t.Fatalf("first call on a recorded key = %v, want an error wrapping store.ErrLeaseLost", err)
+					}
+					if _, err := tx.Exec(ctx, insert, key); !errors.Is(err, store.ErrLeaseLost) {
+						t.Fatalf("the next call = %v, want the same refusal", err)
+					}
+					var err error
+					if end == "commit" {
+						err = dup.Tx.Commit(ctx, nil)
+					} else {
+						err = dup.Tx.Rollback(ctx)
+					}
+					if !errors.Is(err, store.ErrLeaseLost) {
+						t.Fatalf("%s after the refusal = %v, want an error wrapping store.ErrLeaseLost", end, err)
+					}
+				}
+				var n int
+				if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+ledger+" WHERE key = $1", key).Scan(&n); err != nil || n != 1 {
+					t.Fatalf("%d ledger rows (%v), want the new key's one", n, err)
+				}
+			})
 		}
 	})
 }
