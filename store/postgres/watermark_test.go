@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -421,14 +422,19 @@ func TestWatermarkTwoOwners(t *testing.T) {
 	if len(out) != 1 || out[0].UUID != "out-p0-o0" {
 		t.Fatalf("second owner got %v, want the first owner's produced message", out)
 	}
+	// The two events come in either order: the second owner's claim ends
+	// with the first's COMMIT, before the first's stage has reported.
 	var outcomes []pipeline.Outcome
 	var second pipeline.Event
 	for range 2 {
-		second = f.event(t)
-		outcomes = append(outcomes, second.Outcome)
+		e := f.event(t)
+		outcomes = append(outcomes, e.Outcome)
+		if e.Outcome == pipeline.OutcomeReplayed {
+			second = e
+		}
 	}
-	if !(outcomes[0] == pipeline.OutcomeExecuted && outcomes[1] == pipeline.OutcomeReplayed) {
-		t.Fatalf("outcomes %v, want executed then replayed", outcomes)
+	if !slices.Contains(outcomes, pipeline.OutcomeExecuted) || !slices.Contains(outcomes, pipeline.OutcomeReplayed) {
+		t.Fatalf("outcomes %v, want one executed and one replayed", outcomes)
 	}
 	if !second.Contended {
 		t.Fatalf("the second owner's claim waited for the first's lock, and its event says it was not contended: %+v", second)
