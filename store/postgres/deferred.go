@@ -77,13 +77,12 @@ var _ lazytx.Prelude = (*deferredClaim)(nil)
 func (c *deferredClaim) Queue(b *pgx.Batch) {
 	s, req := c.s, &c.req
 	lock := claimLockKey(req.Scope, req.Key)
+	insert := s.sql.claimDeferred
 	if s.opts.Layout == LayoutPartitioned {
 		b.Queue(s.sql.partLockDeferred, lock)
-		b.Queue(s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part).deferred,
-			req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(c.purge), req.MessageUUID)
-		return
+		insert = s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part).deferred
 	}
-	b.Queue(s.sql.claimDeferred, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(c.purge), lock, req.MessageUUID)
+	s.queueNewKey(b, insert, req, c.purge, lock)
 }
 
 // Read reads the claim's results after BEGIN's (err). Any failure refuses

@@ -111,7 +111,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
-	b.Queue(s.sql.claimNew, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock, req.MessageUUID)
+	s.queueNewKey(b, s.sql.claimNew, &req, purge, lock)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -136,7 +136,7 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.partLockTx, waitMS, lock)
 	claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
-	b.Queue(claims.new, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
+	s.queueNewKey(b, claims.new, &req, purge, lock)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -150,6 +150,17 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 	res, err = s.claimStatement(ctx, tx, claims.tx, req.Scope, req.Key, req.Fingerprint,
 		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
 	return res, tx, err
+}
+
+// queueNewKey queues sql, the layout's insert of a new key's record
+// (sqlClaimNew, sqlPartClaimNew, or its deferredForm), with the layout's
+// arguments: the DELETE layout's takes the key's lock (lock) inside it.
+func (s *Store) queueNewKey(b *pgx.Batch, sql string, req *store.TxRequest, purge time.Duration, lock int32) {
+	if s.opts.Layout == LayoutPartitioned {
+		b.Queue(sql, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
+		return
+	}
+	b.Queue(sql, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock, req.MessageUUID)
 }
 
 // takeNewKey reads a fast-path claim's answer, the token of the row it
