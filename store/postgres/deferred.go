@@ -107,8 +107,9 @@ func (c *deferredClaim) Read(br pgx.BatchResults, err error) error {
 // claimDeferred returns the deferred claim of req on conn: DecisionExecute,
 // the transaction to begin with the handler's first statement.
 func (s *Store) claimDeferred(conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, started time.Time) store.TxResult {
-	t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
-	t.lazy = lazytx.New(conn, s.opts.TxOptions, s.opts.StatementTimeout, &deferredClaim{s: s, req: req, purge: purge})
+	t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started,
+		deferred: deferredClaim{s: s, req: req, purge: purge}}
+	t.lazy = lazytx.New(conn, s.opts.TxOptions, s.opts.StatementTimeout, &t.deferred)
 	t.handler = newHandlerTx(t.lazy, t, true)
 	claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: deferredToken, Attempt: 1, MessageUUID: req.MessageUUID}
 	return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}

@@ -286,6 +286,9 @@ type claimTx struct {
 	// the handler's transaction, begun with its first statement; Commit
 	// claims the offset.
 	lazy *lazytx.Tx
+	// deferred is the key mode's deferred claim, lazy's prelude: a field,
+	// so that it takes no allocation of its own.
+	deferred deferredClaim
 	// ended is set before the last round trip, so that the handler's
 	// pgx.Tx, and what it made, refuse to touch the connection, which goes
 	// back to the pool.
