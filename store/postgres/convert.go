@@ -36,16 +36,15 @@ WHERE p.conrelid = to_regclass($1) AND p.contype = 'c' AND p.conname <> c.connam
 // if one is interrupted: claimed_at is added with the conversion's time as
 // a constant default (a change of the catalog, which also fixes that time
 // for a resumed conversion), with the range as a CHECK constraint NOT VALID;
-// the unique index (scope, key, claimed_at) is built CONCURRENTLY; the
-// constraint is validated (SHARE UPDATE EXCLUSIVE: claims go on). Workers
+// the constraint is validated (SHARE UPDATE EXCLUSIVE: claims go on); the
+// table's primary key (scope, key) is the unique index the partitioned
+// layout wants of a partition, so no index is built. Workers
 // of the DELETE layout keep working meanwhile. The last step
 // (migrations/partitioned/convert.sql, then the attach) is one short
 // transaction that reads no row; from then on those workers fail, saying to
 // set LayoutPartitioned.
 func (s *Store) convertToPartitioned(ctx context.Context) error {
 	oldName := s.opts.Table + "_delete_layout"
-	index := pgx.Identifier{s.opts.Table + "_claim_idx"}.Sanitize()
-	qualifiedIndex := s.names.schema + "." + index
 	rangeCheck := pgx.Identifier{s.opts.Table + "_claim_range"}.Sanitize()
 	fail := func(step string, err error) error {
 		return fmt.Errorf("oncemill: postgres: migrate: converting %s to the partitioned layout: %s: %w", s.names.table, step, err)
@@ -76,26 +75,11 @@ func (s *Store) convertToPartitioned(ctx context.Context) error {
 	if err != nil {
 		return fail("adding claimed_at", err)
 	}
-	// 2. The unique index, concurrently; an invalid one left by an
-	// interrupted build is dropped first.
-	var invalid bool
-	if err := s.pool.QueryRow(ctx, "SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)",
-		qualifiedIndex).Scan(&invalid); err != nil {
-		return fail("reading the index", err)
-	}
-	if invalid {
-		if _, err := s.pool.Exec(ctx, "DROP INDEX CONCURRENTLY "+qualifiedIndex); err != nil {
-			return fail("dropping an invalid index", err)
-		}
-	}
-	if _, err := s.pool.Exec(ctx, fmt.Sprintf("CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (scope, key, claimed_at)", index, s.names.table)); err != nil {
-		return fail("building the index", err)
-	}
-	// 3. The range, checked without blocking claims.
+	// 2. The range, checked without blocking claims.
 	if _, err := s.pool.Exec(ctx, fmt.Sprintf("ALTER TABLE %s VALIDATE CONSTRAINT %s", s.names.table, rangeCheck)); err != nil {
 		return fail("validating the range", err)
 	}
-	// 4. The switch, in one short transaction.
+	// 3. The switch, in one short transaction.
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fail("beginning", err)
@@ -111,9 +95,6 @@ func (s *Store) convertToPartitioned(ctx context.Context) error {
 	r := strings.NewReplacer(
 		"{{OLD_NAME}}", pgx.Identifier{oldName}.Sanitize(),
 		"{{OLD}}", s.qualified(oldName),
-		"{{PKEY}}", pgx.Identifier{s.opts.Table + "_pkey"}.Sanitize(),
-		"{{NEW_PKEY}}", pgx.Identifier{oldName + "_pkey"}.Sanitize(),
-		"{{CLAIM_INDEX}}", index,
 		"{{BOUND}}", lit(bound),
 	)
 	for _, f := range []string{"migrations/partitioned/convert.sql", partitionedMigration} {

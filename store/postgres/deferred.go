@@ -67,22 +67,31 @@ type deferredClaim struct {
 	req store.TxRequest
 	// purge is the record's purge time from now.
 	purge time.Duration
+	// lockFirst is whether Queue sent the key's lock in a statement of its
+	// own, whose result Read reads first.
+	lockFirst bool
 }
 
 var _ lazytx.Prelude = (*deferredClaim)(nil)
 
-// Queue queues the claim: in the partitioned layout, the lock in a
-// statement of its own, so that the insert's snapshot, taken after it, holds
-// every row a previous holder committed (sql_partitioned.go).
+// Queue queues the claim. In the partitioned layout, unless the key is
+// taken in one statement (partClaims.inOneStatement), the lock goes in a
+// statement of its own, so that the insert's snapshot, taken after it,
+// holds every row a previous holder committed (sql_partitioned.go).
 func (c *deferredClaim) Queue(b *pgx.Batch) {
 	s, req := c.s, &c.req
 	lock := claimLockKey(req.Scope, req.Key)
 	insert := s.sql.claimDeferred
+	c.lockFirst = false
 	if s.opts.Layout == LayoutPartitioned {
-		b.Queue(s.sql.partLockDeferred, lock)
-		insert = s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part).deferred
+		claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
+		insert = claims.deferredCurrent
+		if c.lockFirst = !claims.inOneStatement(time.Now()); c.lockFirst {
+			b.Queue(s.sql.partLockDeferred, lock)
+			insert = claims.deferred
+		}
 	}
-	s.queueNewKey(b, insert, req, c.purge, lock)
+	queueNewKey(b, insert, !c.lockFirst, req, c.purge, lock)
 }
 
 // Read reads the claim's results after BEGIN's (err). Any failure refuses
@@ -91,7 +100,7 @@ func (c *deferredClaim) Queue(b *pgx.Batch) {
 // again and handles: a database that is down fails it, a store failure
 // that spends no attempt.
 func (c *deferredClaim) Read(br pgx.BatchResults, err error) error {
-	if err == nil && c.s.opts.Layout == LayoutPartitioned {
+	if err == nil && c.lockFirst {
 		_, err = br.Exec()
 	}
 	if err == nil {

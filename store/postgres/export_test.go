@@ -92,3 +92,14 @@ func (s *Store) WatermarkStatements() map[string]string {
 		"wmLock": q.lock, "wmMove": q.move,
 	}
 }
+
+// NewKeyInOneStatement is the claim of a new key in one statement
+// (sqlPartClaimNewCurrent, its token from the sequence) for a lookup from
+// from until until. Its arguments: scope, key, fingerprint, expiry and
+// purge time in microseconds, ClaimLockKey(scope, key), message UUID.
+func (s *Store) NewKeyInOneStatement(from, until time.Time) string {
+	return renderPartClaims(s.names, from, until).newCurrent
+}
+
+// ClaimLockKey is the second half of a claim's advisory lock key.
+func ClaimLockKey(scope, key string) int32 { return claimLockKey(scope, key) }

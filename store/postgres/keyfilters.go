@@ -59,30 +59,54 @@ type keyFilters struct {
 // rendered for a lookup from one partition bound on (sql_partitioned.go).
 type partClaims struct {
 	lease, tx, new, deferred, rollback string
+	// until, when set, is the upper bound of the one partition the claims
+	// look a new key up in, which has a unique index on (scope, key):
+	// while the clock is before it, newCurrent and deferredCurrent take a
+	// new key in one statement (sqlPartClaimNewCurrent).
+	until                       time.Time
+	newCurrent, deferredCurrent string
 }
 
 // renderPartClaims renders the statements that look a key up for a lookup
 // from the partition bound from on; the zero time means every partition.
-func renderPartClaims(n names, from time.Time) partClaims {
+// until is the upper bound of the partition that starts at from when it
+// is keyed (partition.keyed), else zero.
+func renderPartClaims(n names, from, until time.Time) partClaims {
+	lit := func(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'::timestamptz" }
 	bound := "'-infinity'::timestamptz"
 	if !from.IsZero() {
-		bound = "'" + from.UTC().Format(time.RFC3339Nano) + "'::timestamptz"
+		bound = lit(from)
 	}
 	r := func(sql string) string { return n.render(strings.ReplaceAll(sql, "{{LOOKUP_FROM}}", bound)) }
-	return partClaims{
+	c := partClaims{
 		lease:    r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}")),
 		tx:       r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}")),
 		new:      r(newTokenFromSequence.Replace(sqlPartClaimNew)),
 		deferred: r(deferredForm(sqlPartClaimNew)),
 		rollback: r(sqlPartRecordRollback),
 	}
+	if !until.IsZero() {
+		current := strings.ReplaceAll(sqlPartClaimNewCurrent, "{{UNTIL}}", lit(until))
+		c.until = until
+		c.newCurrent = r(newTokenFromSequence.Replace(current))
+		c.deferredCurrent = r(deferredForm(current))
+	}
+	return c
 }
+
+// inOneStatement reports whether a new key is taken in one statement
+// (newCurrent, deferredCurrent) at now: in the partition of now, looked up
+// nowhere else.
+func (c *partClaims) inOneStatement(now time.Time) bool { return now.Before(c.until) }
 
 // claimsFor is the claims for scope/key: those that look the key up from
 // open when no filter may hold it, else everywhere's.
 func (f *keyFilters) claimsFor(scope, key string, everywhere *partClaims) *partClaims {
-	if f == nil || len(f.filters) == 0 {
+	if f == nil {
 		return everywhere
+	}
+	if len(f.filters) == 0 {
+		return &f.claims // from the oldest partition on: everywhere
 	}
 	id := filterID(scope, key)
 	k := f.filters[0].filter.K()
@@ -112,14 +136,19 @@ func filterID(scope, key string) []byte {
 
 // prefixFiltered returns the filters that cover parts (oldest first) from
 // the oldest on without a gap, and the lower bound of the first partition
-// with no filter. With no partition at all, nothing is filtered.
-func prefixFiltered(parts []partition, loaded map[string]keyFilter) *keyFilters {
-	f := &keyFilters{}
+// with no filter; and that partition's upper bound when it is keyed (for
+// renderPartClaims), else zero. With no partition at all, nothing is
+// filtered.
+func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilters, until time.Time) {
+	f = &keyFilters{}
 	for _, p := range parts {
 		kf, ok := loaded[p.name]
 		if !ok || !kf.lower.Equal(p.lower) || !kf.upper.Equal(p.upper) {
 			f.open = p.lower
-			return f
+			if p.keyed {
+				until = p.upper
+			}
+			return f, until
 		}
 		f.filters = append(f.filters, kf)
 	}
@@ -128,7 +157,7 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) *keyFilters 
 	if n := len(parts); n > 0 {
 		f.open = parts[n-1].upper
 	}
-	return f
+	return f, time.Time{}
 }
 
 // buildKeyFilters builds the filter of every partition closed for
@@ -267,8 +296,8 @@ func (s *Store) refreshKeyFilters(ctx context.Context) error {
 		}
 		loaded[p.name] = kf
 	}
-	f := prefixFiltered(parts, loaded)
-	f.claims = renderPartClaims(s.names, f.open)
+	f, until := prefixFiltered(parts, loaded)
+	f.claims = renderPartClaims(s.names, f.open, until)
 	s.keyFilters.Store(f)
 	return nil
 }

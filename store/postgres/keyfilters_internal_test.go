@@ -18,6 +18,7 @@ func TestPrefixFiltered(t *testing.T) {
 	}
 	filtered := func(p partition) keyFilter { return keyFilter{partition: p, filter: bloom.NewWithEstimates(10, 0.001)} }
 	parts := []partition{part(0), part(1), part(2), part(3)}
+	parts[2].keyed = true // only the third has its unique index (scope, key)
 	shifted := part(1)
 	shifted.upper = shifted.upper.Add(time.Minute)
 	for _, tt := range []struct {
@@ -25,31 +26,33 @@ func TestPrefixFiltered(t *testing.T) {
 		loaded map[string]keyFilter
 		want   int
 		open   time.Time
+		until  time.Time // the open partition's upper bound when it is keyed
 	}{
-		{"none", nil, 0, parts[0].lower},
-		{"prefix", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1))}, 2, parts[2].lower},
-		{"gap", map[string]keyFilter{"pa": filtered(part(0)), "pc": filtered(part(2))}, 1, parts[1].lower},
-		{"not the oldest", map[string]keyFilter{"pb": filtered(part(1))}, 0, parts[0].lower},
-		{"other bounds", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(shifted)}, 1, parts[1].lower},
-		{"all", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1)), "pc": filtered(part(2)), "pd": filtered(part(3))}, 4, parts[3].upper},
+		{"none", nil, 0, parts[0].lower, time.Time{}},
+		{"prefix", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1))}, 2, parts[2].lower, parts[2].upper},
+		{"gap", map[string]keyFilter{"pa": filtered(part(0)), "pc": filtered(part(2))}, 1, parts[1].lower, time.Time{}},
+		{"not the oldest", map[string]keyFilter{"pb": filtered(part(1))}, 0, parts[0].lower, time.Time{}},
+		{"other bounds", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(shifted)}, 1, parts[1].lower, time.Time{}},
+		{"all", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1)), "pc": filtered(part(2)), "pd": filtered(part(3))}, 4, parts[3].upper, time.Time{}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := prefixFiltered(parts, tt.loaded)
-			if len(f.filters) != tt.want || !f.open.Equal(tt.open) {
-				t.Fatalf("%d filters, open %v; want %d, %v", len(f.filters), f.open, tt.want, tt.open)
+			f, until := prefixFiltered(parts, tt.loaded)
+			if len(f.filters) != tt.want || !f.open.Equal(tt.open) || !until.Equal(tt.until) {
+				t.Fatalf("%d filters, open %v, until %v; want %d, %v, %v", len(f.filters), f.open, until, tt.want, tt.open, tt.until)
 			}
 		})
 	}
-	if f := prefixFiltered(nil, nil); len(f.filters) != 0 || !f.open.IsZero() {
+	if f, until := prefixFiltered(nil, nil); len(f.filters) != 0 || !f.open.IsZero() || !until.IsZero() {
 		t.Fatalf("no partition: %+v; want nothing filtered", f)
 	}
 }
 
-// A key a filter holds is looked up everywhere; with no filter, every key is.
+// A key a filter holds is looked up everywhere; with no filters loaded,
+// every key is; with none built, from the oldest partition on.
 func TestClaimsFor(t *testing.T) {
 	n := newNames("s", "t")
-	everywhere := renderPartClaims(n, time.Time{})
-	f := &keyFilters{filters: []keyFilter{{filter: bloom.NewWithEstimates(100, 0.001)}}, claims: renderPartClaims(n, time.Unix(0, 0))}
+	everywhere := renderPartClaims(n, time.Time{}, time.Time{})
+	f := &keyFilters{filters: []keyFilter{{filter: bloom.NewWithEstimates(100, 0.001)}}, claims: renderPartClaims(n, time.Unix(0, 0), time.Unix(3600, 0))}
 	f.filters[0].filter.Add(filterID("scope", "held"))
 	if got := f.claimsFor("scope", "held", &everywhere); got != &everywhere {
 		t.Fatal("a key the filter holds is not looked up everywhere")
@@ -59,14 +62,30 @@ func TestClaimsFor(t *testing.T) {
 	}
 	var none *keyFilters
 	if got := none.claimsFor("scope", "other", &everywhere); got != &everywhere {
-		t.Fatal("with no filters a key is not looked up everywhere")
+		t.Fatal("with no filters loaded a key is not looked up everywhere")
+	}
+	unbuilt := &keyFilters{claims: renderPartClaims(n, time.Unix(0, 0), time.Time{})}
+	if got := unbuilt.claimsFor("scope", "held", &everywhere); got != &unbuilt.claims {
+		t.Fatal("with no filter built a key is not looked up from the oldest partition on")
 	}
 	for name, pair := range map[string][2]string{
 		"lease": {everywhere.lease, f.claims.lease}, "tx": {everywhere.tx, f.claims.tx},
 		"new": {everywhere.new, f.claims.new}, "rollback": {everywhere.rollback, f.claims.rollback},
+		"new in one statement": {everywhere.newCurrent, f.claims.newCurrent}, "deferred in one statement": {everywhere.deferredCurrent, f.claims.deferredCurrent},
 	} {
 		if pair[0] == pair[1] || strings.Contains(pair[1], "{{") {
 			t.Fatalf("%s: the bound is not in the statement, or a placeholder is left", name)
 		}
+	}
+	// One statement for a new key only with a keyed open partition, and
+	// only before its upper bound.
+	if everywhere.inOneStatement(time.Unix(0, 0)) || unbuilt.claims.inOneStatement(time.Unix(0, 0)) {
+		t.Fatal("one statement without a keyed open partition")
+	}
+	if !f.claims.inOneStatement(time.Unix(3599, 0)) || f.claims.inOneStatement(time.Unix(3600, 0)) {
+		t.Fatal("one statement not exactly before the open partition's upper bound")
+	}
+	if !strings.Contains(f.claims.newCurrent, "'1970-01-01T01:00:00Z'::timestamptz") {
+		t.Fatalf("the upper bound is not in the statement: %s", f.claims.newCurrent)
 	}
 }

@@ -70,6 +70,7 @@ func addPartition(tb testing.TB, pool *pgxpool.Pool, schema, name string, lower,
 	run(tb, pool, fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
 		pgx.Identifier{schema, name}.Sanitize(), table(schema, partitionedTable),
 		lower.UTC().Format(time.RFC3339Nano), upper.UTC().Format(time.RFC3339Nano)))
+	run(tb, pool, "CREATE UNIQUE INDEX ON "+pgx.Identifier{schema, name}.Sanitize()+" (scope, key)") // as the store's partitions have
 }
 
 // dbNow is now() of the database.

@@ -30,6 +30,10 @@ type partition struct {
 	name         string
 	lower, upper time.Time
 	state        partitionState
+	// keyed is whether a unique index on (scope, key) keeps a key to one
+	// row in the partition (migration 6), which the claim of a new key in
+	// one statement relies on (sqlPartClaimNewCurrent).
+	keyed bool
 }
 
 // partitionName is the name of the partition starting at lower: the
@@ -74,7 +78,7 @@ func (s *Store) listPartitions(ctx context.Context, q querier) (time.Time, []par
 	for rows.Next() {
 		var name *string
 		var p partition
-		if err := rows.Scan(&now, &name, &p.lower, &p.upper, &p.state); err != nil {
+		if err := rows.Scan(&now, &name, &p.lower, &p.upper, &p.state, &p.keyed); err != nil {
 			rows.Close()
 			return time.Time{}, nil, err
 		}
@@ -146,11 +150,13 @@ func (s *Store) ensurePartitions(ctx context.Context) error {
 		// behind it. ATTACH takes SHARE UPDATE EXCLUSIVE, which no claim's
 		// lock conflicts with, and the new table's scan finds it empty.
 		// LIKE copies the columns with their types, collations, NOT NULL
-		// and CHECK constraints, which ATTACH requires; ATTACH builds the
-		// primary key's index. DDL takes no parameters; the bounds are
-		// timestamps this code formats.
+		// and CHECK constraints, which ATTACH requires. The unique index
+		// on (scope, key) is the partition's own (migration 6): the table
+		// has none. DDL takes no parameters; the bounds are timestamps
+		// this code formats.
 		ddl := []string{
 			fmt.Sprintf("CREATE TABLE %s (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS) WITH (fillfactor = 80)", s.qualified(name), s.names.table),
+			fmt.Sprintf("CREATE UNIQUE INDEX ON %s (scope, key)", s.qualified(name)),
 			fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')",
 				s.names.table, s.qualified(name), lower.UTC().Format(time.RFC3339Nano), lower.Add(s.width).UTC().Format(time.RFC3339Nano)),
 		}

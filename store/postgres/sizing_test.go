@@ -90,6 +90,7 @@ func BenchmarkBytesPerRow(b *testing.B) {
 						exec(fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s') WITH (fillfactor = 80)",
 							pgx.Identifier{schema, fmt.Sprintf("past_%02d", h)}.Sanitize(), qualified,
 							lower.UTC().Format(time.RFC3339Nano), lower.Add(time.Hour).UTC().Format(time.RFC3339Nano)))
+						exec("CREATE UNIQUE INDEX ON " + pgx.Identifier{schema, fmt.Sprintf("past_%02d", h)}.Sanitize() + " (scope, key)")
 					}
 					claimedAt, extraCol = ", t", ", claimed_at"
 				}

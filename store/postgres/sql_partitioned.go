@@ -74,6 +74,42 @@ SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
 WHERE NOT EXISTS (SELECT 1 FROM {{TABLE}} t WHERE t.scope = $1::text AND t.key = $2::text AND t.claimed_at >= {{LOOKUP_FROM}})
 RETURNING token`
 
+// sqlPartClaimNewCurrent is sqlPartClaimNew in one statement, as the
+// DELETE layout's sqlClaimNew is: the key's advisory lock without waiting
+// and the insert, which ON CONFLICT DO NOTHING turns into nothing when the
+// partition holds a row of the key. A claim sends it in place of the lock
+// and sqlPartClaimNew when the key filters leave one partition to look the
+// key up in, [{{LOOKUP_FROM}}, {{UNTIL}}), and that partition is the one of
+// now and has a unique index on (scope, key) (keyed). Then no lookup is
+// needed, though the statement's snapshot is taken before the lock:
+//   - a row of the key in the partition, committed or not, is what the
+//     unique index checks the insert against, whatever the snapshot;
+//   - the closed partitions before it cannot hold the key (their filters,
+//     built after every transaction that could write to them ended);
+//   - a row after it has a claimed_at at or past {{UNTIL}}, read after its
+//     claim took the key's lock, and that claim held the lock until it
+//     ended. This claim reads the clock after its own lock and inserts
+//     only when the clock is before {{UNTIL}}, so it took the lock first:
+//     the other claim waited for it, and its lookup, after its lock, found
+//     this claim's row.
+//
+// The row's claimed_at is that clock, or {{UNTIL}} less a microsecond when
+// it turned between the check and the row, so that the row is in the
+// partition. It returns the token, or nothing when the lock is held, the
+// key has a row in the partition or the partition's range has ended: the
+// claim then goes on as sqlPartClaimNew's does. Parameters as
+// sqlClaimNew's: $1 scope, $2 key, $3 fingerprint, $4 expiry and $5 purge
+// time in microseconds from now(), $6 the key's lock, $7 the message UUID.
+const sqlPartClaimNewCurrent = `
+INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
+SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text,
+	least(clock_timestamp(), {{UNTIL}} - interval '1 microsecond')
+WHERE CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() < {{UNTIL}} ELSE false END
+ON CONFLICT DO NOTHING
+RETURNING token`
+
 // sqlPartClaim takes the key after sqlPartLockLease or sqlPartLockTx, with
 // the decisions of sqlClaim: a new key is inserted in the current
 // partition; a row it takes is updated in place, or, when it is older than
@@ -200,7 +236,9 @@ CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
 // Partition upkeep.
 
 // sqlPartitions is now() and the partitions of the table ($1) with their
-// bounds and state (0 attached, 1 detaching), oldest first, read from the
+// bounds, state (0 attached, 1 detaching) and whether a unique index keeps
+// a key to one row in them (keyed: every partition the store creates, and
+// a converted table; not one made by hand without it), oldest first, read from the
 // catalog (pg_get_expr prints the bounds in the session's time zone with
 // its offset, so the casts give them back exactly; given no relation, it
 // locks none, so it never waits for a partition being detached; the partition a
@@ -211,17 +249,23 @@ CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
 const sqlPartitions = `
 WITH parts AS (
 	SELECT c.relname::text AS name, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00') AS lower, m[2]::timestamptz AS upper,
-		CASE WHEN i.inhdetachpending THEN 1 ELSE 0 END AS state
+		CASE WHEN i.inhdetachpending THEN 1 ELSE 0 END AS state,
+		EXISTS (
+			SELECT 1 FROM pg_index x
+			WHERE x.indrelid = c.oid AND x.indisunique AND x.indisvalid AND x.indnkeyatts = 2
+				AND x.indexprs IS NULL AND x.indpred IS NULL
+				AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+					WHERE a.attrelid = c.oid AND a.attnum IN (x.indkey[0], x.indkey[1])) = ARRAY['key', 'scope']) AS keyed
 	FROM pg_inherits i
 	JOIN pg_class c ON c.oid = i.inhrelid
 	CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, 0), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
 	WHERE i.inhparent = to_regclass($1)
 	UNION ALL
-	SELECT c.relname::text, '0001-01-01 00:00:00+00'::timestamptz, '0001-01-01 00:00:00+00'::timestamptz, 2
+	SELECT c.relname::text, '0001-01-01 00:00:00+00'::timestamptz, '0001-01-01 00:00:00+00'::timestamptz, 2, false
 	FROM pg_class c
 	WHERE c.relnamespace = to_regnamespace($2)::oid AND c.relkind = 'r' AND NOT c.relispartition
 		AND obj_description(c.oid, 'pg_class') = $3::text)
-SELECT now(), parts.name, coalesce(parts.lower, now()), coalesce(parts.upper, now()), coalesce(parts.state, 0)
+SELECT now(), parts.name, coalesce(parts.lower, now()), coalesce(parts.upper, now()), coalesce(parts.state, 0), coalesce(parts.keyed, false)
 FROM (SELECT 1) one LEFT JOIN parts ON true
 ORDER BY parts.state = 2 DESC, parts.lower`
 

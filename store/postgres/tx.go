@@ -111,7 +111,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
-	s.queueNewKey(b, s.sql.claimNew, &req, purge, lock)
+	queueNewKey(b, s.sql.claimNew, true, &req, purge, lock)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -126,41 +126,65 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxReq
 	return res, tx, err
 }
 
-// claimTxPartitioned is claimTx in the partitioned layout: BEGIN, the
-// key's advisory lock (waiting up to waitMS) and sqlPartClaimNew in one
-// round trip, which takes a new key, looked up in the partitions the key
-// filters cannot rule out; for a key that has a row, sqlPartClaim decides
-// in a second round trip, under the lock.
+// claimTxPartitioned is claimTx in the partitioned layout. While the key
+// filters leave only the keyed partition of now to look a new key up in,
+// the first round trip is BEGIN and sqlPartClaimNewCurrent, as the DELETE
+// layout's; for a key it does not take, the key's advisory lock (waiting
+// up to waitMS) and sqlPartClaim decide in a second. Otherwise it is
+// BEGIN, the lock and sqlPartClaimNew, which takes a new key, looked up in
+// the partitions the key filters cannot rule out; for a key that has a
+// row, sqlPartClaim decides in a second round trip, under the lock.
 func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
+	claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
+	oneStatement := claims.inOneStatement(time.Now())
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
-	b.Queue(s.sql.partLockTx, waitMS, lock)
-	claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
-	s.queueNewKey(b, claims.new, &req, purge, lock)
+	if oneStatement {
+		queueNewKey(b, claims.newCurrent, true, &req, purge, lock)
+	} else {
+		b.Queue(s.sql.partLockTx, waitMS, lock)
+		queueNewKey(b, claims.new, false, &req, purge, lock)
+	}
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return store.ClaimResult{}, nil, err
 	}
-	_, err := br.Exec() // the lock
+	var err error
+	if !oneStatement {
+		_, err = br.Exec() // the lock
+	}
 	res, tx, taken, err := takeNewKey(br, err, req)
 	if taken || err != nil {
 		return res, tx, err
 	}
-	res, err = s.claimStatement(ctx, tx, claims.tx, req.Scope, req.Key, req.Fingerprint,
-		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width))
+	args := []any{req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width)}
+	if !oneStatement {
+		res, err = s.claimStatement(ctx, tx, claims.tx, args...)
+		return res, tx, err
+	}
+	b = &pgx.Batch{}
+	b.Queue(s.sql.partLockTx, waitMS, lock)
+	b.Queue(claims.tx, args...)
+	br = tx.SendBatch(ctx, b)
+	res, err = s.batchClaim(br, req.Scope, req.Key)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	return res, tx, err
 }
 
-// queueNewKey queues sql, the layout's insert of a new key's record
-// (sqlClaimNew, sqlPartClaimNew, or its deferredForm), with the layout's
-// arguments: the DELETE layout's takes the key's lock (lock) inside it.
-func (s *Store) queueNewKey(b *pgx.Batch, sql string, req *store.TxRequest, purge time.Duration, lock int32) {
-	if s.opts.Layout == LayoutPartitioned {
-		b.Queue(sql, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
+// queueNewKey queues sql, an insert of a new key's record, with its
+// arguments: $6 the key's lock (lock) and $7 the message UUID when the
+// statement takes the lock itself (locks: sqlClaimNew,
+// sqlPartClaimNewCurrent and their deferredForm), $6 the message UUID when
+// the lock was taken before it (sqlPartClaimNew).
+func queueNewKey(b *pgx.Batch, sql string, locks bool, req *store.TxRequest, purge time.Duration, lock int32) {
+	if locks {
+		b.Queue(sql, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock, req.MessageUUID)
 		return
 	}
-	b.Queue(sql, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), lock, req.MessageUUID)
+	b.Queue(sql, req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID)
 }
 
 // takeNewKey reads a fast-path claim's answer, the token of the row it

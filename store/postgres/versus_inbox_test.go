@@ -208,9 +208,12 @@ func fillRetentionWindow(b *testing.B, env *retentionBench, rows int, start time
 		if _, err := env.admin.Exec(ctx, q); err != nil {
 			b.Fatal(err)
 		}
+		if _, err := env.admin.Exec(ctx, "CREATE UNIQUE INDEX ON "+pgx.Identifier{env.schema, name}.Sanitize()+" (scope, key)"); err != nil {
+			b.Fatal(err) // as the store's partitions have
+		}
 	}
 	// Row i was claimed at start - window + i*step; md5 keys land on random
-	// pages of the primary key, as message UUIDs do.
+	// pages of the unique indexes, as message UUIDs do.
 	claimed := fmt.Sprintf("$1::timestamptz - interval '%d microseconds' + i * interval '%d microseconds'",
 		retentionWindow.Microseconds(), (retentionWindow / time.Duration(rows)).Microseconds())
 	window := fmt.Sprintf("interval '%d microseconds'", retentionWindow.Microseconds())

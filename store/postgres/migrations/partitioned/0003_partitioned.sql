@@ -4,12 +4,15 @@
 -- 3: later migrations apply to both layouts.
 --
 -- A unique index on a partitioned table must include the partition key, so
--- the primary key is (scope, key, claimed_at); one row per (scope, key)
--- comes from the claims, which take the key's advisory lock and look the
--- key up in every partition before they write. No purge_at index: whole
+-- the table itself has no index: each partition has a unique index on
+-- (scope, key), which keeps a key to one row within it, and one row per
+-- (scope, key) across partitions comes from the claims, which take the
+-- key's advisory lock and look the key up in the other partitions before
+-- they write (version 6; sql_partitioned.go). No purge_at index: whole
 -- partitions are dropped (docs/stores.md, "Partitioned layout"). The
 -- partitions themselves are created by the store (Migrate, the background
--- cleaner, and a claim that finds none for now), with fillfactor 80.
+-- cleaner, and a claim that finds none for now), with fillfactor 80 and
+-- their unique index.
 CREATE SEQUENCE IF NOT EXISTS {{SEQ}} AS bigint CACHE 100;
 
 CREATE TABLE IF NOT EXISTS {{TABLE}} (
@@ -28,8 +31,7 @@ CREATE TABLE IF NOT EXISTS {{TABLE}} (
 	expires_at       timestamptz NOT NULL,
 	purge_at         timestamptz NOT NULL,
 	message_uuid     text NOT NULL DEFAULT '',
-	claimed_at       timestamptz NOT NULL,
-	PRIMARY KEY (scope, key, claimed_at)
+	claimed_at       timestamptz NOT NULL
 ) PARTITION BY RANGE (claimed_at);
 
 ALTER SEQUENCE {{SEQ}} OWNED BY {{TABLE}}.token;
