@@ -94,11 +94,11 @@ func (s *Store) WatermarkStatements() map[string]string {
 }
 
 // NewKeyInOneStatement is the claim of a new key in one statement
-// (sqlPartClaimNewCurrent, its token from the sequence) for a lookup from
-// from until until. Its arguments: scope, key, fingerprint, expiry and
+// (sqlPartClaimNewCurrent, its token from the sequence) in the partition
+// partitionName, [from, until). Its arguments: scope, key, fingerprint, expiry and
 // purge time in microseconds, ClaimLockKey(scope, key), message UUID.
-func (s *Store) NewKeyInOneStatement(from, until time.Time) string {
-	return renderPartClaims(s.names, from, until).newCurrent
+func (s *Store) NewKeyInOneStatement(partitionName string, from, until time.Time) string {
+	return renderPartClaims(s.names, from, partition{name: partitionName, lower: from, upper: until}).newCurrent
 }
 
 // ClaimLockKey is the second half of a claim's advisory lock key.

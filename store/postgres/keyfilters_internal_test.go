@@ -22,27 +22,27 @@ func TestPrefixFiltered(t *testing.T) {
 	shifted := part(1)
 	shifted.upper = shifted.upper.Add(time.Minute)
 	for _, tt := range []struct {
-		name   string
-		loaded map[string]keyFilter
-		want   int
-		open   time.Time
-		until  time.Time // the open partition's upper bound when it is keyed
+		name    string
+		loaded  map[string]keyFilter
+		want    int
+		open    time.Time
+		current string // the open partition when it is keyed
 	}{
-		{"none", nil, 0, parts[0].lower, time.Time{}},
-		{"prefix", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1))}, 2, parts[2].lower, parts[2].upper},
-		{"gap", map[string]keyFilter{"pa": filtered(part(0)), "pc": filtered(part(2))}, 1, parts[1].lower, time.Time{}},
-		{"not the oldest", map[string]keyFilter{"pb": filtered(part(1))}, 0, parts[0].lower, time.Time{}},
-		{"other bounds", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(shifted)}, 1, parts[1].lower, time.Time{}},
-		{"all", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1)), "pc": filtered(part(2)), "pd": filtered(part(3))}, 4, parts[3].upper, time.Time{}},
+		{"none", nil, 0, parts[0].lower, ""},
+		{"prefix", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1))}, 2, parts[2].lower, "pc"},
+		{"gap", map[string]keyFilter{"pa": filtered(part(0)), "pc": filtered(part(2))}, 1, parts[1].lower, ""},
+		{"not the oldest", map[string]keyFilter{"pb": filtered(part(1))}, 0, parts[0].lower, ""},
+		{"other bounds", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(shifted)}, 1, parts[1].lower, ""},
+		{"all", map[string]keyFilter{"pa": filtered(part(0)), "pb": filtered(part(1)), "pc": filtered(part(2)), "pd": filtered(part(3))}, 4, parts[3].upper, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f, until := prefixFiltered(parts, tt.loaded)
-			if len(f.filters) != tt.want || !f.open.Equal(tt.open) || !until.Equal(tt.until) {
-				t.Fatalf("%d filters, open %v, until %v; want %d, %v, %v", len(f.filters), f.open, until, tt.want, tt.open, tt.until)
+			f, current := prefixFiltered(parts, tt.loaded)
+			if len(f.filters) != tt.want || !f.open.Equal(tt.open) || current.name != tt.current {
+				t.Fatalf("%d filters, open %v, current %q; want %d, %v, %q", len(f.filters), f.open, current.name, tt.want, tt.open, tt.current)
 			}
 		})
 	}
-	if f, until := prefixFiltered(nil, nil); len(f.filters) != 0 || !f.open.IsZero() || !until.IsZero() {
+	if f, current := prefixFiltered(nil, nil); len(f.filters) != 0 || !f.open.IsZero() || current.name != "" {
 		t.Fatalf("no partition: %+v; want nothing filtered", f)
 	}
 }
@@ -51,8 +51,9 @@ func TestPrefixFiltered(t *testing.T) {
 // every key is; with none built, from the oldest partition on.
 func TestClaimsFor(t *testing.T) {
 	n := newNames("s", "t")
-	everywhere := renderPartClaims(n, time.Time{}, time.Time{})
-	f := &keyFilters{filters: []keyFilter{{filter: bloom.NewWithEstimates(100, 0.001)}}, claims: renderPartClaims(n, time.Unix(0, 0), time.Unix(3600, 0))}
+	everywhere := renderPartClaims(n, time.Time{}, partition{})
+	open := partition{name: "t_p197001010000", lower: time.Unix(0, 0), upper: time.Unix(3600, 0), keyed: true}
+	f := &keyFilters{filters: []keyFilter{{filter: bloom.NewWithEstimates(100, 0.001)}}, claims: renderPartClaims(n, open.lower, open)}
 	f.filters[0].filter.Add(filterID("scope", "held"))
 	if got := f.claimsFor("scope", "held", &everywhere); got != &everywhere {
 		t.Fatal("a key the filter holds is not looked up everywhere")
@@ -64,7 +65,7 @@ func TestClaimsFor(t *testing.T) {
 	if got := none.claimsFor("scope", "other", &everywhere); got != &everywhere {
 		t.Fatal("with no filters loaded a key is not looked up everywhere")
 	}
-	unbuilt := &keyFilters{claims: renderPartClaims(n, time.Unix(0, 0), time.Time{})}
+	unbuilt := &keyFilters{claims: renderPartClaims(n, time.Unix(0, 0), partition{})}
 	if got := unbuilt.claimsFor("scope", "held", &everywhere); got != &unbuilt.claims {
 		t.Fatal("with no filter built a key is not looked up from the oldest partition on")
 	}
@@ -85,7 +86,7 @@ func TestClaimsFor(t *testing.T) {
 	if !f.claims.inOneStatement(time.Unix(3599, 0)) || f.claims.inOneStatement(time.Unix(3600, 0)) {
 		t.Fatal("one statement not exactly before the open partition's upper bound")
 	}
-	if !strings.Contains(f.claims.newCurrent, "'1970-01-01T01:00:00Z'::timestamptz") {
-		t.Fatalf("the upper bound is not in the statement: %s", f.claims.newCurrent)
+	if !strings.Contains(f.claims.newCurrent, "'1970-01-01T01:00:00Z'::timestamptz") || !strings.Contains(f.claims.newCurrent, `INSERT INTO "s"."t_p197001010000"`) {
+		t.Fatalf("the partition or its upper bound is not in the statement: %s", f.claims.newCurrent)
 	}
 }

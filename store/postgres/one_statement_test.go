@@ -289,7 +289,7 @@ func TestPartitionedNewKeyInOneStatementGuards(t *testing.T) {
 	ctx := t.Context()
 	claim := func(ctx context.Context, q pgx.Tx, key string, until time.Time) (int64, error) {
 		var token int64
-		err := q.QueryRow(ctx, s.NewKeyInOneStatement(now.Add(-time.Hour), until), "s", key, "", int64(time.Hour/time.Microsecond),
+		err := q.QueryRow(ctx, s.NewKeyInOneStatement("now", now.Add(-time.Hour), until), "s", key, "", int64(time.Hour/time.Microsecond),
 			int64(time.Hour/time.Microsecond), postgres.ClaimLockKey("s", key), "uuid-"+key).Scan(&token)
 		return token, err
 	}

@@ -404,7 +404,7 @@ func newStatements(n names, async bool, layout Layout) statements {
 		}
 		q.partLockLease = n.render(strings.ReplaceAll(sqlPartLockLease, "{{ASYNC}}", asyncSQL))
 		q.partLockTx = n.render(sqlPartLockTx)
-		q.part = renderPartClaims(n, time.Time{}, time.Time{})
+		q.part = renderPartClaims(n, time.Time{}, partition{})
 		q.partTryLock = n.render(sqlPartTryLock)
 		q.partLockDeferred = n.render(sqlPartLockDeferred)
 		q.complete = n.render(sqlComplete + partLive)

@@ -79,9 +79,10 @@ RETURNING token`
 // and the insert, which ON CONFLICT DO NOTHING turns into nothing when the
 // partition holds a row of the key. A claim sends it in place of the lock
 // and sqlPartClaimNew when the key filters leave one partition to look the
-// key up in, [{{LOOKUP_FROM}}, {{UNTIL}}), and that partition is the one of
-// now and has a unique index on (scope, key) (keyed). Then no lookup is
-// needed, though the statement's snapshot is taken before the lock:
+// key up in, {{PARTITION}}, [{{LOOKUP_FROM}}, {{UNTIL}}), and that
+// partition is the one of now and has a unique index on (scope, key)
+// (keyed). Then no lookup is needed, though the statement's snapshot is
+// taken before the lock:
 //   - a row of the key in the partition, committed or not, is what the
 //     unique index checks the insert against, whatever the snapshot;
 //   - the closed partitions before it cannot hold the key (their filters,
@@ -93,20 +94,21 @@ RETURNING token`
 //     the other claim waited for it, and its lookup, after its lock, found
 //     this claim's row.
 //
-// The row's claimed_at is that clock, or {{UNTIL}} less a microsecond when
-// it turned between the check and the row, so that the row is in the
-// partition. It returns the token, or nothing when the lock is held, the
-// key has a row in the partition or the partition's range has ended: the
-// claim then goes on as sqlPartClaimNew's does. Parameters as
-// sqlClaimNew's: $1 scope, $2 key, $3 fingerprint, $4 expiry and $5 purge
-// time in microseconds from now(), $6 the key's lock, $7 the message UUID.
+// It inserts into the partition by name, which spares the routing of the
+// row; its claimed_at is the clock, held inside the partition's range when
+// the clock turned between the check and the row. It returns the token, or
+// nothing when the lock is held, the key has a row in the partition or the
+// clock is outside the partition's range: the claim then goes on as
+// sqlPartClaimNew's does. Parameters as sqlClaimNew's: $1 scope, $2 key,
+// $3 fingerprint, $4 expiry and $5 purge time in microseconds from now(),
+// $6 the key's lock, $7 the message UUID.
 const sqlPartClaimNewCurrent = `
-INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+INSERT INTO {{PARTITION}} (scope, key, fingerprint, status, token, attempt, taken_over,
 	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
 SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
 	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text,
-	least(clock_timestamp(), {{UNTIL}} - interval '1 microsecond')
-WHERE CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() < {{UNTIL}} ELSE false END
+	least(greatest(clock_timestamp(), {{LOOKUP_FROM}}), {{UNTIL}} - interval '1 microsecond')
+WHERE CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() >= {{LOOKUP_FROM}} AND clock_timestamp() < {{UNTIL}} ELSE false END
 ON CONFLICT DO NOTHING
 RETURNING token`
 
