@@ -173,6 +173,20 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 	}
 }
 
+// cleanerPass is what the cleaner does each interval: the cleanup pass
+// (cleanupPass, which only the leader runs) and, in the partitioned
+// layout, the loading of the key filters its claims use, which every
+// worker does, leader or not.
+func (s *Store) cleanerPass(ctx context.Context) (removed int, ran bool, err error) {
+	removed, ran, err = s.cleanupPass(ctx)
+	if s.opts.Layout == LayoutPartitioned && ctx.Err() == nil {
+		if ferr := s.refreshKeyFilters(ctx); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+	}
+	return removed, ran, err
+}
+
 // cleaner runs a cleanup pass every interval until ctx ends.
 func (s *Store) cleaner(ctx context.Context, interval time.Duration) {
 	defer close(s.cleanerDone)
@@ -190,13 +204,7 @@ func (s *Store) cleaner(ctx context.Context, interval time.Duration) {
 			}
 		}
 		first = false
-		removed, ran, err := s.cleanupPass(ctx)
-		if s.opts.Layout == LayoutPartitioned && ctx.Err() == nil {
-			// Every worker, leader or not, loads the filters its claims use.
-			if ferr := s.refreshKeyFilters(ctx); ferr != nil {
-				err = errors.Join(err, ferr)
-			}
-		}
+		removed, ran, err := s.cleanerPass(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			s.opts.Logger.Error("oncemill: cleanup pass failed; it runs again next interval", "error", err, "removed", removed, "table", s.opts.Schema+"."+s.opts.Table)

@@ -11,9 +11,10 @@ import (
 // Reruns is how many claims ran again after the READ COMMITTED corner.
 func (s *Store) Reruns() int64 { return s.reruns.Load() }
 
-// CleanupPass runs one pass of the background cleaner now.
+// CleanupPass runs one pass of the background cleaner now, the loading of
+// the key filters included.
 func (s *Store) CleanupPass(ctx context.Context) (removed int, ran bool, err error) {
-	return s.cleanupPass(ctx)
+	return s.cleanerPass(ctx)
 }
 
 // WithPartitionWidth returns o with partitions w wide in place of the

@@ -311,6 +311,11 @@ func TestPartitionedRetryOfAnAgedKeyKeepsItsAttemptCount(t *testing.T) {
 			old := fmt.Sprintf("aged_%d", i)
 			addPartition(t, pool, schema, old, lower, lower.Add(time.Hour))
 			insertOld(t, pool, schema, "s", key, tt.status, 3, lower.Add(time.Minute), tt.live)
+			// The worker sees the partition made by hand below its open one
+			// as its cleaner's next pass would.
+			if err := s.RefreshKeyFilters(t.Context()); err != nil {
+				t.Fatal(err)
+			}
 			if tt.tx {
 				// The rolled-back attempt 3 is recorded on the aged row,
 				// which moves; the next claim is attempt 4.

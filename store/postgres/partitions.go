@@ -64,6 +64,14 @@ func isNoPartition(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
 }
 
+// isUndefinedTable reports whether err is PostgreSQL's undefined_table: a
+// statement named a table, a partition of the claim in one statement,
+// that is not there.
+func isUndefinedTable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
 // listPartitions reads, in one statement, the database's now() and the
 // table's partitions from the catalog, oldest first: those attached or
 // detaching, then the tables the upkeep detached and has not dropped yet

@@ -59,7 +59,10 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	// not take the key finds its row committed after the statement's
 	// snapshot: the statement leaves it undecided, and it runs again in a
 	// new transaction (sql.go). So a second run, or a lock timeout, is what
-	// contention looks like here.
+	// contention looks like here. A claim that finds no partition for now
+	// creates it (created), and one that names a partition that is gone
+	// loads the key filters again (refreshed), each once.
+	var created, refreshed bool
 	for runs := 1; ; runs++ {
 		// Before the transaction begins, so that time since started bounds
 		// the transaction's age at its commit (claimTTL).
@@ -87,10 +90,19 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
 			return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld}, Contended: true}, nil
-		case isNoPartition(err) && runs == 1:
+		case isNoPartition(err) && !created:
 			if err := s.ensurePartitions(ctx); err != nil {
 				return store.TxResult{}, err
 			}
+			created = true
+			continue
+		case isUndefinedTable(err) && s.opts.Layout == LayoutPartitioned && !refreshed:
+			// The partition of now that the claim in one statement names
+			// is gone (dropped by hand): the key filters are stale.
+			if err := s.refreshKeyFilters(ctx); err != nil {
+				return store.TxResult{}, wrap("claim", err)
+			}
+			refreshed = true
 			continue
 		case err != nil:
 			return store.TxResult{}, wrap("claim", err)
