@@ -132,25 +132,8 @@ func TestPartitionedNewKeysClaimedAcrossABoundary(t *testing.T) {
 }
 
 func testPartitionedNewKeysClaimedAcrossABoundary(t *testing.T, deferred bool) {
-	pool := testenv.Pool(t)
-	schema := testenv.Schema(t, pool)
-	newPartitioned(t, pool, schema, postgres.Options{})
-	dropAllPartitions(t, pool, schema)
-	boundary := dbNow(t, pool).Add(1500 * time.Millisecond)
-	addPartition(t, pool, schema, "before", boundary.Add(-time.Hour), boundary)
-	addPartition(t, pool, schema, "after", boundary, boundary.Add(time.Hour))
-	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
-	run(t, pool, "CREATE TABLE "+ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL)")
-
-	small := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
-	s, err := postgres.New(small, postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, CleanupInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if err := s.RefreshKeyFilters(t.Context()); err != nil { // no filter: the oldest partition, "before", is open
-		t.Fatal(err)
-	}
+	f := newBoundaryFixture(t, 1500*time.Millisecond)
+	pool, schema, ledger, boundary, s := f.pool, f.schema, f.ledger, f.boundary, f.s
 	var executed atomic.Int64
 	r, err := receiver.NewTransactional(s).WithDeferredClaim(deferred).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
 		if e.Outcome == pipeline.OutcomeExecuted {

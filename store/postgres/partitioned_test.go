@@ -219,23 +219,46 @@ func TestPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T) {
 	}
 }
 
-func testPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T, deferred bool) {
-	pool := testenv.Pool(t)
-	schema := testenv.Schema(t, pool)
-	newPartitioned(t, pool, schema, postgres.Options{})
-	dropAllPartitions(t, pool, schema)
-	boundary := dbNow(t, pool).Add(300 * time.Millisecond)
-	addPartition(t, pool, schema, "before", boundary.Add(-time.Hour), boundary)
-	addPartition(t, pool, schema, "after", boundary, boundary.Add(time.Hour))
-	ledger := pgx.Identifier{schema, "ledger"}.Sanitize()
-	run(t, pool, "CREATE TABLE "+ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL)")
+// boundaryFixture is a partitioned table whose only partitions are
+// "before" and "after" a boundary, a ledger table, and a store on a pool of
+// 8 connections, its cleaner off and the partitions loaded as its first
+// pass would load them: no filter, so "before", the oldest, is open and a
+// new key is claimed in one statement until the boundary.
+type boundaryFixture struct {
+	pool           *pgxpool.Pool
+	schema, ledger string
+	boundary       time.Time
+	s              *postgres.Store
+}
+
+func newBoundaryFixture(t *testing.T, in time.Duration) *boundaryFixture {
+	t.Helper()
+	f := &boundaryFixture{pool: testenv.Pool(t)}
+	f.schema = testenv.Schema(t, f.pool)
+	newPartitioned(t, f.pool, f.schema, postgres.Options{})
+	dropAllPartitions(t, f.pool, f.schema)
+	f.boundary = dbNow(t, f.pool).Add(in)
+	addPartition(t, f.pool, f.schema, "before", f.boundary.Add(-time.Hour), f.boundary)
+	addPartition(t, f.pool, f.schema, "after", f.boundary, f.boundary.Add(time.Hour))
+	f.ledger = pgx.Identifier{f.schema, "ledger"}.Sanitize()
+	run(t, f.pool, "CREATE TABLE "+f.ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL)")
 
 	small := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
-	s, err := postgres.New(small, postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, CleanupInterval: -1})
+	s, err := postgres.New(small, postgres.Options{Schema: f.schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	if err := s.RefreshKeyFilters(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	f.s = s
+	return f
+}
+
+func testPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T, deferred bool) {
+	f := newBoundaryFixture(t, 300*time.Millisecond)
+	pool, schema, ledger, boundary, s := f.pool, f.schema, f.ledger, f.boundary, f.s
 	var replays, executed atomic.Int64
 	r, err := receiver.NewTransactional(s).WithDeferredClaim(deferred).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
 		switch e.Outcome {
