@@ -37,7 +37,10 @@ const (
 	// keyFilterDelay is how long after a partition's range ends its filter
 	// is built: a row is inserted within microseconds of reading the clock
 	// that chose its partition, so a minute later nothing can still be on
-	// its way in.
+	// its way in (and the pass waits for every older transaction besides).
+	// Partitions narrower than that (the benchmarks' widths of seconds)
+	// wait one width, so that the benchmarks' compressed time keeps the
+	// proportions of production's.
 	keyFilterDelay = time.Minute
 )
 
@@ -164,8 +167,8 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilte
 }
 
 // buildKeyFilters builds the filter of every partition closed for
-// keyFilterDelay that has none, and deletes the filters of dropped
-// partitions. The cleaner's leader runs it.
+// keyFilterDelay (or one width, when that is shorter) that has none, and
+// deletes the filters of dropped partitions. The cleaner's leader runs it.
 //
 // A partition's keys are read once every transaction older than the pass
 // has ended (awaitOlderTransactions, which takes no lock): a transaction
@@ -186,7 +189,7 @@ func (s *Store) buildKeyFilters(ctx context.Context) error {
 	var due []partition
 	for _, p := range parts {
 		names = append(names, p.name)
-		if !have[p.name] && !p.upper.Add(keyFilterDelay).After(now) {
+		if !have[p.name] && !p.upper.Add(min(keyFilterDelay, s.width)).After(now) {
 			due = append(due, p)
 		}
 	}
