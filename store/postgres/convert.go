@@ -49,7 +49,6 @@ func (s *Store) convertToPartitioned(ctx context.Context) error {
 	fail := func(step string, err error) error {
 		return fmt.Errorf("oncemill: postgres: migrate: converting %s to the partitioned layout: %s: %w", s.names.table, step, err)
 	}
-	lit := func(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'::timestamptz" }
 
 	// 1. The column, and the range unchecked, under the migration lock.
 	var bound time.Time
@@ -69,7 +68,7 @@ func (s *Store) convertToPartitioned(ctx context.Context) error {
 			return err
 		}
 		_, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s ADD COLUMN claimed_at timestamptz NOT NULL DEFAULT %s; ALTER TABLE %s ADD CONSTRAINT %s CHECK (claimed_at < %s) NOT VALID",
-			s.names.table, lit(bound.Add(-time.Microsecond)), s.names.table, rangeCheck, lit(bound)), pgx.QueryExecModeSimpleProtocol)
+			s.names.table, timestampLiteral(bound.Add(-time.Microsecond)), s.names.table, rangeCheck, timestampLiteral(bound)), pgx.QueryExecModeSimpleProtocol)
 		return err
 	})
 	if err != nil {
@@ -95,7 +94,7 @@ func (s *Store) convertToPartitioned(ctx context.Context) error {
 	r := strings.NewReplacer(
 		"{{OLD_NAME}}", pgx.Identifier{oldName}.Sanitize(),
 		"{{OLD}}", s.qualified(oldName),
-		"{{BOUND}}", lit(bound),
+		"{{BOUND}}", timestampLiteral(bound),
 	)
 	for _, f := range []string{"migrations/partitioned/convert.sql", partitionedMigration} {
 		b, err := migrationFS.ReadFile(f)
@@ -123,7 +122,7 @@ func (s *Store) convertToPartitioned(ctx context.Context) error {
 			return fail("renaming a CHECK constraint", err)
 		}
 	}
-	attach := fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO (%s)", s.names.table, s.qualified(oldName), lit(bound))
+	attach := fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO (%s)", s.names.table, s.qualified(oldName), timestampLiteral(bound))
 	if _, err := tx.Exec(ctx, attach); err != nil {
 		return fail("attaching the old table", err)
 	}

@@ -77,10 +77,9 @@ type partClaims struct {
 // current is the partition that starts at from when it is keyed
 // (partition.keyed), else the zero partition.
 func renderPartClaims(n names, from time.Time, current partition) partClaims {
-	lit := func(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'::timestamptz" }
 	bound := "'-infinity'::timestamptz"
 	if !from.IsZero() {
-		bound = lit(from)
+		bound = timestampLiteral(from)
 	}
 	r := func(sql string) string { return n.render(strings.ReplaceAll(sql, "{{LOOKUP_FROM}}", bound)) }
 	c := partClaims{
@@ -91,7 +90,7 @@ func renderPartClaims(n names, from time.Time, current partition) partClaims {
 		rollback: r(sqlPartRecordRollback),
 	}
 	if current.name != "" {
-		one := strings.NewReplacer("{{PARTITION}}", n.schema+"."+pgx.Identifier{current.name}.Sanitize(), "{{UNTIL}}", lit(current.upper)).
+		one := strings.NewReplacer("{{PARTITION}}", n.schema+"."+pgx.Identifier{current.name}.Sanitize(), "{{UNTIL}}", timestampLiteral(current.upper)).
 			Replace(sqlPartClaimNewCurrent)
 		c.until = current.upper
 		c.newCurrent = r(newTokenFromSequence.Replace(one))

@@ -51,6 +51,12 @@ func newNames(schema, table string) names {
 	return n
 }
 
+// timestampLiteral is t as an SQL constant of type timestamptz, for the
+// bounds written into statements and DDL (which take no parameters).
+func timestampLiteral(t time.Time) string {
+	return "'" + t.UTC().Format(time.RFC3339Nano) + "'::timestamptz"
+}
+
 // render replaces the placeholders of a statement or migration.
 func (n names) render(sql string) string {
 	return strings.NewReplacer(
