@@ -104,3 +104,16 @@ func (s *Store) NewKeyInOneStatement(partitionName string, from, until time.Time
 
 // ClaimLockKey is the second half of a claim's advisory lock key.
 func ClaimLockKey(scope, key string) int32 { return claimLockKey(scope, key) }
+
+// UnkeyedPartitions lists the partitions of the table without a unique
+// index on (scope, key), as the store reads them (partition.keyed).
+func (s *Store) UnkeyedPartitions(ctx context.Context) ([]string, error) {
+	_, parts, err := s.listPartitions(ctx, s.pool)
+	var names []string
+	for _, p := range inTable(parts) {
+		if !p.keyed {
+			names = append(names, p.name)
+		}
+	}
+	return names, err
+}

@@ -21,22 +21,11 @@ import (
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
-// unkeyedPartitions lists the partitions of the partitioned table that
-// have no unique index on (scope, key).
-func unkeyedPartitions(tb testing.TB, pool *pgxpool.Pool, schema string) []string {
+// unkeyedPartitions lists the partitions of s's table that have no unique
+// index on (scope, key), as the store reads them.
+func unkeyedPartitions(tb testing.TB, s *postgres.Store) []string {
 	tb.Helper()
-	rows, err := pool.Query(context.Background(), `
-SELECT i.inhrelid::regclass::text FROM pg_inherits i
-WHERE i.inhparent = to_regclass($1) AND NOT EXISTS (
-	SELECT 1 FROM pg_index x
-	WHERE x.indrelid = i.inhrelid AND x.indisunique AND x.indnkeyatts = 2
-		AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
-			WHERE a.attrelid = i.inhrelid AND a.attnum IN (x.indkey[0], x.indkey[1])) = ARRAY['key', 'scope'])`,
-		table(schema, partitionedTable))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := s.UnkeyedPartitions(context.Background())
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -109,7 +98,7 @@ func TestPartitionedNewKeyInOneStatement(t *testing.T) {
 			t.Fatalf("key %q has rows in %v; want one", key, rows)
 		}
 	}
-	if parts := unkeyedPartitions(t, pool, schema); len(parts) != 0 {
+	if parts := unkeyedPartitions(t, s); len(parts) != 0 {
 		t.Fatalf("partitions without a unique index on (scope, key): %v", parts)
 	}
 }
@@ -217,13 +206,13 @@ func TestPartitionedMigrationKeysEveryPartition(t *testing.T) {
 	run(t, pool, fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')", pgx.Identifier{schema, "v5_old"}.Sanitize(),
 		table(schema, partitionedTable), lower.Add(-time.Hour).UTC().Format(time.RFC3339), lower.UTC().Format(time.RFC3339)))
 	insertOld(t, pool, schema, "s", "old", store.StatusSucceeded, 1, lower.Add(-time.Minute), true)
-	if got := unkeyedPartitions(t, pool, schema); len(got) != 2 {
+	if got := unkeyedPartitions(t, s); len(got) != 2 {
 		t.Fatalf("unkeyed partitions at version 5: %v; want both", got)
 	}
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := unkeyedPartitions(t, pool, schema); len(got) != 0 {
+	if got := unkeyedPartitions(t, s); len(got) != 0 {
 		t.Fatalf("partitions without a unique index on (scope, key) after Migrate: %v", got)
 	}
 	var pkeys int
