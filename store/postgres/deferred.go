@@ -86,9 +86,9 @@ func (c *deferredClaim) Queue(b *pgx.Batch) {
 	if s.opts.Layout == LayoutPartitioned {
 		claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
 		insert = claims.deferredCurrent
-		if c.lockFirst = !claims.inOneStatement(time.Now()); c.lockFirst {
+		if !claims.inOneStatement(time.Now()) {
 			b.Queue(s.sql.partLockDeferred, lock)
-			insert = claims.deferred
+			insert, c.lockFirst = claims.deferred, true
 		}
 	}
 	queueNewKey(b, insert, !c.lockFirst, req, c.purge, lock)
