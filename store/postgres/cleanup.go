@@ -49,7 +49,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	}
 	defer s.leave(cancel)
 	if s.opts.Layout == LayoutPartitioned {
-		dropped, err := s.asLeader(ctx, s.dropPartitions)
+		dropped, err := s.asLeader(ctx, s.partitionUpkeep)
 		s.telemetry.deleted.Add(ctx, int64(dropped), s.telemetry.tableAttrs)
 		if err != nil || dropped > 0 {
 			return dropped, err
@@ -130,15 +130,9 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 
 	if s.opts.Layout == LayoutPartitioned {
 		// Partition upkeep instead of DELETE batches.
-		if err := s.ensurePartitions(ctx); err != nil {
-			return 0, true, err
-		}
-		removed, err := s.dropPartitions(ctx)
+		removed, err := s.partitionUpkeep(ctx)
 		s.telemetry.deleted.Add(ctx, int64(removed), s.telemetry.tableAttrs)
-		if err != nil {
-			return removed, true, err
-		}
-		return removed, true, s.buildKeyFilters(ctx)
+		return removed, true, err
 	}
 	batch := s.opts.CleanupBatch
 	cursor := time.Time{} // older than any row

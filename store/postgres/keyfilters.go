@@ -35,12 +35,11 @@ const (
 	// 2.4% of claims, and about a tenth of the claims' time on the server).
 	keyFilterFalsePositives = 0.0001
 	// keyFilterDelay is how long after a partition's range ends its filter
-	// is built: a row is inserted within microseconds of reading the clock
-	// that chose its partition, so a minute later nothing can still be on
-	// its way in (and the pass waits for every older transaction besides).
-	// Partitions narrower than that (the benchmarks' widths of seconds)
-	// wait one width, so that the benchmarks' compressed time keeps the
-	// proportions of production's.
+	// is built, at most (filterDelay): a row is inserted within
+	// microseconds of reading the clock that chose its partition, and the
+	// pass waits for every older transaction besides; the delay is for a
+	// server clock set back, which would put new rows into a closed
+	// partition.
 	keyFilterDelay = time.Minute
 )
 
@@ -165,35 +164,40 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilte
 	return f, partition{}
 }
 
-// buildKeyFilters builds the filter of every partition closed for
-// keyFilterDelay (or one width, when that is shorter) that has none, and
-// deletes the filters of dropped partitions. The cleaner's leader runs it.
+// buildKeyFilters builds the filter of every partition of parts (those in
+// the table, listed at now) closed for filterDelay that has none, and
+// deletes the filters of partitions no longer in the table. The cleaner's
+// leader runs it in partitionUpkeep.
 //
 // A partition's keys are read once every transaction older than the pass
 // has ended (awaitOlderTransactions, which takes no lock): a transaction
 // that put a row in the partition read the clock before its range ended,
-// a minute or more before the pass began, so the read sees every key the
-// partition will ever hold.
-func (s *Store) buildKeyFilters(ctx context.Context) error {
-	now, parts, err := s.listPartitions(ctx, s.pool)
-	if err != nil {
-		return wrap("building key filters: listing partitions", err)
-	}
-	parts = inTable(parts)
+// and so before the pass began, so the read sees every key the partition
+// will ever hold. filterDelay guards against what the barrier cannot see:
+// a server clock set back.
+func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []partition) error {
 	have, err := s.filterNames(ctx)
 	if err != nil {
 		return err
 	}
-	names := make([]string, 0, len(parts))
+	names := make(map[string]bool, len(parts))
 	var due []partition
 	for _, p := range parts {
-		names = append(names, p.name)
-		if !have[p.name] && !p.upper.Add(min(keyFilterDelay, s.width)).After(now) {
+		names[p.name] = true
+		if !have[p.name] && !p.upper.Add(s.filterDelay()).After(now) {
 			due = append(due, p)
 		}
 	}
-	if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition <> ALL($1)", names); err != nil {
-		return wrap("deleting the key filters of dropped partitions", err)
+	var stale []string
+	for name := range have {
+		if !names[name] {
+			stale = append(stale, name)
+		}
+	}
+	if len(stale) > 0 {
+		if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition = ANY($1)", stale); err != nil {
+			return wrap("deleting the key filters of dropped partitions", err)
+		}
 	}
 	if len(due) == 0 {
 		return nil
@@ -208,6 +212,13 @@ func (s *Store) buildKeyFilters(ctx context.Context) error {
 	}
 	return nil
 }
+
+// filterDelay is how long after a partition's range ends its filter may be
+// built: keyFilterDelay, or a sixtieth of the width when that is shorter,
+// so that a worker looks a new key up in two partitions, the one of now
+// and the one before it, for the same share of the time at every width
+// (about a sixtieth, and up to a cleaner interval more).
+func (s *Store) filterDelay() time.Duration { return min(keyFilterDelay, s.width/60) }
 
 // buildKeyFilter reads the keys of the closed partition p into a filter
 // and stores it.

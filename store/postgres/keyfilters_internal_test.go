@@ -90,3 +90,20 @@ func TestClaimsFor(t *testing.T) {
 		t.Fatalf("the partition or its upper bound is not in the statement: %s", f.claims.newCurrent)
 	}
 }
+
+// A partition's filter waits a sixtieth of the width after its range ends,
+// a minute at most: at every width a worker looks a new key up in the
+// partition before the one of now for the same share of the time.
+func TestFilterDelay(t *testing.T) {
+	for _, tt := range []struct{ width, want time.Duration }{
+		{24 * time.Hour, time.Minute},
+		{time.Hour, time.Minute},
+		{10 * time.Minute, 10 * time.Second},
+		{time.Minute, time.Second},
+		{5 * time.Second, 5 * time.Second / 60},
+	} {
+		if got := (&Store{width: tt.width}).filterDelay(); got != tt.want {
+			t.Errorf("filterDelay at width %v = %v; want %v", tt.width, got, tt.want)
+		}
+	}
+}

@@ -736,3 +736,32 @@ func TestPartitionedConversionResumes(t *testing.T) {
 		t.Fatalf("ClaimLease of the key leased during the conversion = %+v, %v; want Held", res, err)
 	}
 }
+
+// A pass of the cleaner with nothing to do (the partitions reach far
+// enough ahead, none may go, every closed one has its filter) reads the
+// catalog once for the upkeep and once to load the key filters: six
+// statements with the leader's lock and its release, where each step of
+// the upkeep used to read the catalog again (twelve). A pass takes CPU
+// from the claims on the same server.
+func TestPartitionedIdlePassStatements(t *testing.T) {
+	t.Parallel()
+	count := &statementCounter{}
+	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = count })
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{})
+	ctx := t.Context()
+	if _, _, err := s.CleanupPass(ctx); err != nil { // prepares what a pass sends
+		t.Fatal(err)
+	}
+	parts := len(partitionsOf(t, pool, schema))
+	before := count.load()
+	if removed, ran, err := s.CleanupPass(ctx); err != nil || !ran || removed != 0 {
+		t.Fatalf("CleanupPass = %d, %v, %v; want 0, true, nil", removed, ran, err)
+	}
+	if got := count.load().minus(before); got.statements != 6 {
+		t.Fatalf("an idle pass sent %+v; want 6 statements (the lock, the list and the filters' names for the upkeep and again for loading the filters, the unlock)", got)
+	}
+	if now := len(partitionsOf(t, pool, schema)); now != parts {
+		t.Fatalf("an idle pass changed the partitions from %d to %d", parts, now)
+	}
+}

@@ -124,6 +124,35 @@ func (s *Store) partitionsAhead() time.Duration {
 	return 2 * max(s.width, s.opts.CleanupInterval)
 }
 
+// partitionUpkeep is the cleaner leader's pass of the partitioned layout,
+// on one read of the catalog: it creates partitions up to partitionsAhead
+// once the newest ends within half of that (at least a width and a cleaner
+// interval away), drops those whose rows may all go, builds the key
+// filters of the closed ones, and returns how many rows went. A pass with
+// nothing to do sends two statements (the list, the names of the filters)
+// where each step used to read the catalog again: every statement of a
+// pass takes CPU from the claims on the same server (docs/benchmarks.md,
+// "Flat as it grows").
+func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
+	now, parts, err := s.listPartitions(ctx, s.pool)
+	if err != nil {
+		return 0, wrap("partition upkeep: listing partitions", err)
+	}
+	attached := inTable(parts)
+	if n := len(attached); n == 0 || attached[n-1].upper.Before(now.Add(s.partitionsAhead()/2)) {
+		// It lists them again under its lock: another worker may have
+		// created some meanwhile. The drop below needs none of the new.
+		if err := s.ensurePartitions(ctx); err != nil {
+			return 0, err
+		}
+	}
+	removed, kept, err := s.dropPartitions(ctx, now, parts)
+	if err != nil {
+		return removed, err
+	}
+	return removed, s.buildKeyFilters(ctx, now, kept)
+}
+
 // ensurePartitions creates the partitions from now to partitionsAhead, in
 // one transaction under an advisory lock of the table's, so that two
 // workers never create the same one. A new partition starts where the
@@ -192,10 +221,10 @@ func (s *Store) partitionDDLError(op string, err error) error {
 	return wrap(op, err)
 }
 
-// dropPartitions drops every partition whose rows are all past their purge
-// time and expired, without blocking a claim, and returns how many rows
-// went with them. The background cleaner runs it under its one-leader lock
-// (so does DeleteExpired).
+// dropPartitions drops every partition of parts (listed at now) whose rows
+// are all past their purge time and expired, without blocking a claim, and
+// returns how many rows went with them and the partitions left in the
+// table. The cleaner's leader runs it in partitionUpkeep.
 //
 // A claim never waits for it: no lock it takes conflicts with the locks
 // of claims (ROW EXCLUSIVE on the table and every partition). DROP TABLE of
@@ -209,8 +238,8 @@ func (s *Store) partitionDDLError(op string, err error) error {
 // partition alone ACCESS EXCLUSIVE; the detached table, which nothing
 // reaches any more, is then dropped (locking only itself).
 //
-// Why no row that matters is lost. Let T be the database's now() read with
-// the list. A partition is a candidate when its range ended by T (upper <=
+// Why no row that matters is lost. Let T be now, the database's now() read
+// with the list. A partition is a candidate when its range ended by T (upper <=
 // T): a claim that begins at T or later puts its row, claimed_at being its
 // statement_timestamp(), in a later partition. Then:
 //
@@ -256,19 +285,15 @@ func (s *Store) partitionDDLError(op string, err error) error {
 // with DETACH … FINALIZE, and a table detached but not dropped (marked by
 // detachedMarker before the detach) is dropped. Both were read by the pass
 // that began detaching them.
-func (s *Store) dropPartitions(ctx context.Context) (int, error) {
-	now, parts, err := s.listPartitions(ctx, s.pool)
-	if err != nil {
-		return 0, wrap("dropping partitions: listing them", err)
-	}
-	removed := 0
+func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []partition) (removed int, kept []partition, err error) {
+	gone := map[string]bool{}
 	var due []partition
 	for _, p := range parts {
 		switch {
 		case p.state == detached:
 		case p.state == detachPending:
 			if err := s.detach(ctx, p, "FINALIZE"); err != nil {
-				return removed, err
+				return removed, nil, err
 			}
 		case p.upper.After(now):
 			continue // its range has not ended
@@ -280,21 +305,22 @@ func (s *Store) dropPartitions(ctx context.Context) (int, error) {
 		}
 		n, err := s.dropDetached(ctx, p)
 		if err != nil {
-			return removed, err
+			return removed, nil, err
 		}
 		removed += n
+		gone[p.name] = true
 	}
 	if len(due) == 0 {
-		return removed, nil
+		return removed, without(inTable(parts), gone), nil
 	}
 	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
-		return removed, err // the next pass tries again
+		return removed, without(inTable(parts), gone), err // the next pass tries again
 	}
 	for _, p := range due {
 		var last *time.Time
 		live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
 		if err := s.pool.QueryRow(ctx, live, micros(s.width)).Scan(&last); err != nil {
-			return removed, wrap("dropping partitions: reading "+p.name, err)
+			return removed, nil, wrap("dropping partitions: reading "+p.name, err)
 		}
 		if last != nil && last.After(now) {
 			s.partNext[p.name] = *last
@@ -304,19 +330,31 @@ func (s *Store) dropPartitions(ctx context.Context) (int, error) {
 		// one finds the table by it.
 		comment := fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker())
 		if _, err := s.pool.Exec(ctx, comment); err != nil {
-			return removed, s.partitionDDLError("marking partition "+p.name, err)
+			return removed, nil, s.partitionDDLError("marking partition "+p.name, err)
 		}
 		if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
-			return removed, err
+			return removed, nil, err
 		}
 		n, err := s.dropDetached(ctx, p)
 		if err != nil {
-			return removed, err
+			return removed, nil, err
 		}
 		removed += n
+		gone[p.name] = true
 		delete(s.partNext, p.name)
 	}
-	return removed, nil
+	return removed, without(inTable(parts), gone), nil
+}
+
+// without is parts but those named in gone.
+func without(parts []partition, gone map[string]bool) []partition {
+	var out []partition
+	for _, p := range parts {
+		if !gone[p.name] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // detach runs DETACH PARTITION … mode (CONCURRENTLY or FINALIZE) of p,
