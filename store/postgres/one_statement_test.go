@@ -141,12 +141,14 @@ func testPartitionedNewKeysClaimedAcrossABoundary(t *testing.T, deferred bool) {
 	const keys, copies = 120, 4
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
-	start := time.Now().Add(time.Until(boundary) - 60*time.Millisecond) // the clocks share a machine
+	start := time.Now().Add(time.Until(boundary) - 200*time.Millisecond) // the clocks share a machine
 	for k := range keys {
 		for c := range copies {
-			// The k-th key's deliveries leave at start + k ms + c*10 ms:
-			// those of keys 30 to 60 straddle the boundary.
-			at := start.Add(time.Duration(k)*time.Millisecond + time.Duration(c)*10*time.Millisecond)
+			// The k-th key's deliveries leave at start + 2k ms + c*10 ms:
+			// those of keys 85 to 100 straddle the boundary, and keys
+			// fall on both sides of it unless the deliveries run late by
+			// most of 200 ms.
+			at := start.Add(time.Duration(2*k)*time.Millisecond + time.Duration(c)*10*time.Millisecond)
 			wg.Go(func() {
 				time.Sleep(time.Until(at))
 				sem <- struct{}{}

@@ -234,6 +234,21 @@ type boundaryFixture struct {
 func newBoundaryFixture(t *testing.T, in time.Duration) *boundaryFixture {
 	t.Helper()
 	f := &boundaryFixture{pool: testenv.Pool(t)}
+	small := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
+	// Every connection dialled before the boundary is set: a first claim
+	// that dials (slowly, under -race on a loaded machine) would land
+	// after it.
+	var conns []*pgxpool.Conn
+	for range 8 {
+		c, err := small.Acquire(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
 	f.schema = testenv.Schema(t, f.pool)
 	newPartitioned(t, f.pool, f.schema, postgres.Options{})
 	dropAllPartitions(t, f.pool, f.schema)
@@ -243,7 +258,6 @@ func newBoundaryFixture(t *testing.T, in time.Duration) *boundaryFixture {
 	f.ledger = pgx.Identifier{f.schema, "ledger"}.Sanitize()
 	run(t, f.pool, "CREATE TABLE "+f.ledger+" (id bigserial PRIMARY KEY, message_uuid text NOT NULL)")
 
-	small := testenv.Pool(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
 	s, err := postgres.New(small, postgres.Options{Schema: f.schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, CleanupInterval: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -257,7 +271,7 @@ func newBoundaryFixture(t *testing.T, in time.Duration) *boundaryFixture {
 }
 
 func testPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T, deferred bool) {
-	f := newBoundaryFixture(t, 300*time.Millisecond)
+	f := newBoundaryFixture(t, 1500*time.Millisecond)
 	pool, schema, ledger, boundary, s := f.pool, f.schema, f.ledger, f.boundary, f.s
 	var replays, executed atomic.Int64
 	r, err := receiver.NewTransactional(s).WithDeferredClaim(deferred).WithScope("ledger").WithEventHandler(func(e pipeline.Event) {
@@ -285,10 +299,14 @@ func testPartitioned64DeliveriesOfOneKeyAcrossABoundary(t *testing.T, deferred b
 			}
 		})
 	}
+	// The first 32 claim 300 ms before the boundary (the clocks share a
+	// machine; the setup above takes its time under -race) and commit
+	// after it.
+	time.Sleep(time.Until(boundary) - 300*time.Millisecond)
 	for range 32 {
 		deliver()
 	}
-	time.Sleep(time.Until(boundary) + 100*time.Millisecond) // the clocks share a machine
+	time.Sleep(time.Until(boundary) + 100*time.Millisecond)
 	if now := dbNow(t, pool); !now.After(boundary) {
 		t.Fatalf("the database clock %v is not past the boundary %v", now, boundary)
 	}
