@@ -23,7 +23,7 @@ import (
 // and a claim (of either mode) or RecordRollback whose key none of them may
 // hold looks it up only in the partitions that are still open (claimed_at >= the first unfiltered
 // partition's lower bound, which PostgreSQL prunes to at execution). A key
-// that a filter may hold (a row of it, or a false positive, 0.1% per
+// that a filter may hold (a row of it, or a false positive, 0.01% per
 // filter) is looked up in every partition, as without filters.
 // docs/stores.md, "Partitioned layout".
 
