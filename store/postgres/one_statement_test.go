@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/pipeline"
@@ -39,10 +38,7 @@ func unkeyedPartitions(tb testing.TB, s *postgres.Store) []string {
 // the lock and replays the record.
 func TestPartitionedNewKeyInOneStatement(t *testing.T) {
 	t.Parallel()
-	count := &statementCounter{}
-	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = count })
-	schema := testenv.Schema(t, pool)
-	s := newPartitioned(t, pool, schema, postgres.Options{})
+	count, pool, schema, s := newCountedPartitioned(t)
 	ctx := t.Context()
 	req := func(key string, deferrable bool) store.TxRequest {
 		return store.TxRequest{Scope: "s", Key: key, SuccessTTL: time.Hour, Wait: 5 * time.Second, Deferrable: deferrable}

@@ -38,6 +38,15 @@ func newPartitioned(tb testing.TB, pool *pgxpool.Pool, schema string, opts postg
 	return newStore(tb, pool, opts)
 }
 
+// newCountedPartitioned is newPartitioned on a pool of its own whose
+// statements count counts.
+func newCountedPartitioned(t *testing.T) (count *statementCounter, pool *pgxpool.Pool, schema string, s *postgres.Store) {
+	count = &statementCounter{}
+	pool = testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = count })
+	schema = testenv.Schema(t, pool)
+	return count, pool, schema, newPartitioned(t, pool, schema, postgres.Options{})
+}
+
 type part struct {
 	name         string
 	lower, upper time.Time
@@ -238,17 +247,7 @@ func newBoundaryFixture(t *testing.T, in time.Duration) *boundaryFixture {
 	// Every connection dialled before the boundary is set: a first claim
 	// that dials (slowly, under -race on a loaded machine) would land
 	// after it.
-	var conns []*pgxpool.Conn
-	for range 8 {
-		c, err := small.Acquire(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
+	warm(t, small, 8)
 	f.schema = testenv.Schema(t, f.pool)
 	newPartitioned(t, f.pool, f.schema, postgres.Options{})
 	dropAllPartitions(t, f.pool, f.schema)
@@ -763,10 +762,7 @@ func TestPartitionedConversionResumes(t *testing.T) {
 // from the claims on the same server.
 func TestPartitionedIdlePassStatements(t *testing.T) {
 	t.Parallel()
-	count := &statementCounter{}
-	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = count })
-	schema := testenv.Schema(t, pool)
-	s := newPartitioned(t, pool, schema, postgres.Options{})
+	count, pool, schema, s := newCountedPartitioned(t)
 	ctx := t.Context()
 	if _, _, err := s.CleanupPass(ctx); err != nil { // prepares what a pass sends
 		t.Fatal(err)

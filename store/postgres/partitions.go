@@ -146,11 +146,11 @@ func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	removed, kept, err := s.dropPartitions(ctx, now, parts)
+	removed, gone, err := s.dropPartitions(ctx, now, parts)
 	if err != nil {
 		return removed, err
 	}
-	return removed, s.buildKeyFilters(ctx, now, kept)
+	return removed, s.buildKeyFilters(ctx, now, without(inTable(parts), gone))
 }
 
 // ensurePartitions creates the partitions from now to partitionsAhead, in
@@ -223,8 +223,8 @@ func (s *Store) partitionDDLError(op string, err error) error {
 
 // dropPartitions drops every partition of parts (listed at now) whose rows
 // are all past their purge time and expired, without blocking a claim, and
-// returns how many rows went with them and the partitions left in the
-// table. The cleaner's leader runs it in partitionUpkeep.
+// returns how many rows went with them and the names of the tables it
+// dropped. The cleaner's leader runs it in partitionUpkeep.
 //
 // A claim never waits for it: no lock it takes conflicts with the locks
 // of claims (ROW EXCLUSIVE on the table and every partition). DROP TABLE of
@@ -285,15 +285,15 @@ func (s *Store) partitionDDLError(op string, err error) error {
 // with DETACH … FINALIZE, and a table detached but not dropped (marked by
 // detachedMarker before the detach) is dropped. Both were read by the pass
 // that began detaching them.
-func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []partition) (removed int, kept []partition, err error) {
-	gone := map[string]bool{}
+func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []partition) (removed int, gone map[string]bool, err error) {
+	gone = map[string]bool{}
 	var due []partition
 	for _, p := range parts {
 		switch {
 		case p.state == detached:
 		case p.state == detachPending:
 			if err := s.detach(ctx, p, "FINALIZE"); err != nil {
-				return removed, nil, err
+				return removed, gone, err
 			}
 		case p.upper.After(now):
 			continue // its range has not ended
@@ -305,22 +305,22 @@ func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []parti
 		}
 		n, err := s.dropDetached(ctx, p)
 		if err != nil {
-			return removed, nil, err
+			return removed, gone, err
 		}
 		removed += n
 		gone[p.name] = true
 	}
 	if len(due) == 0 {
-		return removed, without(inTable(parts), gone), nil
+		return removed, gone, nil
 	}
 	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
-		return removed, without(inTable(parts), gone), err // the next pass tries again
+		return removed, gone, err // the next pass tries again
 	}
 	for _, p := range due {
 		var last *time.Time
 		live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
 		if err := s.pool.QueryRow(ctx, live, micros(s.width)).Scan(&last); err != nil {
-			return removed, nil, wrap("dropping partitions: reading "+p.name, err)
+			return removed, gone, wrap("dropping partitions: reading "+p.name, err)
 		}
 		if last != nil && last.After(now) {
 			s.partNext[p.name] = *last
@@ -330,20 +330,20 @@ func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []parti
 		// one finds the table by it.
 		comment := fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker())
 		if _, err := s.pool.Exec(ctx, comment); err != nil {
-			return removed, nil, s.partitionDDLError("marking partition "+p.name, err)
+			return removed, gone, s.partitionDDLError("marking partition "+p.name, err)
 		}
 		if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
-			return removed, nil, err
+			return removed, gone, err
 		}
 		n, err := s.dropDetached(ctx, p)
 		if err != nil {
-			return removed, nil, err
+			return removed, gone, err
 		}
 		removed += n
 		gone[p.name] = true
 		delete(s.partNext, p.name)
 	}
-	return removed, without(inTable(parts), gone), nil
+	return removed, gone, nil
 }
 
 // without is parts but those named in gone.

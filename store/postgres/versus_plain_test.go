@@ -236,12 +236,12 @@ func versusPlain(b *testing.B, handlers int) {
 }
 
 // warm opens one connection per handler.
-func warm(b *testing.B, pool *pgxpool.Pool, handlers int) {
+func warm(tb testing.TB, pool *pgxpool.Pool, handlers int) {
 	conns := make([]*pgxpool.Conn, handlers)
 	for i := range conns {
-		c, err := pool.Acquire(b.Context())
+		c, err := pool.Acquire(tb.Context())
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		conns[i] = c
 	}
