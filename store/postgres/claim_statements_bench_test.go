@@ -25,7 +25,10 @@ import (
 //     KEY, created_at) with an index on created_at;
 //   - delete, partitioned: the batch each layout's store sends for a new
 //     key (captured from a real ClaimInTx by a tracer on its pool, then
-//     sent again with a fresh key each time).
+//     sent again with a fresh key each time);
+//   - delete-deferred, partitioned-deferred: the same with the claim
+//     deferred, captured with the handler's first statement, SELECT 1,
+//     which the floor sends too.
 //
 // It reports each variant's µs per batch and rollback, and each claim's µs
 // above the floor (…-extra-µs). BenchmarkPartitionedVersusInbox runs the
@@ -85,7 +88,9 @@ func claimStatements(b *testing.B) {
 	schema := testenv.Schema(b, admin)
 	ident := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 
-	// The batch each layout sends for a new key.
+	// The batch each layout sends for a new key, up front (BEGIN and the
+	// claim) and deferred (BEGIN, the claim and the handler's first
+	// statement, here SELECT 1).
 	const capturedKey = "captured-key"
 	claims := map[string][]capturedQuery{}
 	for name, layout := range map[string]postgres.Layout{"delete": postgres.LayoutDelete, "partitioned": postgres.LayoutPartitioned} {
@@ -99,17 +104,27 @@ func claimStatements(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		res, err := st.ClaimInTx(ctx, store.TxRequest{Scope: "bench", Key: capturedKey, SuccessTTL: time.Hour, Wait: 5 * time.Second, MessageUUID: capturedKey})
-		if err != nil {
-			b.Fatal(err)
+		for _, deferred := range []bool{false, true} {
+			res, err := st.ClaimInTx(ctx, store.TxRequest{Scope: "bench", Key: capturedKey, SuccessTTL: time.Hour, Wait: 5 * time.Second, MessageUUID: capturedKey, Deferrable: deferred})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if res.Decision != store.DecisionExecute {
+				b.Fatalf("%s: the claim of a new key decided %v", name, res.Decision)
+			}
+			variant := name
+			if deferred {
+				variant += "-deferred"
+				tx, _ := postgres.TxFromContext(res.Tx.Context(ctx))
+				if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			claims[variant] = capture.queries
+			if err := res.Tx.Rollback(ctx); err != nil {
+				b.Fatal(err)
+			}
 		}
-		if res.Decision != store.DecisionExecute {
-			b.Fatalf("%s: the claim of a new key decided %v", name, res.Decision)
-		}
-		if err := res.Tx.Rollback(ctx); err != nil {
-			b.Fatal(err)
-		}
-		claims[name] = capture.queries
 	}
 	for _, q := range []string{
 		"CREATE TABLE " + ident("inbox") + " (key text PRIMARY KEY, created_at timestamptz NOT NULL)",
@@ -132,10 +147,11 @@ func claimStatements(b *testing.B) {
 			bt.Queue("INSERT INTO "+ident("inbox")+" (key, created_at) VALUES ($1, now()) ON CONFLICT DO NOTHING", key)
 			return bt
 		},
-		"delete":      func(key string) *pgx.Batch { return withKey(claims["delete"], capturedKey, key) },
-		"partitioned": func(key string) *pgx.Batch { return withKey(claims["partitioned"], capturedKey, key) },
 	}
-	names := []string{"begin", "inbox", "delete", "partitioned"}
+	names := []string{"begin", "inbox", "delete", "partitioned", "delete-deferred", "partitioned-deferred"}
+	for _, name := range names[2:] {
+		batches[name] = func(key string) *pgx.Batch { return withKey(claims[name], capturedKey, key) }
+	}
 
 	conn, err := admin.Acquire(ctx)
 	if err != nil {
@@ -173,7 +189,9 @@ func claimStatements(b *testing.B) {
 			b.ReportMetric(per(name)-per("begin"), name+"-extra-µs")
 		}
 	}
-	b.Logf("µs per batch and rollback: begin %.1f, inbox %.1f, delete layout %.1f, partitioned %.1f; above begin: inbox %.1f, delete %.1f, partitioned %.1f (%d rounds of %d)",
-		per("begin"), per("inbox"), per("delete"), per("partitioned"),
-		per("inbox")-per("begin"), per("delete")-per("begin"), per("partitioned")-per("begin"), rounds, perRound)
+	line := fmt.Sprintf("µs per batch and rollback, and above begin (%d rounds of %d):", rounds, perRound)
+	for _, name := range names {
+		line += fmt.Sprintf(" %s %.1f (%.1f)", name, per(name), per(name)-per("begin"))
+	}
+	b.Log(line)
 }

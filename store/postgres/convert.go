@@ -19,16 +19,6 @@ SELECT (regexp_match(pg_get_expr(d.adbin, d.adrelid), '''([^'']*)'''))[1]::times
 FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = to_regclass($1) AND a.attname = 'claimed_at' AND NOT a.attisdropped`
 
-// sqlRenameChecks pairs the CHECK constraints of the new table ($1) with
-// those of the old one ($2) that say the same under another name: ATTACH
-// matches them by name, and the new table's got names of their own, the
-// old table's holding theirs.
-const sqlRenameChecks = `
-SELECT p.conname::text, c.conname::text
-FROM pg_constraint p
-JOIN pg_constraint c ON c.conrelid = to_regclass($2) AND c.contype = 'c' AND pg_get_constraintdef(c.oid) = pg_get_constraintdef(p.oid)
-WHERE p.conrelid = to_regclass($1) AND p.contype = 'c' AND p.conname <> c.conname`
-
 // convertToPartitioned turns a table of the DELETE layout, at
 // partitionedVersion, into the partitioned layout: the old table becomes the
 // first partition, holding every claim before the conversion. The steps
@@ -103,23 +93,6 @@ func (s *Store) convertToPartitioned(ctx context.Context) error {
 		}
 		if _, err := tx.Exec(ctx, s.names.render(r.Replace(string(b))), pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fail(path.Base(f), err)
-		}
-	}
-	rows, err := tx.Query(ctx, sqlRenameChecks, s.names.table, s.qualified(oldName))
-	if err != nil {
-		return fail("reading the CHECK constraints", err)
-	}
-	renames, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([2]string, error) {
-		var r [2]string
-		return r, row.Scan(&r[0], &r[1])
-	})
-	if err != nil {
-		return fail("reading the CHECK constraints", err)
-	}
-	for _, rn := range renames {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s RENAME CONSTRAINT %s TO %s", s.qualified(oldName),
-			pgx.Identifier{rn[1]}.Sanitize(), pgx.Identifier{rn[0]}.Sanitize())); err != nil {
-			return fail("renaming a CHECK constraint", err)
 		}
 	}
 	attach := fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO (%s)", s.names.table, s.qualified(oldName), timestampLiteral(bound))

@@ -24,8 +24,8 @@ import (
 // the handler's other statements, and COMMIT: one round trip fewer than a
 // transaction that begins on its own.
 //
-// When the key is held or has a row, the claim fails on the server
-// (deferredMarker, cast to a number), which aborts the transaction before
+// When the key is held or has a row, the claim fails on the server (its
+// insert, or deferredMarker cast to a number), which aborts the transaction before
 // the handler's statement runs: the statement, and every one after it,
 // fails with errDeferredRefused, and Commit and Rollback return it. It
 // wraps store.ErrLeaseLost: the stage claims again, decided up front, and
@@ -45,15 +45,52 @@ const deferredToken = 1
 const deferredMarker = "oncemill: the key is held or has a record"
 
 // newTokenFromSequence gives a claim decided up front the sequence's next
-// token.
-var newTokenFromSequence = strings.NewReplacer("{{NEW_TOKEN}}", "nextval({{SEQ_LITERAL}})")
+// token, and deferredTokenLiteral a deferred claim its token.
+var (
+	newTokenFromSequence = strings.NewReplacer("{{NEW_TOKEN}}", "nextval({{SEQ_LITERAL}})")
+	deferredTokenLiteral = strings.NewReplacer("{{NEW_TOKEN}}", fmt.Sprint(deferredToken))
+)
 
-// deferredForm turns a new key's claim statement (sqlClaimNew,
-// sqlPartClaimNew: an insert that returns the token, or nothing when the
-// key has a row or is held) into a deferred claim's, which fails instead of
-// returning nothing.
+// A deferred claim of a new key that no lookup in other partitions guards
+// (sqlClaimNewDeferred, sqlPartClaimNewCurrentDeferred) is a plain INSERT ..
+// VALUES that fails when it does not take the key: the key's lock, tried
+// first, leaves a NOT NULL column NULL when another claim holds it (SQLSTATE
+// 23502), the unique index refuses a key that has a row (23505), and in
+// the partitioned layout the partition's range refuses a clock outside it
+// (23514). A failed statement aborts the transaction, which is what a
+// refused deferred claim has to do, so the insert needs no ON CONFLICT
+// arbiter (a second probe of the unique index), no INSERT .. SELECT and no
+// CTE to turn "nothing inserted" into a failure (deferredForm), each of
+// which PostgreSQL pays for on every claim (docs/benchmarks.md, "The
+// deferred claim as a plain insert").
+
+// sqlClaimNewDeferred is sqlClaimNew's deferred form: the token is NULL
+// when the key's lock ($6) is held. Parameters as sqlClaimNew's.
+const sqlClaimNewDeferred = `
+INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at, message_uuid)
+VALUES ($1::text, $2::text, $3::text, {{SUCCEEDED}}, CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN {{NEW_TOKEN}} END, 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text)`
+
+// sqlPartClaimNewCurrentDeferred is sqlPartClaimNewCurrent's deferred form:
+// claimed_at is the clock read after the key's lock ($6) was taken, NULL
+// when it is held; the partition's own range, which PostgreSQL checks on
+// an insert into a partition by name, stands for the statement's check of
+// the clock against [{{LOOKUP_FROM}}, {{UNTIL}}), its bounds, so
+// sqlPartClaimNewCurrent's argument holds as it is. Parameters as
+// sqlClaimNew's.
+const sqlPartClaimNewCurrentDeferred = `
+INSERT INTO {{PARTITION}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
+VALUES ($1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text,
+	CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() END)`
+
+// deferredForm turns sqlPartClaimNew, an insert that returns the token, or
+// nothing when the key has a row, into a deferred claim's, which fails
+// instead of returning nothing.
 func deferredForm(insert string) string {
-	return "WITH ins AS (" + strings.ReplaceAll(insert, "{{NEW_TOKEN}}", fmt.Sprint(deferredToken)) + ")\n" +
+	return "WITH ins AS (" + deferredTokenLiteral.Replace(insert) + ")\n" +
 		"SELECT coalesce((SELECT token::text FROM ins), '" + deferredMarker + "')::int8"
 }
 
@@ -100,12 +137,15 @@ func (c *deferredClaim) Queue(b *pgx.Batch) {
 // again and handles: a database that is down fails it, a store failure
 // that spends no attempt.
 func (c *deferredClaim) Read(br pgx.BatchResults, err error) error {
-	if err == nil && c.lockFirst {
+	switch {
+	case err != nil:
+	case c.lockFirst: // the lock, then deferredForm's insert, which returns the token
+		if _, err = br.Exec(); err == nil {
+			var token int64
+			err = br.QueryRow().Scan(&token)
+		}
+	default: // the insert, which fails unless it takes the key
 		_, err = br.Exec()
-	}
-	if err == nil {
-		var token int64
-		err = br.QueryRow().Scan(&token)
 	}
 	if err != nil {
 		return fmt.Errorf("oncemill: postgres: claim %q/%q: %w (%w)", c.req.Scope, c.req.Key, errDeferredRefused, err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/testenv"
@@ -350,5 +351,87 @@ func TestDeferredClaimRefusesEveryFirstCall(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// A deferred claim of a new key is a plain insert that fails, at once,
+// when it does not take the key: when another transaction holds the key's
+// lock (its row not committed), when the key has a row, and, in the
+// partitioned layout, when the clock is outside the partition's range. It
+// fails with the SQLSTATE of the guard that refused it, and inserts
+// nothing.
+func TestDeferredNewKeyGuards(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout postgres.Layout) {
+		pool := testenv.Pool(t)
+		schema := testenv.Schema(t, pool)
+		ctx := t.Context()
+		var s *postgres.Store
+		var insert func(partition string) string
+		tbl := table(schema, "")
+		if layout == postgres.LayoutPartitioned {
+			s = newPartitioned(t, pool, schema, postgres.Options{})
+			tbl = table(schema, partitionedTable)
+			dropAllPartitions(t, pool, schema)
+			now := dbNow(t, pool)
+			addPartition(t, pool, schema, "now", now.Add(-time.Hour), now.Add(time.Hour))
+			addPartition(t, pool, schema, "past", now.Add(-2*time.Hour), now.Add(-time.Hour))
+			insert = func(partition string) string {
+				lower := map[string]time.Time{"now": now.Add(-time.Hour), "past": now.Add(-2 * time.Hour)}[partition]
+				return s.DeferredNewKeyInOneStatement(partition, lower, lower.Add(time.Hour))
+			}
+		} else {
+			s = newStore(t, pool, postgres.Options{Schema: schema})
+			insert = func(string) string { return s.DeferredNewKey() }
+		}
+		claim := func(ctx context.Context, q pgx.Tx, partition, key string) error {
+			tag, err := q.Exec(ctx, insert(partition), "s", key, "", int64(time.Hour/time.Microsecond),
+				int64(time.Hour/time.Microsecond), postgres.ClaimLockKey("s", key), "uuid-"+key)
+			if err == nil && tag.RowsAffected() != 1 {
+				err = fmt.Errorf("%d rows inserted", tag.RowsAffected())
+			}
+			return err
+		}
+		rows := func(key string) int {
+			var n int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl+" WHERE scope = 's' AND key = $1", key).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		refused := func(what, key, partition, code string) {
+			t.Helper()
+			quick, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			err := pgx.BeginFunc(quick, pool, func(tx pgx.Tx) error { return claim(quick, tx, partition, key) })
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != code {
+				t.Fatalf("%s: %v; want SQLSTATE %s at once", what, err, code)
+			}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return claim(ctx, tx, "now", "new") }); err != nil {
+			t.Fatal(err)
+		}
+		if n := rows("new"); n != 1 {
+			t.Fatalf("a new key's rows: %d; want one", n)
+		}
+		refused("a key with a row", "new", "now", "23505")
+		if n := rows("new"); n != 1 {
+			t.Fatalf("the key's rows after a refused claim: %d; want one", n)
+		}
+		if layout == postgres.LayoutPartitioned {
+			refused("a partition whose range has ended", "late", "past", "23514")
+			if n := rows("late"); n != 0 {
+				t.Fatalf("a claim into an ended partition inserted %d rows", n)
+			}
+		}
+		holder, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the test's end
+		if err := claim(ctx, holder, "now", "held"); err != nil {
+			t.Fatal(err)
+		}
+		refused("a key whose lock another transaction holds", "held", "now", "23502")
 	})
 }

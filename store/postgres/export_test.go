@@ -102,6 +102,15 @@ func (s *Store) NewKeyInOneStatement(partitionName string, from, until time.Time
 	return renderPartClaims(s.names, from, partition{name: partitionName, lower: from, upper: until}).newCurrent
 }
 
+// DeferredNewKey is the DELETE layout's deferred claim of a new key, and
+// DeferredNewKeyInOneStatement the partitioned layout's into partitionName,
+// [from, until).
+func (s *Store) DeferredNewKey() string { return s.sql.claimDeferred }
+
+func (s *Store) DeferredNewKeyInOneStatement(partitionName string, from, until time.Time) string {
+	return renderPartClaims(s.names, from, partition{name: partitionName, lower: from, upper: until}).deferredCurrent
+}
+
 // ClaimLockKey is the second half of a claim's advisory lock key.
 func ClaimLockKey(scope, key string) int32 { return claimLockKey(scope, key) }
 

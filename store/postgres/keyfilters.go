@@ -89,11 +89,10 @@ func renderPartClaims(n names, from time.Time, current partition) partClaims {
 		rollback: r(sqlPartRecordRollback),
 	}
 	if current.name != "" {
-		one := strings.NewReplacer("{{PARTITION}}", n.schema+"."+pgx.Identifier{current.name}.Sanitize(), "{{UNTIL}}", timestampLiteral(current.upper)).
-			Replace(sqlPartClaimNewCurrent)
+		in := strings.NewReplacer("{{PARTITION}}", n.schema+"."+pgx.Identifier{current.name}.Sanitize(), "{{UNTIL}}", timestampLiteral(current.upper))
 		c.until = current.upper
-		c.newCurrent = r(newTokenFromSequence.Replace(one))
-		c.deferredCurrent = r(deferredForm(one))
+		c.newCurrent = r(newTokenFromSequence.Replace(in.Replace(sqlPartClaimNewCurrent)))
+		c.deferredCurrent = r(deferredTokenLiteral.Replace(in.Replace(sqlPartClaimNewCurrentDeferred)))
 	}
 	return c
 }

@@ -211,7 +211,8 @@ var (
 // returns the token, or nothing when the key is held or already has a row;
 // the claim then goes on with sqlClaim's claimForm in the same transaction,
 // which waits for the lock and decides. $7 is the message UUID. The token
-// is {{NEW_TOKEN}}: the sequence's next, or a deferred claim's (deferredForm).
+// is {{NEW_TOKEN}}, the sequence's next (a deferred claim has a form of its
+// own, sqlClaimNewDeferred).
 const sqlClaimNew = `
 INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
 	expires_at, purge_at, created_at, updated_at, message_uuid)
@@ -389,7 +390,7 @@ func newStatements(n names, async bool, layout Layout) statements {
 		// The forms leave placeholders of their own, which render fills in.
 		begin:          n.render(begin.Replace(sqlClaim)),
 		claimNew:       n.render(newTokenFromSequence.Replace(sqlClaimNew)),
-		claimDeferred:  n.render(deferredForm(sqlClaimNew)),
+		claimDeferred:  n.render(deferredTokenLiteral.Replace(sqlClaimNewDeferred)),
 		claim:          n.render(claimForm.Replace(sqlClaim)),
 		commitResult:   n.render(sqlCommitResult),
 		recordRollback: n.render(sqlRecordRollback),

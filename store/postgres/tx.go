@@ -189,7 +189,7 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 // queueNewKey queues sql, an insert of a new key's record, with its
 // arguments: $6 the key's lock (lock) and $7 the message UUID when the
 // statement takes the lock itself (locks: sqlClaimNew,
-// sqlPartClaimNewCurrent and their deferredForm), $6 the message UUID when
+// sqlPartClaimNewCurrent and their deferred forms), $6 the message UUID when
 // the lock was taken before it (sqlPartClaimNew).
 func queueNewKey(b *pgx.Batch, sql string, locks bool, req *store.TxRequest, purge time.Duration, lock int32) {
 	if locks {
