@@ -1,11 +1,11 @@
 package postgres_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
@@ -14,24 +14,14 @@ import (
 
 // checksOf names the CHECK constraints on status or attempt of the table
 // tbl of schema and of its partitions.
-func checksOf(t *testing.T, pool interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schema, tbl string) []string {
+func checksOf(t *testing.T, pool *pgxpool.Pool, schema, tbl string) []string {
 	t.Helper()
-	rows, err := pool.Query(t.Context(), `SELECT k.conrelid::regclass::text || '.' || k.conname
+	return texts(t, pool, `SELECT k.conrelid::regclass::text || '.' || k.conname
 		FROM pg_constraint k
 		WHERE k.contype = 'c'
 			AND (k.conrelid = to_regclass($1) OR k.conrelid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1)))
 			AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = k.conrelid AND a.attnum = ANY (k.conkey) AND a.attname IN ('status', 'attempt'))`,
 		table(schema, tbl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return names
 }
 
 // Migration 7 drops the CHECK constraints on status and attempt: from a
@@ -61,14 +51,7 @@ func TestMigrationDropsTheChecks(t *testing.T) {
 	}
 	t.Run("delete", func(t *testing.T) {
 		schema := testenv.Schema(t, pool)
-		s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.MigrateTo(ctx, 6); err != nil {
-			t.Fatal(err)
-		}
+		s := newStoreAt(t, pool, postgres.Options{Schema: schema, CleanupInterval: -1}, 6)
 		if got := checksOf(t, pool, schema, postgres.DefaultTable); len(got) != 2 {
 			t.Fatalf("CHECK constraints at version 6: %v; want status's and attempt's", got)
 		}
@@ -76,14 +59,7 @@ func TestMigrationDropsTheChecks(t *testing.T) {
 	})
 	t.Run("partitioned", func(t *testing.T) {
 		schema := testenv.Schema(t, pool)
-		s, err := postgres.New(pool, postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, Retention: time.Hour, CleanupInterval: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.MigrateTo(ctx, 6); err != nil {
-			t.Fatal(err)
-		}
+		s := newStoreAt(t, pool, postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, Retention: time.Hour, CleanupInterval: -1}, 6)
 		// The table as versions 3 to 6 made it, with a partition that
 		// holds the constraints as its own besides.
 		qualified := table(schema, partitionedTable)
@@ -97,23 +73,9 @@ func TestMigrationDropsTheChecks(t *testing.T) {
 	t.Run("converted", func(t *testing.T) {
 		schema := testenv.Schema(t, pool)
 		opts := postgres.Options{Schema: schema, Table: partitionedTable, CleanupInterval: -1}
-		old, err := postgres.New(pool, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { old.Close() })
-		if err := old.MigrateTo(ctx, 5); err != nil {
-			t.Fatal(err)
-		}
+		newStoreAt(t, pool, opts, 5)
 		opts.Layout, opts.Retention = postgres.LayoutPartitioned, time.Hour
-		s, err := postgres.New(pool, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if err := s.MigrateTo(ctx, 5); err != nil { // converts, the old table's constraints with it
-			t.Fatal(err)
-		}
+		s := newStoreAt(t, pool, opts, 5) // converts, the old table's constraints with it
 		if got := checksOf(t, pool, schema, partitionedTable); len(got) != 2 {
 			t.Fatalf("CHECK constraints after the conversion at version 5: %v; want the old table's two", got)
 		}

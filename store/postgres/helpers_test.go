@@ -17,6 +17,13 @@ import (
 // cleaner off, unless opts says otherwise.
 func newStore(tb testing.TB, pool *pgxpool.Pool, opts postgres.Options) *postgres.Store {
 	tb.Helper()
+	return newStoreAt(tb, pool, opts, postgres.SchemaVersion)
+}
+
+// newStoreAt is newStore with the migrations up to version applied, and no
+// further: a table as an older build left it.
+func newStoreAt(tb testing.TB, pool *pgxpool.Pool, opts postgres.Options, version int) *postgres.Store {
+	tb.Helper()
 	if opts.Schema == "" {
 		opts.Schema = testenv.Schema(tb, pool)
 	}
@@ -30,8 +37,8 @@ func newStore(tb testing.TB, pool *pgxpool.Pool, opts postgres.Options) *postgre
 	tb.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.Migrate(ctx); err != nil {
-		tb.Fatalf("Migrate: %v", err)
+	if err := s.MigrateTo(ctx, version); err != nil {
+		tb.Fatalf("Migrate to version %d: %v", version, err)
 	}
 	return s
 }

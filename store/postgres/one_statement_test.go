@@ -184,15 +184,8 @@ func TestPartitionedMigrationKeysEveryPartition(t *testing.T) {
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
 	opts := postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, Retention: time.Hour, CleanupInterval: -1}
-	s, err := postgres.New(pool, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStoreAt(t, pool, opts, 5)
 	ctx := t.Context()
-	if err := s.MigrateTo(ctx, 5); err != nil {
-		t.Fatal(err)
-	}
 	// The table as version 5 made it: a primary key (scope, key,
 	// claimed_at), and on each partition its index alone.
 	dropAllPartitions(t, pool, schema)

@@ -257,16 +257,9 @@ func TestMigrateUpgradesTheFirstLayout(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := newStoreAt(t, pool, postgres.Options{Schema: schema}, 1)
 	ctx := t.Context()
-	if err := s.MigrateTo(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	_, err = pool.Exec(ctx, `INSERT INTO `+table(schema, "")+`
+	_, err := pool.Exec(ctx, `INSERT INTO `+table(schema, "")+`
 		(scope, key, status, token, attempt, lease_expires_at, result, created_at, updated_at, expires_at)
 		VALUES ('s', 'old', 2, 1, 1, NULL, '\x01'::bytea, now(), now(), now() + interval '1 hour')`)
 	if err != nil {
@@ -296,21 +289,14 @@ func TestMigrateAddsTheMessageUUID(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
-	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := newStoreAt(t, pool, postgres.Options{Schema: schema}, 2)
 	ctx := t.Context()
-	if err := s.MigrateTo(ctx, 2); err != nil {
-		t.Fatal(err)
-	}
 	// Before the upgrade, the error says what to run.
 	if _, err := s.Get(ctx, "s", "k"); err == nil || !strings.Contains(err.Error(), "run Store.Migrate") {
 		t.Fatalf("Get on a table of layout 2 = %v, want a hint to migrate", err)
 	}
 	for _, key := range []string{"lease", "tx"} {
-		_, err = pool.Exec(ctx, `INSERT INTO `+table(schema, "")+`
+		_, err := pool.Exec(ctx, `INSERT INTO `+table(schema, "")+`
 			(scope, key, status, token, attempt, created_at, updated_at, expires_at, purge_at)
 			VALUES ('s', $1, 4, 1, 1, now(), now(), now() + interval '1 hour', now() + interval '1 hour')`, key)
 		if err != nil {

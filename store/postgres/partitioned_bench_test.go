@@ -85,15 +85,8 @@ func turnoverHandler(b *testing.B, pool *pgxpool.Pool, ts store.Transactional, s
 // childrenOf is the names of the partitions of schema.tbl, from the
 // catalog: none for a plain table.
 func childrenOf(b *testing.B, pool *pgxpool.Pool, schema, tbl string) map[string]bool {
-	rows, err := pool.Query(b.Context(), `SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	names := texts(b, pool, `SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 		WHERE i.inhparent = to_regclass($1)`, table(schema, tbl))
-	if err != nil {
-		b.Fatal(err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		b.Fatal(err)
-	}
 	out := make(map[string]bool, len(names))
 	for _, n := range names {
 		out[n] = true

@@ -96,16 +96,22 @@ func dbNow(tb testing.TB, pool *pgxpool.Pool) time.Time {
 // per row.
 func rowsOf(tb testing.TB, pool *pgxpool.Pool, schema, scope, key string) []string {
 	tb.Helper()
-	rows, err := pool.Query(context.Background(), "SELECT tableoid::regclass::text FROM "+table(schema, partitionedTable)+
+	return texts(tb, pool, "SELECT tableoid::regclass::text FROM "+table(schema, partitionedTable)+
 		" WHERE scope = $1 AND key = $2", scope, key)
+}
+
+// texts runs sql, a query of one text column, and returns its rows.
+func texts(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) []string {
+	tb.Helper()
+	rows, err := pool.Query(context.Background(), sql, args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return names
+	return out
 }
 
 // insertOld puts a row of (scope, key) in the partition that covers
@@ -532,14 +538,7 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 	pool := testenv.Pool(t)
 	schema := testenv.Schema(t, pool)
 	opts := postgres.Options{Schema: schema, Table: partitionedTable, CleanupInterval: -1}
-	old, err := postgres.New(pool, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { old.Close() })
-	if err := old.MigrateTo(t.Context(), 2); err != nil {
-		t.Fatal(err)
-	}
+	old := newStoreAt(t, pool, opts, 2)
 	if err := old.Migrate(t.Context()); err != nil {
 		t.Fatal(err)
 	}
