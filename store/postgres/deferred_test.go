@@ -375,10 +375,7 @@ func TestDeferredNewKeyGuards(t *testing.T) {
 			now := dbNow(t, pool)
 			addPartition(t, pool, schema, "now", now.Add(-time.Hour), now.Add(time.Hour))
 			addPartition(t, pool, schema, "past", now.Add(-2*time.Hour), now.Add(-time.Hour))
-			insert = func(partition string) string {
-				lower := map[string]time.Time{"now": now.Add(-time.Hour), "past": now.Add(-2 * time.Hour)}[partition]
-				return s.DeferredNewKeyInOneStatement(partition, lower, lower.Add(time.Hour))
-			}
+			insert = s.DeferredNewKeyInOneStatement
 		} else {
 			s = newStore(t, pool, postgres.Options{Schema: schema})
 			insert = func(string) string { return s.DeferredNewKey() }

@@ -104,11 +104,11 @@ func (s *Store) NewKeyInOneStatement(partitionName string, from, until time.Time
 
 // DeferredNewKey is the DELETE layout's deferred claim of a new key, and
 // DeferredNewKeyInOneStatement the partitioned layout's into partitionName,
-// [from, until).
+// whose own range guards the clock (the statement names no bound).
 func (s *Store) DeferredNewKey() string { return s.sql.claimDeferred }
 
-func (s *Store) DeferredNewKeyInOneStatement(partitionName string, from, until time.Time) string {
-	return renderPartClaims(s.names, from, partition{name: partitionName, lower: from, upper: until}).deferredCurrent
+func (s *Store) DeferredNewKeyInOneStatement(partitionName string) string {
+	return renderPartClaims(s.names, time.Time{}, partition{name: partitionName}).deferredCurrent
 }
 
 // ClaimLockKey is the second half of a claim's advisory lock key.
