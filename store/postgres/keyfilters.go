@@ -1,13 +1,14 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
-	"github.com/bits-and-blooms/bloom/v3"
+	"github.com/greatroar/blobloom"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -18,8 +19,9 @@ import (
 // costs several times the claim's own insert. But a partition whose range
 // has ended takes no new key: a row is inserted only into the partition of
 // its claimed_at, the clock_timestamp() of the insert. So once a partition
-// is closed, the cleaner's leader reads its keys once into a Bloom filter,
-// stored in the table <Table>_key_filters; every worker loads the filters,
+// is closed, the cleaner's leader reads its keys once into a blocked Bloom
+// filter (github.com/greatroar/blobloom), stored in the table
+// <Table>_key_filters; every worker loads the filters,
 // and a claim (of either mode) or RecordRollback whose key none of them may
 // hold looks it up only in the partitions that are still open (claimed_at >= the first unfiltered
 // partition's lower bound, which PostgreSQL prunes to at execution). A key
@@ -29,11 +31,15 @@ import (
 
 const (
 	// keyFilterFalsePositives is the false-positive rate each filter is
-	// sized for: 0.01%, about 2.4 bytes per key. With 24 filtered
-	// partitions, 0.24% of new keys are looked up in every partition,
-	// which costs several times a claim in one statement (0.1% made that
-	// 2.4% of claims, and about a tenth of the claims' time on the server).
+	// sized for: 0.01%, about 3.1 bytes per key in a blocked filter. With
+	// 24 filtered partitions, about 0.3% of new keys are looked up in every
+	// partition (BenchmarkClaimsFor), which costs several times a claim in
+	// one statement (0.1% made that 2.4% of claims, and about a tenth of
+	// the claims' time on the server).
 	keyFilterFalsePositives = 0.0001
+	// keyFilterHash names, in every stored filter, the hash its keys are
+	// added with (keyHash), so that a filter of another is refused.
+	keyFilterHash = "oncemill xxhash64(scope NUL key)"
 	// keyFilterDelay is how long after a partition's range ends its filter
 	// is built, at most (filterDelay): a row is inserted within
 	// microseconds of reading the clock that chose its partition, and the
@@ -43,10 +49,15 @@ const (
 	keyFilterDelay = time.Minute
 )
 
-// keyFilter is the filter of one closed partition.
+// keyFilter is the filter of one closed partition. A blocked Bloom filter
+// tests a key in one cache line: a claim tests every closed partition's
+// filter, about 24, and with a filter whose bits spread over the whole
+// table that was about 48 random reads of memory a claim, a cost the
+// partitioned layout paid over the DELETE one (docs/benchmarks.md, "Key
+// filters in one cache line").
 type keyFilter struct {
 	partition
-	filter *bloom.BloomFilter
+	filter *blobloom.Filter
 }
 
 // keyFilters is what a claim consults: the filters of the oldest
@@ -111,30 +122,13 @@ func (f *keyFilters) claimsFor(scope, key string, everywhere *partClaims) *partC
 	if len(f.filters) == 0 {
 		return &f.claims // from the oldest partition on: everywhere
 	}
-	id := filterID(scope, key)
-	k := f.filters[0].filter.K()
-	locs := bloom.Locations(id, k)
+	h := keyHash(scope, key)
 	for _, kf := range f.filters {
-		may := false
-		if kf.filter.K() == k {
-			may = kf.filter.TestLocations(locs)
-		} else {
-			may = kf.filter.Test(id)
-		}
-		if may {
+		if kf.filter.Has(h) {
 			return everywhere
 		}
 	}
 	return &f.claims
-}
-
-// filterID is what a filter holds of a key: scope, a NUL byte (which
-// neither may contain), key.
-func filterID(scope, key string) []byte {
-	b := make([]byte, 0, len(scope)+1+len(key))
-	b = append(b, scope...)
-	b = append(b, 0)
-	return append(b, key...)
 }
 
 // prefixFiltered returns the filters that cover parts (oldest first) from
@@ -226,25 +220,25 @@ func (s *Store) buildKeyFilter(ctx context.Context, p partition) error {
 	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.qualified(p.name)).Scan(&n); err != nil {
 		return wrap("building the key filter of "+p.name, err)
 	}
-	f := bloom.NewWithEstimates(max(n, 1), keyFilterFalsePositives)
+	f := blobloom.NewOptimized(blobloom.Config{Capacity: uint64(max(n, 1)), FPRate: keyFilterFalsePositives})
 	rows, err := s.pool.Query(ctx, "SELECT scope, key FROM "+s.qualified(p.name))
 	if err != nil {
 		return wrap("building the key filter of "+p.name, err)
 	}
 	var scope, key string
 	_, err = pgx.ForEachRow(rows, []any{&scope, &key}, func() error {
-		f.Add(filterID(scope, key))
+		f.Add(keyHash(scope, key))
 		return nil
 	})
 	if err != nil {
 		return wrap("building the key filter of "+p.name, err)
 	}
-	b, err := f.MarshalBinary()
-	if err != nil {
+	var b bytes.Buffer
+	if _, err := blobloom.Dump(&b, f, keyFilterHash); err != nil {
 		return fmt.Errorf("oncemill: postgres: encoding the key filter of %s: %w", p.name, err)
 	}
 	_, err = s.pool.Exec(ctx, "INSERT INTO "+s.names.keyFilters+` (partition, lower_bound, upper_bound, keys, filter)
-		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(n), b)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(n), b.Bytes())
 	if err != nil {
 		return wrap("storing the key filter of "+p.name, err)
 	}
@@ -297,7 +291,7 @@ func (s *Store) refreshKeyFilters(ctx context.Context) error {
 			continue
 		}
 		var b []byte
-		kf := keyFilter{filter: &bloom.BloomFilter{}}
+		var kf keyFilter
 		err := s.pool.QueryRow(ctx, "SELECT partition, lower_bound, upper_bound, filter FROM "+s.names.keyFilters+" WHERE partition = $1", p.name).
 			Scan(&kf.name, &kf.lower, &kf.upper, &b)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -306,7 +300,7 @@ func (s *Store) refreshKeyFilters(ctx context.Context) error {
 		if err != nil {
 			return wrap("loading the key filter of "+p.name, err)
 		}
-		if err := kf.filter.UnmarshalBinary(b); err != nil {
+		if kf.filter, err = decodeKeyFilter(b); err != nil {
 			return fmt.Errorf("oncemill: postgres: decoding the key filter of %s: %w", p.name, err)
 		}
 		loaded[p.name] = kf
@@ -315,4 +309,17 @@ func (s *Store) refreshKeyFilters(ctx context.Context) error {
 	f.claims = renderPartClaims(s.names, f.open, current)
 	s.keyFilters.Store(f)
 	return nil
+}
+
+// decodeKeyFilter decodes a stored filter (buildKeyFilter), refusing one
+// whose keys were added with another hash than keyHash.
+func decodeKeyFilter(b []byte) (*blobloom.Filter, error) {
+	l, err := blobloom.NewLoader(bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	if l.Comment != keyFilterHash {
+		return nil, fmt.Errorf("the filter's keys were hashed with %q, not %q: drop the table's key filters, the cleaner's leader builds them again", l.Comment, keyFilterHash)
+	}
+	return l.Load(nil)
 }

@@ -1,12 +1,19 @@
 package postgres
 
 import (
+	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/bits-and-blooms/bloom/v3"
+	"github.com/greatroar/blobloom"
 )
+
+// newKeyFilter is an empty filter for n keys.
+func newKeyFilter(n uint64) *blobloom.Filter {
+	return blobloom.NewOptimized(blobloom.Config{Capacity: n, FPRate: keyFilterFalsePositives})
+}
 
 // Claims consult the filters of the oldest partitions up to the first one
 // without a filter (or with one of other bounds): a key is looked up from
@@ -16,7 +23,7 @@ func TestPrefixFiltered(t *testing.T) {
 	part := func(i int) partition {
 		return partition{name: "p" + string(rune('a'+i)), lower: t0.Add(time.Duration(i) * time.Hour), upper: t0.Add(time.Duration(i+1) * time.Hour)}
 	}
-	filtered := func(p partition) keyFilter { return keyFilter{partition: p, filter: bloom.NewWithEstimates(10, 0.001)} }
+	filtered := func(p partition) keyFilter { return keyFilter{partition: p, filter: newKeyFilter(10)} }
 	parts := []partition{part(0), part(1), part(2), part(3)}
 	parts[2].keyed = true // only the third has its unique index (scope, key)
 	shifted := part(1)
@@ -53,8 +60,8 @@ func TestClaimsFor(t *testing.T) {
 	n := newNames("s", "t")
 	everywhere := renderPartClaims(n, time.Time{}, partition{})
 	open := partition{name: "t_p197001010000", lower: time.Unix(0, 0), upper: time.Unix(3600, 0), keyed: true}
-	f := &keyFilters{filters: []keyFilter{{filter: bloom.NewWithEstimates(100, 0.001)}}, claims: renderPartClaims(n, open.lower, open)}
-	f.filters[0].filter.Add(filterID("scope", "held"))
+	f := &keyFilters{filters: []keyFilter{{filter: newKeyFilter(100)}}, claims: renderPartClaims(n, open.lower, open)}
+	f.filters[0].filter.Add(keyHash("scope", "held"))
 	if got := f.claimsFor("scope", "held", &everywhere); got != &everywhere {
 		t.Fatal("a key the filter holds is not looked up everywhere")
 	}
@@ -106,4 +113,91 @@ func TestFilterDelay(t *testing.T) {
 			t.Errorf("filterDelay at width %v = %v; want %v", tt.width, got, tt.want)
 		}
 	}
+}
+
+// A stored filter decodes to one that holds the same keys; one whose keys
+// were added with another hash, or that is no blobloom dump (the encoding
+// of an earlier schema version), is refused with the reason.
+func TestDecodeKeyFilter(t *testing.T) {
+	f := newKeyFilter(1000)
+	for i := range 1000 {
+		f.Add(keyHash("scope", strings.Repeat("k", i%7)+string(rune('a'+i%26))+string(rune(i))))
+	}
+	f.Add(keyHash("scope", "held"))
+	dump := func(comment string) []byte {
+		var b bytes.Buffer
+		if _, err := blobloom.Dump(&b, f, comment); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	got, err := decodeKeyFilter(dump(keyFilterHash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Equals(f) || !got.Has(keyHash("scope", "held")) {
+		t.Fatal("the decoded filter is not the stored one")
+	}
+	if _, err := decodeKeyFilter(dump("fnv64(key)")); err == nil || !strings.Contains(err.Error(), `"fnv64(key)"`) {
+		t.Fatalf("a filter of another hash: %v; want it refused, naming the hash", err)
+	}
+	if _, err := decodeKeyFilter([]byte("\x00\x00\x00\x00\x00\x00\x03\xe8not blobloom at all, and long enough for a header")); err == nil {
+		t.Fatal("a filter in another encoding is not refused")
+	}
+}
+
+// A filter sized for n keys takes about 3.1 bytes a key and, holding them,
+// says "maybe" of about 0.01% of other keys (docs/stores.md, "Key
+// filters").
+func TestKeyFilterSize(t *testing.T) {
+	const n = 100_000
+	f := newKeyFilter(n)
+	key := func(prefix string, i int) string { return prefix + string(rune('a'+i%26)) + strconv.Itoa(i) }
+	for i := range n {
+		f.Add(keyHash("scope", key("held-", i)))
+	}
+	if perKey := float64(f.NumBits()) / 8 / n; perKey < 3 || perKey > 3.3 {
+		t.Fatalf("%.2f bytes a key; want about 3.1", perKey)
+	}
+	maybe := 0
+	for i := range 10 * n {
+		if f.Has(keyHash("scope", key("other-", i))) {
+			maybe++
+		}
+	}
+	if rate := float64(maybe) / (10 * n); rate > 2*keyFilterFalsePositives {
+		t.Fatalf("%d of %d other keys may be held (%.4f%%); want about %.2f%%", maybe, 10*n, 100*rate, 100*keyFilterFalsePositives)
+	}
+}
+
+// BenchmarkClaimsFor is the key filters' share of a claim of a new key:
+// the test of one key against the filters of a retention of closed
+// partitions (24 of 230,000 keys each, as BenchmarkPartitionedVersusInbox
+// holds, about 17 MB), every key a new one.
+//
+//	go test -run='^$' -bench=ClaimsFor ./store/postgres
+func BenchmarkClaimsFor(b *testing.B) {
+	const filters, keys = 24, 230_000
+	n := newNames("s", "t")
+	everywhere := renderPartClaims(n, time.Time{}, partition{})
+	f := &keyFilters{claims: renderPartClaims(n, time.Unix(0, 0), partition{})}
+	for i := range filters {
+		kf := keyFilter{filter: newKeyFilter(keys)}
+		for j := range keys {
+			kf.filter.Add(keyHash("bench", strconv.Itoa(i)+"/"+strconv.Itoa(j)))
+		}
+		f.filters = append(f.filters, kf)
+	}
+	newKeys := make([]string, 1<<16)
+	for i := range newKeys {
+		newKeys[i] = "new/" + strconv.Itoa(i)
+	}
+	b.ResetTimer()
+	everywhereClaims := 0
+	for i := range b.N {
+		if f.claimsFor("bench", newKeys[i&(len(newKeys)-1)], &everywhere) == &everywhere {
+			everywhereClaims++
+		}
+	}
+	b.ReportMetric(float64(everywhereClaims)/float64(b.N), "everywhere/claim")
 }

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,5 +177,44 @@ func TestPartitionedKeyFiltersUnderConcurrentClaims(t *testing.T) {
 	}
 	if n := executed.Load(); n != 0 {
 		t.Fatalf("%d claims executed a key whose success lives in a filtered partition; want every one to replay", n)
+	}
+}
+
+// Migration 8 drops the key filters stored in the earlier encoding (the
+// store refuses to decode them, saying why), and the cleaner's leader's
+// next pass builds them anew: the key of a closed partition is looked up
+// everywhere again, a new key in the open partitions only.
+func TestMigrationRebuildsKeyFilters(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newStoreAt(t, pool, postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned}, 7)
+	ctx := t.Context()
+	lower := dbNow(t, pool).Truncate(time.Hour).Add(-2 * time.Hour)
+	addPartition(t, pool, schema, "closed", lower, lower.Add(time.Hour))
+	insertOld(t, pool, schema, "s", "old", store.StatusSucceeded, 1, lower.Add(time.Minute), true)
+	filters := table(schema, partitionedTable+"_key_filters")
+	run(t, pool, "INSERT INTO "+filters+" (partition, lower_bound, upper_bound, keys, filter) VALUES ('closed', $1, $2, 1, '\\x0000000000000001'::bytea)",
+		lower, lower.Add(time.Hour))
+	if err := s.RefreshKeyFilters(ctx); err == nil || !strings.Contains(err.Error(), "decoding the key filter of closed") {
+		t.Fatalf("loading a filter of the earlier encoding: %v; want it refused", err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := texts(t, pool, "SELECT partition FROM "+filters); len(got) != 0 {
+		t.Fatalf("filters after migration 8: %v; want none", got)
+	}
+	if _, _, err := s.CleanupPass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RefreshKeyFilters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.KeyFilters(); got != 1 {
+		t.Fatalf("%d key filters after the pass; want closed's", got)
+	}
+	if !s.ClaimLooksEverywhere("s", "old") || s.ClaimLooksEverywhere("s", "new") {
+		t.Fatal("the rebuilt filter does not hold the closed partition's key, or holds a new one")
 	}
 }

@@ -221,10 +221,10 @@ const sqlPartTryLock = `SELECT pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1)`
 const sqlPartLockDeferred = `SELECT (CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1) THEN '1' ELSE '` + deferredMarker + `' END)::int8`
 
 // sqlKeyFiltersTable holds the key filter of each closed partition
-// (keyfilters.go): a Bloom filter of its keys, in the encoding of
-// github.com/bits-and-blooms/bloom/v3. Created by Migrate beside the
-// partitioned table, of any version: a table that has none only means
-// that every claim looks a key up in every partition.
+// (keyfilters.go): a blocked Bloom filter of its keys, dumped by
+// github.com/greatroar/blobloom with keyFilterHash as its comment. Created
+// by Migrate beside the partitioned table, of any version: a table that
+// has none only means that every claim looks a key up in every partition.
 const sqlKeyFiltersTable = `
 CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
 	partition   text PRIMARY KEY,

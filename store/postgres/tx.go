@@ -224,13 +224,17 @@ func takeNewKey(br pgx.BatchResults, err error, req store.TxRequest) (res store.
 
 // claimLockKey is the second half of a claim's advisory lock key. Two keys
 // that share it only make each other's claims take the slower path.
-func claimLockKey(scope, key string) int32 {
+func claimLockKey(scope, key string) int32 { return int32(keyHash(scope, key)) }
+
+// keyHash is the 64-bit hash of scope, a NUL byte (which neither may
+// contain) and key: the claim's lock key and what a key filter holds.
+func keyHash(scope, key string) uint64 {
 	var h xxhash.Digest
 	h.Reset()
 	h.WriteString(scope)
 	h.Write([]byte{0})
 	h.WriteString(key)
-	return int32(h.Sum64())
+	return h.Sum64()
 }
 
 // rollback ends whatever transaction conn is in and releases it. A
