@@ -51,8 +51,8 @@ const (
 
 // keyFilter is the filter of one closed partition. A blocked Bloom filter
 // tests a key in one cache line: a claim tests every closed partition's
-// filter, about 24, and with a filter whose bits spread over the whole
-// table that was about 48 random reads of memory a claim, a cost the
+// filter, about 24, and with filters whose bits spread over the whole
+// filter that was about 48 random reads of memory a claim, a cost the
 // partitioned layout paid over the DELETE one (docs/benchmarks.md, "Key
 // filters in one cache line").
 type keyFilter struct {
