@@ -117,11 +117,12 @@ var _ lazytx.Prelude = (*deferredClaim)(nil)
 // holds every row a previous holder committed (sql_partitioned.go).
 func (c *deferredClaim) Queue(b *pgx.Batch) {
 	s, req := c.s, &c.req
-	lock := claimLockKey(req.Scope, req.Key)
+	h := keyHash(req.Scope, req.Key)
+	lock := claimLockKey(h)
 	insert := s.sql.claimDeferred
 	c.lockFirst = false
 	if s.opts.Layout == LayoutPartitioned {
-		claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
+		claims := s.keyFilters.Load().claimsFor(h, &s.sql.part)
 		insert = claims.deferredCurrent
 		if !claims.inOneStatement(time.Now()) {
 			b.Queue(s.sql.partLockDeferred, lock)

@@ -80,7 +80,7 @@ func (s *Store) RefreshKeyFilters(ctx context.Context) error { return s.refreshK
 // key up in every partition (a filter may hold it, or none is loaded)
 // rather than in the open ones only.
 func (s *Store) ClaimLooksEverywhere(scope, key string) bool {
-	return s.keyFilters.Load().claimsFor(scope, key, &s.sql.part) == &s.sql.part
+	return s.keyFilters.Load().claimsFor(keyHash(scope, key), &s.sql.part) == &s.sql.part
 }
 
 // WatermarkStatements are the watermark mode's statements of the delivery
@@ -112,7 +112,7 @@ func (s *Store) DeferredNewKeyInOneStatement(partitionName string) string {
 }
 
 // ClaimLockKey is the second half of a claim's advisory lock key.
-func ClaimLockKey(scope, key string) int32 { return claimLockKey(scope, key) }
+func ClaimLockKey(scope, key string) int32 { return claimLockKey(keyHash(scope, key)) }
 
 // UnkeyedPartitions lists the partitions of the table without a unique
 // index on (scope, key), as the store reads them (partition.keyed).

@@ -113,16 +113,16 @@ func renderPartClaims(n names, from time.Time, current partition) partClaims {
 // nowhere else.
 func (c *partClaims) inOneStatement(now time.Time) bool { return now.Before(c.until) }
 
-// claimsFor is the claims for scope/key: those that look the key up from
-// open when no filter may hold it, else everywhere's.
-func (f *keyFilters) claimsFor(scope, key string, everywhere *partClaims) *partClaims {
+// claimsFor is the claims for the key whose hash is h (keyHash): those
+// that look the key up from open when no filter may hold it, else
+// everywhere's.
+func (f *keyFilters) claimsFor(h uint64, everywhere *partClaims) *partClaims {
 	if f == nil {
 		return everywhere
 	}
 	if len(f.filters) == 0 {
 		return &f.claims // from the oldest partition on: everywhere
 	}
-	h := keyHash(scope, key)
 	for _, kf := range f.filters {
 		if kf.filter.Has(h) {
 			return everywhere

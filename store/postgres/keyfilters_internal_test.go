@@ -62,18 +62,18 @@ func TestClaimsFor(t *testing.T) {
 	open := partition{name: "t_p197001010000", lower: time.Unix(0, 0), upper: time.Unix(3600, 0), keyed: true}
 	f := &keyFilters{filters: []keyFilter{{filter: newKeyFilter(100)}}, claims: renderPartClaims(n, open.lower, open)}
 	f.filters[0].filter.Add(keyHash("scope", "held"))
-	if got := f.claimsFor("scope", "held", &everywhere); got != &everywhere {
+	if got := f.claimsFor(keyHash("scope", "held"), &everywhere); got != &everywhere {
 		t.Fatal("a key the filter holds is not looked up everywhere")
 	}
-	if got := f.claimsFor("scope", "other", &everywhere); got != &f.claims {
+	if got := f.claimsFor(keyHash("scope", "other"), &everywhere); got != &f.claims {
 		t.Fatal("a new key is looked up everywhere")
 	}
 	var none *keyFilters
-	if got := none.claimsFor("scope", "other", &everywhere); got != &everywhere {
+	if got := none.claimsFor(keyHash("scope", "other"), &everywhere); got != &everywhere {
 		t.Fatal("with no filters loaded a key is not looked up everywhere")
 	}
 	unbuilt := &keyFilters{claims: renderPartClaims(n, time.Unix(0, 0), partition{})}
-	if got := unbuilt.claimsFor("scope", "held", &everywhere); got != &unbuilt.claims {
+	if got := unbuilt.claimsFor(keyHash("scope", "held"), &everywhere); got != &unbuilt.claims {
 		t.Fatal("with no filter built a key is not looked up from the oldest partition on")
 	}
 	for name, pair := range map[string][2]string{
@@ -195,7 +195,7 @@ func BenchmarkClaimsFor(b *testing.B) {
 	b.ResetTimer()
 	everywhereClaims := 0
 	for i := range b.N {
-		if f.claimsFor("bench", newKeys[i&(len(newKeys)-1)], &everywhere) == &everywhere {
+		if f.claimsFor(keyHash("bench", newKeys[i&(len(newKeys)-1)]), &everywhere) == &everywhere {
 			everywhereClaims++
 		}
 	}

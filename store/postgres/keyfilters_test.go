@@ -38,13 +38,7 @@ func TestPartitionedKeyFilters(t *testing.T) {
 	if s.ClaimLooksEverywhere("s", "new-1") != true {
 		t.Fatal("before any filter is loaded a new key must be looked up everywhere")
 	}
-	if _, _, err := s.CleanupPass(ctx); err != nil { // drops closed_dead, builds the others' filters
-		t.Fatal(err)
-	}
-	if err := s.RefreshKeyFilters(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := s.KeyFilters(); got != 2 {
+	if got := passAndLoad(t, s, s); got != 2 { // the pass drops closed_dead, builds the others' filters
 		t.Fatalf("%d key filters loaded; want 2 (closed_live, closed_kept)", got)
 	}
 	var stored []string
@@ -107,13 +101,7 @@ func TestPartitionedKeyFilters(t *testing.T) {
 	// their filters, and the next refresh forgets them.
 	run(t, pool, "UPDATE "+table(schema, partitionedTable)+" SET expires_at = now() - interval '1 second', purge_at = now() - interval '1 second' WHERE key IN ('kept', 'kept-2')")
 	s2 := newPartitioned(t, pool, schema, postgres.Options{}) // the first remembers when kept was due
-	if _, _, err := s2.CleanupPass(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RefreshKeyFilters(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := s.KeyFilters(); got != 0 {
+	if got := passAndLoad(t, s2, s); got != 0 {
 		// The store's own partitions are not closed yet.
 		t.Fatalf("%d key filters loaded after the drops; want 0", got)
 	}
@@ -205,16 +193,24 @@ func TestMigrationRebuildsKeyFilters(t *testing.T) {
 	if got := texts(t, pool, "SELECT partition FROM "+filters); len(got) != 0 {
 		t.Fatalf("filters after migration 8: %v; want none", got)
 	}
-	if _, _, err := s.CleanupPass(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.RefreshKeyFilters(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := s.KeyFilters(); got != 1 {
+	if got := passAndLoad(t, s, s); got != 1 {
 		t.Fatalf("%d key filters after the pass; want closed's", got)
 	}
 	if !s.ClaimLooksEverywhere("s", "old") || s.ClaimLooksEverywhere("s", "new") {
 		t.Fatal("the rebuilt filter does not hold the closed partition's key, or holds a new one")
 	}
+}
+
+// passAndLoad runs a cleanup pass of pass (whose leader builds and drops
+// key filters), then loads the filters into load as its cleaner does, and
+// returns how many load's claims consult.
+func passAndLoad(t *testing.T, pass, load *postgres.Store) int {
+	t.Helper()
+	if _, _, err := pass.CleanupPass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := load.RefreshKeyFilters(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return load.KeyFilters()
 }

@@ -304,8 +304,9 @@ func (s *Store) claimLeasePartitioned(ctx context.Context, req store.LeaseReques
 	// (A plain query, not Batch.BeginTx: the pool takes the connection back
 	// when the batch is closed.)
 	b.Queue("begin isolation level read committed")
-	b.Queue(s.sql.partLockLease, claimLockKey(req.Scope, req.Key))
-	b.Queue(s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part).lease, req.Scope, req.Key, req.Fingerprint,
+	h := keyHash(req.Scope, req.Key)
+	b.Queue(s.sql.partLockLease, claimLockKey(h))
+	b.Queue(s.keyFilters.Load().claimsFor(h, &s.sql.part).lease, req.Scope, req.Key, req.Fingerprint,
 		micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID, micros(s.width))
 	b.Queue("commit")
 	br := s.pool.SendBatch(ctx, b)

@@ -54,7 +54,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	defer s.leave(cancel)
 	purge := max(claimTTL(req.SuccessTTL), req.Retain)
 	waitMS := max(req.Wait.Milliseconds(), 1) // lock_timeout 0 would mean no bound
-	lock := claimLockKey(req.Scope, req.Key)
+	h := keyHash(req.Scope, req.Key)
 	// A claim that waited for another delivery's transaction and then did
 	// not take the key finds its row committed after the statement's
 	// snapshot: the statement leaves it undecided, and it runs again in a
@@ -78,7 +78,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		if s.opts.Layout == LayoutPartitioned {
 			claim = s.claimTxPartitioned
 		}
-		res, tx, err := claim(ctx, conn, req, purge, waitMS, lock)
+		res, tx, err := claim(ctx, conn, req, purge, waitMS, h)
 		if err == nil && res.Decision == store.DecisionExecute {
 			t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started}
 			t.handler = newHandlerTx(tx, t, true)
@@ -120,7 +120,8 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 // sqlClaimNew in one round trip (pgx.Batch.BeginTx), which takes a new key
 // without waiting; for a key that has a row, or is held, sqlClaim decides
 // in a second round trip, waiting for the holder up to the claim's bound.
-func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
+func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, h uint64) (store.ClaimResult, pgx.Tx, error) {
+	lock := claimLockKey(h)
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
 	queueNewKey(b, s.sql.claimNew, true, &req, purge, lock)
@@ -146,8 +147,9 @@ func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxReq
 // BEGIN, the lock and sqlPartClaimNew, which takes a new key, looked up in
 // the partitions the key filters cannot rule out; for a key that has a
 // row, sqlPartClaim decides in a second round trip, under the lock.
-func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, lock int32) (store.ClaimResult, pgx.Tx, error) {
-	claims := s.keyFilters.Load().claimsFor(req.Scope, req.Key, &s.sql.part)
+func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, h uint64) (store.ClaimResult, pgx.Tx, error) {
+	lock := claimLockKey(h)
+	claims := s.keyFilters.Load().claimsFor(h, &s.sql.part)
 	oneStatement := claims.inOneStatement(time.Now())
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
@@ -222,12 +224,14 @@ func takeNewKey(br pgx.BatchResults, err error, req store.TxRequest) (res store.
 	return store.ClaimResult{}, tx, false, err
 }
 
-// claimLockKey is the second half of a claim's advisory lock key. Two keys
-// that share it only make each other's claims take the slower path.
-func claimLockKey(scope, key string) int32 { return int32(keyHash(scope, key)) }
+// claimLockKey is the second half of a claim's advisory lock key, from the
+// key's hash (keyHash). Two keys that share it only make each other's
+// claims take the slower path.
+func claimLockKey(h uint64) int32 { return int32(h) }
 
 // keyHash is the 64-bit hash of scope, a NUL byte (which neither may
-// contain) and key: the claim's lock key and what a key filter holds.
+// contain) and key, computed once a claim: its lock key (claimLockKey) and
+// what a key filter holds (keyFilters.claimsFor).
 func keyHash(scope, key string) uint64 {
 	var h xxhash.Digest
 	h.Reset()
@@ -270,7 +274,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 	}
 	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
 		micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
-		claimLockKey(lease.Scope, lease.Key), storableText(lease.MessageUUID, maxMessageUUIDLen))
+		claimLockKey(keyHash(lease.Scope, lease.Key)), storableText(lease.MessageUUID, maxMessageUUIDLen))
 	if err != nil {
 		return wrap("record rollback", err)
 	}
@@ -284,14 +288,15 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 // the key's advisory lock without waiting, then the write, in one
 // transaction.
 func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
+	h := keyHash(lease.Scope, lease.Key)
 	for runs := 1; ; runs++ {
 		var n int64
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			var locked bool
-			if err := tx.QueryRow(ctx, s.sql.partTryLock, claimLockKey(lease.Scope, lease.Key)).Scan(&locked); err != nil || !locked {
+			if err := tx.QueryRow(ctx, s.sql.partTryLock, claimLockKey(h)).Scan(&locked); err != nil || !locked {
 				return err
 			}
-			return tx.QueryRow(ctx, s.keyFilters.Load().claimsFor(lease.Scope, lease.Key, &s.sql.part).rollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
+			return tx.QueryRow(ctx, s.keyFilters.Load().claimsFor(h, &s.sql.part).rollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
 				micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
 				micros(s.width), storableText(lease.MessageUUID, maxMessageUUIDLen)).Scan(&n)
 		})
