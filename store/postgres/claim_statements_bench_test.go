@@ -96,7 +96,11 @@ func claimStatements(b *testing.B) {
 	for name, layout := range map[string]postgres.Layout{"delete": postgres.LayoutDelete, "partitioned": postgres.LayoutPartitioned} {
 		capture := &batchCapture{}
 		pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 1; c.ConnConfig.Tracer = capture })
-		st := newStore(b, pool, postgres.Options{Schema: schema, Table: "records_" + name, Layout: layout, Retention: time.Hour})
+		opts := postgres.Options{Schema: schema, Table: "records_" + name, Layout: layout, Retention: time.Hour}
+		if layout == postgres.LayoutPartitioned {
+			opts = postgres.WithPartitionWidth(opts, widthOutlasting(time.Hour))
+		}
+		st := newStore(b, pool, opts)
 		if layout == postgres.LayoutPartitioned {
 			// As a worker's cleaner does after its first pass: the claim of
 			// a new key is then one statement in the partition of now.
@@ -194,4 +198,19 @@ func claimStatements(b *testing.B) {
 		line += fmt.Sprintf(" %s %.1f (%.1f)", name, per(name), per(name)-per("begin"))
 	}
 	b.Log(line)
+}
+
+// widthOutlasting is a partition width, of a day or a few hours more,
+// whose partition of now lasts at least d longer: the captured claims of
+// the partitioned layout name the partition of now, and once its range has
+// ended the server refuses them (the deferred form) or they take nothing
+// (the one up front). Partitions start at multiples of their width (as
+// time.Truncate rounds), so widths an hour apart end at different times.
+func widthOutlasting(d time.Duration) time.Duration {
+	now := time.Now()
+	w := 24 * time.Hour
+	for now.Truncate(w).Add(w).Sub(now) < d {
+		w += time.Hour
+	}
+	return w
 }
