@@ -57,6 +57,13 @@ func (s *Store) qualified(name string) string {
 	return pgx.Identifier{s.opts.Schema, name}.Sanitize()
 }
 
+// partitionEnsures bounds how many times one claim or RecordRollback creates
+// the partitions from now on (ensurePartitions) when PostgreSQL finds no
+// partition for its row. Once is what the design needs; a claim in a CI
+// run met "no partition" again right after creating them, on a machine
+// under heavy load, and a few more tries cost nothing where one is enough.
+const partitionEnsures = 3
+
 // isNoPartition reports whether err is PostgreSQL's refusal of a row whose
 // claimed_at no partition covers.
 func isNoPartition(err error) bool {

@@ -168,6 +168,10 @@ func wrap(op string, err error) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column
 		return fmt.Errorf("oncemill: postgres: %s: %w (the table is at an older schema version than this build: run Store.Migrate, or \"oncemill migrate\")", op, err)
 	}
+	if errors.As(err, &pgErr) && isNoPartition(err) {
+		return fmt.Errorf("oncemill: postgres: %s: %w (%s; no partition covers it though the partitions from now on were created: "+
+			"the server's clock should lie in one, \"oncemill stats\" lists them)", op, err, pgErr.Detail)
+	}
 	if errors.As(err, &pgErr) && pgErr.Code == "42P10" { // no unique index for ON CONFLICT
 		return fmt.Errorf("oncemill: postgres: %s: %w (the table has the partitioned layout: set Options.Layout = postgres.LayoutPartitioned)", op, err)
 	}
@@ -242,14 +246,16 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 		return store.ClaimResult{}, err
 	}
 	defer s.leave(cancel)
+	ensured := 0
 	for runs := 1; ; runs++ {
 		var res store.ClaimResult
 		if s.opts.Layout == LayoutPartitioned {
 			res, err = s.claimLeasePartitioned(ctx, req)
-			if isNoPartition(err) && runs == 1 {
+			if isNoPartition(err) && ensured < partitionEnsures {
 				if err := s.ensurePartitions(ctx); err != nil {
 					return store.ClaimResult{}, err
 				}
+				ensured++
 				continue
 			}
 		} else {

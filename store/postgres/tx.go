@@ -60,9 +60,11 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	// snapshot: the statement leaves it undecided, and it runs again in a
 	// new transaction (sql.go). So a second run, or a lock timeout, is what
 	// contention looks like here. A claim that finds no partition for now
-	// creates it (created), and one that names a partition that is gone
-	// loads the key filters again (refreshed), each once.
-	var created, refreshed bool
+	// creates it (ensured, up to partitionEnsures times), and one that
+	// names a partition that is gone loads the key filters again
+	// (refreshed, once).
+	var ensured int
+	var refreshed bool
 	for runs := 1; ; runs++ {
 		// Before the transaction begins, so that time since started bounds
 		// the transaction's age at its commit (claimTTL).
@@ -90,11 +92,11 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
 			return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld}, Contended: true}, nil
-		case isNoPartition(err) && !created:
+		case isNoPartition(err) && ensured < partitionEnsures:
 			if err := s.ensurePartitions(ctx); err != nil {
 				return store.TxResult{}, err
 			}
-			created = true
+			ensured++
 			continue
 		case isUndefinedTable(err) && s.opts.Layout == LayoutPartitioned && !refreshed:
 			// The partition of now that the claim in one statement names
@@ -289,7 +291,7 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 // transaction.
 func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
 	h := keyHash(lease.Scope, lease.Key)
-	for runs := 1; ; runs++ {
+	for ensured := 0; ; {
 		var n int64
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			var locked bool
@@ -300,10 +302,11 @@ func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim
 				micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
 				micros(s.width), storableText(lease.MessageUUID, maxMessageUUIDLen)).Scan(&n)
 		})
-		if isNoPartition(err) && runs == 1 {
+		if isNoPartition(err) && ensured < partitionEnsures {
 			if err := s.ensurePartitions(ctx); err != nil {
 				return err
 			}
+			ensured++
 			continue
 		}
 		if err != nil {
