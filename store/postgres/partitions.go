@@ -64,6 +64,18 @@ func (s *Store) qualified(name string) string {
 // under heavy load, and a few more tries cost nothing where one is enough.
 const partitionEnsures = 3
 
+// ensureOnNoPartition creates the partitions from now on when err is
+// PostgreSQL's refusal of a row that no partition covers, at most
+// partitionEnsures times for one operation (*ensured counts them), and
+// reports whether the operation should run again.
+func (s *Store) ensureOnNoPartition(ctx context.Context, err error, ensured *int) (bool, error) {
+	if !isNoPartition(err) || *ensured >= partitionEnsures {
+		return false, nil
+	}
+	*ensured++
+	return true, s.ensurePartitions(ctx)
+}
+
 // isNoPartition reports whether err is PostgreSQL's refusal of a row whose
 // claimed_at no partition covers.
 func isNoPartition(err error) bool {

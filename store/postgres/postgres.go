@@ -251,11 +251,9 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 		var res store.ClaimResult
 		if s.opts.Layout == LayoutPartitioned {
 			res, err = s.claimLeasePartitioned(ctx, req)
-			if isNoPartition(err) && ensured < partitionEnsures {
-				if err := s.ensurePartitions(ctx); err != nil {
-					return store.ClaimResult{}, err
-				}
-				ensured++
+			if again, err := s.ensureOnNoPartition(ctx, err, &ensured); err != nil {
+				return store.ClaimResult{}, err
+			} else if again {
 				continue
 			}
 		} else {

@@ -88,16 +88,15 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		}
 		// Nothing to keep: end the transaction and give the connection back.
 		rollback(ctx, conn)
+		if again, err := s.ensureOnNoPartition(ctx, err, &ensured); err != nil {
+			return store.TxResult{}, err
+		} else if again {
+			continue
+		}
 		var pgErr *pgconn.PgError
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
 			return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld}, Contended: true}, nil
-		case isNoPartition(err) && ensured < partitionEnsures:
-			if err := s.ensurePartitions(ctx); err != nil {
-				return store.TxResult{}, err
-			}
-			ensured++
-			continue
 		case isUndefinedTable(err) && s.opts.Layout == LayoutPartitioned && !refreshed:
 			// The partition of now that the claim in one statement names
 			// is gone (dropped by hand): the key filters are stale.
@@ -291,7 +290,8 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 // transaction.
 func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
 	h := keyHash(lease.Scope, lease.Key)
-	for ensured := 0; ; {
+	ensured := 0
+	for {
 		var n int64
 		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 			var locked bool
@@ -302,11 +302,9 @@ func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim
 				micros(out.TTL), storableText(string(out.ErrorKind), maxErrorKindLen), storableText(out.ErrorMessage, maxErrorMessageLen), micros(out.TTL),
 				micros(s.width), storableText(lease.MessageUUID, maxMessageUUIDLen)).Scan(&n)
 		})
-		if isNoPartition(err) && ensured < partitionEnsures {
-			if err := s.ensurePartitions(ctx); err != nil {
-				return err
-			}
-			ensured++
+		if again, err := s.ensureOnNoPartition(ctx, err, &ensured); err != nil {
+			return err
+		} else if again {
 			continue
 		}
 		if err != nil {
