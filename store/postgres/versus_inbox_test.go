@@ -184,7 +184,36 @@ func newRetentionBench(b *testing.B) *retentionBench {
 	var wg sync.WaitGroup
 	wg.Go(func() { inboxCleaner(cleanerCtx, b, env.pools["inbox"], ident("inbox")) })
 	b.Cleanup(func() { stop(); wg.Wait() })
+	env.warmUp(b)
 	return env
+}
+
+// warmUpFor is how long every variant runs, in turns, before the first
+// measured round. In the first 15–20 s after the fill, every variant's
+// rounds but plain's took 2–3 times their median (two runs of 2026-11-27,
+// at one handler), and the first sub-benchmark's sums weighed those rounds
+// on whichever variants the rotation gave them to.
+const warmUpFor = 30 * time.Second
+
+// warmUp runs rounds of every variant in turn, at one handler, for
+// warmUpFor (one rotation with -short), and counts none of them.
+func (env *retentionBench) warmUp(b *testing.B) {
+	perRound := inboxRound
+	if testing.Short() {
+		perRound = inboxRoundShort
+	}
+	start := time.Now()
+	rounds := 0
+	for {
+		for _, v := range env.variants {
+			versusRoundRun(b, 1, perRound, v.handle)
+			rounds++
+		}
+		if testing.Short() || time.Since(start) >= warmUpFor {
+			break
+		}
+	}
+	b.Logf("warmed up: %d rounds in %v", rounds, time.Since(start).Round(time.Second))
 }
 
 // fillRetentionWindow puts rows rows into the inbox and each records table,
@@ -384,9 +413,17 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		v.times = nil
 		warm(b, v.pool, handlers)
 	}
+	type roundAt struct {
+		v     *versusVariant
+		round int
+		at    time.Duration
+	}
+	var order []roundAt
+	start := time.Now()
 	for round := range rounds {
 		for j := range variants {
 			v := variants[(round+j)%len(variants)]
+			order = append(order, roundAt{v, len(v.times), time.Since(start)})
 			v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
 		}
 	}
@@ -435,5 +472,13 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 	// alone (the log only; the metrics are the whole run's).
 	line += fmt.Sprintf("; by median round partitioned-deferred/inbox %.3f, delete-deferred/inbox %.3f",
 		medians["inbox"].Seconds()/medians["partitioned-deferred"].Seconds(), medians["inbox"].Seconds()/medians["delete-deferred"].Seconds())
-	b.Logf("%s; smallest table %d rows; slowest/median/mean round%s", line, rowsMin, slowest)
+	// The rounds that took twice their variant's median, and when: a stall
+	// of the machine stretches whichever variant's round it falls in.
+	slow := ""
+	for _, r := range order {
+		if took := r.v.times[r.round]; took > 2*medians[r.v.name] {
+			slow += fmt.Sprintf(" %s %v at %v,", r.v.name, took.Round(time.Millisecond), r.at.Round(time.Second))
+		}
+	}
+	b.Logf("%s; smallest table %d rows; slowest/median/mean round%s; rounds over twice their median:%s", line, rowsMin, slowest, slow)
 }
