@@ -240,9 +240,9 @@ func BenchmarkPartitionedFlatAsItGrows(b *testing.B) {
 	cfg := turnoverConfig()
 	for range b.N {
 		type run struct {
-			name       string // the layout, and "paced" for a run at pacedRate
-			s          growSummary
-			statements string
+			name string // the layout, and "paced" for a run at pacedRate
+			s    growSummary
+			g    *growth
 		}
 		var runs []run
 		for _, rate := range []int{0, cfg.pacedRate} {
@@ -251,7 +251,7 @@ func BenchmarkPartitionedFlatAsItGrows(b *testing.B) {
 				layout postgres.Layout
 			}{{"partitioned", postgres.LayoutPartitioned}, {"delete", postgres.LayoutDelete}} {
 				g := growRun(b, layout.layout, cfg, rate)
-				r := run{name: layout.name, s: g.summary(cfg.length, cfg.every), statements: g.statements}
+				r := run{name: layout.name, s: g.summary(cfg.length, cfg.every), g: g}
 				if rate > 0 {
 					r.name += " paced"
 				}
@@ -291,9 +291,19 @@ func BenchmarkPartitionedFlatAsItGrows(b *testing.B) {
 			if i < 2 {
 				eighths = fmt.Sprintf("msgs/s by eighth of the run %.0f, partitions %v; ", r.s.eighths, r.s.partsAt)
 			}
-			b.Logf("%s: %sthe passes' statements: %s", r.name, eighths, r.statements)
+			b.Logf("%s: %sthe passes' statements: %s", r.name, eighths, r.g.statements)
 		}
 	}
+}
+
+// overlaps reports whether c overlaps one of ps.
+func overlaps(c span, ps []span) bool {
+	for _, p := range ps {
+		if c.from <= p.to && c.to >= p.from {
+			return true
+		}
+	}
+	return false
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -503,14 +513,6 @@ func (g *growth) summary(length, every time.Duration) growSummary {
 		}
 	}
 	s.dropPasses, s.otherPasses = len(drops), len(others)
-	overlaps := func(c span, ps []span) bool {
-		for _, p := range ps {
-			if c.from <= p.to && c.to >= p.from {
-				return true
-			}
-		}
-		return false
-	}
 	// A claim overlaps a window with a chance that grows with its own
 	// length, so the claims that overlap a pass of a few milliseconds are
 	// weighted towards the slow ones even when the pass slows none. The

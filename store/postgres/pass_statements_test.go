@@ -152,11 +152,8 @@ func (p *passStatements) byStatement(claims []span) string {
 	var sorted []*row
 	for _, r := range rows {
 		for _, c := range claims {
-			for _, s := range r.spans {
-				if c.from <= s.to && c.to >= s.from {
-					r.overlaps = append(r.overlaps, c.to-c.from)
-					break
-				}
+			if overlaps(c, r.spans) {
+				r.overlaps = append(r.overlaps, c.to-c.from)
 			}
 		}
 		sorted = append(sorted, r)
