@@ -170,10 +170,11 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 // cleanerPass is what the cleaner does each interval: the cleanup pass
 // (cleanupPass, which only the leader runs) and, in the partitioned
 // layout, the loading of the key filters its claims use, which every
-// worker does, leader or not.
+// worker does: the leader's upkeep loads them from its own read of the
+// catalog, and the others, or a leader whose upkeep failed, read it here.
 func (s *Store) cleanerPass(ctx context.Context) (removed int, ran bool, err error) {
 	removed, ran, err = s.cleanupPass(ctx)
-	if s.opts.Layout == LayoutPartitioned && ctx.Err() == nil {
+	if s.opts.Layout == LayoutPartitioned && (!ran || err != nil) && ctx.Err() == nil {
 		if ferr := s.refreshKeyFilters(ctx); ferr != nil {
 			err = errors.Join(err, ferr)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -158,9 +159,10 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilte
 }
 
 // buildKeyFilters builds the filter of every partition of parts (those in
-// the table, listed at now) closed for filterDelay that has none, and
-// deletes the filters of partitions no longer in the table. The cleaner's
-// leader runs it in partitionUpkeep.
+// the table, listed at now) closed for filterDelay that has none, deletes
+// the filters of partitions no longer in the table, and returns the names
+// of the partitions that have a filter then and the filters it built (for
+// loadKeyFilters). The cleaner's leader runs it in partitionUpkeep.
 //
 // A partition's keys are read once every transaction older than the pass
 // has ended (awaitOlderTransactions, which takes no lock): a transaction
@@ -168,10 +170,10 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilte
 // and so before the pass began, so the read sees every key the partition
 // will ever hold. filterDelay guards against what the barrier cannot see:
 // a server clock set back.
-func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []partition) error {
-	have, err := s.filterNames(ctx)
+func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []partition) (have map[string]bool, built map[string]keyFilter, err error) {
+	have, err = s.filterNames(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	names := make(map[string]bool, len(parts))
 	var due []partition
@@ -189,21 +191,27 @@ func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []part
 	}
 	if len(stale) > 0 {
 		if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition = ANY($1)", stale); err != nil {
-			return wrap("deleting the key filters of dropped partitions", err)
+			return nil, nil, wrap("deleting the key filters of dropped partitions", err)
+		}
+		for _, name := range stale {
+			delete(have, name)
 		}
 	}
 	if len(due) == 0 {
-		return nil
+		return have, nil, nil
 	}
 	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
-		return err // the next pass tries again
+		return have, nil, err // the next pass tries again
 	}
+	built = make(map[string]keyFilter, len(due))
 	for _, p := range due {
-		if err := s.buildKeyFilter(ctx, p); err != nil {
-			return err
+		f, err := s.buildKeyFilter(ctx, p)
+		if err != nil {
+			return have, built, err
 		}
+		have[p.name], built[p.name] = true, keyFilter{partition: p, filter: f}
 	}
-	return nil
+	return have, built, nil
 }
 
 // filterDelay is how long after a partition's range ends its filter may be
@@ -213,36 +221,38 @@ func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []part
 // (about a sixtieth, and up to a cleaner interval more).
 func (s *Store) filterDelay() time.Duration { return min(keyFilterDelay, s.width/60) }
 
-// buildKeyFilter reads the keys of the closed partition p into a filter
-// and stores it.
-func (s *Store) buildKeyFilter(ctx context.Context, p partition) error {
-	var n uint
-	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.qualified(p.name)).Scan(&n); err != nil {
-		return wrap("building the key filter of "+p.name, err)
-	}
-	f := blobloom.NewOptimized(blobloom.Config{Capacity: uint64(max(n, 1)), FPRate: keyFilterFalsePositives})
+// buildKeyFilter reads the keys of the closed partition p into a filter,
+// stores it and returns it. The keys are read once and their hashes kept
+// (8 bytes a key, until the filter is built), so that the filter is sized
+// for the keys it holds without a count(*) that reads the partition first.
+func (s *Store) buildKeyFilter(ctx context.Context, p partition) (*blobloom.Filter, error) {
 	rows, err := s.pool.Query(ctx, "SELECT scope, key FROM "+s.qualified(p.name))
 	if err != nil {
-		return wrap("building the key filter of "+p.name, err)
+		return nil, wrap("building the key filter of "+p.name, err)
 	}
+	var hashes []uint64
 	var scope, key string
 	_, err = pgx.ForEachRow(rows, []any{&scope, &key}, func() error {
-		f.Add(keyHash(scope, key))
+		hashes = append(hashes, keyHash(scope, key))
 		return nil
 	})
 	if err != nil {
-		return wrap("building the key filter of "+p.name, err)
+		return nil, wrap("building the key filter of "+p.name, err)
+	}
+	f := blobloom.NewOptimized(blobloom.Config{Capacity: uint64(max(len(hashes), 1)), FPRate: keyFilterFalsePositives})
+	for _, h := range hashes {
+		f.Add(h)
 	}
 	var b bytes.Buffer
 	if _, err := blobloom.Dump(&b, f, keyFilterHash); err != nil {
-		return fmt.Errorf("oncemill: postgres: encoding the key filter of %s: %w", p.name, err)
+		return nil, fmt.Errorf("oncemill: postgres: encoding the key filter of %s: %w", p.name, err)
 	}
 	_, err = s.pool.Exec(ctx, "INSERT INTO "+s.names.keyFilters+` (partition, lower_bound, upper_bound, keys, filter)
-		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(n), b.Bytes())
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(len(hashes)), b.Bytes())
 	if err != nil {
-		return wrap("storing the key filter of "+p.name, err)
+		return nil, wrap("storing the key filter of "+p.name, err)
 	}
-	return nil
+	return f, nil
 }
 
 // filterNames lists the partitions that have a filter.
@@ -264,23 +274,33 @@ func (s *Store) filterNames(ctx context.Context) (map[string]bool, error) {
 
 // refreshKeyFilters loads the filters this worker does not hold yet, drops
 // those of dropped partitions, and publishes what claims consult. Every
-// worker's cleaner runs it after its pass.
+// worker's cleaner that is not the leader runs it after its pass (the
+// leader's upkeep loads them from what it read and did); a claim runs it
+// when the partition it named is gone.
 func (s *Store) refreshKeyFilters(ctx context.Context) error {
 	_, parts, err := s.listPartitions(ctx, s.pool)
 	if err != nil {
 		return wrap("loading key filters: listing partitions", err)
 	}
-	parts = inTable(parts)
 	have, err := s.filterNames(ctx)
 	if err != nil {
 		return err
 	}
+	return s.loadKeyFilters(ctx, inTable(parts), have, nil)
+}
+
+// loadKeyFilters loads the filters of parts (in the table, oldest first)
+// named in have that this worker holds neither already nor in built (the
+// filters the leader's pass just built), drops the others, and publishes
+// what claims consult.
+func (s *Store) loadKeyFilters(ctx context.Context, parts []partition, have map[string]bool, built map[string]keyFilter) error {
 	old := map[string]keyFilter{}
 	if cur := s.keyFilters.Load(); cur != nil {
 		for _, kf := range cur.filters {
 			old[kf.name] = kf
 		}
 	}
+	maps.Copy(old, built)
 	loaded := make(map[string]keyFilter, len(have))
 	for _, p := range parts {
 		if !have[p.name] {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
@@ -104,6 +106,37 @@ func TestPartitionedKeyFilters(t *testing.T) {
 	if got := passAndLoad(t, s2, s); got != 0 {
 		// The store's own partitions are not closed yet.
 		t.Fatalf("%d key filters loaded after the drops; want 0", got)
+	}
+}
+
+// The cleaner's leader publishes the filters its pass built, and loads
+// them from the pass's own read of the catalog: its claims use a filter
+// as soon as the pass that built it ends, and the pass reads the catalog
+// once and no filter back.
+func TestPartitionedLeaderUsesWhatItsPassBuilt(t *testing.T) {
+	t.Parallel()
+	stmts := &passStatements{start: time.Now()}
+	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = stmts })
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{})
+	now := dbNow(t, pool)
+	lower := now.Truncate(time.Hour).Add(-2 * time.Hour)
+	addPartition(t, pool, schema, "closed", lower, lower.Add(time.Hour))
+	insertOld(t, pool, schema, "s", "kept", store.StatusSucceeded, 1, lower.Add(time.Minute), true)
+	if _, _, err := s.CleanupPass(withPassMark(t.Context())); err != nil {
+		t.Fatal(err)
+	}
+	if s.KeyFilters() != 1 || !s.ClaimLooksEverywhere("s", "kept") {
+		t.Fatalf("after the pass that built it, the leader consults %d key filters, holding kept: %v; want closed's, which holds it", s.KeyFilters(), s.ClaimLooksEverywhere("s", "kept"))
+	}
+	labels := map[string]int{}
+	stmts.mu.Lock()
+	for _, sp := range stmts.spans {
+		labels[sp.label]++
+	}
+	stmts.mu.Unlock()
+	if labels["list partitions"] != 1 || labels["filter: load"] != 0 || labels["filter: keys"] != 1 || labels["count(*)"] != 0 {
+		t.Fatalf("the pass sent %v; want the partitions listed once, closed's keys read once (no count(*)), and no filter read back", labels)
 	}
 }
 

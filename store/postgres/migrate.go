@@ -182,7 +182,8 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 		if _, err := s.pool.Exec(ctx, s.names.render(sqlKeyFiltersTable)); err != nil {
 			return fmt.Errorf("oncemill: postgres: migrate: creating the key filters table: %w", err)
 		}
-		return s.ensurePartitions(ctx)
+		_, _, err := s.ensurePartitions(ctx)
+		return err
 	}
 	return nil
 }

@@ -73,7 +73,8 @@ func (s *Store) ensureOnNoPartition(ctx context.Context, err error, ensured *int
 		return false, nil
 	}
 	*ensured++
-	return true, s.ensurePartitions(ctx)
+	_, _, err = s.ensurePartitions(ctx)
+	return true, err
 }
 
 // isNoPartition reports whether err is PostgreSQL's refusal of a row whose
@@ -147,7 +148,8 @@ func (s *Store) partitionsAhead() time.Duration {
 // on one read of the catalog: it creates partitions up to partitionsAhead
 // once the newest ends within half of that (at least a width and a cleaner
 // interval away), drops those whose rows may all go, builds the key
-// filters of the closed ones, and returns how many rows went. A pass with
+// filters of the closed ones, loads the key filters its own claims use
+// from what it read and did, and returns how many rows went. A pass with
 // nothing to do sends two statements (the list, the names of the filters)
 // where each step used to read the catalog again: every statement of a
 // pass takes CPU from the claims on the same server (docs/benchmarks.md,
@@ -159,9 +161,10 @@ func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
 	}
 	attached := inTable(parts)
 	if n := len(attached); n == 0 || attached[n-1].upper.Before(now.Add(s.partitionsAhead()/2)) {
-		// It lists them again under its lock: another worker may have
-		// created some meanwhile. The drop below needs none of the new.
-		if err := s.ensurePartitions(ctx); err != nil {
+		// It lists them again under its lock (another worker may have
+		// created some meanwhile), and what it lists and creates is what
+		// the rest of the pass goes on with.
+		if now, parts, err = s.ensurePartitions(ctx); err != nil {
 			return 0, err
 		}
 	}
@@ -169,34 +172,41 @@ func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
 	if err != nil {
 		return removed, err
 	}
-	return removed, s.buildKeyFilters(ctx, now, without(inTable(parts), gone))
+	live := without(inTable(parts), gone)
+	have, built, err := s.buildKeyFilters(ctx, now, live)
+	if err != nil {
+		return removed, err
+	}
+	return removed, s.loadKeyFilters(ctx, live, have, built)
 }
 
 // ensurePartitions creates the partitions from now to partitionsAhead, in
 // one transaction under an advisory lock of the table's, so that two
-// workers never create the same one. A new partition starts where the
-// newest ends, or at now rounded down to the width when there is none for
-// now, so partitions never overlap, whatever width the workers before used.
-// It fails naming the missing privilege when the role may not create them.
-func (s *Store) ensurePartitions(ctx context.Context) error {
+// workers never create the same one, and returns now and the partitions
+// (those it listed under the lock, and those it created), as
+// listPartitions does. A new partition starts where the newest ends, or at
+// now rounded down to the width when there is none for now, so partitions
+// never overlap, whatever width the workers before used. It fails naming
+// the missing privilege when the role may not create them.
+func (s *Store) ensurePartitions(ctx context.Context) (time.Time, []partition, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return wrap("creating partitions", err)
+		return time.Time{}, nil, wrap("creating partitions", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 	// The lock first, in a statement of its own: the list after it sees
 	// every partition that the worker before created.
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.partitionKey); err != nil {
-		return wrap("creating partitions", err)
+		return time.Time{}, nil, wrap("creating partitions", err)
 	}
 	now, parts, err := s.listPartitions(ctx, tx)
 	if err != nil {
-		return wrap("creating partitions: listing them", err)
+		return time.Time{}, nil, wrap("creating partitions: listing them", err)
 	}
-	parts = inTable(parts)
+	attached := inTable(parts)
 	lower := now.Truncate(s.width)
-	if n := len(parts); n > 0 && parts[n-1].upper.After(lower) {
-		lower = parts[n-1].upper
+	if n := len(attached); n > 0 && attached[n-1].upper.After(lower) {
+		lower = attached[n-1].upper
 	}
 	for end := now.Add(s.partitionsAhead()); lower.Before(end); lower = lower.Add(s.width) {
 		name := s.partitionName(lower)
@@ -218,14 +228,15 @@ func (s *Store) ensurePartitions(ctx context.Context) error {
 		}
 		for _, stmt := range ddl {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return s.partitionDDLError("creating partition "+name, err)
+				return time.Time{}, nil, s.partitionDDLError("creating partition "+name, err)
 			}
 		}
+		parts = append(parts, partition{name: name, lower: lower, upper: lower.Add(s.width), keyed: true})
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return wrap("creating partitions", err)
+		return time.Time{}, nil, wrap("creating partitions", err)
 	}
-	return nil
+	return now, parts, nil
 }
 
 // partitionDDLError explains a refused CREATE or DROP of a partition.
@@ -292,8 +303,8 @@ func (s *Store) partitionDDLError(op string, err error) error {
 //     (one sequence). A Complete of one of its rows, in a transaction that
 //     began at T or later, is refused (3), whether it sees the partition or
 //     not: the lease was lost.
-//  5. DROP TABLE of the detached table, its rows counted in the same
-//     transaction.
+//  5. DROP TABLE of the detached table. Its rows are counted by the read
+//     of 2, so that the drop reads nothing.
 //
 // So a partition is read once, after the barrier: the read before a SHARE
 // lock that the previous version took is not needed, since no lock is
@@ -322,7 +333,7 @@ func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []parti
 			due = append(due, p)
 			continue
 		}
-		n, err := s.dropDetached(ctx, p)
+		n, err := s.dropDetached(ctx, p, -1)
 		if err != nil {
 			return removed, gone, err
 		}
@@ -337,8 +348,9 @@ func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []parti
 	}
 	for _, p := range due {
 		var last *time.Time
+		var rows int
 		live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
-		if err := s.pool.QueryRow(ctx, live, micros(s.width)).Scan(&last); err != nil {
+		if err := s.pool.QueryRow(ctx, live, micros(s.width)).Scan(&last, &rows); err != nil {
 			return removed, gone, wrap("dropping partitions: reading "+p.name, err)
 		}
 		if last != nil && last.After(now) {
@@ -354,7 +366,7 @@ func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []parti
 		if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
 			return removed, gone, err
 		}
-		n, err := s.dropDetached(ctx, p)
+		n, err := s.dropDetached(ctx, p, rows)
 		if err != nil {
 			return removed, gone, err
 		}
@@ -395,22 +407,28 @@ func (s *Store) detach(ctx context.Context, p partition, mode string) error {
 }
 
 // dropDetached drops the detached table p and returns how many rows it
-// held: one round trip. Nothing else reaches a detached table, so its lock
-// is not waited for (a lock_timeout guards against a stray session).
-func (s *Store) dropDetached(ctx context.Context, p partition) (int, error) {
+// held: counted, when the pass read the partition after its barrier (the
+// rows a claim moved out between that read and the detach count with it),
+// or, when counted is negative (a table an earlier pass left), counted in
+// the same transaction. One round trip. Nothing else reaches a detached
+// table, so its lock is not waited for (a lock_timeout guards against a
+// stray session).
+func (s *Store) dropDetached(ctx context.Context, p partition, counted int) (int, error) {
 	b := &pgx.Batch{}
 	b.Queue("begin")
 	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", s.opts.StatementTimeout.Milliseconds()))
-	b.Queue("SELECT count(*) FROM " + s.qualified(p.name))
+	if counted < 0 {
+		b.Queue("SELECT count(*) FROM " + s.qualified(p.name))
+	}
 	b.Queue("DROP TABLE " + s.qualified(p.name))
 	b.Queue("commit")
 	br := s.pool.SendBatch(ctx, b)
-	var rows int
+	rows := counted
 	_, err := br.Exec()
 	if err == nil {
 		_, err = br.Exec()
 	}
-	if err == nil {
+	if err == nil && counted < 0 {
 		err = br.QueryRow().Scan(&rows)
 	}
 	if err == nil {

@@ -290,8 +290,9 @@ SELECT EXISTS (
 
 // sqlPartitionLive is the time the last row of a partition ({{PART}}) may
 // go (it is past its purge time and expired) and a claim moves it out (its
-// claimed_at is one width, $1 microseconds, ago), NULL when it is empty.
-const sqlPartitionLive = `SELECT max(greatest(purge_at, expires_at, claimed_at + $1::int8 * interval '1 microsecond')) FROM {{PART}}`
+// claimed_at is one width, $1 microseconds, ago), NULL when it is empty,
+// and how many rows it holds.
+const sqlPartitionLive = `SELECT max(greatest(purge_at, expires_at, claimed_at + $1::int8 * interval '1 microsecond')), count(*) FROM {{PART}}`
 
 // partLive is what the partitioned layout adds to Complete and Release:
 // they refuse a row past its purge time and expired, which the DELETE
