@@ -25,7 +25,7 @@ import (
 //
 // LayoutPartitioned: first what the cleaner's pass does, unless another
 // worker's cleaner is in one (the same one-leader lock): it drops every
-// partition whose rows may all go, blocking no claim (dropPartitions), and
+// partition whose rows may all go, blocking no claim (dropPartition), and
 // returns their rows, which may be more than limit (a partition goes whole
 // or not at all), having deleted none. Only when no partition could go does
 // it delete up to limit expired records past their purge time, with the
@@ -156,14 +156,7 @@ func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err err
 		// Between full batches, rest for a share of the time the batch took,
 		// so a large backlog leaves the database to the handlers most of
 		// the time (Options.CleanupDuty).
-		if pause := s.cleanupPause(time.Since(start)); pause > 0 {
-			t := time.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
-		}
+		s.cleanupRest(ctx, time.Since(start))
 	}
 }
 
@@ -209,7 +202,23 @@ func (s *Store) cleaner(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// cleanupPause is how long to rest after a full batch that took d, so that
+// cleanupRest rests after a step of the cleanup that took d (a full
+// batch, a chunk of a partition's read) for cleanupPause(d), or until ctx
+// ends.
+func (s *Store) cleanupRest(ctx context.Context, d time.Duration) {
+	pause := s.cleanupPause(d)
+	if pause <= 0 {
+		return
+	}
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// cleanupPause is how long to rest after a step that took d, so that
 // cleanup is busy for the CleanupDuty share of the time.
 func (s *Store) cleanupPause(d time.Duration) time.Duration {
 	duty := s.opts.CleanupDuty

@@ -158,30 +158,20 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilte
 	return f, partition{}
 }
 
-// buildKeyFilters builds the filter of every partition of parts (those in
-// the table, listed at now) closed for filterDelay that has none, deletes
-// the filters of partitions no longer in the table, and returns the names
-// of the partitions that have a filter then and the filters it built (for
-// loadKeyFilters). The cleaner's leader runs it in partitionUpkeep.
+// deleteStaleKeyFilters deletes the filters of partitions no longer in the
+// table (live: those in it), and their names from have. The cleaner's
+// leader runs it in partitionUpkeep.
 //
-// A partition's keys are read once every transaction older than the pass
-// has ended (awaitOlderTransactions, which takes no lock): a transaction
-// that put a row in the partition read the clock before its range ended,
-// and so before the pass began, so the read sees every key the partition
-// will ever hold. filterDelay guards against what the barrier cannot see:
-// a server clock set back.
-func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []partition) (have map[string]bool, built map[string]keyFilter, err error) {
-	have, err = s.filterNames(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	names := make(map[string]bool, len(parts))
-	var due []partition
-	for _, p := range parts {
+// A partition's filter is built from its keys read once every transaction
+// older than the pass has ended (retireClosed's barrier, which takes no
+// lock): a transaction that put a row in the partition read the clock
+// before its range ended, and so before the pass began, so the read sees
+// every key the partition will ever hold. filterDelay guards against what
+// the barrier cannot see: a server clock set back.
+func (s *Store) deleteStaleKeyFilters(ctx context.Context, live []partition, have map[string]bool) error {
+	names := make(map[string]bool, len(live))
+	for _, p := range live {
 		names[p.name] = true
-		if !have[p.name] && !p.upper.Add(s.filterDelay()).After(now) {
-			due = append(due, p)
-		}
 	}
 	var stale []string
 	for name := range have {
@@ -189,29 +179,16 @@ func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []part
 			stale = append(stale, name)
 		}
 	}
-	if len(stale) > 0 {
-		if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition = ANY($1)", stale); err != nil {
-			return nil, nil, wrap("deleting the key filters of dropped partitions", err)
-		}
-		for _, name := range stale {
-			delete(have, name)
-		}
+	if len(stale) == 0 {
+		return nil
 	}
-	if len(due) == 0 {
-		return have, nil, nil
+	if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition = ANY($1)", stale); err != nil {
+		return wrap("deleting the key filters of dropped partitions", err)
 	}
-	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
-		return have, nil, err // the next pass tries again
+	for _, name := range stale {
+		delete(have, name)
 	}
-	built = make(map[string]keyFilter, len(due))
-	for _, p := range due {
-		f, err := s.buildKeyFilter(ctx, p)
-		if err != nil {
-			return have, built, err
-		}
-		have[p.name], built[p.name] = true, keyFilter{partition: p, filter: f}
-	}
-	return have, built, nil
+	return nil
 }
 
 // filterDelay is how long after a partition's range ends its filter may be
@@ -221,38 +198,19 @@ func (s *Store) buildKeyFilters(ctx context.Context, now time.Time, parts []part
 // (about a sixtieth, and up to a cleaner interval more).
 func (s *Store) filterDelay() time.Duration { return min(keyFilterDelay, s.width/60) }
 
-// buildKeyFilter reads the keys of the closed partition p into a filter,
-// stores it and returns it. The keys are read once and their hashes kept
-// (8 bytes a key, until the filter is built), so that the filter is sized
-// for the keys it holds without a count(*) that reads the partition first.
-func (s *Store) buildKeyFilter(ctx context.Context, p partition) (*blobloom.Filter, error) {
-	rows, err := s.pool.Query(ctx, "SELECT scope, key FROM "+s.qualified(p.name))
-	if err != nil {
-		return nil, wrap("building the key filter of "+p.name, err)
-	}
-	var hashes []uint64
-	var scope, key string
-	_, err = pgx.ForEachRow(rows, []any{&scope, &key}, func() error {
-		hashes = append(hashes, keyHash(scope, key))
-		return nil
-	})
-	if err != nil {
-		return nil, wrap("building the key filter of "+p.name, err)
-	}
-	f := blobloom.NewOptimized(blobloom.Config{Capacity: uint64(max(len(hashes), 1)), FPRate: keyFilterFalsePositives})
-	for _, h := range hashes {
-		f.Add(h)
-	}
+// storeKeyFilter stores f, the filter of the closed partition p's keys
+// (readClosed).
+func (s *Store) storeKeyFilter(ctx context.Context, p partition, f *blobloom.Filter, keys int) error {
 	var b bytes.Buffer
 	if _, err := blobloom.Dump(&b, f, keyFilterHash); err != nil {
-		return nil, fmt.Errorf("oncemill: postgres: encoding the key filter of %s: %w", p.name, err)
+		return fmt.Errorf("oncemill: postgres: encoding the key filter of %s: %w", p.name, err)
 	}
-	_, err = s.pool.Exec(ctx, "INSERT INTO "+s.names.keyFilters+` (partition, lower_bound, upper_bound, keys, filter)
-		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(len(hashes)), b.Bytes())
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.names.keyFilters+` (partition, lower_bound, upper_bound, keys, filter)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(keys), b.Bytes())
 	if err != nil {
-		return nil, wrap("storing the key filter of "+p.name, err)
+		return wrap("storing the key filter of "+p.name, err)
 	}
-	return f, nil
+	return nil
 }
 
 // filterNames lists the partitions that have a filter.
@@ -331,7 +289,7 @@ func (s *Store) loadKeyFilters(ctx context.Context, parts []partition, have map[
 	return nil
 }
 
-// decodeKeyFilter decodes a stored filter (buildKeyFilter), refusing one
+// decodeKeyFilter decodes a stored filter (storeKeyFilter), refusing one
 // whose keys were added with another hash than keyHash.
 func decodeKeyFilter(b []byte) (*blobloom.Filter, error) {
 	l, err := blobloom.NewLoader(bytes.NewReader(b))

@@ -115,10 +115,7 @@ func TestPartitionedKeyFilters(t *testing.T) {
 // once and no filter back.
 func TestPartitionedLeaderUsesWhatItsPassBuilt(t *testing.T) {
 	t.Parallel()
-	stmts := &passStatements{start: time.Now()}
-	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = stmts })
-	schema := testenv.Schema(t, pool)
-	s := newPartitioned(t, pool, schema, postgres.Options{})
+	stmts, pool, schema, s := newTracedPartitioned(t)
 	now := dbNow(t, pool)
 	lower := now.Truncate(time.Hour).Add(-2 * time.Hour)
 	addPartition(t, pool, schema, "closed", lower, lower.Add(time.Hour))
@@ -129,14 +126,80 @@ func TestPartitionedLeaderUsesWhatItsPassBuilt(t *testing.T) {
 	if s.KeyFilters() != 1 || !s.ClaimLooksEverywhere("s", "kept") {
 		t.Fatalf("after the pass that built it, the leader consults %d key filters, holding kept: %v; want closed's, which holds it", s.KeyFilters(), s.ClaimLooksEverywhere("s", "kept"))
 	}
-	labels := map[string]int{}
-	stmts.mu.Lock()
-	for _, sp := range stmts.spans {
-		labels[sp.label]++
+	if n := stmts.taken(); n["list partitions"] != 1 || n["filter: load"] != 0 || n["filter: keys"] != 1 || n["count(*)"] != 0 || n["live rows"] != 0 {
+		t.Fatalf("the pass sent %v; want the partitions listed once, closed's keys read once (no count(*), no read of its live rows apart), and no filter read back", n)
 	}
-	stmts.mu.Unlock()
-	if labels["list partitions"] != 1 || labels["filter: load"] != 0 || labels["filter: keys"] != 1 || labels["count(*)"] != 0 {
-		t.Fatalf("the pass sent %v; want the partitions listed once, closed's keys read once (no count(*)), and no filter read back", labels)
+}
+
+// A closed partition is read twice in its life: once for its key filter,
+// which read gives the time its last row may go too, and once when that
+// time has come, which drops it.
+func TestPartitionedClosedPartitionReadForItsFilterAndForItsDrop(t *testing.T) {
+	t.Parallel()
+	stmts, pool, schema, s := newTracedPartitioned(t)
+	lower := dbNow(t, pool).Truncate(time.Hour).Add(-2 * time.Hour)
+	addPartition(t, pool, schema, "closed", lower, lower.Add(time.Hour))
+	insertOld(t, pool, schema, "s", "kept", store.StatusSucceeded, 1, lower.Add(time.Minute), true)
+	run(t, pool, "UPDATE "+table(schema, partitionedTable)+" SET expires_at = now() + interval '8 seconds' WHERE key = 'kept'")
+	pass := func() int {
+		t.Helper()
+		removed, _, err := s.CleanupPass(withPassMark(t.Context()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return removed
+	}
+	if removed := pass(); removed != 0 || s.KeyFilters() != 1 {
+		t.Fatalf("first pass: %d rows removed, %d key filters; want none removed while kept lives, and closed's filter", removed, s.KeyFilters())
+	}
+	if n := stmts.taken(); n["filter: keys"] != 1 || n["live rows"] != 0 || n["filter: store"] != 1 {
+		t.Fatalf("the first pass sent %v; want closed's keys read once, with no read of its live rows apart, and its filter stored", n)
+	}
+	// Before kept expires the partition is not read again; after, one read
+	// decides its drop.
+	pass()
+	if n := stmts.taken(); n["filter: keys"]+n["live rows"] != 0 {
+		t.Fatalf("a pass before kept expired sent %v; want no read of closed", n)
+	}
+	var untilExpired time.Duration // by the server's clock
+	if err := pool.QueryRow(t.Context(), "SELECT (extract(epoch FROM expires_at - clock_timestamp()) * 1e6)::int8 * 1000 FROM "+table(schema, partitionedTable)+" WHERE key = 'kept'").Scan(&untilExpired); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(untilExpired + 50*time.Millisecond)
+	if removed := pass(); removed != 1 {
+		t.Fatalf("the pass after kept expired removed %d rows; want closed's 1", removed)
+	}
+	if n := stmts.taken(); n["filter: keys"] != 0 || n["live rows"] != 1 || n["DROP TABLE"] != 1 || n["filter: delete"] != 1 {
+		t.Fatalf("the pass after kept expired sent %v; want closed read once, without its keys, dropped, and its filter deleted", n)
+	}
+	if s.KeyFilters() != 0 {
+		t.Fatalf("%d key filters after closed was dropped; want 0", s.KeyFilters())
+	}
+}
+
+// A closed partition whose rows may all go by the read for its key filter
+// is dropped in that pass, and no filter of it is stored.
+func TestPartitionedDeadPartitionGoesWithoutAFilter(t *testing.T) {
+	t.Parallel()
+	stmts, pool, schema, s := newTracedPartitioned(t)
+	lower := dbNow(t, pool).Truncate(time.Hour).Add(-3 * time.Hour)
+	addPartition(t, pool, schema, "dead", lower, lower.Add(time.Hour))
+	insertOld(t, pool, schema, "s", "a", store.StatusSucceeded, 1, lower.Add(time.Minute), false)
+	insertOld(t, pool, schema, "s", "b", store.StatusCachedFailure, 1, lower.Add(2*time.Minute), false)
+	removed, _, err := s.CleanupPass(withPassMark(t.Context()))
+	if err != nil || removed != 2 {
+		t.Fatalf("CleanupPass = %d, %v; want dead's 2 rows removed", removed, err)
+	}
+	if n := stmts.taken(); n["filter: keys"] != 1 || n["live rows"] != 0 || n["filter: store"] != 0 || n["DROP TABLE"] != 1 {
+		t.Fatalf("the pass sent %v; want dead read once, dropped, and no filter of it stored", n)
+	}
+	if got := texts(t, pool, "SELECT partition FROM "+table(schema, partitionedTable+"_key_filters")); len(got) != 0 || s.KeyFilters() != 0 {
+		t.Fatalf("key filters stored %v, loaded %d; want none", got, s.KeyFilters())
+	}
+	for _, p := range partitionsOf(t, pool, schema) {
+		if p.name == "dead" {
+			t.Fatal("dead is still a partition")
+		}
 	}
 }
 
@@ -246,4 +309,48 @@ func passAndLoad(t *testing.T, pass, load *postgres.Store) int {
 		t.Fatal(err)
 	}
 	return load.KeyFilters()
+}
+
+// A closed partition larger than one chunk of its read is read a chunk at
+// a time, and the read misses no row: its filter holds the keys of the
+// first page and of the last, and its drop counts every row.
+func TestPartitionedClosedPartitionReadInChunks(t *testing.T) {
+	t.Parallel()
+	stmts, pool, schema, s := newTracedPartitioned(t)
+	lower := dbNow(t, pool).Truncate(time.Hour).Add(-3 * time.Hour)
+	addPartition(t, pool, schema, "big", lower, lower.Add(time.Hour))
+	const dead = 6000 // about 100 pages: several chunks
+	run(t, pool, `INSERT INTO `+table(schema, partitionedTable)+` (scope, key, status, token, attempt,
+		created_at, updated_at, expires_at, purge_at, claimed_at)
+		SELECT 's', 'k' || i, 2, i, 1, $1, $1, now() - interval '1 hour', now() - interval '1 hour', $1
+		FROM generate_series(1, `+fmt.Sprint(dead)+`) i`, lower.Add(time.Minute))
+	insertOld(t, pool, schema, "s", "kept", store.StatusSucceeded, 1, lower.Add(2*time.Minute), true) // in the last page
+	if removed, _, err := s.CleanupPass(withPassMark(t.Context())); err != nil || removed != 0 {
+		t.Fatalf("CleanupPass = %d, %v; want nothing removed while kept lives", removed, err)
+	}
+	if n := stmts.taken(); n["filter: keys"] < 3 {
+		t.Fatalf("the pass sent %v; want big's keys read in several chunks", n)
+	}
+	for _, key := range []string{"k1", "k" + fmt.Sprint(dead), "kept"} {
+		if !s.ClaimLooksEverywhere("s", key) {
+			t.Fatalf("big's filter does not hold %s", key)
+		}
+	}
+	run(t, pool, "UPDATE "+table(schema, partitionedTable)+" SET expires_at = now() - interval '1 second' WHERE key = 'kept'")
+	s2 := newPartitioned(t, pool, schema, postgres.Options{}) // the first remembers when kept was due
+	if removed, _, err := s2.CleanupPass(withPassMark(t.Context())); err != nil || removed != dead+1 {
+		t.Fatalf("CleanupPass = %d, %v; want big's %d rows removed", removed, err, dead+1)
+	}
+	if n := stmts.taken(); n["live rows"] < 3 || n["DROP TABLE"] != 1 {
+		t.Fatalf("the pass sent %v; want big read in several chunks and dropped", n)
+	}
+}
+
+// newTracedPartitioned is newPartitioned on a pool of its own whose
+// statements sent under withPassMark stmts labels (passStatements.taken).
+func newTracedPartitioned(t *testing.T) (stmts *passStatements, pool *pgxpool.Pool, schema string, s *postgres.Store) {
+	stmts = &passStatements{start: time.Now()}
+	pool = testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = stmts })
+	schema = testenv.Schema(t, pool)
+	return stmts, pool, schema, newPartitioned(t, pool, schema, postgres.Options{})
 }

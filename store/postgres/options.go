@@ -75,7 +75,9 @@ type Options struct {
 	// CleanupDuty is the share of a pass's time spent deleting, from above 0
 	// to 1 (default 0.5): after each full batch the pass rests so that a
 	// large backlog does not take the database away from the handlers.
-	// 1 deletes without rest.
+	// 1 deletes without rest. LayoutPartitioned: the share of the time
+	// spent reading a closed partition (for its key filter and its drop),
+	// which the pass does 256 kB at a time.
 	CleanupDuty float64
 
 	// StatementTimeout bounds every operation of the store (default 5s):

@@ -18,7 +18,7 @@ import (
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
-// Dropping a partition of the partitioned layout (dropPartitions): DETACH
+// Dropping a partition of the partitioned layout (dropPartition): DETACH
 // … CONCURRENTLY, then DROP of the detached table, so that no claim waits.
 
 // fillOld creates the partition name for [lower, lower+1h) holding n rows

@@ -560,8 +560,11 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// One-second partitions: a closed partition is read, for its key filter
+	// or its drop, a sixtieth of a width after its range ends, and dropped
+	// a width after it at the earliest (when every row has aged).
 	opts.Layout = postgres.LayoutPartitioned
-	s := newStore(t, pool, opts) // converts
+	s := newStore(t, pool, postgres.WithPartitionWidth(opts, time.Second)) // converts
 	if len(partitionsOf(t, pool, schema)) < 2 {
 		t.Fatalf("partitions after the conversion: %v; want the old table and the current ones", partitionsOf(t, pool, schema))
 	}
@@ -583,9 +586,11 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 		t.Fatalf("the new key's rows are in %v; want one, in a new partition", rows)
 	}
 
-	// Everything in the old partition may go: it is dropped whole, and the
+	// Everything in the old partition may go: it is dropped whole (by the
+	// first pass a width after the conversion ended its range), and the
 	// tokens go on rising.
 	run(t, pool, "UPDATE "+table(schema, partitionedTable)+" SET expires_at = now() - interval '1 second', purge_at = now() - interval '1 second', claimed_at = claimed_at - interval '1 day' WHERE key <> 'new'")
+	time.Sleep(1100 * time.Millisecond)
 	if _, _, err := s.CleanupPass(t.Context()); err != nil {
 		t.Fatal(err)
 	}

@@ -147,13 +147,15 @@ func (s *Store) partitionsAhead() time.Duration {
 // partitionUpkeep is the cleaner leader's pass of the partitioned layout,
 // on one read of the catalog: it creates partitions up to partitionsAhead
 // once the newest ends within half of that (at least a width and a cleaner
-// interval away), drops those whose rows may all go, builds the key
-// filters of the closed ones, loads the key filters its own claims use
-// from what it read and did, and returns how many rows went. A pass with
-// nothing to do sends two statements (the list, the names of the filters)
-// where each step used to read the catalog again: every statement of a
-// pass takes CPU from the claims on the same server (docs/benchmarks.md,
-// "Flat as it grows").
+// interval away), finishes the drops an earlier pass left half done, reads
+// the closed partitions that are due, after one barrier for them all
+// (retireClosed: their key filters, and whether their rows may all go),
+// drops those whose rows may, deletes the filters of partitions that are
+// gone, loads the key filters its own claims use from what it read and
+// did, and returns how many rows went. A pass with nothing to do sends two
+// statements (the list, the names of the filters) where each step used to
+// read the catalog again: every statement of a pass takes CPU from the
+// claims on the same server (docs/benchmarks.md, "Flat as it grows").
 func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
 	now, parts, err := s.listPartitions(ctx, s.pool)
 	if err != nil {
@@ -168,13 +170,22 @@ func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	removed, gone, err := s.dropPartitions(ctx, now, parts)
+	have, err := s.filterNames(ctx)
+	if err != nil {
+		return 0, err
+	}
+	removed, gone, err := s.finishDrops(ctx, parts)
 	if err != nil {
 		return removed, err
 	}
 	live := without(inTable(parts), gone)
-	have, built, err := s.buildKeyFilters(ctx, now, live)
+	n, retired, built, err := s.retireClosed(ctx, now, live, have)
+	removed += n
 	if err != nil {
+		return removed, err
+	}
+	live = without(live, retired)
+	if err := s.deleteStaleKeyFilters(ctx, live, have); err != nil {
 		return removed, err
 	}
 	return removed, s.loadKeyFilters(ctx, live, have, built)
@@ -251,10 +262,9 @@ func (s *Store) partitionDDLError(op string, err error) error {
 	return wrap(op, err)
 }
 
-// dropPartitions drops every partition of parts (listed at now) whose rows
-// are all past their purge time and expired, without blocking a claim, and
-// returns how many rows went with them and the names of the tables it
-// dropped. The cleaner's leader runs it in partitionUpkeep.
+// dropPartition drops the partition p, whose rows (rows of them, read after
+// the pass's barrier: retireClosed) are all past their purge time and
+// expired, without blocking a claim, and returns rows.
 //
 // A claim never waits for it: no lock it takes conflicts with the locks
 // of claims (ROW EXCLUSIVE on the table and every partition). DROP TABLE of
@@ -269,17 +279,19 @@ func (s *Store) partitionDDLError(op string, err error) error {
 // reaches any more, is then dropped (locking only itself).
 //
 // Why no row that matters is lost. Let T be now, the database's now() read
-// with the list. A partition is a candidate when its range ended by T (upper <=
-// T): a claim that begins at T or later puts its row, claimed_at being its
-// statement_timestamp(), in a later partition. Then:
+// with the list. A partition is read when its range ended by T (upper <=
+// T, and its filter's delay past: closedDue): a claim that begins at T or
+// later puts its row, claimed_at being its statement_timestamp(), in a
+// later partition. Then:
 //
 //  1. Barrier: wait (awaitOlderTransactions, polling pg_locks) until no
 //     transaction that began before T holds a lock on the table or a
 //     partition. Every statement of the store on a row takes those locks as
 //     it starts, and holds them until its transaction ends.
-//  2. Read the partition once: the time its last row may go,
-//     greatest(purge_at, expires_at), and the time it ages, claimed_at +
-//     one width; the latest of these over its rows. Every write of a
+//  2. Read the partition once (readClosed): the time its last row may go,
+//     greatest(purge_at, expires_at), the latest over its rows, or the
+//     time every row has aged, the partition's upper bound plus one width
+//     (every claimed_at is before the bound), if later. Every write of a
 //     transaction that began before T has committed or rolled back by now
 //     (1), so it is in what this reads. If that time is after T, the
 //     partition stays, and is not read again before then (partNext).
@@ -304,34 +316,40 @@ func (s *Store) partitionDDLError(op string, err error) error {
 //     began at T or later, is refused (3), whether it sees the partition or
 //     not: the lease was lost.
 //  5. DROP TABLE of the detached table. Its rows are counted by the read
-//     of 2, so that the drop reads nothing.
+//     of 2, so that the drop reads nothing (a claim that moved a row out
+//     between the two leaves it counted among the dropped).
 //
-// So a partition is read once, after the barrier: the read before a SHARE
-// lock that the previous version took is not needed, since no lock is
-// taken and the barrier, not a lock, makes the read final.
-//
-// What an earlier pass left half done comes first: a detach that was
-// interrupted (the partition detaching, found in the catalog) is completed
-// with DETACH … FINALIZE, and a table detached but not dropped (marked by
-// detachedMarker before the detach) is dropped. Both were read by the pass
-// that began detaching them.
-func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []partition) (removed int, gone map[string]bool, err error) {
+// No lock is taken before the read: the barrier, not a lock, makes it
+// final.
+func (s *Store) dropPartition(ctx context.Context, p partition, rows int) (int, error) {
+	// The mark first: if this pass ends after the detach, the next one
+	// finds the table by it.
+	comment := fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker())
+	if _, err := s.pool.Exec(ctx, comment); err != nil {
+		return 0, s.partitionDDLError("marking partition "+p.name, err)
+	}
+	if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
+		return 0, err
+	}
+	return s.dropDetached(ctx, p, rows)
+}
+
+// finishDrops completes what an earlier pass left half done: a detach that
+// was interrupted (the partition detaching, found in the catalog) with
+// DETACH … FINALIZE, and then the drop; a table detached but not dropped
+// (marked by detachedMarker before the detach) with the drop. Both were
+// read by the pass that began detaching them. It returns how many rows
+// went and the names of the tables it dropped.
+func (s *Store) finishDrops(ctx context.Context, parts []partition) (removed int, gone map[string]bool, err error) {
 	gone = map[string]bool{}
-	var due []partition
 	for _, p := range parts {
-		switch {
-		case p.state == detached:
-		case p.state == detachPending:
+		switch p.state {
+		case attached:
+			continue
+		case detachPending:
 			if err := s.detach(ctx, p, "FINALIZE"); err != nil {
 				return removed, gone, err
 			}
-		case p.upper.After(now):
-			continue // its range has not ended
-		case s.partNext[p.name].After(now):
-			continue // a row of it lives until then
-		default:
-			due = append(due, p)
-			continue
 		}
 		n, err := s.dropDetached(ctx, p, -1)
 		if err != nil {
@@ -339,40 +357,6 @@ func (s *Store) dropPartitions(ctx context.Context, now time.Time, parts []parti
 		}
 		removed += n
 		gone[p.name] = true
-	}
-	if len(due) == 0 {
-		return removed, gone, nil
-	}
-	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
-		return removed, gone, err // the next pass tries again
-	}
-	for _, p := range due {
-		var last *time.Time
-		var rows int
-		live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
-		if err := s.pool.QueryRow(ctx, live, micros(s.width)).Scan(&last, &rows); err != nil {
-			return removed, gone, wrap("dropping partitions: reading "+p.name, err)
-		}
-		if last != nil && last.After(now) {
-			s.partNext[p.name] = *last
-			continue
-		}
-		// The mark first: if this pass ends after the detach, the next
-		// one finds the table by it.
-		comment := fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker())
-		if _, err := s.pool.Exec(ctx, comment); err != nil {
-			return removed, gone, s.partitionDDLError("marking partition "+p.name, err)
-		}
-		if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
-			return removed, gone, err
-		}
-		n, err := s.dropDetached(ctx, p, rows)
-		if err != nil {
-			return removed, gone, err
-		}
-		removed += n
-		gone[p.name] = true
-		delete(s.partNext, p.name)
 	}
 	return removed, gone, nil
 }

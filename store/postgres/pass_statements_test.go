@@ -107,6 +107,7 @@ var statementLabels = []struct {
 	{regexp.MustCompile(`DETACH PARTITION .* FINALIZE`), "DETACH FINALIZE"},
 	{regexp.MustCompile(`^COMMENT ON`), "COMMENT"},
 	{regexp.MustCompile(`^DROP TABLE`), "DROP TABLE"},
+	{regexp.MustCompile(`^SELECT pg_relation_size`), "partition size"},
 	{regexp.MustCompile(`^SELECT max\(greatest`), "live rows"},
 	{regexp.MustCompile(`^SELECT count\(\*\)`), "count(*)"},
 	{regexp.MustCompile(`^SELECT scope, key`), "filter: keys"},
@@ -115,6 +116,19 @@ var statementLabels = []struct {
 	{regexp.MustCompile(`^SELECT partition, lower_bound`), "filter: load"},
 	{regexp.MustCompile(`^SELECT partition FROM`), "filter: names"},
 	{regexp.MustCompile(`(?s)^WITH gone AS \(\s*DELETE`), "DELETE batch"},
+}
+
+// taken returns how many of each statement the passes sent since the last
+// call, and forgets them.
+func (p *passStatements) taken() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := map[string]int{}
+	for _, s := range p.spans {
+		n[s.label]++
+	}
+	p.spans = nil
+	return n
 }
 
 func statementLabel(sql string) string {

@@ -289,14 +289,26 @@ SELECT EXISTS (
 		AND (a.xact_start IS NULL OR a.xact_start < $2::timestamptz))`
 
 // sqlPartitionLive is the time the last row of a partition ({{PART}}) may
-// go (it is past its purge time and expired) and a claim moves it out (its
-// claimed_at is one width, $1 microseconds, ago), NULL when it is empty,
-// and how many rows it holds.
-const sqlPartitionLive = `SELECT max(greatest(purge_at, expires_at, claimed_at + $1::int8 * interval '1 microsecond')), count(*) FROM {{PART}}`
+// go (it is past its purge time and expired), NULL when it is empty, and
+// how many rows it holds, over the pages [$1, $2) (a TID range scan:
+// readClosed reads a partition a chunk at a time). When a claim moves a
+// row out (its claimed_at one width ago) is not read: every claimed_at is
+// before the partition's upper bound, which readClosed goes by.
+const sqlPartitionLive = `SELECT max(greatest(purge_at, expires_at)), count(*) FROM {{PART}} WHERE ctid >= $1::tid AND ctid < $2::tid`
+
+// sqlPartitionKeys is, for every row of a partition ({{PART}}) in the pages
+// [$1, $2), its key and the time sqlPartitionLive takes the latest of: the
+// read that builds the partition's key filter gives its drop time too
+// (retireClosed).
+const sqlPartitionKeys = `SELECT scope, key, greatest(purge_at, expires_at) FROM {{PART}} WHERE ctid >= $1::tid AND ctid < $2::tid`
+
+// sqlPartitionPages is how many pages a partition ($1) has, read by the
+// statement that takes readClosed's snapshot.
+const sqlPartitionPages = `SELECT pg_relation_size($1::regclass) / current_setting('block_size')::int8`
 
 // partLive is what the partitioned layout adds to Complete and Release:
 // they refuse a row past its purge time and expired, which the DELETE
 // layout's cleanup may have deleted already, so that no write makes a row
-// of a partition being dropped live again (dropPartitions).
+// of a partition being dropped live again (dropPartition).
 const partLive = `
 	AND (expires_at > now() OR purge_at > now())`

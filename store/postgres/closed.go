@@ -1,0 +1,188 @@
+package postgres
+
+import (
+	"context"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/greatroar/blobloom"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// What the cleaner's leader does with the partitions whose range has
+// ended: it reads each one once after the pass's barrier, and that one
+// read serves both ends of a partition's life. The first read, when the
+// partition's key filter is due, reads its keys into the filter and, from
+// the same rows, the time its last row may go (partNext); the partition
+// is not read again before then, when a read without the keys decides the
+// drop. A partition whose rows may all go by the first read is dropped
+// then, without a filter. Before, the drop's first read came apart from
+// the filter's, right as the range ended: a scan of the whole partition
+// that found, as it nearly always does then, rows that live for a
+// retention more (docs/benchmarks.md, "One read a partition").
+
+// closedRead is what one read of a closed partition found.
+type closedRead struct {
+	// last is when its last row may go (it is past its purge time and
+	// expired) and a claim moves it out (its claimed_at is one width ago,
+	// which every row's is by the partition's end plus a width).
+	last time.Time
+	rows int
+	// filter is the partition's key filter, when the read was for it.
+	filter *blobloom.Filter
+}
+
+// closedDue is whether the closed partition p is read by a pass at now,
+// and whether for its key filter (have: the partitions that have one).
+// Not before its filter is due (filterDelay after its range ends); then
+// while it has none, and once it has one, when partNext has come.
+func (s *Store) closedDue(p partition, now time.Time, have map[string]bool) (due, forFilter bool) {
+	switch {
+	case p.upper.Add(s.filterDelay()).After(now):
+		return false, false
+	case !have[p.name]:
+		return true, true
+	default:
+		return !s.partNext[p.name].After(now), false
+	}
+}
+
+// retireClosed reads, after one barrier for the pass, every partition of
+// parts (in the table, listed at now) that closedDue names; drops those
+// whose rows may all go (dropPartition's steps 3 to 5), remembers for the
+// others when to read them again (partNext), and builds and stores the key
+// filters it read the keys of. It returns how many rows went with the
+// partitions it dropped, their names, and the filters it built (for
+// loadKeyFilters), which it adds to have.
+func (s *Store) retireClosed(ctx context.Context, now time.Time, parts []partition, have map[string]bool) (removed int, gone map[string]bool, built map[string]keyFilter, err error) {
+	gone, built = map[string]bool{}, map[string]keyFilter{}
+	type dueRead struct {
+		partition
+		forFilter bool
+	}
+	var due []dueRead
+	for _, p := range parts {
+		if ok, forFilter := s.closedDue(p, now, have); ok {
+			due = append(due, dueRead{p, forFilter})
+		}
+	}
+	if len(due) == 0 {
+		return 0, gone, built, nil
+	}
+	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
+		return 0, gone, built, err // the next pass tries again
+	}
+	for _, d := range due {
+		r, err := s.readClosed(ctx, d.partition, d.forFilter)
+		if err != nil {
+			return removed, gone, built, err
+		}
+		if r.last.After(now) {
+			s.partNext[d.name] = r.last
+			if r.filter != nil {
+				if err := s.storeKeyFilter(ctx, d.partition, r.filter, r.rows); err != nil {
+					return removed, gone, built, err
+				}
+				have[d.name], built[d.name] = true, keyFilter{partition: d.partition, filter: r.filter}
+			}
+			continue
+		}
+		n, err := s.dropPartition(ctx, d.partition, r.rows)
+		if err != nil {
+			return removed, gone, built, err
+		}
+		removed += n
+		gone[d.name] = true
+		delete(s.partNext, d.name)
+	}
+	return removed, gone, built, nil
+}
+
+// partitionReadPages is how many pages of a closed partition one statement
+// of its read covers (256 kB, about a thousand records). readClosed rests
+// between them by Options.CleanupDuty, as the DELETE layout's cleanup rests
+// between its batches, so that the read of a large partition (an hour's,
+// millions of records) leaves the server to the claims for that share of
+// the time instead of holding one of its cores for seconds.
+const partitionReadPages = 32
+
+// readClosed reads the closed partition p once: how many rows it holds and
+// when the last may go, and with forFilter its keys into a key filter. It
+// reads partitionReadPages at a time, resting between them (cleanupRest),
+// in one REPEATABLE READ transaction, so that every chunk reads the same
+// snapshot: a row that an update moves, between two chunks, from a page
+// not read yet to one read already is read once, as it was. The snapshot
+// is taken by the statement that reads the partition's size: a row
+// version it sees was written before, in a page that existed then. The
+// keys' hashes are kept (8 bytes a key) until the filter is built, so that
+// it is sized for the keys it holds without a count(*) first.
+func (s *Store) readClosed(ctx context.Context, p partition, forFilter bool) (closedRead, error) {
+	r := closedRead{last: p.upper.Add(s.width)}
+	fail := func(err error) (closedRead, error) {
+		return closedRead{}, wrap("reading partition "+p.name, err)
+	}
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fail(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+	var pages int64
+	if err := tx.QueryRow(ctx, sqlPartitionPages, s.qualified(p.name)).Scan(&pages); err != nil {
+		return fail(err)
+	}
+	live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
+	keys := strings.ReplaceAll(sqlPartitionKeys, "{{PART}}", s.qualified(p.name))
+	var hashes []uint64
+	var scope, key string
+	var goes time.Time
+	for from := int64(0); from < max(pages, 1); from += partitionReadPages {
+		start := time.Now()
+		lo := pgtype.TID{BlockNumber: uint32(from), Valid: true}
+		hi := pgtype.TID{BlockNumber: uint32(from + partitionReadPages), Valid: true}
+		if from+partitionReadPages >= pages {
+			hi = pgtype.TID{BlockNumber: math.MaxUint32, OffsetNumber: math.MaxUint16, Valid: true} // the rest
+		}
+		if !forFilter {
+			var last *time.Time
+			var rows int
+			if err := tx.QueryRow(ctx, live, lo, hi).Scan(&last, &rows); err != nil {
+				return fail(err)
+			}
+			r.rows += rows
+			if last != nil && last.After(r.last) {
+				r.last = *last
+			}
+		} else {
+			rows, err := tx.Query(ctx, keys, lo, hi)
+			if err != nil {
+				return fail(err)
+			}
+			_, err = pgx.ForEachRow(rows, []any{&scope, &key, &goes}, func() error {
+				hashes = append(hashes, keyHash(scope, key))
+				if goes.After(r.last) {
+					r.last = goes
+				}
+				return nil
+			})
+			if err != nil {
+				return fail(err)
+			}
+		}
+		if from+partitionReadPages < pages {
+			s.cleanupRest(ctx, time.Since(start))
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fail(err)
+	}
+	if forFilter {
+		r.rows = len(hashes)
+		r.filter = blobloom.NewOptimized(blobloom.Config{Capacity: uint64(max(len(hashes), 1)), FPRate: keyFilterFalsePositives})
+		for _, h := range hashes {
+			r.filter.Add(h)
+		}
+	}
+	return r, nil
+}
