@@ -115,9 +115,16 @@ const partitionReadPages = 32
 // snapshot: a row that an update moves, between two chunks, from a page
 // not read yet to one read already is read once, as it was. The snapshot
 // is taken by the statement that reads the partition's size: a row
-// version it sees was written before, in a page that existed then. The
-// keys' hashes are kept (8 bytes a key) until the filter is built, so that
-// it is sized for the keys it holds without a count(*) first.
+// version it sees was written before, in a page that existed then.
+//
+// The read comes after the pass's barrier (retireClosed), once every
+// transaction older than the pass has ended: a transaction that put a row
+// in the partition read the clock before its range ended, and so before
+// the pass began, so the read sees every key the partition will ever hold.
+// filterDelay guards against what the barrier cannot see: a server clock
+// set back. The keys' hashes are kept (8 bytes a key) until the filter is
+// built, so that it is sized for the keys it holds without a count(*)
+// first.
 func (s *Store) readClosed(ctx context.Context, p partition, forFilter bool) (closedRead, error) {
 	r := closedRead{last: p.upper.Add(s.width)}
 	fail := func(err error) (closedRead, error) {
@@ -132,45 +139,57 @@ func (s *Store) readClosed(ctx context.Context, p partition, forFilter bool) (cl
 	if err := tx.QueryRow(ctx, sqlPartitionPages, s.qualified(p.name)).Scan(&pages); err != nil {
 		return fail(err)
 	}
-	live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
-	keys := strings.ReplaceAll(sqlPartitionKeys, "{{PART}}", s.qualified(p.name))
+	later := func(t time.Time) {
+		if t.After(r.last) {
+			r.last = t
+		}
+	}
+	// chunk reads the pages [lo, hi).
+	var chunk func(lo, hi pgtype.TID) error
 	var hashes []uint64
-	var scope, key string
-	var goes time.Time
+	if forFilter {
+		keys := strings.ReplaceAll(sqlPartitionKeys, "{{PART}}", s.qualified(p.name))
+		var scope, key string
+		var goes time.Time
+		chunk = func(lo, hi pgtype.TID) error {
+			rows, err := tx.Query(ctx, keys, lo, hi)
+			if err != nil {
+				return err
+			}
+			_, err = pgx.ForEachRow(rows, []any{&scope, &key, &goes}, func() error {
+				hashes = append(hashes, keyHash(scope, key))
+				later(goes)
+				return nil
+			})
+			return err
+		}
+	} else {
+		live := strings.ReplaceAll(sqlPartitionLive, "{{PART}}", s.qualified(p.name))
+		chunk = func(lo, hi pgtype.TID) error {
+			var last *time.Time
+			var rows int
+			if err := tx.QueryRow(ctx, live, lo, hi).Scan(&last, &rows); err != nil {
+				return err
+			}
+			r.rows += rows
+			if last != nil {
+				later(*last)
+			}
+			return nil
+		}
+	}
 	for from := int64(0); from < max(pages, 1); from += partitionReadPages {
 		start := time.Now()
 		lo := pgtype.TID{BlockNumber: uint32(from), Valid: true}
 		hi := pgtype.TID{BlockNumber: uint32(from + partitionReadPages), Valid: true}
-		if from+partitionReadPages >= pages {
-			hi = pgtype.TID{BlockNumber: math.MaxUint32, OffsetNumber: math.MaxUint16, Valid: true} // the rest
+		rest := from+partitionReadPages < pages
+		if !rest {
+			hi = pgtype.TID{BlockNumber: math.MaxUint32, OffsetNumber: math.MaxUint16, Valid: true} // to the end
 		}
-		if !forFilter {
-			var last *time.Time
-			var rows int
-			if err := tx.QueryRow(ctx, live, lo, hi).Scan(&last, &rows); err != nil {
-				return fail(err)
-			}
-			r.rows += rows
-			if last != nil && last.After(r.last) {
-				r.last = *last
-			}
-		} else {
-			rows, err := tx.Query(ctx, keys, lo, hi)
-			if err != nil {
-				return fail(err)
-			}
-			_, err = pgx.ForEachRow(rows, []any{&scope, &key, &goes}, func() error {
-				hashes = append(hashes, keyHash(scope, key))
-				if goes.After(r.last) {
-					r.last = goes
-				}
-				return nil
-			})
-			if err != nil {
-				return fail(err)
-			}
+		if err := chunk(lo, hi); err != nil {
+			return fail(err)
 		}
-		if from+partitionReadPages < pages {
+		if rest {
 			s.cleanupRest(ctx, time.Since(start))
 		}
 	}

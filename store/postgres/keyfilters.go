@@ -160,14 +160,8 @@ func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilte
 
 // deleteStaleKeyFilters deletes the filters of partitions no longer in the
 // table (live: those in it), and their names from have. The cleaner's
-// leader runs it in partitionUpkeep.
-//
-// A partition's filter is built from its keys read once every transaction
-// older than the pass has ended (retireClosed's barrier, which takes no
-// lock): a transaction that put a row in the partition read the clock
-// before its range ended, and so before the pass began, so the read sees
-// every key the partition will ever hold. filterDelay guards against what
-// the barrier cannot see: a server clock set back.
+// leader runs it in partitionUpkeep. A partition's filter is built by the
+// read of it that retireClosed makes (readClosed).
 func (s *Store) deleteStaleKeyFilters(ctx context.Context, live []partition, have map[string]bool) error {
 	names := make(map[string]bool, len(live))
 	for _, p := range live {
