@@ -84,7 +84,7 @@ INSERT INTO {{PARTITION}} (scope, key, fingerprint, status, token, attempt, take
 	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
 VALUES ($1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
 	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text,
-	CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() END)`
+	CASE WHEN ` + sqlReadCommitted + ` AND pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() END)`
 
 // deferredForm turns sqlPartClaimNew, an insert that returns the token, or
 // nothing when the key has a row, into a deferred claim's, which fails
@@ -159,7 +159,7 @@ func (c *deferredClaim) Read(br pgx.BatchResults, err error) error {
 func (s *Store) claimDeferred(conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, started time.Time) store.TxResult {
 	t := &claimTx{s: s, conn: conn, scope: req.Scope, key: req.Key, ttl: req.SuccessTTL, started: started,
 		deferred: deferredClaim{s: s, req: req, purge: purge}}
-	t.lazy = lazytx.New(conn, s.opts.TxOptions, s.opts.StatementTimeout, &t.deferred)
+	t.lazy = lazytx.New(conn, s.txOptions(), s.opts.StatementTimeout, &t.deferred)
 	t.handler = newHandlerTx(t.lazy, t, true)
 	claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: deferredToken, Attempt: 1, MessageUUID: req.MessageUUID}
 	return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}

@@ -98,9 +98,13 @@ type Options struct {
 	AsyncBegin bool
 
 	// TxOptions begin the handler's transaction in the one-transaction
-	// mode (default: the server's default isolation, read-write; read
-	// committed, the only isolation it accepts, with LayoutPartitioned).
-	// BeginQuery and CommitQuery are not supported.
+	// mode (default: the server's default isolation, read-write).
+	// BeginQuery and CommitQuery are not supported. LayoutPartitioned
+	// claims at read committed and accepts no other level: with IsoLevel
+	// empty its BEGIN names none while the server's default is read
+	// committed (a BEGIN that names one makes the server set, and at the
+	// commit reset, a setting in every transaction), and names read
+	// committed from the first claim that finds the default is not.
 	TxOptions pgx.TxOptions
 
 	// Layout is how the records table is laid out (default LayoutDelete).
@@ -195,7 +199,6 @@ func (o Options) withDefaults() (Options, error) {
 		// snapshot, not the transaction's (sql_partitioned.go).
 		switch o.TxOptions.IsoLevel {
 		case "", pgx.ReadCommitted:
-			o.TxOptions.IsoLevel = pgx.ReadCommitted
 		default:
 			bad("Options.TxOptions.IsoLevel is %s; the partitioned layout claims a key at read committed (its lookup must see what the previous holder of the key committed): leave it empty or use pgx.ReadCommitted", o.TxOptions.IsoLevel)
 		}

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -608,14 +609,18 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 // On a server whose default isolation is repeatable read, where a
 // transaction's snapshot is taken by its first statement (before the key's
 // lock is granted), claims of one key from 8 connections still execute it
-// once, in both modes: the store claims at read committed.
+// once, in every mode: the store claims at read committed. The first
+// one-transaction claims find the default and begin again, and every claim
+// after them names read committed in its BEGIN.
 func TestPartitionedClaimsAtReadCommittedWhateverTheDefault(t *testing.T) {
 	t.Parallel()
 	admin := testenv.Pool(t)
 	schema := testenv.Schema(t, admin)
 	newPartitioned(t, admin, schema, postgres.Options{})
+	begins := &beginCapture{}
 	pool := testenv.Pool(t, func(c *pgxpool.Config) {
 		c.MaxConns = 8
+		c.ConnConfig.Tracer = begins
 		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 			_, err := conn.Exec(ctx, "SET default_transaction_isolation = 'repeatable read'")
 			return err
@@ -627,7 +632,7 @@ func TestPartitionedClaimsAtReadCommittedWhateverTheDefault(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	for round := range 10 {
-		for _, mode := range []string{"lease", "tx"} {
+		for _, mode := range []string{"lease", "tx", "deferred"} {
 			key := fmt.Sprintf("%s-%d", mode, round)
 			var executed atomic.Int64
 			start := make(chan struct{})
@@ -644,16 +649,26 @@ func TestPartitionedClaimsAtReadCommittedWhateverTheDefault(t *testing.T) {
 						}
 						return
 					}
-					res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: key, SuccessTTL: time.Minute, Wait: 5 * time.Second})
-					if err != nil {
-						t.Errorf("ClaimInTx: %v", err)
-						return
-					}
-					if res.Decision == store.DecisionExecute {
-						executed.Add(1)
+					// A deferred claim that its commit refuses is claimed
+					// again up front, as the stage does.
+					for _, deferred := range []bool{mode == "deferred", false} {
+						res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: key, SuccessTTL: time.Minute, Wait: 5 * time.Second, Deferrable: deferred})
+						if err != nil {
+							t.Errorf("ClaimInTx: %v", err)
+							return
+						}
+						if res.Decision != store.DecisionExecute {
+							return
+						}
 						time.Sleep(5 * time.Millisecond)
-						if err := res.Tx.Commit(t.Context(), nil); err != nil {
+						err = res.Tx.Commit(t.Context(), nil)
+						if err == nil {
+							executed.Add(1)
+							return
+						}
+						if !deferred || !errors.Is(err, store.ErrLeaseLost) {
 							t.Errorf("Commit: %v", err)
+							return
 						}
 					}
 				})
@@ -668,6 +683,87 @@ func TestPartitionedClaimsAtReadCommittedWhateverTheDefault(t *testing.T) {
 			}
 		}
 	}
+	// Every claim now names read committed in its BEGIN.
+	begins.reset()
+	for _, deferred := range []bool{false, true} {
+		res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: fmt.Sprint("after-", deferred), SuccessTTL: time.Minute, Wait: time.Second, Deferrable: deferred})
+		if err != nil || res.Decision != store.DecisionExecute {
+			t.Fatalf("ClaimInTx = %+v, %v; want Execute", res.ClaimResult, err)
+		}
+		if err := res.Tx.Commit(t.Context(), nil); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+	}
+	if got := begins.all(); len(got) != 2 || got[0] != "begin isolation level read committed" || got[1] != got[0] {
+		t.Fatalf("the BEGINs of two claims after the first found the default: %q; want two of %q", got, "begin isolation level read committed")
+	}
+}
+
+// On a server whose default isolation is read committed, a one-transaction
+// claim's BEGIN names none: a BEGIN that names one makes the server set,
+// and at the commit reset, a setting in every transaction.
+func TestPartitionedBeginNamesNoIsolationAtTheDefault(t *testing.T) {
+	t.Parallel()
+	admin := testenv.Pool(t)
+	schema := testenv.Schema(t, admin)
+	newPartitioned(t, admin, schema, postgres.Options{})
+	begins := &beginCapture{}
+	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = begins })
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, Table: partitionedTable, Layout: postgres.LayoutPartitioned, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	for _, deferred := range []bool{false, true} {
+		res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: fmt.Sprint("k-", deferred), SuccessTTL: time.Minute, Wait: time.Second, Deferrable: deferred})
+		if err != nil || res.Decision != store.DecisionExecute {
+			t.Fatalf("ClaimInTx = %+v, %v; want Execute", res.ClaimResult, err)
+		}
+		if err := res.Tx.Commit(t.Context(), nil); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+	}
+	if got := begins.all(); len(got) != 2 || got[0] != "begin" || got[1] != "begin" {
+		t.Fatalf("the BEGINs of two claims: %q; want two of %q", got, "begin")
+	}
+}
+
+// beginCapture records the BEGIN of every batch its pool sends.
+type beginCapture struct {
+	mu     sync.Mutex
+	begins []string
+}
+
+func (c *beginCapture) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *beginCapture) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if strings.HasPrefix(d.SQL, "begin") {
+		c.mu.Lock()
+		c.begins = append(c.begins, d.SQL)
+		c.mu.Unlock()
+	}
+}
+
+func (*beginCapture) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (*beginCapture) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (*beginCapture) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *beginCapture) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.begins = nil
+}
+
+func (c *beginCapture) all() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.begins...)
 }
 
 // The cleanup lag of the partitioned layout is how long the oldest

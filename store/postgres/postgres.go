@@ -53,6 +53,11 @@ type Store struct {
 	// keyFilters is what claims consult (keyfilters.go); nil until the
 	// cleaner first loads the filters.
 	keyFilters atomic.Pointer[keyFilters]
+	// beginReadCommitted is set by the first one-transaction claim that
+	// found its transaction at another level than read committed (the
+	// server's default: sqlReadCommitted): from then on every claim's BEGIN
+	// names read committed (txOptions).
+	beginReadCommitted atomic.Bool
 
 	// reruns counts claims that a statement left unanswered (the READ
 	// COMMITTED corner) and that ran again; for tests.

@@ -21,6 +21,19 @@ import "strings"
 // commit are the DELETE layout's: they name the row by (scope, key, token),
 // which matches one row in one partition.
 
+// sqlReadCommitted holds in a transaction at read committed, which every
+// claim of the one-transaction mode checks along with the key's lock: its
+// BEGIN names no isolation while the server's default is read committed
+// (Store.beginReadCommitted), and a lookup in a transaction at another level
+// would see the snapshot of its first statement, taken before the lock. The
+// claims in one statement do not need it, but check it too, so that every
+// claim, not only the few that look a key up, finds a default that is not.
+const sqlReadCommitted = `current_setting('transaction_isolation') = 'read committed'`
+
+// notReadCommittedMarker is the text sqlPartLockTx fails to cast (SQLSTATE
+// 22P02) in a transaction that is not at read committed.
+const notReadCommittedMarker = "oncemill: the transaction of a claim is not at read committed"
+
 // sqlPartLockLease takes the key's advisory lock ($1) for the claim that
 // follows it in the same transaction (a batch: one round trip). The wait is
 // bounded by the operation's context.
@@ -31,9 +44,10 @@ const sqlPartLockLease = `SELECT pg_advisory_xact_lock({{CLAIM_LOCK}}, $1){{ASYN
 // statement) for the key's advisory lock ($2), which the claim then holds
 // until its transaction ends.
 const sqlPartLockTx = `
-WITH p AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($1::int8)::text, true)),
+WITH p AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($1::int8)::text, true),
+	(CASE WHEN ` + sqlReadCommitted + ` THEN '0' ELSE '` + notReadCommittedMarker + `' END)::int8 AS read_committed),
 l AS MATERIALIZED (SELECT pg_advisory_xact_lock({{CLAIM_LOCK}}, $2) FROM p)
-SELECT set_config('lock_timeout', p.prior, true) FROM p CROSS JOIN l`
+SELECT set_config('lock_timeout', p.prior, true), p.read_committed FROM p CROSS JOIN l`
 
 // partLookup is the key's row (at most one, across every partition from
 // {{LOOKUP_FROM}} on: partClaims), locked, with what a claim may do with it: take it afresh (free), carry
@@ -108,7 +122,7 @@ INSERT INTO {{PARTITION}} (scope, key, fingerprint, status, token, attempt, take
 SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
 	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text,
 	least(greatest(clock_timestamp(), {{LOOKUP_FROM}}), {{UNTIL}} - interval '1 microsecond')
-WHERE CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() >= {{LOOKUP_FROM}} AND clock_timestamp() < {{UNTIL}} ELSE false END
+WHERE CASE WHEN ` + sqlReadCommitted + ` AND pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() >= {{LOOKUP_FROM}} AND clock_timestamp() < {{UNTIL}} ELSE false END
 ON CONFLICT DO NOTHING
 RETURNING token`
 
@@ -218,7 +232,7 @@ const sqlPartTryLock = `SELECT pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1)`
 // sqlPartLockDeferred is a deferred claim's lock (deferred.go): the key's
 // advisory lock ($1) without waiting, or a failure (deferredMarker) when
 // another claim holds it, which refuses the claim.
-const sqlPartLockDeferred = `SELECT (CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1) THEN '1' ELSE '` + deferredMarker + `' END)::int8`
+const sqlPartLockDeferred = `SELECT (CASE WHEN ` + sqlReadCommitted + ` AND pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1) THEN '1' ELSE '` + deferredMarker + `' END)::int8`
 
 // sqlKeyFiltersTable holds the key filter of each closed partition
 // (keyfilters.go): a blocked Bloom filter of its keys, dumped by

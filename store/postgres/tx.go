@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -62,9 +63,11 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	// contention looks like here. A claim that finds no partition for now
 	// creates it (ensured, up to partitionEnsures times), and one that
 	// names a partition that is gone loads the key filters again
-	// (refreshed, once).
+	// (refreshed, once). One whose transaction is not at read committed
+	// in the partitioned layout begins again, naming it
+	// (namedReadCommitted, once; beginReadCommitted).
 	var ensured int
-	var refreshed bool
+	var refreshed, namedReadCommitted bool
 	for runs := 1; ; runs++ {
 		// Before the transaction begins, so that time since started bounds
 		// the transaction's age at its commit (claimTTL).
@@ -97,6 +100,12 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 		switch {
 		case errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable:
 			return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld}, Contended: true}, nil
+		case isNotReadCommitted(err) && !namedReadCommitted:
+			// The server's default isolation is not read committed: this
+			// claim, and every one after it, names it in its BEGIN.
+			s.beginReadCommitted.Store(true)
+			namedReadCommitted = true
+			continue
 		case isUndefinedTable(err) && s.opts.Layout == LayoutPartitioned && !refreshed:
 			// The partition of now that the claim in one statement names
 			// is gone (dropped by hand): the key filters are stale.
@@ -117,6 +126,24 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	}
 }
 
+// txOptions begin a one-transaction claim's transaction: Options.TxOptions,
+// at read committed once the partitioned layout found the server's default
+// is not (beginReadCommitted).
+func (s *Store) txOptions() pgx.TxOptions {
+	opts := s.opts.TxOptions
+	if s.beginReadCommitted.Load() {
+		opts.IsoLevel = pgx.ReadCommitted
+	}
+	return opts
+}
+
+// isNotReadCommitted tells whether err is sqlPartLockTx's failure in a
+// transaction that is not at read committed.
+func isNotReadCommitted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, notReadCommittedMarker)
+}
+
 // claimTx begins the transaction and claims the key in it: BEGIN and
 // sqlClaimNew in one round trip (pgx.Batch.BeginTx), which takes a new key
 // without waiting; for a key that has a row, or is held, sqlClaim decides
@@ -124,7 +151,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 func (s *Store) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, h uint64) (store.ClaimResult, pgx.Tx, error) {
 	lock := claimLockKey(h)
 	b := &pgx.Batch{}
-	b.BeginTx(s.opts.TxOptions)
+	b.BeginTx(s.txOptions())
 	queueNewKey(b, s.sql.claimNew, true, &req, purge, lock)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -153,7 +180,7 @@ func (s *Store) claimTxPartitioned(ctx context.Context, conn *pgxpool.Conn, req 
 	claims := s.keyFilters.Load().claimsFor(h, &s.sql.part)
 	oneStatement := claims.inOneStatement(time.Now())
 	b := &pgx.Batch{}
-	b.BeginTx(s.opts.TxOptions)
+	b.BeginTx(s.txOptions())
 	if oneStatement {
 		queueNewKey(b, claims.newCurrent, true, &req, purge, lock)
 	} else {

@@ -53,7 +53,9 @@ import (
 // partitioned/inbox and partitioned/plain (msgs/s over the whole
 // sub-benchmark), the same for partitioned-deferred, each other oncemill
 // variant over the inbox, inbox/plain, every variant's msgs/s, and the
-// smallest table of the three at the end (rows-min).
+// smallest table of the three at the end (rows-min); its log line adds
+// each variant's CPU a message, the client's and the server's, and the
+// client's writes (hostCPU), which say where a variant's time went.
 //
 // Run it once (about 7 minutes on a quiet VM, 2 of them filling the
 // tables; 20 minutes or more under load):
@@ -410,9 +412,17 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 	}
 	variants := env.variants
 	for _, v := range variants {
-		v.times = nil
+		v.times, v.cpu = nil, hostCPU{}
 		warm(b, v.pool, handlers)
 	}
+	readCPU := func() (hostCPU, int) {
+		h, servers, err := readHostCPU()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return h, servers
+	}
+	_, servers := readCPU()
 	type roundAt struct {
 		v     *versusVariant
 		round int
@@ -424,7 +434,10 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		for j := range variants {
 			v := variants[(round+j)%len(variants)]
 			order = append(order, roundAt{v, len(v.times), time.Since(start)})
+			before, _ := readCPU()
 			v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
+			after, _ := readCPU()
+			v.cpu = v.cpu.add(after.since(before))
 		}
 	}
 	rates := map[string]float64{}
@@ -480,5 +493,11 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 			slow += fmt.Sprintf(" %s %v at %v,", r.v.name, took.Round(time.Millisecond), r.at.Round(time.Second))
 		}
 	}
-	b.Logf("%s; smallest table %d rows; slowest/median/mean round%s; rounds over twice their median:%s", line, rowsMin, slowest, slow)
+	// Where a message's time went: the client's CPU, the server's, and the
+	// client's writes, about one a round trip (hostCPU).
+	cpu := ""
+	for _, v := range variants {
+		cpu += fmt.Sprintf(" %s: %s;", v.name, v.cpu.perMessage(len(v.times)*perRound, servers > 0))
+	}
+	b.Logf("%s; smallest table %d rows; slowest/median/mean round%s; rounds over twice their median:%s; a message's CPU and writes:%s", line, rowsMin, slowest, slow, cpu)
 }

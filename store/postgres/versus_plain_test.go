@@ -80,6 +80,8 @@ type versusVariant struct {
 	count  *statementCounter
 	times  []time.Duration
 	counts []statementCounts
+	// cpu is what the variant's rounds spent (BenchmarkPartitionedVersusInbox).
+	cpu hostCPU
 }
 
 func versusPlain(b *testing.B, handlers int) {
