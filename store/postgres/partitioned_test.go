@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -683,19 +684,38 @@ func TestPartitionedClaimsAtReadCommittedWhateverTheDefault(t *testing.T) {
 			}
 		}
 	}
-	// Every claim now names read committed in its BEGIN.
+	// Every claim now names read committed in its BEGIN, and so does the
+	// record of a rolled-back attempt.
 	begins.reset()
+	claimAndCommit(t, s, "after")
+	res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: "rolled-back", SuccessTTL: time.Minute, Wait: time.Second})
+	if err != nil || res.Decision != store.DecisionExecute {
+		t.Fatalf("ClaimInTx = %+v, %v; want Execute", res.ClaimResult, err)
+	}
+	if err := res.Tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordRollback(t.Context(), res.Claim, "", store.Completion{Status: store.StatusRetryable, TTL: time.Minute}); err != nil {
+		t.Fatalf("RecordRollback: %v", err)
+	}
+	const named = "begin isolation level read committed"
+	if got := begins.all(); len(got) != 4 || slices.ContainsFunc(got, func(b string) bool { return b != named }) {
+		t.Fatalf("the BEGINs of two claims after the first found the default, a third and its RecordRollback: %q; want four of %q", got, named)
+	}
+}
+
+// claimAndCommit claims key+"-up-front" up front and key+"-deferred"
+// deferred, and commits each.
+func claimAndCommit(t *testing.T, s *postgres.Store, key string) {
+	t.Helper()
 	for _, deferred := range []bool{false, true} {
-		res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: fmt.Sprint("after-", deferred), SuccessTTL: time.Minute, Wait: time.Second, Deferrable: deferred})
+		res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: fmt.Sprint(key, "-", deferred), SuccessTTL: time.Minute, Wait: time.Second, Deferrable: deferred})
 		if err != nil || res.Decision != store.DecisionExecute {
 			t.Fatalf("ClaimInTx = %+v, %v; want Execute", res.ClaimResult, err)
 		}
 		if err := res.Tx.Commit(t.Context(), nil); err != nil {
 			t.Fatalf("Commit: %v", err)
 		}
-	}
-	if got := begins.all(); len(got) != 2 || got[0] != "begin isolation level read committed" || got[1] != got[0] {
-		t.Fatalf("the BEGINs of two claims after the first found the default: %q; want two of %q", got, "begin isolation level read committed")
 	}
 }
 
@@ -714,21 +734,13 @@ func TestPartitionedBeginNamesNoIsolationAtTheDefault(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	for _, deferred := range []bool{false, true} {
-		res, err := s.ClaimInTx(t.Context(), store.TxRequest{Scope: "s", Key: fmt.Sprint("k-", deferred), SuccessTTL: time.Minute, Wait: time.Second, Deferrable: deferred})
-		if err != nil || res.Decision != store.DecisionExecute {
-			t.Fatalf("ClaimInTx = %+v, %v; want Execute", res.ClaimResult, err)
-		}
-		if err := res.Tx.Commit(t.Context(), nil); err != nil {
-			t.Fatalf("Commit: %v", err)
-		}
-	}
+	claimAndCommit(t, s, "k")
 	if got := begins.all(); len(got) != 2 || got[0] != "begin" || got[1] != "begin" {
 		t.Fatalf("the BEGINs of two claims: %q; want two of %q", got, "begin")
 	}
 }
 
-// beginCapture records the BEGIN of every batch its pool sends.
+// beginCapture records every BEGIN its pool sends, in a batch or alone.
 type beginCapture struct {
 	mu     sync.Mutex
 	begins []string
@@ -739,16 +751,21 @@ func (c *beginCapture) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 }
 
 func (c *beginCapture) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	if strings.HasPrefix(d.SQL, "begin") {
+	c.record(d.SQL)
+}
+
+func (c *beginCapture) record(sql string) {
+	if strings.HasPrefix(sql, "begin") {
 		c.mu.Lock()
-		c.begins = append(c.begins, d.SQL)
+		c.begins = append(c.begins, sql)
 		c.mu.Unlock()
 	}
 }
 
 func (*beginCapture) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-func (*beginCapture) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *beginCapture) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.record(d.SQL)
 	return ctx
 }
 

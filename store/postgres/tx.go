@@ -314,13 +314,17 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 
 // recordRollbackPartitioned is RecordRollback in the partitioned layout:
 // the key's advisory lock without waiting, then the write, in one
-// transaction.
+// transaction at read committed whatever the server's default, so that
+// the write's lookup sees what the key's last holder committed before the
+// lock was granted (sql_partitioned.go). A failure is rare, so its BEGIN
+// names the level from the first, where a claim's names it only when the
+// default is another (beginReadCommitted).
 func (s *Store) recordRollbackPartitioned(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
 	h := keyHash(lease.Scope, lease.Key)
 	ensured := 0
 	for {
 		var n int64
-		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 			var locked bool
 			if err := tx.QueryRow(ctx, s.sql.partTryLock, claimLockKey(h)).Scan(&locked); err != nil || !locked {
 				return err
