@@ -84,13 +84,13 @@ func postgresTicks(pid string) (int64, bool) {
 	return utime + stime, true
 }
 
-// since is what was spent from h0 to h.
-func (h hostCPU) since(h0 hostCPU) hostCPU {
-	return hostCPU{client: h.client - h0.client, server: h.server - h0.server, writes: h.writes - h0.writes}
-}
-
-func (h hostCPU) add(d hostCPU) hostCPU {
-	return hostCPU{client: h.client + d.client, server: h.server + d.server, writes: h.writes + d.writes}
+// plus is h and what was spent from before to after.
+func (h hostCPU) plus(before, after hostCPU) hostCPU {
+	return hostCPU{
+		client: h.client + after.client - before.client,
+		server: h.server + after.server - before.server,
+		writes: h.writes + after.writes - before.writes,
+	}
 }
 
 // perMessage renders h spread over n messages: client and server µs (the

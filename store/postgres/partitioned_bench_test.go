@@ -113,8 +113,8 @@ func childrenOf(b *testing.B, pool *pgxpool.Pool, schema, tbl string) map[string
 // statistics, and the system catalogs, which every partition created and
 // dropped, and every test's DDL, leaves dead rows in, would grow without
 // end, and every read of the catalog (the partition listing first) with
-// them. A table
-// that is gone by the time its turn comes (a partition dropped) is skipped.
+// them. A table that is gone by the time its turn comes (a partition
+// dropped) is skipped.
 // Its first round comes after first, then one every `every`. stop ends it,
 // waits, and returns the rounds that vacuumed or analyzed a table, as
 // spans from start.

@@ -415,14 +415,17 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		v.times, v.cpu = nil, hostCPU{}
 		warm(b, v.pool, handlers)
 	}
-	readCPU := func() (hostCPU, int) {
-		h, servers, err := readHostCPU()
+	readCPU := func() hostCPU {
+		h, _, err := readHostCPU()
 		if err != nil {
 			b.Fatal(err)
 		}
-		return h, servers
+		return h
 	}
-	_, servers := readCPU()
+	_, servers, err := readHostCPU()
+	if err != nil {
+		b.Fatal(err)
+	}
 	type roundAt struct {
 		v     *versusVariant
 		round int
@@ -434,10 +437,9 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		for j := range variants {
 			v := variants[(round+j)%len(variants)]
 			order = append(order, roundAt{v, len(v.times), time.Since(start)})
-			before, _ := readCPU()
+			before := readCPU()
 			v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
-			after, _ := readCPU()
-			v.cpu = v.cpu.add(after.since(before))
+			v.cpu = v.cpu.plus(before, readCPU())
 		}
 	}
 	rates := map[string]float64{}
