@@ -40,22 +40,24 @@ import (
 //
 // Before the first sub-benchmark, the inbox and both records tables are
 // filled with retentionRows rows claimed at even steps over the last
-// retention window (retentionWindow: 10-minute partitions, 24 to the
-// window, as a day's retention has hours), so that rows expire, and the
-// cleaners remove them, at the rate a steady stream of retentionRows per
-// window would bring (380 a second), for the whole run, while the variants
-// add their own: the oldest rows go as the run goes on (a run of about 15
-// minutes rolls over 6% of the window, and every table keeps more than 5M
-// rows). The partitioned store's first cleanup pass builds the key filters
-// of the filled partitions before the first round. The sub-benchmarks run on those tables in turn, each in
-// rounds of the same number of messages per variant, the order rotating
-// each round, every layout's variants on a pool of their own. Each reports
-// partitioned/inbox and partitioned/plain (msgs/s over the whole
+// retention window (retentionWindow: 10-minute partitions, 24 to the window,
+// as a day's retention has hours), so that rows expire, and the cleaners
+// remove them, at the rate a steady stream of retentionRows per window would
+// bring (380 a second), for the whole run, while the variants add their own:
+// the oldest rows go as the run goes on (a run of about 15 minutes rolls
+// over 6% of the window, and every table keeps more than 5M rows). The
+// fill's keys and the run's are random hex (md5, hexKey), so every claim
+// lands on any page of a unique index, as message UUIDs do. The partitioned
+// store's first cleanup pass builds the key filters of the filled partitions
+// before the first round. The sub-benchmarks run on those tables in turn,
+// each in rounds of the same number of messages per variant, the order
+// rotating each round, every layout's variants on a pool of their own. Each
+// reports partitioned/inbox and partitioned/plain (msgs/s over the whole
 // sub-benchmark), the same for partitioned-deferred, each other oncemill
 // variant over the inbox, inbox/plain, every variant's msgs/s, and the
-// smallest table of the three at the end (rows-min); its log line adds
-// each variant's CPU a message, the client's and the server's, and the
-// client's writes (hostCPU), which say where a variant's time went.
+// smallest table of the three at the end (rows-min); its log line adds each
+// variant's CPU a message, the client's and the server's, and the client's
+// writes (hostCPU), which say where a variant's time went.
 //
 // Run it once (about 7 minutes on a quiet VM, 2 of them filling the
 // tables; 20 minutes or more under load):
@@ -244,7 +246,8 @@ func fillRetentionWindow(b *testing.B, env *retentionBench, rows int, start time
 		}
 	}
 	// Row i was claimed at start - window + i*step; md5 keys land on random
-	// pages of the unique indexes, as message UUIDs do.
+	// pages of the unique indexes, as message UUIDs and the run's own keys
+	// (hexKey) do.
 	claimed := fmt.Sprintf("$1::timestamptz - interval '%d microseconds' + i * interval '%d microseconds'",
 		retentionWindow.Microseconds(), (retentionWindow / time.Duration(rows)).Microseconds())
 	window := fmt.Sprintf("interval '%d microseconds'", retentionWindow.Microseconds())
