@@ -33,8 +33,11 @@ import (
 // with no purge_at index that statement reads every partition, which suits
 // an operator or a test, not a program in a loop; the rows it deletes leave
 // dead tuples in partitions that would go whole later anyway. Its bound is
-// Options.StatementTimeout plus the upkeep's wait (the longer of
-// StatementTimeout and CleanupInterval).
+// Options.StatementTimeout plus twice the upkeep's wait (the longer of
+// StatementTimeout and CleanupInterval): one wait for the transactions
+// older than the pass, one for a detach. A call that runs out returns the
+// context's error, having dropped what it finished; a detach it cut short
+// leaves the partition detaching, which the next pass finishes.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, invalid("delete expired", "limit is %d, must be positive", limit)

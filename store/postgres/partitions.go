@@ -331,15 +331,18 @@ func (s *Store) dropPartition(ctx context.Context, p partition, rows int) (int, 
 	if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
 		return 0, err
 	}
-	return s.dropDetached(ctx, p, rows)
+	if err := s.dropDetached(ctx, p); err != nil {
+		return 0, err
+	}
+	return rows, nil
 }
 
 // finishDrops completes what an earlier pass left half done: a detach that
 // was interrupted (the partition detaching, found in the catalog) with
 // DETACH … FINALIZE, and then the drop; a table detached but not dropped
-// (marked by detachedMarker before the detach) with the drop. Both were
-// read by the pass that began detaching them. It returns how many rows
-// went and the names of the tables it dropped.
+// (marked by detachedMarker before the detach) with the drop. It returns
+// how many rows went, counted before each drop, and the names of the tables
+// it dropped.
 func (s *Store) finishDrops(ctx context.Context, parts []partition) (removed int, gone map[string]bool, err error) {
 	gone = map[string]bool{}
 	for _, p := range parts {
@@ -351,8 +354,12 @@ func (s *Store) finishDrops(ctx context.Context, parts []partition) (removed int
 				return removed, gone, err
 			}
 		}
-		n, err := s.dropDetached(ctx, p, -1)
-		if err != nil {
+		// Nothing else reaches the table now, so this count is final.
+		var n int
+		if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.qualified(p.name)).Scan(&n); err != nil {
+			return removed, gone, s.partitionDDLError("counting the rows of partition "+p.name, err)
+		}
+		if err := s.dropDetached(ctx, p); err != nil {
 			return removed, gone, err
 		}
 		removed += n
@@ -390,44 +397,19 @@ func (s *Store) detach(ctx context.Context, p partition, mode string) error {
 	return nil
 }
 
-// dropDetached drops the detached table p and returns how many rows it
-// held: counted, when the pass read the partition after its barrier (the
-// rows a claim moved out between that read and the detach count with it),
-// or, when counted is negative (a table an earlier pass left), counted in
-// the same transaction. One round trip. Nothing else reaches a detached
-// table, so its lock is not waited for (a lock_timeout guards against a
-// stray session).
-func (s *Store) dropDetached(ctx context.Context, p partition, counted int) (int, error) {
+// dropDetached drops the detached table p, in one round trip. Nothing else
+// reaches a detached table, so its lock is not waited for (a lock_timeout
+// guards against a stray session).
+func (s *Store) dropDetached(ctx context.Context, p partition) error {
 	b := &pgx.Batch{}
 	b.Queue("begin")
 	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", s.opts.StatementTimeout.Milliseconds()))
-	if counted < 0 {
-		b.Queue("SELECT count(*) FROM " + s.qualified(p.name))
-	}
 	b.Queue("DROP TABLE " + s.qualified(p.name))
 	b.Queue("commit")
-	br := s.pool.SendBatch(ctx, b)
-	rows := counted
-	_, err := br.Exec()
-	if err == nil {
-		_, err = br.Exec()
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return s.partitionDDLError("dropping partition "+p.name, err)
 	}
-	if err == nil && counted < 0 {
-		err = br.QueryRow().Scan(&rows)
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return 0, s.partitionDDLError("dropping partition "+p.name, err)
-	}
-	return rows, nil
+	return nil
 }
 
 // upkeepWait bounds each wait of the partition upkeep that blocks nobody:

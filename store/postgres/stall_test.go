@@ -50,14 +50,29 @@ func stall(t *testing.T, p *toxiproxy.Proxy) {
 	}
 }
 
-// A connection that stalls makes every store operation fail within
-// Options.StatementTimeout, and Close return: nothing waits for the stall
-// to end.
+// A connection that stalls makes every store operation fail within its
+// bound, on both layouts: Options.StatementTimeout, plus a claim's Wait,
+// and for DeleteExpired on the partitioned layout twice the upkeep's wait
+// (the longer of StatementTimeout and CleanupInterval); and Close return:
+// nothing waits for the stall to end.
 func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 	t.Parallel()
+	for name, layout := range map[string]postgres.Layout{"delete": postgres.LayoutDelete, "partitioned": postgres.LayoutPartitioned} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			stalledServerFailsOperations(t, layout)
+		})
+	}
+}
+
+func stalledServerFailsOperations(t *testing.T, layout postgres.Layout) {
 	direct := testenv.Pool(t)
 	schema := testenv.Schema(t, direct)
-	newStore(t, direct, postgres.Options{Schema: schema}) // migrated
+	opts := postgres.Options{Schema: schema, Layout: layout}
+	if layout == postgres.LayoutPartitioned {
+		opts.Retention = time.Hour
+	}
+	newStore(t, direct, opts) // migrated
 
 	p, through := proxied(t)
 	cfg, err := pgxpool.ParseConfig(through)
@@ -70,8 +85,9 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	const bound = 500 * time.Millisecond
-	s, err := postgres.New(pool, postgres.Options{Schema: schema, StatementTimeout: bound, CleanupInterval: -1})
+	const bound, wait = 500 * time.Millisecond, 100 * time.Millisecond
+	opts.StatementTimeout, opts.CleanupInterval = bound, -1 // the upkeep's wait: bound
+	s, err := postgres.New(pool, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,35 +104,49 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 	}
 
 	stall(t, p)
+	deleteExpiredBound := bound
+	if layout == postgres.LayoutPartitioned {
+		deleteExpiredBound += 2 * bound
+	}
 	ops := []struct {
-		name string
-		run  func() error
+		name  string
+		bound time.Duration
+		run   func() error
 	}{
-		{"Commit", func() error { return claimed.Tx.Commit(ctx, nil) }},
-		{"ClaimLease", func() error {
+		{"Commit", bound, func() error { return claimed.Tx.Commit(ctx, nil) }},
+		{"ClaimLease", bound, func() error {
 			_, err := s.ClaimLease(ctx, store.LeaseRequest{Key: "new", LeaseDuration: time.Minute})
 			return err
 		}},
-		{"Claim", func() error {
-			_, err := s.ClaimInTx(ctx, store.TxRequest{Key: "new2", SuccessTTL: time.Hour, Wait: 100 * time.Millisecond})
+		{"Claim", bound + wait, func() error {
+			_, err := s.ClaimInTx(ctx, store.TxRequest{Key: "new2", SuccessTTL: time.Hour, Wait: wait})
 			return err
 		}},
-		{"Complete", func() error {
+		{"Complete", bound, func() error {
 			return s.Complete(ctx, begun.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 		}},
-		{"Extend", func() error { _, err := s.Extend(ctx, begun.Claim, time.Minute); return err }},
-		{"Release", func() error { return s.Release(ctx, begun.Claim, time.Minute) }},
-		{"RecordRollback", func() error {
+		{"Extend", bound, func() error { _, err := s.Extend(ctx, begun.Claim, time.Minute); return err }},
+		{"Release", bound, func() error { return s.Release(ctx, begun.Claim, time.Minute) }},
+		{"RecordRollback", bound, func() error {
 			return s.RecordRollback(ctx, claimed.Claim, "", store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
 		}},
-		{"Get", func() error { _, err := s.Get(ctx, "", "leased"); return err }},
-		{"Delete", func() error { return s.Delete(ctx, "", "other", 1) }},
-		{"DeleteExpired", func() error { _, err := s.DeleteExpired(ctx, 10); return err }},
-		{"CleanupLag", func() error { _, err := s.CleanupLag(ctx); return err }},
+		{"Get", bound, func() error { _, err := s.Get(ctx, "", "leased"); return err }},
+		{"Delete", bound, func() error { return s.Delete(ctx, "", "other", 1) }},
+		{"DeleteExpired", deleteExpiredBound, func() error { _, err := s.DeleteExpired(ctx, 10); return err }},
+		{"CleanupLag", bound, func() error { _, err := s.CleanupLag(ctx); return err }},
 	}
+	// A liveness margin over each bound, for a loaded machine: what this
+	// checks is that an operation ends near its bound, not at the stall's.
+	const margin = 2 * time.Second
 	for _, op := range ops {
-		if err := op.run(); !errors.Is(err, context.DeadlineExceeded) {
+		start := time.Now()
+		err := op.run()
+		took := time.Since(start)
+		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("%s against a stalled server = %v, want an error wrapping context.DeadlineExceeded", op.name, err)
+		}
+		if took > op.bound+margin {
+			t.Errorf("%s against a stalled server took %v, want its bound %v (and at most %v more)", op.name, took, op.bound, margin)
 		}
 	}
 	closed := make(chan struct{})
