@@ -64,6 +64,9 @@ const (
 // SchemaVersion is the newest schema version Migrate applies.
 var SchemaVersion = schemaVersion
 
+// PartitionWidth is the partition width a retention gives.
+var PartitionWidth = partitionWidth
+
 // KeyFilters is how many partitions' key filters claims consult now.
 func (s *Store) KeyFilters() int {
 	if f := s.keyFilters.Load(); f != nil {

@@ -348,9 +348,20 @@ func TestPartitionedClosedPartitionReadInChunks(t *testing.T) {
 
 // newTracedPartitioned is newPartitioned on a pool of its own whose
 // statements sent under withPassMark stmts labels (passStatements.taken).
+//
+// It starts the store at least tracedTestSpan before the end of its
+// partition of now (waiting for the next one if need be), so that no
+// partition of the store's own closes while a test counts its passes'
+// statements: one that did would be read for its key filter too.
 func newTracedPartitioned(t *testing.T) (stmts *passStatements, pool *pgxpool.Pool, schema string, s *postgres.Store) {
 	stmts = &passStatements{start: time.Now()}
 	pool = testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = stmts })
 	schema = testenv.Schema(t, pool)
+	const tracedTestSpan = 40 * time.Second
+	width := postgres.PartitionWidth(time.Hour) // newPartitioned's retention
+	now := dbNow(t, pool)
+	if left := now.Truncate(width).Add(width).Sub(now); left < tracedTestSpan {
+		time.Sleep(left + 100*time.Millisecond)
+	}
 	return stmts, pool, schema, newPartitioned(t, pool, schema, postgres.Options{})
 }
