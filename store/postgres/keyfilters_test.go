@@ -358,7 +358,7 @@ func newTracedPartitioned(t *testing.T) (stmts *passStatements, pool *pgxpool.Po
 	pool = testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = stmts })
 	schema = testenv.Schema(t, pool)
 	const tracedTestSpan = 40 * time.Second
-	width := postgres.PartitionWidth(time.Hour) // newPartitioned's retention
+	width := postgres.PartitionWidth(partitionedRetention)
 	now := dbNow(t, pool)
 	if left := now.Truncate(width).Add(width).Sub(now); left < tracedTestSpan {
 		time.Sleep(left + 100*time.Millisecond)

@@ -29,13 +29,17 @@ import (
 // beside the DELETE layout's table that fixtures may create in the schema.
 const partitionedTable = "records_p"
 
+// partitionedRetention is newPartitioned's retention unless opts gives
+// one: 2-minute partitions.
+const partitionedRetention = time.Hour
+
 // newPartitioned is a migrated store of the partitioned layout in schema,
 // with the background cleaner off unless opts says otherwise.
 func newPartitioned(tb testing.TB, pool *pgxpool.Pool, schema string, opts postgres.Options) *postgres.Store {
 	tb.Helper()
 	opts.Schema, opts.Table, opts.Layout = schema, partitionedTable, postgres.LayoutPartitioned
 	if opts.Retention == 0 {
-		opts.Retention = time.Hour // 2-minute partitions
+		opts.Retention = partitionedRetention
 	}
 	return newStore(tb, pool, opts)
 }
