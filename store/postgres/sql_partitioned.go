@@ -254,27 +254,37 @@ CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
 // sqlPartitions is now() and the partitions of the table ($1) with their
 // bounds, state (0 attached, 1 detaching) and whether a unique index keeps
 // a key to one row in them (keyed: every partition the store creates, and
-// a converted table; not one made by hand without it), oldest first, read from the
-// catalog (pg_get_expr prints the bounds in the session's time zone with
-// its offset, so the casts give them back exactly; given no relation, it
-// locks none, so it never waits for a partition being detached; the partition a
-// converted table became starts at MINVALUE, read as year 1), after the
-// tables of schema $2 that the upkeep detached and did not drop (state 2,
-// no bounds: their comment is $3). One row with a NULL name when there is
-// none of either, so that now() comes back in the same round trip.
+// a converted table; not one made by hand without it), oldest first, read
+// from the catalog, then the tables of schema $2 that the upkeep detached
+// and did not drop (state 2, no bounds: their comment is $3). One row with
+// a NULL name when there is none of either, so that now() comes back in
+// the same round trip.
+//
+// pg_get_expr prints the bounds in the session's time zone with its
+// offset, so the casts give them back exactly; given no relation, it locks
+// none, so it never waits for a partition being detached. The partition a
+// converted table became starts at MINVALUE, read as year 1; a bound of
+// another form, made by hand, reads as from year 1 to now. The bounds are
+// cut at their quotes (split_part) and the index's columns are found by
+// name: a regular expression and an aggregate of the column names did the
+// same at twice the statement's server time, and every pass lists.
 const sqlPartitions = `
 WITH parts AS (
-	SELECT c.relname::text AS name, coalesce(m[1]::timestamptz, '0001-01-01 00:00:00+00') AS lower, m[2]::timestamptz AS upper,
+	SELECT c.relname::text AS name,
+		CASE WHEN b LIKE 'FOR VALUES FROM (''%'') TO (''%'')' THEN split_part(b, '''', 2)::timestamptz ELSE '0001-01-01 00:00:00+00' END AS lower,
+		CASE WHEN b LIKE 'FOR VALUES FROM (''%'') TO (''%'')' THEN split_part(b, '''', 4)::timestamptz
+			WHEN b LIKE 'FOR VALUES FROM (MINVALUE) TO (''%'')' THEN split_part(b, '''', 2)::timestamptz END AS upper,
 		CASE WHEN i.inhdetachpending THEN 1 ELSE 0 END AS state,
 		EXISTS (
 			SELECT 1 FROM pg_index x
+			JOIN pg_attribute s ON s.attrelid = c.oid AND s.attname = 'scope'
+			JOIN pg_attribute k ON k.attrelid = c.oid AND k.attname = 'key'
 			WHERE x.indrelid = c.oid AND x.indisunique AND x.indisvalid AND x.indnkeyatts = 2
 				AND x.indexprs IS NULL AND x.indpred IS NULL
-				AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
-					WHERE a.attrelid = c.oid AND a.attnum IN (x.indkey[0], x.indkey[1])) = ARRAY['key', 'scope']) AS keyed
+				AND ((x.indkey[0] = s.attnum AND x.indkey[1] = k.attnum) OR (x.indkey[0] = k.attnum AND x.indkey[1] = s.attnum))) AS keyed
 	FROM pg_inherits i
 	JOIN pg_class c ON c.oid = i.inhrelid
-	CROSS JOIN LATERAL regexp_match(pg_get_expr(c.relpartbound, 0), 'FROM \((?:''([^'']*)''|MINVALUE)\) TO \(''([^'']*)''\)') m
+	CROSS JOIN LATERAL pg_get_expr(c.relpartbound, 0) b
 	WHERE i.inhparent = to_regclass($1)
 	UNION ALL
 	SELECT c.relname::text, '0001-01-01 00:00:00+00'::timestamptz, '0001-01-01 00:00:00+00'::timestamptz, 2, false
