@@ -844,6 +844,77 @@ func TestPartitionedPartitionsListed(t *testing.T) {
 	}
 }
 
+// The listing reads every form of bound and index a partition may have:
+// the layout's own, the MINVALUE bound of a converted table whose unique
+// index names the key first, and partitions made by hand with a bound of
+// another form or without a unique index on (scope, key), which no claim
+// may rely on.
+func TestPartitionedListingReadsEveryForm(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	schema := testenv.Schema(t, pool)
+	s := newPartitioned(t, pool, schema, postgres.Options{})
+	qualified := table(schema, partitionedTable)
+	byHand := func(name, bound string, index ...string) {
+		part := pgx.Identifier{schema, name}.Sanitize()
+		run(t, pool, "CREATE TABLE "+part+" (LIKE "+qualified+" INCLUDING DEFAULTS)")
+		for _, ix := range index {
+			run(t, pool, "CREATE UNIQUE INDEX ON "+part+" "+ix)
+		}
+		run(t, pool, "ALTER TABLE "+qualified+" ATTACH PARTITION "+part+" FOR VALUES "+bound)
+	}
+	byHand("converted", "FROM (MINVALUE) TO ('2000-01-01 00:00:00+00')", "(key, scope)")
+	byHand("unbounded", "FROM ('2101-01-01 00:00:00+00') TO (MAXVALUE)", "(scope, key)")
+	byHand("partial", "FROM ('2100-01-01 00:00:00+00') TO ('2100-01-02 00:00:00+00')", "(scope, key) WHERE status = 0")
+	byHand("other", "FROM ('2100-01-02 00:00:00+00') TO ('2100-01-03 00:00:00+00')", "(scope, token)", "(key)")
+
+	before := dbNow(t, pool)
+	parts, err := s.Partitions(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := dbNow(t, pool)
+	got := map[string]postgres.Partition{}
+	for _, p := range parts {
+		got[p.Name] = p
+	}
+	ts := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, want := range []postgres.Partition{
+		{Name: "converted", To: ts("2000-01-01T00:00:00Z")},
+		{Name: "partial", From: ts("2100-01-01T00:00:00Z"), To: ts("2100-01-02T00:00:00Z")},
+		{Name: "other", From: ts("2100-01-02T00:00:00Z"), To: ts("2100-01-03T00:00:00Z")},
+	} {
+		if p, ok := got[want.Name]; !ok || !p.From.Equal(want.From) || !p.To.Equal(want.To) {
+			t.Errorf("partition %s listed as %+v (listed: %v); want [%v, %v)", want.Name, p, ok, want.From, want.To)
+		}
+	}
+	// A bound of another form reads as from year 1 to now, as the store
+	// has always read it: no claim names such a partition.
+	if p, ok := got["unbounded"]; !ok || !p.From.IsZero() || p.To.Before(before) || p.To.After(after) {
+		t.Errorf("partition unbounded listed as %+v (listed: %v); want from the zero time to now", p, ok)
+	}
+	own := 0
+	for _, p := range parts {
+		if strings.HasPrefix(p.Name, partitionedTable+"_p") {
+			own++
+		}
+	}
+	if own == 0 || len(parts) != own+4 {
+		t.Errorf("listed %d partitions, %d of the store's own; want those and the 4 made by hand: %+v", len(parts), own, parts)
+	}
+	unkeyed := unkeyedPartitions(t, s)
+	slices.Sort(unkeyed)
+	if want := []string{"other", "partial"}; !slices.Equal(unkeyed, want) {
+		t.Errorf("partitions without a unique index on (scope, key): %v; want %v", unkeyed, want)
+	}
+}
+
 // A conversion interrupted after its first step (claimed_at added with the
 // conversion's time as its default, the range not yet validated) is resumed
 // by the next Migrate, at the time it began: the old table's partition ends

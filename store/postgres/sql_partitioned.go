@@ -266,8 +266,9 @@ CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
 // converted table became starts at MINVALUE, read as year 1; a bound of
 // another form, made by hand, reads as from year 1 to now. The bounds are
 // cut at their quotes (split_part) and the index's columns are found by
-// name: a regular expression and an aggregate of the column names did the
-// same at twice the statement's server time, and every pass lists.
+// name, where a regular expression and an aggregate of the column names,
+// for every partition, took most of the statement's time: every pass
+// lists.
 const sqlPartitions = `
 WITH parts AS (
 	SELECT c.relname::text AS name,
