@@ -272,8 +272,8 @@ CREATE TABLE IF NOT EXISTS {{KEY_FILTERS}} (
 const sqlPartitions = `
 WITH parts AS (
 	SELECT c.relname::text AS name,
-		CASE WHEN b LIKE 'FOR VALUES FROM (''%'') TO (''%'')' THEN split_part(b, '''', 2)::timestamptz ELSE '0001-01-01 00:00:00+00' END AS lower,
-		CASE WHEN b LIKE 'FOR VALUES FROM (''%'') TO (''%'')' THEN split_part(b, '''', 4)::timestamptz
+		CASE WHEN ranged THEN split_part(b, '''', 2)::timestamptz ELSE '0001-01-01 00:00:00+00' END AS lower,
+		CASE WHEN ranged THEN split_part(b, '''', 4)::timestamptz
 			WHEN b LIKE 'FOR VALUES FROM (MINVALUE) TO (''%'')' THEN split_part(b, '''', 2)::timestamptz END AS upper,
 		CASE WHEN i.inhdetachpending THEN 1 ELSE 0 END AS state,
 		EXISTS (
@@ -286,6 +286,7 @@ WITH parts AS (
 	FROM pg_inherits i
 	JOIN pg_class c ON c.oid = i.inhrelid
 	CROSS JOIN LATERAL pg_get_expr(c.relpartbound, 0) b
+	CROSS JOIN LATERAL (SELECT b LIKE 'FOR VALUES FROM (''%'') TO (''%'')' AS ranged) r
 	WHERE i.inhparent = to_regclass($1)
 	UNION ALL
 	SELECT c.relname::text, '0001-01-01 00:00:00+00'::timestamptz, '0001-01-01 00:00:00+00'::timestamptz, 2, false
