@@ -70,7 +70,7 @@ func stalledServerFailsOperations(t *testing.T, layout postgres.Layout) {
 	schema := testenv.Schema(t, direct)
 	opts := postgres.Options{Schema: schema, Layout: layout}
 	if layout == postgres.LayoutPartitioned {
-		opts.Retention = time.Hour
+		opts.Retention = partitionedRetention
 	}
 	newStore(t, direct, opts) // migrated
 
