@@ -27,17 +27,18 @@ import (
 // interval later, where nothing runs (the flat benchmark's rule): sleep,
 // spin-2ms and spin-20ms -p99/p99, and each p99 in ms.
 //
-// On a machine whose scheduler puts a waking query on the idle core, a
-// burst on the other costs nothing and every ratio is about 1. Run it
-// once (about 90 seconds):
+// Where the scheduler runs a waking query on the idle core, a burst on
+// the other should cost it nothing, and every ratio be about 1; on the
+// 2-core VMs of docs/benchmarks.md it is not ("Flat on a tenth VM, and
+// the machine's floor under a pass"). Run it once (about 90 seconds):
 //
 //	go test -run='^$' -bench=CPUBurstFloor -benchtime=1x ./store/postgres
 //
-// With -short (scripts/test) it runs 3 seconds: a check that it runs.
+// With -short (scripts/test) it runs 5 seconds: a check that it runs.
 func BenchmarkCPUBurstFloor(b *testing.B) {
 	length := 90 * time.Second
 	if testing.Short() {
-		length = 3 * time.Second
+		length = 5 * time.Second
 	}
 	for range b.N {
 		burstFloor(b, length)
@@ -67,7 +68,9 @@ func burstFloor(b *testing.B, length time.Duration) {
 	ctx := b.Context()
 	pool := testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = burstClients })
 	warm(b, pool, burstClients)
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1))
+	procs := runtime.GOMAXPROCS(0)
+	runtime.GOMAXPROCS(procs + 1) // the burst's own
+	defer runtime.GOMAXPROCS(procs)
 
 	start := time.Now()
 	var mu sync.Mutex
