@@ -46,9 +46,9 @@ func BenchmarkCPUBurstFloor(b *testing.B) {
 }
 
 const (
-	burstEvery    = 500 * time.Millisecond
-	burstClients  = 4
-	burstRatePerC = 250
+	burstEvery         = 500 * time.Millisecond
+	burstClients       = 4
+	burstRatePerClient = 250
 )
 
 // burstKind is one kind of burst: a busy loop of d, or a sleep of d.
@@ -84,7 +84,7 @@ func burstFloor(b *testing.B, length time.Duration) {
 				queries = append(queries, mine...)
 				mu.Unlock()
 			}()
-			every := time.Second / burstRatePerC
+			every := time.Second / burstRatePerClient
 			// The clients' schedules are staggered, as pgbench's are.
 			next := start.Add(time.Duration(c) * every / burstClients)
 			for time.Since(start) < length {
