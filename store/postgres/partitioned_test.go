@@ -878,17 +878,13 @@ func TestPartitionedListingReadsEveryForm(t *testing.T) {
 	for _, p := range parts {
 		got[p.Name] = p
 	}
-	ts := func(s string) time.Time {
-		v, err := time.Parse(time.RFC3339, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
+	day := func(year int, month time.Month, d int) time.Time {
+		return time.Date(year, month, d, 0, 0, 0, 0, time.UTC)
 	}
 	for _, want := range []postgres.Partition{
-		{Name: "converted", To: ts("2000-01-01T00:00:00Z")},
-		{Name: "partial", From: ts("2100-01-01T00:00:00Z"), To: ts("2100-01-02T00:00:00Z")},
-		{Name: "other", From: ts("2100-01-02T00:00:00Z"), To: ts("2100-01-03T00:00:00Z")},
+		{Name: "converted", To: day(2000, 1, 1)},
+		{Name: "partial", From: day(2100, 1, 1), To: day(2100, 1, 2)},
+		{Name: "other", From: day(2100, 1, 2), To: day(2100, 1, 3)},
 	} {
 		if p, ok := got[want.Name]; !ok || !p.From.Equal(want.From) || !p.To.Equal(want.To) {
 			t.Errorf("partition %s listed as %+v (listed: %v); want [%v, %v)", want.Name, p, ok, want.From, want.To)
