@@ -2,7 +2,6 @@ package oncemilltest_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 
@@ -94,34 +93,6 @@ func ExampleDeliverAfterCrash() {
 	// executed attempt 1 takeover false crashed true acked false
 	// executed attempt 2 takeover true crashed false acked true
 	// runs 2 ledger rows 1
-}
-
-// The store fails the first Complete: oncemill tries it again at once, so
-// the success is recorded and the duplicate replayed.
-func ExampleFaultyStore() {
-	t := &testing.T{} // in a test: the test's own t
-
-	mem, _ := memory.New(memory.Options{})
-	defer mem.Close()
-	errDown := errors.New("connection refused")
-	st := &oncemilltest.FaultyStore{Store: mem, Fail: func(_ context.Context, op string, n int) error {
-		fmt.Println(op, n)
-		if op == "Complete" && n == 1 {
-			return errDown
-		}
-		return nil
-	}}
-
-	ds := oncemilltest.DeliverTwice(t, receiver.New(st), oncemilltest.NoPublish(func(*message.Message) error { return nil }),
-		message.NewMessage("pay-4", nil))
-	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
-	fmt.Println(ds[0].Event.Outcome, ds[1].Event.Outcome)
-	// Output:
-	// ClaimLease 1
-	// Complete 1
-	// Complete 2
-	// ClaimLease 2
-	// executed replayed
 }
 
 // An integration test: the router handles every message three times, and
