@@ -1,8 +1,8 @@
 // Package oncemill holds what every part of oncemill shares: the error of a
 // configuration that cannot work. Users start at package receiver.
 //
-// Every constructor, Build and Validate reports a bad setting as a
-// *ConfigError that wraps ErrInvalidConfig:
+// Every constructor and Build report a bad setting as a *ConfigError that
+// wraps ErrInvalidConfig:
 //
-//	oncemill: invalid configuration: policy.Heartbeat: 40s is not shorter than Lease 30s; ...
+//	oncemill: invalid configuration: WithPolicy(Policy.Heartbeat): 40s is not shorter than LeaseDuration 30s, so the lease would expire between beats; ...
 package oncemill

@@ -1,16 +1,13 @@
 package idempotency
 
 import (
-	"errors"
 	"log/slog"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/keygen"
@@ -104,9 +101,6 @@ func watermarkStore(ts store.Transactional, cfg *Config) (store.Transactional, e
 	return wts, nil
 }
 
-// inPolicy names a policy field as the builder's user set it.
-func inPolicy(field string) string { return "WithPolicy(Policy." + field + ")" }
-
 // configure validates cfg against the store's limits, in one place for
 // both modes, and sets up what the two modes share.
 func (s *idempotency) configure(cfg Config, limits store.Limits) error {
@@ -122,18 +116,14 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 	if (cfg.DeadLetterPublisher == nil) != (cfg.DeadLetterTopic == "") {
 		return bad("WithDeadLetter", "needs the publisher of the dead-letter topic and the topic's name; got publisher %v and topic %q", cfg.DeadLetterPublisher, cfg.DeadLetterTopic)
 	}
-	if err := cfg.Policy.Validate(); err != nil {
-		var ce *oncemill.ConfigError
-		if errors.As(err, &ce) { // policy.Validate names the field as "policy.<Field>"
-			ce.Setting = inPolicy(strings.TrimPrefix(ce.Setting, "policy."))
-		}
+	if err := validatePolicy(cfg.Policy); err != nil {
 		return err
 	}
 	p := cfg.Policy.WithDefaults()
 	if limits.MaxResultBytes > 0 && p.MaxResultBytes > limits.MaxResultBytes {
 		// A success whose produced messages fit the policy but not the
 		// store could not be recorded at all.
-		return bad(inPolicy("MaxResultBytes"), "%d is above the store's limit of %d; lower it, or raise the store's (its Options.MaxResultBytes)",
+		return bad("WithPolicy(Policy.MaxResultBytes)", "%d is above the store's limit of %d; lower it, or raise the store's (its Options.MaxResultBytes)",
 			p.MaxResultBytes, limits.MaxResultBytes)
 	}
 	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider, cfg.MessagingSystem)

@@ -52,9 +52,9 @@ func NewTransactional(ts store.Transactional, cfg Config) (*Transactional, error
 	case ts == nil:
 		return nil, configerr.New("NewTransactional", "nil; pass a store that claims in the handler's transaction, such as postgres.New(pool, postgres.Options{})")
 	case cfg.Policy.LeaseDuration != 0:
-		return nil, configerr.New(inPolicy("LeaseDuration"), "has no effect in the one-transaction mode: the claim is held by the handler's open transaction; leave it 0")
+		return nil, configerr.New("WithPolicy(Policy.LeaseDuration)", "has no effect in the one-transaction mode: the claim is held by the handler's open transaction; leave it 0")
 	case cfg.Policy.Heartbeat != 0:
-		return nil, configerr.New(inPolicy("Heartbeat"), "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
+		return nil, configerr.New("WithPolicy(Policy.Heartbeat)", "has no effect in the one-transaction mode: there is no lease to extend; leave it 0")
 	}
 	if cfg.KafkaWatermark != nil {
 		if cfg.DeferredClaim {
