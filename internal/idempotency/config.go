@@ -107,7 +107,7 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 	bad := func(setting, format string, args ...any) error {
 		return configerr.New(setting, format, args...)
 	}
-	if !keygen.Storable(cfg.Scope) || len(cfg.Scope) > store.MaxScopeLen {
+	if keygen.StorableKey(cfg.Scope, store.MaxScopeLen) != cfg.Scope { // it would be hashed
 		return bad("WithScope", "%.40q is not a scope every store holds: use valid UTF-8 without NUL bytes, at most %d bytes (store.MaxScopeLen)", cfg.Scope, store.MaxScopeLen)
 	}
 	if cfg.ScopeFunc != nil && cfg.Scope != "" {

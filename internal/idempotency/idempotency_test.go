@@ -404,7 +404,7 @@ func TestMissingKey(t *testing.T) {
 			t.Fatalf("missing key must be acked, got %v", err)
 		}
 		e := h.last()
-		if e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, keygen.ErrEmptyUUID) || !errors.Is(e.Err, keygen.ErrNoKey) || calls.Load() != 0 {
+		if e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, keygen.ErrEmptyKey) || !errors.Is(e.Err, keygen.ErrNoKey) || calls.Load() != 0 {
 			t.Fatalf("event %+v calls %d", e, calls.Load())
 		}
 	})
@@ -427,7 +427,7 @@ func TestMissingKey(t *testing.T) {
 		if err != nil || len(out) != 1 || calls.Load() != 1 {
 			t.Fatalf("unguarded run: (%v, %v), calls %d", out, err, calls.Load())
 		}
-		if e := h.last(); e.Outcome != pipeline.OutcomeUnguarded || !errors.Is(e.Err, keygen.ErrEmptyUUID) {
+		if e := h.last(); e.Outcome != pipeline.OutcomeUnguarded || !errors.Is(e.Err, keygen.ErrEmptyKey) {
 			t.Fatalf("event %+v", e)
 		}
 	})
