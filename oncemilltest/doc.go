@@ -17,7 +17,7 @@
 //		msg := message.NewMessage("pay-1", []byte(`{"amount":1200}`))
 //		oncemilltest.DeliverTwice(t, receiver.New(st), charge, msg).
 //			RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
-//		charges.RequireOnce(t, "pay-1")
+//		charges.RequireCount(t, "pay-1", 1)
 //	}
 //
 // # Deliveries

@@ -34,7 +34,7 @@ func Example() {
 	ds := oncemilltest.DeliverTwice(t, receiver.New(st), oncemilltest.NoPublish(charge), msg)
 	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 	ds.RequireExecutedOnce(t)
-	charges.RequireOnce(t, "pay-1")
+	charges.RequireCount(t, "pay-1", 1)
 
 	fmt.Println(ds[0].Event.Outcome, ds[1].Event.Outcome, "charged", charges.Count("pay-1"))
 	// Output: executed replayed charged 1
@@ -83,7 +83,7 @@ func ExampleDeliverAfterCrash() {
 	}
 	ds := oncemilltest.DeliverAfterCrash(t, newBuilder, oncemilltest.NoPublish(charge), message.NewMessage("pay-3", nil))
 	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeExecuted)
-	ledger.RequireOnce(t, "pay-3")
+	ledger.RequireCount(t, "pay-3", 1)
 
 	for _, d := range ds {
 		fmt.Println(d.Event.Outcome, "attempt", d.Event.Attempt, "takeover", d.Event.Takeover, "crashed", d.Crashed, "acked", d.Acked)
