@@ -134,18 +134,15 @@ func (b *Builder) WithPolicy(p policy.Policy) *Builder {
 // or no WithLogger at all, means slog.Default(): a rejected or dropped
 // message, a dead letter that could not be forwarded and a store that could
 // not decide a delivery are logged at error level either way, never silent.
-func (b *Builder) WithLogger(l *slog.Logger) *Builder {
-	b.cfg.Logger = l
-	return b
-}
-
-// WithReplayLogLevel sets the level at which each replay is logged through
-// WithLogger's logger, with its scope, key, original outcome (succeeded or
-// cached_failure) and age (default: replays are not logged). A replay rate
+//
+// At debug level it also logs each delivery's progress: before the handler
+// runs, once its outcome is stored, and each replay with its scope, key,
+// original outcome (succeeded or cached_failure) and age. A replay rate
 // that never falls, or ages far beyond the broker's redelivery horizon,
 // point to a key that does not identify what it should (docs/operations.md).
-func (b *Builder) WithReplayLogLevel(level slog.Level) *Builder {
-	b.cfg.ReplayLogLevel = level
+// Above debug level these lines cost one Enabled call each.
+func (b *Builder) WithLogger(l *slog.Logger) *Builder {
+	b.cfg.Logger = l
 	return b
 }
 

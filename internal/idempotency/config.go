@@ -38,9 +38,7 @@ type Config struct {
 	RetentionFor map[string]Retention
 	Policy       policy.Policy
 	// Logger nil means slog.Default().
-	Logger *slog.Logger
-	// ReplayLogLevel nil logs no replays, and costs the replay path nothing.
-	ReplayLogLevel slog.Leveler
+	Logger         *slog.Logger
 	EventHandler   func(pipeline.Event)
 	Validation     func(*message.Message) error
 	Retry          *pipeline.RetryConfig
@@ -143,7 +141,6 @@ func (s *idempotency) configure(cfg Config, limits store.Limits) error {
 		scopeOf:     cfg.ScopeFunc,
 		policy:      p,
 		logger:      cfg.Logger,
-		replayLevel: cfg.ReplayLogLevel,
 		onEvent:     cfg.EventHandler,
 		validate:    cfg.Validation,
 		tel:         tel,

@@ -33,7 +33,6 @@ type idempotency struct {
 	scopeOf     func(*message.Message) (string, error) // Config.ScopeFunc; nil: scope
 	policy      policy.Policy
 	logger      *slog.Logger
-	replayLevel slog.Leveler // nil: replays are not logged
 	onEvent     func(pipeline.Event)
 	validate    func(*message.Message) error
 	deadLetter  *deadLetter
@@ -321,7 +320,7 @@ func (s *idempotency) toDeadLetter(d *delivery, reason pipeline.DeadLetterReason
 
 func (s *idempotency) replay(d *delivery, rec *store.Record) ([]*message.Message, error) {
 	s.tel.replayed(d.msg.Context(), rec)
-	if s.replayLevel != nil {
+	if s.logger.Enabled(d.msg.Context(), slog.LevelDebug) {
 		s.logReplay(d, rec)
 	}
 	if rec.Status == store.StatusCachedFailure {
@@ -464,16 +463,13 @@ func (s *idempotency) attemptPause(attempt int) time.Duration {
 	return b.NextBackOff()
 }
 
-// logReplay logs a replay at the configured level, with what a reader needs
-// to tell a redelivery from a wrong key: the original outcome and its age.
+// logReplay logs a replay at debug level, beside the executions' progress
+// lines, with what a reader needs to tell a redelivery from a wrong key:
+// the original outcome and its age.
 //
 //go:noinline
 func (s *idempotency) logReplay(d *delivery, rec *store.Record) {
-	ctx, level := d.msg.Context(), s.replayLevel.Level()
-	if !s.logger.Enabled(ctx, level) {
-		return
-	}
-	s.logger.LogAttrs(ctx, level, "Duplicate replayed; the handler did not run", s.attrs(d,
+	s.logger.LogAttrs(d.msg.Context(), slog.LevelDebug, "Duplicate replayed; the handler did not run", s.attrs(d,
 		slog.String("original", rec.Status.String()),
 		slog.Int("original_attempt", rec.Attempt),
 		slog.String("age", time.Since(rec.UpdatedAt).Round(time.Millisecond).String()),

@@ -59,7 +59,7 @@ func TestTelemetryStoredTTL(t *testing.T) {
 
 // At debug level an execution logs "processing" before its handler runs and
 // "stored" once its outcome is recorded, with the delivery's fields; a
-// replay logs neither.
+// replay logs neither, but a line of its own with the original outcome.
 func TestDebugLinesOfADeliverysProgress(t *testing.T) {
 	t.Parallel()
 	logs, logger := testenv.NewLogs()
@@ -76,7 +76,11 @@ func TestDebugLinesOfADeliverysProgress(t *testing.T) {
 	for _, m := range []*message.Message{msg("m1", "ok"), msg("m1", "ok"), msg("m2", "decline"), msg("m2", "decline")} {
 		_, _ = handler(m)
 	}
-	const processing, stored = "Processing: the handler runs under the claim", "Stored: the outcome is recorded for its duplicates"
+	const (
+		processing = "Processing: the handler runs under the claim"
+		stored     = "Stored: the outcome is recorded for its duplicates"
+		replayed   = "Duplicate replayed; the handler did not run"
+	)
 	for i, msg := range before {
 		if msg != processing {
 			t.Errorf("execution %d: the last line before the handler ran is %q, want %q", i, msg, processing)
@@ -85,19 +89,26 @@ func TestDebugLinesOfADeliverysProgress(t *testing.T) {
 	lines := logs.At(slog.LevelDebug)
 	want := []struct {
 		msg, key, outcome, ttl string // outcome and ttl: stored lines only
+		attempt                int64  // 0 for a replay, whose original's is original_attempt
+		original               string // replayed lines only
 	}{
-		{processing, "m1", "", ""},
-		{stored, "m1", "executed", "2h0m0s"},
-		{processing, "m2", "", ""},
-		{stored, "m2", "cached_failure", "30m0s"},
+		{processing, "m1", "", "", 1, ""},
+		{stored, "m1", "executed", "2h0m0s", 1, ""},
+		{replayed, "m1", "", "", 0, "succeeded"},
+		{processing, "m2", "", "", 1, ""},
+		{stored, "m2", "cached_failure", "30m0s", 1, ""},
+		{replayed, "m2", "", "", 0, "cached_failure"},
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("%d debug lines, want %d: %+v", len(lines), len(want), lines)
 	}
 	for i, w := range want {
 		l := lines[i]
-		if l.Msg != w.msg || l.Attrs["message_uuid"] != w.key || l.Attrs["key"] != w.key || l.Attrs["scope"] != "test" || l.Attrs["attempt"] != int64(1) {
-			t.Errorf("line %d: %+v, want %q with the delivery's fields (key %s, attempt 1)", i, l, w.msg, w.key)
+		if l.Msg != w.msg || l.Attrs["message_uuid"] != w.key || l.Attrs["key"] != w.key || l.Attrs["scope"] != "test" || l.Attrs["attempt"] != w.attempt {
+			t.Errorf("line %d: %+v, want %q with the delivery's fields (key %s, attempt %d)", i, l, w.msg, w.key, w.attempt)
+		}
+		if w.original != "" && (l.Attrs["original"] != w.original || l.Attrs["original_attempt"] != int64(1)) {
+			t.Errorf("line %d: original %v (attempt %v), want %s (attempt 1)", i, l.Attrs["original"], l.Attrs["original_attempt"], w.original)
 		}
 		if w.outcome != "" && (l.Attrs["outcome"] != w.outcome || l.Attrs["ttl"] != w.ttl) {
 			t.Errorf("line %d: outcome %v ttl %v, want %s and %s", i, l.Attrs["outcome"], l.Attrs["ttl"], w.outcome, w.ttl)

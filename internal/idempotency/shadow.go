@@ -25,7 +25,7 @@ import (
 // claimed nor changed.
 func (s *idempotency) shadowed(d *delivery, h message.HandlerFunc, res *store.ClaimResult) ([]*message.Message, error) {
 	ctx := d.msg.Context()
-	level := s.replayLevel
+	level := slog.LevelDebug // as a replay's line
 	switch res.Decision {
 	case store.DecisionReplay:
 		d.event.Outcome = pipeline.OutcomeReplayed
@@ -43,15 +43,14 @@ func (s *idempotency) shadowed(d *delivery, h message.HandlerFunc, res *store.Cl
 			d.event.Outcome = pipeline.OutcomeRejected
 		}
 	case store.DecisionMismatch:
-		// The one finding that needs a fix before enforcement: logged
-		// whatever ReplayLogLevel says.
+		// The one finding that needs a fix before enforcement: a warning.
 		d.event.Outcome, level = pipeline.OutcomeRejected, slog.LevelWarn
 	default:
 		return s.storeFailed(d, fmt.Errorf("unknown decision %d", res.Decision))
 	}
 	s.tel.shadowed(ctx, &d.event)
-	if level != nil && s.logger.Enabled(ctx, level.Level()) {
-		s.logger.LogAttrs(ctx, level.Level(), "Shadow mode: the handler runs for a delivery oncemill would have answered without it", s.attrs(d,
+	if s.logger.Enabled(ctx, level) {
+		s.logger.LogAttrs(ctx, level, "Shadow mode: the handler runs for a delivery oncemill would have answered without it", s.attrs(d,
 			slog.String("would", d.event.Outcome.String()),
 			slog.String("decision", decisionName(&d.event)),
 		)...)

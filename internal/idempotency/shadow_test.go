@@ -88,10 +88,7 @@ func newShadowStage(t *testing.T, mode string, held policy.HeldKeyMode, mutate .
 		KeyGenerator: keygen.UUID(),
 		Scope:        "s",
 		Shadow:       true,
-		Logger:       logger,
-		// Shadowed duplicates are logged at the replay level, with what
-		// enforcement would have done.
-		ReplayLogLevel: slog.LevelInfo,
+		Logger:       logger, // shadowed duplicates are logged at debug level, with what enforcement would have done
 		EventHandler: func(e pipeline.Event) {
 			s.mu.Lock()
 			s.events = append(s.events, e)
@@ -249,16 +246,18 @@ func TestShadowRunsTheHandlerForEveryDuplicate(t *testing.T) {
 				t.Errorf("replay.age counts %v, want one of each", got)
 			}
 			// A mismatch, the finding to fix before enforcing, is a warning
-			// line even without ReplayLogLevel.
+			// line; the other duplicates' lines are at debug level.
 			if warns := s.logs.At(slog.LevelWarn); len(warns) != 1 || warns[0].Attrs["would"] != "rejected" || warns[0].Attrs["decision"] != "mismatch" {
 				t.Errorf("warning lines %+v, want one for the mismatch", warns)
 			}
 			var would []string
-			for _, l := range s.logs.At(slog.LevelInfo) {
-				would = append(would, fmt.Sprint(l.Attrs["would"]))
+			for _, l := range s.logs.At(slog.LevelDebug) {
+				if w, ok := l.Attrs["would"]; ok {
+					would = append(would, fmt.Sprint(w))
+				}
 			}
 			if want := []string{"replayed", "cached_failure_replayed", "held_key_nacked"}; !slices.Equal(would, want) {
-				t.Errorf("info lines say would %v, want %v", would, want)
+				t.Errorf("debug lines say would %v, want %v", would, want)
 			}
 			shadowSpans := 0
 			for _, sp := range s.tel.deliveries() {
