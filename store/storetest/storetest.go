@@ -17,11 +17,15 @@ import (
 
 // Harness is what a store's test gives the suite.
 type Harness struct {
-	// Store is the store under test. When it also implements
-	// store.Transactional, Run checks the one-transaction mode too; when it
-	// has a DeleteExpired(ctx, limit) (int, error) method (store/postgres's),
-	// Run checks that as well.
-	Store Store
+	// Store is the store under test: what every store of oncemill
+	// implements, the delivery path and the operator's operations. When it
+	// also implements store.Transactional, Run checks the one-transaction
+	// mode too; when it has a DeleteExpired(ctx, limit) (int, error) method
+	// (store/postgres's), Run checks that as well.
+	Store interface {
+		store.Store
+		store.Admin
+	}
 	// Advance moves the store's clock forward by d. Stores judged by a server
 	// clock (PostgreSQL now(), Redis TIME) implement it by moving every stored
 	// deadline d earlier.
@@ -30,13 +34,6 @@ type Harness struct {
 	// TTLs): Run then checks that an expired record is gone, not just
 	// hidden, once Advance has passed its expiry and its claim's Retain.
 	NativeExpiry bool
-}
-
-// Store is what every store of oncemill implements: the delivery path
-// and the operator's operations.
-type Store interface {
-	store.Store
-	store.Admin
 }
 
 // expirer is a store that removes expired records on request, up to limit
@@ -133,9 +130,12 @@ const (
 // env is one subtest's view of the store: its scope and helpers that fail
 // the test on unexpected errors.
 type env struct {
-	t       *testing.T
-	ctx     context.Context
-	s       Store
+	t   *testing.T
+	ctx context.Context
+	s   interface {
+		store.Store
+		store.Admin
+	}
 	advance func(time.Duration)
 	native  bool // Harness.NativeExpiry
 	scope   string
