@@ -210,7 +210,7 @@ func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
 // WithMessagingSystem says which broker the receiver reads from, as
 // OpenTelemetry's messaging.system attribute: semconv.MessagingSystemKafka,
 // semconv.MessagingSystemRabbitMQ, semconv.MessagingSystemAWSSQS
-// (go.opentelemetry.io/otel/semconv), or another value of that key:
+// (go.opentelemetry.io/otel/semconv/v1.40.0), or another value of that key:
 // Watermill does not know. It is the messaging.system span attribute, and on
 // Kafka and RabbitMQ, whose consumers take messages in order, Build refuses
 // a policy that would hold up the messages behind a poison message for good
