@@ -1,7 +1,7 @@
 // Package oncemill holds what every part of oncemill shares: the error of a
 // configuration that cannot work. Users start at package receiver.
 //
-// Every constructor, Build and Validate reports a bad setting as a
+// Every constructor and Build report a bad setting as a
 // *ConfigError that wraps ErrInvalidConfig, naming the setting and what to
 // change. Build names the builder method and the field of its argument:
 //

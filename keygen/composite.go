@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/keygen/internal/fingerprinted"
 )
 
 // Composite keys a message by several generators at once, for example a
@@ -33,7 +34,7 @@ func Composite(parts ...Generator) (Generator, error) {
 	}
 	// Copy, so the caller reusing its slice cannot change the generator.
 	c := &composite{parts: append([]Generator(nil), parts...)}
-	return &fingerprinted{Func: c.key, fp: c.fingerprint}, nil
+	return &fingerprinted.Generator{KeyFunc: c.key, FingerprintFunc: c.fingerprint}, nil
 }
 
 type composite struct {

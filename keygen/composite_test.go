@@ -82,8 +82,8 @@ func TestCompositeErrors(t *testing.T) {
 		t.Parallel()
 		g := mustComposite(t, constKey("a"), keygen.UUID())
 		_, err := g.Key(message.NewMessage("", nil))
-		if !errors.Is(err, keygen.ErrEmptyUUID) || !errors.Is(err, keygen.ErrNoKey) {
-			t.Fatalf("err = %v, want ErrEmptyUUID", err)
+		if !errors.Is(err, keygen.ErrEmptyKey) || !errors.Is(err, keygen.ErrNoKey) {
+			t.Fatalf("err = %v, want ErrEmptyKey", err)
 		}
 		if !strings.Contains(err.Error(), "composite part 1:") {
 			t.Errorf("error %q does not name part 1", err)

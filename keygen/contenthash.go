@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/keygen/internal/fingerprinted"
 )
 
 // ContentHashOptions configures ContentHash.
@@ -62,7 +63,7 @@ func ContentHash(opts ContentHashOptions) (Generator, error) {
 	g := &contentHash{ex: ex, meta: meta, reject: opts.RejectNonJSON}
 	// No fingerprint: the key is the content, so a key seen again always
 	// comes with the same payload.
-	return &fingerprinted{Func: g.key, fp: NoFingerprint}, nil
+	return &fingerprinted.Generator{KeyFunc: g.key, FingerprintFunc: NoFingerprint}, nil
 }
 
 type contentHash struct {

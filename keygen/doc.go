@@ -30,9 +30,9 @@
 // PayloadFingerprint, the XXH64 of the payload bytes in hex.
 //
 // Errors: every reason a message has no usable key wraps ErrNoKey, and a
-// sentinel per reason (ErrEmptyUUID, ErrMissingMetadata, ErrNotJSON,
-// ErrEmptyKey) tells them apart. Constructors reject options that could
-// never work with oncemill.ErrInvalidConfig. Nothing here panics on any input.
+// sentinel per reason (ErrEmptyKey, ErrMissingMetadata, ErrNotJSON) tells
+// them apart. Constructors reject options that could never work with
+// oncemill.ErrInvalidConfig. Nothing here panics on any input.
 //
 // docs/keys.md in the repository is the user guide, with the canonical JSON
 // rules in full.

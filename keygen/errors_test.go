@@ -10,7 +10,7 @@ import (
 
 func TestSentinelsWrapErrNoKey(t *testing.T) {
 	t.Parallel()
-	for _, err := range []error{keygen.ErrEmptyUUID, keygen.ErrMissingMetadata, keygen.ErrNotJSON, keygen.ErrEmptyKey} {
+	for _, err := range []error{keygen.ErrMissingMetadata, keygen.ErrNotJSON, keygen.ErrEmptyKey} {
 		if !errors.Is(err, keygen.ErrNoKey) {
 			t.Errorf("errors.Is(%v, ErrNoKey) = false", err)
 		}

@@ -18,7 +18,7 @@ func ExampleUUID() {
 	fmt.Println(key, err)
 
 	_, err = g.Key(message.NewMessage("", []byte(`{}`)))
-	fmt.Println(errors.Is(err, keygen.ErrEmptyUUID), errors.Is(err, keygen.ErrNoKey))
+	fmt.Println(errors.Is(err, keygen.ErrEmptyKey), errors.Is(err, keygen.ErrNoKey))
 	// Output:
 	// 8c2f0b1e-5d1a-4a34-9a57-0f8a4a5c2f10 <nil>
 	// true true

@@ -25,17 +25,6 @@ type Func func(msg *message.Message) (string, error)
 // Key calls f.
 func (f Func) Key(msg *message.Message) (string, error) { return f(msg) }
 
-// fingerprinted is a generator that fingerprints the payload its own way
-// (ContentHash, Composite): its key is Func's, its fingerprint fp's. The
-// other generators are plain Funcs, which are no Fingerprinter, so
-// The receiver and Composite fall back to PayloadFingerprint for them.
-type fingerprinted struct {
-	Func
-	fp func(msg *message.Message) string
-}
-
-func (g *fingerprinted) Fingerprint(msg *message.Message) string { return g.fp(msg) }
-
 // ErrNoKey is wrapped by every error a generator returns because the message
 // does not carry a usable key. The pipeline treats it as a permanent failure.
 var ErrNoKey = errors.New("oncemill: no key")

@@ -7,9 +7,9 @@ import (
 	"unicode/utf8"
 )
 
-// Storable reports whether every store can hold s as it is, as a key or a
+// storable reports whether every store can hold s as it is, as a key or a
 // scope: valid UTF-8 without a NUL byte.
-func Storable(s string) bool {
+func storable(s string) bool {
 	return strings.IndexByte(s, 0) < 0 && utf8.ValidString(s)
 }
 
@@ -34,7 +34,7 @@ const hashedKeyLen = len(hashedKeyPrefix) + 2*sha256.Size
 // The result is always 78 bytes for a hashed key, so a max below 78 still
 // returns 78 bytes; give stores at least 78.
 func StorableKey(key string, max int) string {
-	if (max <= 0 || len(key) <= max) && Storable(key) && !strings.HasPrefix(key, hashedKeyPrefix) {
+	if (max <= 0 || len(key) <= max) && storable(key) && !strings.HasPrefix(key, hashedKeyPrefix) {
 		return key
 	}
 	return hashKey(key)

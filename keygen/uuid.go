@@ -7,7 +7,7 @@ import "github.com/ThreeDotsLabs/watermill/message"
 // producer that mints a new UUID per attempt defeats it (use Metadata or
 // ContentHash then).
 //
-// Key does not allocate. An empty UUID is ErrEmptyUUID.
+// Key does not allocate. An empty UUID is ErrEmptyKey.
 func UUID() Generator { return uuidKeys }
 
 // uuidKeys is a Func of a top-level function: storing it in the Generator
@@ -19,7 +19,7 @@ func uuidKey(msg *message.Message) (string, error) {
 		return "", errNilMessage
 	}
 	if msg.UUID == "" {
-		return "", ErrEmptyUUID
+		return "", errEmptyUUID
 	}
 	return msg.UUID, nil
 }

@@ -19,7 +19,7 @@ func TestUUID(t *testing.T) {
 	}{
 		{name: "uuid", msg: message.NewMessage("8c2f0b1e-5d1a-4a34-9a57-0f8a4a5c2f10", nil), want: "8c2f0b1e-5d1a-4a34-9a57-0f8a4a5c2f10"},
 		{name: "any string", msg: message.NewMessage("order-42", []byte(`{}`)), want: "order-42"},
-		{name: "empty", msg: message.NewMessage("", []byte(`{}`)), wantErr: keygen.ErrEmptyUUID},
+		{name: "empty", msg: message.NewMessage("", []byte(`{}`)), wantErr: keygen.ErrEmptyKey},
 		{name: "nil message", msg: nil, wantErr: keygen.ErrNoKey},
 	}
 	for _, tt := range tests {

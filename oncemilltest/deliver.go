@@ -7,12 +7,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/oncemill/oncemill/oncemilltest/internal/crashstore"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
@@ -236,8 +236,8 @@ var errCrash = fmt.Errorf("the worker crashed before the outcome was recorded (%
 // newBuilder builds a worker's receiver over the store it is given, in the
 // lease mode: receiver.New(st) with the test's policy and options. The
 // helper calls it twice, for the worker that crashes and for the one that
-// gets the redelivery, over one memory store on a manual clock (a
-// FaultyStore over memory.Store and storetest.Clock).
+// gets the redelivery, over one memory store on a manual clock
+// (storetest.Clock).
 //
 // The crash: the first delivery runs h to its end, so its effect happened,
 // and then every store write of that delivery fails (Complete or Release),
@@ -268,23 +268,13 @@ func DeliverAfterCrash(t testing.TB, newBuilder func(st store.Store) *receiver.B
 		t.Fatalf("oncemilltest: DeliverAfterCrash: memory store: %v", err)
 	}
 	defer mem.Close()
-	var crashing atomic.Bool
-	var claims atomic.Int64
-	st := &FaultyStore{Store: mem, Fail: func(_ context.Context, op string, _ int) error {
-		switch {
-		case op == "ClaimLease":
-			claims.Add(1)
-		case crashing.Load() && (op == "Complete" || op == "Release"):
-			return errCrash
-		}
-		return nil
-	}}
+	st := &crashstore.Store{Store: mem, Crash: errCrash}
 
 	first := newWorker(t, build(t, newBuilder, st), h, nil)
-	crashing.Store(true)
+	st.Crashing.Store(true)
 	crashed := first.deliver(msg)
-	crashing.Store(false)
-	if crashed.Event.Decision != 0 && claims.Load() == 0 {
+	st.Crashing.Store(false)
+	if crashed.Event.Decision != 0 && st.Claims.Load() == 0 {
 		t.Fatalf("oncemilltest: DeliverAfterCrash: the receiver decided without the store it was given; newBuilder must build over its st")
 	}
 	crashed.Crashed, crashed.Acked, crashed.Messages, crashed.Err = true, false, nil, nil

@@ -30,7 +30,7 @@ func TestDeliverTwice(t *testing.T) {
 	ds.RequireExecutedOnce(t)
 	ds.RequireRuns(t, 1)
 	ds.RequireAllAcked(t)
-	p.charges.RequireOnce(t, "pay-1")
+	p.charges.RequireCount(t, "pay-1", 1)
 
 	// The duplicate re-publishes the stored receipt, with its UUID.
 	for i, d := range ds {
@@ -123,7 +123,7 @@ func TestDeliverConcurrently(t *testing.T) {
 		pipeline.OutcomeReplayed, pipeline.OutcomeReplayed, pipeline.OutcomeReplayed, pipeline.OutcomeReplayed)
 	ds.RequireExecutedOnce(t)
 	ds.RequireAllAcked(t)
-	p.charges.RequireOnce(t, "pay-5")
+	p.charges.RequireCount(t, "pay-5", 1)
 	// The first execution waited for the others to reach the store: they
 	// all met the key held.
 	for _, d := range ds[1:] {
@@ -141,7 +141,7 @@ func TestDeliverConcurrentlyHeldKeyReject(t *testing.T) {
 		message.NewMessage("pay-6", nil), 3)
 	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeRejected, pipeline.OutcomeRejected)
 	ds.RequireExecutedOnce(t)
-	p.charges.RequireOnce(t, "pay-6")
+	p.charges.RequireCount(t, "pay-6", 1)
 }
 
 // A handler whose effect is not idempotent by itself runs twice after a
@@ -180,7 +180,7 @@ func TestDeliverAfterCrash(t *testing.T) {
 		ds := oncemilltest.DeliverAfterCrash(t, newBuilder, oncemilltest.NoPublish(upsert), message.NewMessage("pay-8", nil))
 		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeExecuted)
 		runs.RequireCount(t, "pay-8", 2)
-		ledger.RequireOnce(t, "pay-8")
+		ledger.RequireCount(t, "pay-8", 1)
 	})
 
 	// The crash is between the effect and the ack: a handler that fails
@@ -272,8 +272,8 @@ func TestAssertionsFail(t *testing.T) {
 		{"RequireExecutedOnce", func(tb testing.TB) { crash.RequireExecutedOnce(tb) }, "2 deliveries executed and 0 others ran the handler"},
 		{"RequireRuns", func(tb testing.TB) { crash.RequireRuns(tb, 1) }, "the handler ran 2 times, want 1"},
 		{"RequireAllAcked", func(tb testing.TB) { crash.RequireAllAcked(tb) }, "delivery 1 was not acked"},
-		{"RequireOnce", func(tb testing.TB) { p.charges.RequireOnce(tb, "pay-12") }, `"pay-12" took effect 2 times, want 1`},
-		{"RequireCount", func(tb testing.TB) { p.charges.RequireCount(tb, "pay-13", 1) }, `"pay-13" took effect 0 times, want 1`},
+		{"RequireCount twice", func(tb testing.TB) { p.charges.RequireCount(tb, "pay-12", 1) }, `"pay-12" took effect 2 times, want 1`},
+		{"RequireCount never", func(tb testing.TB) { p.charges.RequireCount(tb, "pay-13", 1) }, `"pay-13" took effect 0 times, want 1`},
 		{"RequireEachOnce", func(tb testing.TB) { p.charges.RequireEachOnce(tb) }, `"pay-12" took effect 2 times, want 1`},
 		{"RequireEachOnce without effects", func(tb testing.TB) { new(oncemilltest.Effects).RequireEachOnce(tb) }, "no effect at all"},
 	} {
@@ -303,7 +303,7 @@ func TestBuilderReusedAfterHelper(t *testing.T) {
 		}
 	}
 	ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
-	p.charges.RequireOnce(t, "pay-15")
+	p.charges.RequireCount(t, "pay-15", 1)
 
 	// A later helper call on the same builder and message finds the record.
 	oncemilltest.DeliverTwice(t, b, p.handle, message.NewMessage("pay-14", nil)).
@@ -378,5 +378,5 @@ func TestPausedWorkerChecksItsLease(t *testing.T) {
 	if !errors.Is(ds[0].Err, store.ErrLeaseLost) {
 		t.Errorf("the woken worker returned %v, want its lease lost", ds[0].Err)
 	}
-	charges.RequireOnce(t, "pay-17")
+	charges.RequireCount(t, "pay-17", 1)
 }

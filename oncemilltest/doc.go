@@ -17,7 +17,7 @@
 //		msg := message.NewMessage("pay-1", []byte(`{"amount":1200}`))
 //		oncemilltest.DeliverTwice(t, receiver.New(st), charge, msg).
 //			RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
-//		charges.RequireOnce(t, "pay-1")
+//		charges.RequireCount(t, "pay-1", 1)
 //	}
 //
 // # Deliveries
@@ -84,14 +84,6 @@
 //	}, msg)
 //	ds.RequireOutcomes(t, pipeline.OutcomeReleased, pipeline.OutcomeExecuted)
 //	// and SELECT count(*) FROM payments WHERE id = msg.UUID is 1
-//
-// # Store failures
-//
-// FaultyStore wraps a store.Store and fails the calls a test chooses: its
-// Fail func is asked before each call reaches the store, FailAfter once the
-// call took effect (an answer lost on the way back), each with the
-// operation's name and the call's number. They see every call, so a test
-// counts or holds calls there too.
 //
 // # Integration tests
 //

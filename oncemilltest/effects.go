@@ -37,14 +37,9 @@ func (e *Effects) Count(key string) int {
 	return e.counts[key]
 }
 
-// RequireOnce fails the test unless key has exactly one effect.
-func (e *Effects) RequireOnce(t testing.TB, key string) {
-	t.Helper()
-	e.RequireCount(t, key, 1)
-}
-
-// RequireCount fails the test unless key has n effects: 0 for a message
-// that must not take effect (a cached failure, an invalid message).
+// RequireCount fails the test unless key has n effects: 1 for a message
+// that must take effect once, 0 for one that must not (a cached failure,
+// an invalid message).
 func (e *Effects) RequireCount(t testing.TB, key string, n int) {
 	t.Helper()
 	if got := e.Count(key); got != n {

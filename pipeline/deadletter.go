@@ -1,12 +1,5 @@
 package pipeline
 
-import (
-	"fmt"
-
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
-)
-
 // ReasonKindKey is the metadata key a dead-lettered message carries with the
 // kind of reason: one of the DeadLetterReason values. The reason itself, the topic,
 // handler and subscriber use Watermill's PoisonQueue keys
@@ -33,26 +26,3 @@ const (
 	// policy.HeldKeyReject or policy.FinishedKeyReject).
 	DeadLetterReasonRejected DeadLetterReason = "rejected"
 )
-
-// deadLetter forwards messages that will never be processed to a topic of
-// their own, once, before they are acked.
-type deadLetter struct {
-	pub   message.Publisher
-	topic string
-}
-
-// forward publishes a copy of msg (same UUID, payload and metadata, plus the
-// reason) to the dead-letter topic.
-func (d *deadLetter) forward(msg *message.Message, kind DeadLetterReason, reason error) error {
-	out := msg.Copy()
-	ctx := msg.Context()
-	out.Metadata.Set(middleware.ReasonForPoisonedKey, reason.Error())
-	out.Metadata.Set(middleware.PoisonedTopicKey, message.SubscribeTopicFromCtx(ctx))
-	out.Metadata.Set(middleware.PoisonedHandlerKey, message.HandlerNameFromCtx(ctx))
-	out.Metadata.Set(middleware.PoisonedSubscriberKey, message.SubscriberNameFromCtx(ctx))
-	out.Metadata.Set(ReasonKindKey, string(kind))
-	if err := d.pub.Publish(d.topic, out); err != nil {
-		return fmt.Errorf("oncemill: forwarding to dead-letter topic %q: %w", d.topic, err)
-	}
-	return nil
-}

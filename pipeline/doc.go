@@ -1,17 +1,17 @@
-// Package pipeline holds the idempotency stage in its two modes, Leased
-// (NewLeased) and Transactional (NewTransactional): each one Watermill
-// message.HandlerMiddleware that validates, computes the key, claims it,
-// runs the handler through retry and the circuit breaker, and records the
-// outcome, in that fixed order. package receiver's builder fills their
-// Config; they can also be used alone.
+// Package pipeline holds what a user of oncemill's pipeline names: Event
+// and its Outcome, the stage's errors (DuplicateError among them),
+// ClaimFromContext and CheckLease for the handler, RetryConfig and
+// KafkaWatermark for the builder, and the dead-letter reasons. The pipeline
+// itself is assembled by package receiver's builder, the one way to build it.
 //
 // The idempotency stage does what docs/concepts.md's table "What a
 // duplicate gets" says:
 //
 //   - Execute: the handler runs under a lease that a heartbeat keeps alive
-//     (Leased), or in the claim's transaction (Transactional).
-//     On success the produced messages (UUID, metadata, payload) are stored
-//     as the result and returned to the router.
+//     (receiver.New), or in the claim's transaction
+//     (receiver.NewTransactional). On success the produced messages (UUID,
+//     metadata, payload) are stored as the result and returned to the
+//     router.
 //   - Replay of a success: the stored produced messages are returned again
 //     with the same UUIDs, so the router re-publishes what a crash lost.
 //   - Replay of a cached failure: acked; the handler is not run.
@@ -27,11 +27,11 @@
 // A duplicate that is neither run nor replayed has a *DuplicateError,
 // which says what the store holds for its key (errors.As).
 //
-// In shadow mode (Config.Shadow) only Execute is acted on: every other
-// answer of the store, and a message without a usable key, runs the
-// handler unguarded instead, and is reported
-// as what enforcement would have done (Event.Shadow), for rolling the
-// stage out on a live consumer (docs/operations.md).
+// In shadow mode (receiver's WithShadow) only Execute is acted on: every
+// other answer of the store, and a message without a usable key, runs the
+// handler unguarded instead, and is reported as what enforcement would
+// have done (Event.Shadow), for rolling the stage out on a live consumer
+// (docs/operations.md).
 //
 // A panic in the handler is recovered like Watermill's middleware.Recoverer
 // does: it becomes a middleware.RecoveredPanicError carrying the stack, the

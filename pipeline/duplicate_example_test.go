@@ -8,6 +8,7 @@ import (
 
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
 )
 
@@ -19,10 +20,10 @@ func ExampleDuplicateError() {
 		panic(err)
 	}
 	defer st.Close()
-	stage, err := pipeline.NewLeased(st, pipeline.Config{
-		Scope:  "payments",
-		Policy: policy.Policy{FinishedKey: policy.FinishedKeyReject},
-		EventHandler: func(e pipeline.Event) {
+	r, err := receiver.New(st).
+		WithScope("payments").
+		WithPolicy(policy.Policy{FinishedKey: policy.FinishedKeyReject}).
+		WithEventHandler(func(e pipeline.Event) {
 			var dup *pipeline.DuplicateError
 			if errors.As(e.Err, &dup) {
 				fmt.Printf("%v: key %s is %v (attempt %d), rejected: %v\n",
@@ -30,12 +31,12 @@ func ExampleDuplicateError() {
 				return
 			}
 			fmt.Println(e.Outcome)
-		},
-	})
+		}).
+		Build()
 	if err != nil {
 		panic(err)
 	}
-	h := stage.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	h := r.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	for range 2 { // a duplicate publish
 		if _, err := h(message.NewMessage("pay-42", []byte("charge 10 EUR"))); err != nil {
 			panic(err)

@@ -104,9 +104,9 @@ type Event struct {
 	Exhausted bool
 	// Err is the handler's error, or why the delivery was rejected.
 	Err error
-	// Shadow is true when the stage, in shadow mode (Config.Shadow), ran
-	// the handler unguarded where enforcement would not have run it:
-	// Outcome is then what enforcement would have done (Replayed,
+	// Shadow is true when the stage, in shadow mode (receiver's
+	// WithShadow), ran the handler unguarded where enforcement would not
+	// have run it: Outcome is then what enforcement would have done (Replayed,
 	// CachedFailureReplayed, HeldKeyNacked, Rejected, StoreFailed,
 	// KeyFailed), not what the router was told, and Err is the handler's
 	// error. The delivery was acked unless the handler failed retryably.

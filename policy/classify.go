@@ -2,6 +2,8 @@ package policy
 
 import (
 	"errors"
+
+	"github.com/oncemill/oncemill/policy/internal/classified"
 )
 
 // Class is what a failure is: remembered and acked, or released and retried.
@@ -23,23 +25,13 @@ func (c Class) String() string {
 	return "retryable"
 }
 
-// classified marks an error with a class. errors.As finds the outermost
-// marker, so re-wrapping with another marker overrides an inner one.
-type classified struct {
-	err   error
-	class Class
-}
-
-func (c *classified) Error() string { return c.err.Error() }
-func (c *classified) Unwrap() error { return c.err }
-
 // Cached marks err as a cached failure: it is stored and never re-run.
 // Cached(nil) is nil.
 func Cached(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &classified{err: err, class: ClassCached}
+	return &classified.Error{Err: err, Class: int(ClassCached)}
 }
 
 // Retryable marks err as retryable even when it would otherwise be cached.
@@ -48,12 +40,13 @@ func Retryable(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &classified{err: err, class: ClassRetryable}
+	return &classified.Error{Err: err, Class: int(ClassRetryable)}
 }
 
 // Classify sorts err. The order, first match wins:
 //  1. the Classifier predicate, when it returns ok;
-//  2. the outermost Permanent or Transient marker;
+//  2. the outermost Cached or Retryable marker (re-wrapping with another
+//     marker overrides an inner one);
 //  3. RetryableErrors, then CachedErrors, by errors.Is;
 //  4. anything else, context cancellation and deadlines included, is retryable.
 func (p Policy) Classify(err error) Class {
@@ -65,9 +58,9 @@ func (p Policy) Classify(err error) Class {
 			return c
 		}
 	}
-	var marked *classified
+	var marked *classified.Error
 	if errors.As(err, &marked) {
-		return marked.class
+		return Class(marked.Class)
 	}
 	for _, target := range p.RetryableErrors {
 		if errors.Is(err, target) {

@@ -4,7 +4,8 @@
 // once it has finished (FinishedKeyMode).
 //
 // A Policy is a plain value whose zero fields mean their defaults, so a
-// literal names only what it changes, and Validate says what cannot work:
+// literal names only what it changes; receiver's Build says what cannot
+// work:
 //
 //	p := policy.Policy{
 //		SuccessTTL:   7 * 24 * time.Hour,

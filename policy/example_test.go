@@ -19,10 +19,8 @@ func ExamplePolicy_Classify() {
 	fmt.Println(p.Classify(fmt.Errorf("charge: %w", errInsufficientFunds)))
 	fmt.Println(p.Classify(errors.New("connection reset")))
 	fmt.Println(p.Classify(policy.Cached(errors.New("amount must be positive"))))
-	fmt.Println(p.Validate())
 	// Output:
 	// cached
 	// retryable
 	// cached
-	// <nil>
 }

@@ -3,8 +3,6 @@ package policy
 import (
 	"fmt"
 	"time"
-
-	"github.com/oncemill/oncemill/internal/configerr"
 )
 
 // Defaults: what a zero field of Policy means (each field's doc states its
@@ -260,52 +258,4 @@ func (p Policy) WithDefaults() Policy {
 		p.MaxPayloadBytes = defaultMaxPayloadBytes
 	}
 	return p
-}
-
-// Validate reports the first setting that cannot work, saying what to
-// change, as a *oncemill.ConfigError. Zero fields are valid: they mean their
-// defaults.
-func (p Policy) Validate() error {
-	bad := func(field, format string, args ...any) error {
-		return configerr.New("policy."+field, format, args...)
-	}
-	raw := p
-	p = p.WithDefaults()
-	switch {
-	case p.SuccessTTL < 0:
-		return bad("SuccessTTL", "%v is negative; set it longer than the broker's redelivery horizon, or leave it 0 for %v", p.SuccessTTL, defaultSuccessTTL)
-	case p.FailureTTL < 0:
-		return bad("FailureTTL", "%v is negative; leave it 0 for %v", p.FailureTTL, defaultFailureTTL)
-	case p.LeaseDuration < 0:
-		return bad("LeaseDuration", "%v is negative; leave it 0 for %v", p.LeaseDuration, defaultLeaseDuration)
-	case p.Heartbeat < 0:
-		return bad("Heartbeat", "%v is negative; leave it 0 for a third of LeaseDuration", p.Heartbeat)
-	case p.Heartbeat == 0:
-		return bad("LeaseDuration", "%v is too short to beat within; use a lease of a millisecond or more", p.LeaseDuration)
-	case p.Heartbeat >= p.LeaseDuration:
-		return bad("Heartbeat", "%v is not shorter than LeaseDuration %v, so the lease would expire between beats; use less than LeaseDuration, or leave it 0 for %v (a third of LeaseDuration, room for two missed beats)", raw.Heartbeat, p.LeaseDuration, p.LeaseDuration/3)
-	case p.MaxAttempts < 0:
-		return bad("MaxAttempts", "%d is negative; set 1 or more, or leave it 0 for %d", p.MaxAttempts, defaultMaxAttempts)
-	case raw.MaxAttemptDelay < 0:
-		return bad("MaxAttemptDelay", "%v is negative; leave it 0 for %v, or set AttemptDelay negative for no pause", raw.MaxAttemptDelay, defaultMaxAttemptDelay)
-	case p.MaxAttemptDelay < p.AttemptDelay:
-		return bad("MaxAttemptDelay", "%v is below AttemptDelay %v; raise it, or leave it 0", p.MaxAttemptDelay, p.AttemptDelay)
-	case p.Exhausted != ExhaustedKeep && p.Exhausted != ExhaustedDrop:
-		return bad("Exhausted", "%v is not a mode; use policy.ExhaustedKeep or ExhaustedDrop", p.Exhausted)
-	case p.NeverCacheFailures && p.Exhausted == ExhaustedDrop:
-		return bad("Exhausted", "is ExhaustedDrop, which caches the failure of a message whose attempts ran out, and NeverCacheFailures caches none; leave Exhausted 0, or NeverCacheFailures false")
-	case p.HeldKey < HeldKeyWait || p.HeldKey > HeldKeyReject:
-		return bad("HeldKey", "%v is not a mode; use policy.HeldKeyWait, HeldKeyNack or HeldKeyReject", p.HeldKey)
-	case p.FinishedKey != FinishedKeyReplay && p.FinishedKey != FinishedKeyReject:
-		return bad("FinishedKey", "%v is not a mode; use policy.FinishedKeyReplay or FinishedKeyReject", p.FinishedKey)
-	case p.HeldKeyTimeout < 0:
-		return bad("HeldKeyTimeout", "%v is negative; leave it 0 for %v", p.HeldKeyTimeout, defaultHeldKeyTimeout)
-	case p.MissingKey != MissingKeyReject && p.MissingKey != MissingKeyRunUnguarded:
-		return bad("MissingKey", "%v is not a mode; use policy.MissingKeyReject or MissingKeyRunUnguarded", p.MissingKey)
-	case p.MaxResultBytes < 0:
-		return bad("MaxResultBytes", "%d is negative; leave it 0 for %d", p.MaxResultBytes, defaultMaxResultBytes)
-	case p.MaxPayloadBytes < 0:
-		return bad("MaxPayloadBytes", "%d is negative; leave it 0 for %d", p.MaxPayloadBytes, defaultMaxPayloadBytes)
-	}
-	return nil
 }

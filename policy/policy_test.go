@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/policy"
 )
 
@@ -24,9 +22,6 @@ func (e *validationError) Error() string { return "invalid " + e.field }
 func TestZeroPolicyIsTheDefaults(t *testing.T) {
 	t.Parallel()
 	var zero policy.Policy
-	if err := zero.Validate(); err != nil {
-		t.Fatal(err)
-	}
 	p := zero.WithDefaults()
 	if p.SuccessTTL != 24*time.Hour || p.FailureTTL != time.Hour || p.LeaseDuration != 30*time.Second || p.Heartbeat != 10*time.Second {
 		t.Fatalf("defaults %+v", p)
@@ -53,46 +48,6 @@ func TestZeroPolicyIsTheDefaults(t *testing.T) {
 	p = policy.Policy{LeaseDuration: 3 * time.Second, NackDelay: -1}.WithDefaults()
 	if p.Heartbeat != time.Second || p.NackDelay != 0 || p.SuccessTTL != 24*time.Hour {
 		t.Fatalf("Lease 3s, NackDelay -1: %+v", p)
-	}
-}
-
-func TestValidateSaysWhatToChange(t *testing.T) {
-	t.Parallel()
-	cases := map[string]struct {
-		p       policy.Policy
-		setting string
-		says    string
-	}{
-		"success ttl":     {policy.Policy{SuccessTTL: -1}, "policy.SuccessTTL", "negative"},
-		"failure ttl":     {policy.Policy{FailureTTL: -1}, "policy.FailureTTL", "negative"},
-		"lease":           {policy.Policy{LeaseDuration: -time.Second}, "policy.LeaseDuration", "negative"},
-		"lease too short": {policy.Policy{LeaseDuration: 2}, "policy.LeaseDuration", "too short"},
-		"heartbeat":       {policy.Policy{Heartbeat: -1}, "policy.Heartbeat", "negative"},
-		"heartbeat long":  {policy.Policy{Heartbeat: 30 * time.Second}, "policy.Heartbeat", "not shorter than Lease"},
-		"attempts":        {policy.Policy{MaxAttempts: -1}, "policy.MaxAttempts", "negative"},
-		"held key mode":   {policy.Policy{HeldKey: 5}, "policy.HeldKey", "policy.HeldKeyWait"},
-		"held key wait":   {policy.Policy{HeldKeyTimeout: -1}, "policy.HeldKeyTimeout", "negative"},
-		"missing key":     {policy.Policy{MissingKey: 3}, "policy.MissingKey", "policy.MissingKeyReject"},
-		"result size":     {policy.Policy{MaxResultBytes: -1}, "policy.MaxResultBytes", "negative"},
-		"payload size":    {policy.Policy{MaxPayloadBytes: -1}, "policy.MaxPayloadBytes", "negative"},
-		"attempt cap":     {policy.Policy{MaxAttemptDelay: -1}, "policy.MaxAttemptDelay", "negative"},
-		"attempt delays":  {policy.Policy{AttemptDelay: 2 * time.Minute, MaxAttemptDelay: time.Minute}, "policy.MaxAttemptDelay", "below AttemptDelay"},
-		"exhausted mode":  {policy.Policy{Exhausted: 4}, "policy.Exhausted", "policy.ExhaustedKeep"},
-		"finished key":    {policy.Policy{FinishedKey: 2}, "policy.FinishedKey", "policy.FinishedKeyReplay"},
-		"no cache, drop":  {policy.Policy{NeverCacheFailures: true, Exhausted: policy.ExhaustedDrop}, "policy.Exhausted", "NeverCacheFailures caches none"},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			err := tc.p.Validate()
-			var ce *oncemill.ConfigError
-			if !errors.Is(err, oncemill.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Setting != tc.setting || !strings.Contains(err.Error(), tc.says) {
-				t.Fatalf("got %v, want a ConfigError for %s saying %q", err, tc.setting, tc.says)
-			}
-			if !strings.HasPrefix(err.Error(), "oncemill: invalid configuration: "+tc.setting+": ") {
-				t.Fatalf("message %q does not start with the one prefix and the setting", err)
-			}
-		})
 	}
 }
 

@@ -37,7 +37,7 @@ func TestBadInputIsRejectedClearlyAndPermanently(t *testing.T) {
 		is      error
 		message string // part of the error a person reads
 	}{
-		{"empty UUID", keygen.UUID(), message.NewMessage("", []byte(`{}`)), keygen.ErrEmptyUUID, "UUID"},
+		{"empty UUID", keygen.UUID(), message.NewMessage("", []byte(`{}`)), keygen.ErrEmptyKey, "UUID"},
 		{"missing metadata field", tenant, message.NewMessage("m1", []byte(`{}`)), keygen.ErrMissingMetadata, "tenant_id"},
 		{"malformed JSON", strictJSON, message.NewMessage("m1", []byte(`{"amount": 12,}`)), keygen.ErrNotJSON, "JSON"},
 		{"non-UTF-8", strictJSON, message.NewMessage("m1", []byte("{\"name\":\"\xff\xfe\"}")), keygen.ErrNotJSON, "UTF-8"},

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -14,8 +13,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/internal/idempotency"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -23,13 +22,13 @@ import (
 )
 
 // Builder collects the receiver's configuration: each With method sets one
-// field of a pipeline.Config and returns the builder; Build validates
-// everything at once, and every error names the method that set the value.
+// setting and returns the builder; Build validates everything at once, and
+// every error names the method that set the value.
 type Builder struct {
-	ctor string // "New" or "NewTransactional": what a nil store is reported as
+	ctor string // "New" or "NewTransactional"
 	st   store.Store
 	ts   store.Transactional
-	cfg  pipeline.Config
+	cfg  idempotency.Config
 	errs []error
 }
 
@@ -116,9 +115,9 @@ func (b *Builder) WithRetentionFor(handler string, successTTL, failureTTL time.D
 		return b.invalid("WithRetentionFor", "handler %q is given twice; call it once per handler", handler)
 	}
 	if b.cfg.RetentionFor == nil {
-		b.cfg.RetentionFor = map[string]pipeline.Retention{}
+		b.cfg.RetentionFor = map[string]idempotency.Retention{}
 	}
-	b.cfg.RetentionFor[handler] = pipeline.Retention{SuccessTTL: successTTL, FailureTTL: failureTTL}
+	b.cfg.RetentionFor[handler] = idempotency.Retention{SuccessTTL: successTTL, FailureTTL: failureTTL}
 	return b
 }
 
@@ -135,18 +134,15 @@ func (b *Builder) WithPolicy(p policy.Policy) *Builder {
 // or no WithLogger at all, means slog.Default(): a rejected or dropped
 // message, a dead letter that could not be forwarded and a store that could
 // not decide a delivery are logged at error level either way, never silent.
-func (b *Builder) WithLogger(l *slog.Logger) *Builder {
-	b.cfg.Logger = l
-	return b
-}
-
-// WithReplayLogLevel sets the level at which each replay is logged through
-// WithLogger's logger, with its scope, key, original outcome (succeeded or
-// cached_failure) and age (default: replays are not logged). A replay rate
+//
+// At debug level it also logs each delivery's progress: before the handler
+// runs, once its outcome is stored, and each replay with its scope, key,
+// original outcome (succeeded or cached_failure) and age. A replay rate
 // that never falls, or ages far beyond the broker's redelivery horizon,
 // point to a key that does not identify what it should (docs/operations.md).
-func (b *Builder) WithReplayLogLevel(level slog.Level) *Builder {
-	b.cfg.ReplayLogLevel = level
+// Above debug level these lines cost one Enabled call each.
+func (b *Builder) WithLogger(l *slog.Logger) *Builder {
+	b.cfg.Logger = l
 	return b
 }
 
@@ -214,7 +210,7 @@ func (b *Builder) WithMeterProvider(mp metric.MeterProvider) *Builder {
 // WithMessagingSystem says which broker the receiver reads from, as
 // OpenTelemetry's messaging.system attribute: semconv.MessagingSystemKafka,
 // semconv.MessagingSystemRabbitMQ, semconv.MessagingSystemAWSSQS
-// (go.opentelemetry.io/otel/semconv), or another value of that key:
+// (go.opentelemetry.io/otel/semconv/v1.40.0), or another value of that key:
 // Watermill does not know. It is the messaging.system span attribute, and on
 // Kafka and RabbitMQ, whose consumers take messages in order, Build refuses
 // a policy that would hold up the messages behind a poison message for good
@@ -288,9 +284,6 @@ func (b *Builder) Build() (*Receiver, error) {
 	if len(b.errs) > 0 {
 		return nil, errors.Join(b.errs...)
 	}
-	if b.cfg.Scope != "" && b.cfg.ScopeFunc != nil {
-		return nil, configerr.New("WithScope and WithScopeFunc", "both set: a scope is either fixed (WithScope) or computed per message (WithScopeFunc); keep one")
-	}
 	neverCached := inOrder(b.cfg.MessagingSystem) && b.cfg.Policy.NeverCacheFailures
 	if !neverCached && inOrder(b.cfg.MessagingSystem) && b.cfg.DeadLetterPublisher == nil && b.cfg.Policy.Exhausted == policy.ExhaustedKeep {
 		return nil, configerr.New("WithPolicy(Policy.Exhausted)", "is ExhaustedKeep on %s without a dead letter, so a message whose attempts run out would hold up the messages behind it for good; add WithDeadLetter(pub, topic), or set policy.ExhaustedDrop to ack such messages with an error log", b.cfg.MessagingSystem)
@@ -300,12 +293,12 @@ func (b *Builder) Build() (*Receiver, error) {
 		err   error
 	)
 	if b.ctor == "NewTransactional" {
-		stage, err = pipeline.NewTransactional(b.ts, b.cfg)
+		stage, err = idempotency.NewTransactional(b.ts, b.cfg)
 	} else {
-		stage, err = pipeline.NewLeased(b.st, b.cfg)
+		stage, err = idempotency.NewLeased(b.st, b.cfg)
 	}
 	if err != nil {
-		return nil, b.asWritten(err)
+		return nil, err
 	}
 	if neverCached {
 		b.warnNeverCached()
@@ -324,30 +317,6 @@ func (b *Builder) warnNeverCached() {
 		slog.String("messaging_system", b.cfg.MessagingSystem))
 }
 
-// asWritten names the setting of a pipeline ConfigError as the user wrote
-// it: the builder method that set the pipeline.Config field.
-func (b *Builder) asWritten(err error) error {
-	var ce *oncemill.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	switch field, rest, _ := strings.Cut(strings.TrimPrefix(ce.Setting, "Config."), "."); {
-	case ce.Setting == "store":
-		ce.Setting = b.ctor
-	case strings.HasPrefix(ce.Setting, "policy."):
-		ce.Setting = "WithPolicy(Policy." + strings.TrimPrefix(ce.Setting, "policy.") + ")"
-	case strings.HasPrefix(field, "DeadLetter"):
-		ce.Setting = "WithDeadLetter"
-	case field == "Retry":
-		ce.Setting = "WithRetry(RetryConfig." + rest + ")"
-	case field == "CircuitBreaker":
-		ce.Setting = "WithCircuitBreaker(gobreaker.Settings." + rest + ")"
-	default:
-		ce.Setting = "With" + field
-	}
-	return err
-}
-
 // inOrder reports the brokers whose consumer is handed the next message only
 // after the current one is acked or nacked, and which redeliver a nacked
 // message first: a Kafka partition, and a RabbitMQ queue (a requeued
@@ -357,8 +326,8 @@ func inOrder(system string) bool {
 	return system == semconv.MessagingSystemKafka.Value.AsString() || system == semconv.MessagingSystemRabbitMQ.Value.AsString()
 }
 
-// middleware is either mode's stage: *pipeline.Leased or
-// *pipeline.Transactional.
+// middleware is either mode's stage: *idempotency.Leased or
+// *idempotency.Transactional.
 type middleware interface {
 	Middleware(h message.HandlerFunc) message.HandlerFunc
 }

@@ -76,7 +76,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 		ds.RequireExecutedOnce(t)
 		ds.RequireAllAcked(t)
-		s.shipped.RequireOnce(t, "order-1")
+		s.shipped.RequireCount(t, "order-1", 1)
 	})
 
 	t.Run("concurrent duplicates ship once", func(t *testing.T) {
@@ -85,7 +85,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 			newOrder("order-1", `{"item":"book","quantity":1}`), 4)
 		ds.RequireExecutedOnce(t)
 		ds.RequireAllAcked(t)
-		s.shipped.RequireOnce(t, "order-1")
+		s.shipped.RequireCount(t, "order-1", 1)
 	})
 
 	t.Run("an invalid order never ships", func(t *testing.T) {
@@ -104,7 +104,7 @@ func TestShipWithOncemilltest(t *testing.T) {
 			newOrder("order-3", `{"item":"lamp","quantity":2}`))
 		ds.RequireOutcomes(t, pipeline.OutcomeExecuted, pipeline.OutcomeReplayed)
 		ds.RequireRuns(t, 2) // both in the first delivery
-		s.shipped.RequireOnce(t, "order-3")
+		s.shipped.RequireCount(t, "order-3", 1)
 	})
 
 	t.Run("out of stock is cached", func(t *testing.T) {

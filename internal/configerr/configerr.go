@@ -1,5 +1,5 @@
-// Package configerr makes the *oncemill.ConfigError every constructor,
-// Build and Validate in oncemill returns for a setting that cannot work.
+// Package configerr makes the *oncemill.ConfigError every constructor and
+// Build in oncemill return for a setting that cannot work.
 package configerr
 
 import (

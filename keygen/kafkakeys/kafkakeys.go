@@ -13,9 +13,9 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// ErrNoOffset: the message was not consumed from Kafka by a Watermill router
+// errNoOffset: the message was not consumed from Kafka by a Watermill router
 // (its context holds no partition and offset), so it has no offset key.
-var ErrNoOffset = fmt.Errorf("%w: the message's context holds no Kafka partition and offset (not consumed by watermill-kafka through a router)", keygen.ErrNoKey)
+var errNoOffset = fmt.Errorf("%w: the message's context holds no Kafka partition and offset (not consumed by watermill-kafka through a router)", keygen.ErrNoKey)
 
 // Offset keys a message by where it sits in Kafka: topic, partition and
 // offset, as "<topic>/<partition>/<offset>". The topic is the router's
@@ -37,7 +37,7 @@ func offsetKey(msg *message.Message) (string, error) {
 	partition, okP := kafka.MessagePartitionFromCtx(ctx)
 	offset, okO := kafka.MessagePartitionOffsetFromCtx(ctx)
 	if !okP || !okO {
-		return "", ErrNoOffset
+		return "", errNoOffset
 	}
 	b := make([]byte, 0, 64)
 	b = append(b, message.SubscribeTopicFromCtx(ctx)...)
@@ -51,8 +51,8 @@ func offsetKey(msg *message.Message) (string, error) {
 // Position is where a message consumed by watermill-kafka sits: the
 // router's subscribe topic, and the partition and offset of its message
 // context. It is the watermark mode's pipeline.KafkaWatermark.Position
-// (receiver.Builder.WithKafkaWatermark); ErrNoOffset for a message not
-// consumed from Kafka.
+// (receiver.Builder.WithKafkaWatermark); an error wrapping keygen.ErrNoKey
+// for a message not consumed from Kafka.
 func Position(msg *message.Message) (store.KafkaPosition, error) {
 	if msg == nil {
 		return store.KafkaPosition{}, fmt.Errorf("%w: message is nil", keygen.ErrNoKey)
@@ -61,7 +61,7 @@ func Position(msg *message.Message) (store.KafkaPosition, error) {
 	partition, okP := kafka.MessagePartitionFromCtx(ctx)
 	offset, okO := kafka.MessagePartitionOffsetFromCtx(ctx)
 	if !okP || !okO {
-		return store.KafkaPosition{}, ErrNoOffset
+		return store.KafkaPosition{}, errNoOffset
 	}
 	return store.KafkaPosition{Topic: message.SubscribeTopicFromCtx(ctx), Partition: partition, Offset: offset}, nil
 }

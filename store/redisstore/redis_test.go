@@ -14,8 +14,8 @@ import (
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/storeload"
 	"github.com/oncemill/oncemill/store/redisstore"
-	"github.com/oncemill/oncemill/store/storetest"
 )
 
 // TestContract runs the contract suite against the real Redis, over a client
@@ -250,7 +250,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 	t.Parallel()
 	c := newClient(t, &redis.Options{PoolSize: 4})
 	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
-	storetest.RunLoad(t, s, "stress", 3000)
+	storeload.Run(t, s, "stress", 3000)
 }
 
 // TestNativeTTLs: each record carries the Redis TTL of its state, which is

@@ -8,20 +8,24 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/storeload"
 )
 
 // Harness is what a store's test gives the suite.
 type Harness struct {
-	// Store is the store under test. When it also implements
-	// store.Transactional, Run checks the one-transaction mode too; when it
-	// has a DeleteExpired(ctx, limit) (int, error) method (store/postgres's),
-	// Run checks that as well.
-	Store Store
+	// Store is the store under test: what every store of oncemill
+	// implements, the delivery path and the operator's operations. When it
+	// also implements store.Transactional, Run checks the one-transaction
+	// mode too; when it has a DeleteExpired(ctx, limit) (int, error) method
+	// (store/postgres's), Run checks that as well.
+	Store interface {
+		store.Store
+		store.Admin
+	}
 	// Advance moves the store's clock forward by d. Stores judged by a server
 	// clock (PostgreSQL now(), Redis TIME) implement it by moving every stored
 	// deadline d earlier.
@@ -30,13 +34,6 @@ type Harness struct {
 	// TTLs): Run then checks that an expired record is gone, not just
 	// hidden, once Advance has passed its expiry and its claim's Retain.
 	NativeExpiry bool
-}
-
-// Store is what every store of oncemill implements: the delivery path
-// and the operator's operations.
-type Store interface {
-	store.Store
-	store.Admin
 }
 
 // expirer is a store that removes expired records on request, up to limit
@@ -133,9 +130,12 @@ const (
 // env is one subtest's view of the store: its scope and helpers that fail
 // the test on unexpected errors.
 type env struct {
-	t       *testing.T
-	ctx     context.Context
-	s       Store
+	t   *testing.T
+	ctx context.Context
+	s   interface {
+		store.Store
+		store.Admin
+	}
 	advance func(time.Duration)
 	native  bool // Harness.NativeExpiry
 	scope   string
@@ -900,84 +900,7 @@ func testScopesIsolate(t *testing.T, e *env) {
 }
 
 func testConcurrentStress(t *testing.T, e *env) {
-	RunLoad(t, e.s, e.scope, 300)
-}
-
-// RunLoad is the concurrency check every store runs, also on its own with
-// a small connection pool: 32 goroutines deliver keys keys, 3 in 10 of them a
-// second time right behind the first (so the duplicate often meets the live
-// lease), each delivery a ClaimLease and, on Execute, a Complete. Every key must
-// execute exactly once and end succeeded with its result, and every duplicate
-// must get Replay or InProgress.
-func RunLoad(t *testing.T, st Store, scope string, keys int) {
-	t.Helper()
-	const workers = 32
-	ctx := t.Context()
-	keyName := func(i int) string { return fmt.Sprintf("k-%d", i) }
-
-	twice := func(i int) bool { return i%10 < 3 }
-	dups := 0
-	for i := range keys {
-		if twice(i) {
-			dups++
-		}
-	}
-	deliveries := make(chan int)
-	go func() {
-		defer close(deliveries)
-		for i := range keys {
-			deliveries <- i
-			if twice(i) {
-				deliveries <- i
-			}
-		}
-	}()
-	var (
-		executes   = make([]atomic.Int32, keys)
-		duplicates atomic.Int32
-		failed     atomic.Bool
-		wg         sync.WaitGroup
-	)
-	for range workers {
-		wg.Go(func() {
-			for i := range deliveries {
-				key := keyName(i)
-				res, err := st.ClaimLease(ctx, store.LeaseRequest{Scope: scope, Key: key, Fingerprint: "fp-" + key, LeaseDuration: time.Minute})
-				if err != nil {
-					t.Errorf("Begin(%q): %v", key, err)
-					failed.Store(true)
-					continue
-				}
-				switch res.Decision {
-				case store.DecisionReplay, store.DecisionHeld:
-					duplicates.Add(1)
-				case store.DecisionExecute:
-					executes[i].Add(1)
-					if err := st.Complete(ctx, res.Claim, success([]byte(key))); err != nil {
-						t.Errorf("Complete(%q): %v", key, err)
-						failed.Store(true)
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if failed.Load() {
-		t.FailNow()
-	}
-	for i := range keys {
-		key := keyName(i)
-		if n := executes[i].Load(); n != 1 {
-			t.Errorf("%s executed %d times, want once", key, n)
-			continue
-		}
-		if rec, err := st.Get(ctx, scope, key); err != nil || rec.Status != store.StatusSucceeded || string(rec.Result) != key {
-			t.Errorf("%s: record %v %q (%v), want succeeded %q", key, rec.Status, rec.Result, err, key)
-		}
-	}
-	if got := duplicates.Load(); got != int32(dups) {
-		t.Errorf("%d duplicates got replay or in_progress, want %d", got, dups)
-	}
+	storeload.Run(t, e.s, e.scope, 300)
 }
 
 func testTokensIncrease(t *testing.T, e *env) {

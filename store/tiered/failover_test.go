@@ -118,7 +118,7 @@ func testRedisKilledMidRun(t *testing.T, transactional bool, opts tiered.Options
 		t.Error(err)
 	}
 	for i := range keys {
-		effects.RequireOnce(t, fmt.Sprintf("msg-%d", i))
+		effects.RequireCount(t, fmt.Sprintf("msg-%d", i), 1)
 	}
 	local, inRedis, truth := replays(t, m)
 	if local+inRedis == 0 {

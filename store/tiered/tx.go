@@ -8,6 +8,7 @@ import (
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/internal/requests"
+	"github.com/oncemill/oncemill/store/internal/wrappedtx"
 )
 
 // ClaimInTx implements store.Transactional: a finished record cached locally
@@ -33,7 +34,9 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	}
 	switch {
 	case res.Decision == store.DecisionExecute && res.Tx != nil:
-		res.Tx = &claimTx{s: s, inner: res.Tx, id: k, fingerprint: req.Fingerprint, ttl: req.SuccessTTL, lease: res.Claim, claimed: send}
+		t := &claimTx{s: s, id: k, fingerprint: req.Fingerprint, ttl: req.SuccessTTL, lease: res.Claim, claimed: send}
+		t.Tx = wrappedtx.Tx{Tx: res.Tx, CommitFunc: t.commit}
+		res.Tx = &t.Tx
 	case finished(res.Record):
 		s.tel.replayed(ctx, tierTruth)
 		s.fillFromTruth(ctx, k, res.Record, seq, send, opClaim)
@@ -72,31 +75,26 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 }
 
 // claimTx is the truth's transaction, whose successful commit is written
-// through to both caches.
+// through to both caches. Its Context and Rollback are the truth's.
 type claimTx struct {
-	s           *Store
-	inner       store.Tx
-	id          id
-	fingerprint string
-	ttl         time.Duration // the claim's SuccessTTL
-	lease       store.Claim
-	claimed     int64 // local time the claim was sent
+	wrappedtx.Tx // the truth's, with commit as its Commit
+	s            *Store
+	id           id
+	fingerprint  string
+	ttl          time.Duration // the claim's SuccessTTL
+	lease        store.Claim
+	claimed      int64 // local time the claim was sent
 }
 
-var _ store.Tx = (*claimTx)(nil)
-
-// Context implements store.Tx: the truth's.
-func (t *claimTx) Context(ctx context.Context) context.Context { return t.inner.Context(ctx) }
-
-// Commit implements store.Tx. Only after the truth committed is the
+// commit is the transaction's Commit. Only after the truth committed is the
 // success cached, to expire SuccessTTL after the commit was sent (the
 // truth replays it SuccessTTL from its commit, a moment after) less
 // ClockMargin.
-func (t *claimTx) Commit(ctx context.Context, result []byte) error {
+func (t *claimTx) commit(ctx context.Context, result []byte) error {
 	s := t.s
 	seq := s.seq.Load()
 	send := s.now()
-	if err := t.inner.Commit(ctx, result); err != nil {
+	if err := t.Tx.Tx.Commit(ctx, result); err != nil {
 		return err
 	}
 	updated := s.truthTime(send)
@@ -109,6 +107,3 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	s.fill(ctx, t.id, rec, after(send, t.ttl)-int64(s.opts.ClockMargin), seq, send, opCommit)
 	return nil
 }
-
-// Rollback implements store.Tx: the truth's.
-func (t *claimTx) Rollback(ctx context.Context) error { return t.inner.Rollback(ctx) }
