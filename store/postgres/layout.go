@@ -12,8 +12,8 @@ const (
 	LayoutDelete Layout = iota
 	// LayoutPartitioned is a table partitioned by claim time, whose
 	// partitions the background cleaner drops whole once every row in them
-	// is past its purge time: no DELETE, no purge_at index. In progress
-	// (issue 26): opt-in until its benchmarks show it wins. Migrate
+	// is past its purge time: no DELETE, no purge_at index. Its role
+	// creates and drops partitions as it runs. Migrate
 	// converts a table of the DELETE layout online, by attaching it as the
 	// first partition.
 	LayoutPartitioned

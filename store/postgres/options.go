@@ -108,10 +108,8 @@ type Options struct {
 	TxOptions pgx.TxOptions
 
 	// Layout is how the records table is laid out (default LayoutDelete).
-	// LayoutPartitioned is in progress (docs/stores.md, "Partitioned layout
-	// (in progress)"): it stays opt-in until the benchmarks of issue 26
-	// show it wins. Every worker sharing a table must use the same layout,
-	// the one its table was migrated with.
+	// Every worker sharing a table must use the same layout, the one its
+	// table was migrated with.
 	Layout Layout
 	// Retention is the longest time a record is kept (the longest outcome
 	// TTL of the policies on the table). The partitioned layout derives its

@@ -13,7 +13,7 @@ import (
 
 // Partition upkeep of the partitioned layout (LayoutPartitioned): creating
 // partitions ahead of the clock, and dropping those whose every row is past
-// its purge time. docs/stores.md, "Partitioned layout (in progress)".
+// its purge time.
 
 // partitionState is where a partition is in its way out.
 type partitionState int
