@@ -3,11 +3,16 @@ package postgres
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
 )
+
+// Cleanup of expired records, in either layout: on demand (DeleteExpired),
+// and by the background cleaner, one leader at a time across the workers
+// sharing the table; what a pass does is the layout's (layout.clean).
 
 // DeleteExpired removes expired records on demand, beside the background
 // cleaner (Options.CleanupInterval), or instead of it when that is off,
@@ -23,7 +28,7 @@ import (
 // never waits for a ClaimLease, and holds its own row locks for one short
 // statement.
 //
-// LayoutPartitioned: first what the cleaner's pass does, unless another
+// The partitioned layout: first what the cleaner's pass does, unless another
 // worker's cleaner is in one (the same one-leader lock): it drops every
 // partition whose rows may all go, blocking no claim (dropPartition), and
 // returns their rows, which may be more than limit (a partition goes whole
@@ -32,32 +37,24 @@ import (
 // rule and the locking of LayoutDelete, from the partitions that stay:
 // with no purge_at index that statement reads every partition, which suits
 // an operator or a test, not a program in a loop; the rows it deletes leave
-// dead tuples in partitions that would go whole later anyway. Its bound is
-// Options.StatementTimeout plus twice the upkeep's wait (the longer of
+// dead tuples in partitions that would go whole later anyway. The drops'
+// bound is Options.StatementTimeout plus twice the upkeep's wait (the longer of
 // StatementTimeout and CleanupInterval): one wait for the transactions
 // older than the pass, one for a detach. A call that runs out returns the
 // context's error, having dropped what it finished; a detach it cut short
 // leaves the partition detaching, which the next pass finishes.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
-		return 0, invalid("delete expired", "limit is %d, must be positive", limit)
+		return 0, pgerr.Invalid("delete expired", "limit is %d, must be positive", limit)
 	}
-	extra := time.Duration(0)
-	if s.opts.Layout == LayoutPartitioned {
-		extra = 2 * s.upkeepWait() // the wait for older transactions, and a detach
+	if dropped, err := s.layout.dropExpired(ctx); err != nil || dropped > 0 {
+		return dropped, err
 	}
-	ctx, cancel, err := s.enter(ctx, "delete expired", extra)
+	ctx, cancel, err := s.gate.Enter(ctx, "delete expired", 0)
 	if err != nil {
 		return 0, err
 	}
-	defer s.leave(cancel)
-	if s.opts.Layout == LayoutPartitioned {
-		dropped, err := s.asLeader(ctx, s.partitionUpkeep)
-		s.telemetry.deleted.Add(ctx, int64(dropped), s.telemetry.tableAttrs)
-		if err != nil || dropped > 0 {
-			return dropped, err
-		}
-	}
+	defer s.gate.Leave(cancel)
 	var n int
 	var newest time.Time
 	if err := s.pool.QueryRow(ctx, s.sql.cleanupBatch, limit, time.Time{}).Scan(&n, &newest); err != nil {
@@ -67,7 +64,21 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	return n, nil
 }
 
-// asLeader runs f under the cleaner's one-leader lock, as cleanupPass
+// CleanupLag returns how long the oldest record that cleanup may remove has
+// waited for it, by the database clock, or 0 when there is none. It is what the
+// oncemill.store.cleanup.lag gauge reports. In the partitioned layout, which
+// has no purge_at index to find that record, it is how long the oldest
+// partition has outlived the time it was due to go.
+func (s *Store) CleanupLag(ctx context.Context) (time.Duration, error) {
+	ctx, cancel, err := s.gate.Enter(ctx, "cleanup lag", 0)
+	if err != nil {
+		return 0, err
+	}
+	defer s.gate.Leave(cancel)
+	return s.layout.cleanupLag(ctx)
+}
+
+// asLeader runs f under the cleaner's one-leader lock, as cleanerPass
 // does, or returns 0 at once when another worker holds it.
 func (s *Store) asLeader(ctx context.Context, f func(context.Context) (int, error)) (int, error) {
 	s.cleanupMu.Lock()
@@ -113,79 +124,31 @@ func (s *Store) leaderLock(ctx context.Context) (conn *pgxpool.Conn, unlock func
 	}, true, nil
 }
 
-// cleanupPass removes every expired record in batches of
-// Options.CleanupBatch (the partitioned layout: creates partitions ahead
-// and drops those whose rows may all go), unless another worker is
-// cleaning the same table: then it returns at once with ran false. The
-// background cleaner runs it every Options.CleanupInterval.
-//
-// One cleaner at a time: the pass holds the one-leader lock (leaderLock)
-// for its duration. Each batch is its own short transaction, so no lock is
-// held from one batch to the next.
-func (s *Store) cleanupPass(ctx context.Context) (removed int, ran bool, err error) {
+// cleanerPass is what the cleaner does each interval: the layout's pass
+// (layout.clean), as the leader when this worker takes the one-leader
+// lock (leaderLock), which it holds for the pass, or else as a worker
+// that follows; then ran is false.
+func (s *Store) cleanerPass(ctx context.Context) (removed int, ran bool, err error) {
 	s.cleanupMu.Lock()
 	defer s.cleanupMu.Unlock()
 	conn, unlock, ok, err := s.leaderLock(ctx)
 	if err != nil || !ok {
+		if _, ferr := s.layout.clean(ctx, nil); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
 		return 0, false, err
 	}
 	defer unlock()
-
-	if s.opts.Layout == LayoutPartitioned {
-		// Partition upkeep instead of DELETE batches.
-		removed, err := s.partitionUpkeep(ctx)
-		s.telemetry.deleted.Add(ctx, int64(removed), s.telemetry.tableAttrs)
-		return removed, true, err
-	}
-	batch := s.opts.CleanupBatch
-	cursor := time.Time{} // older than any row
-	for {
-		if err := ctx.Err(); err != nil {
-			return removed, true, fmt.Errorf("oncemill: postgres: cleanup: %w", err)
-		}
-		start := time.Now()
-		var n int
-		bctx, cancel := context.WithTimeout(ctx, s.opts.StatementTimeout)
-		err := conn.QueryRow(bctx, s.sql.cleanupBatch, batch, cursor).Scan(&n, &cursor)
-		cancel()
-		if err != nil {
-			return removed, true, wrap("cleanup", err)
-		}
-		removed += n
-		s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
-		if n < batch {
-			return removed, true, nil
-		}
-		// Between full batches, rest for a share of the time the batch took,
-		// so a large backlog leaves the database to the handlers most of
-		// the time (Options.CleanupDuty).
-		s.cleanupRest(ctx, time.Since(start))
-	}
+	removed, err = s.layout.clean(ctx, conn)
+	return removed, true, err
 }
 
-// cleanerPass is what the cleaner does each interval: the cleanup pass
-// (cleanupPass, which only the leader runs) and, in the partitioned
-// layout, the loading of the key filters its claims use, which every
-// worker does: the leader's upkeep loads them from its own read of the
-// catalog, and the others, or a leader whose upkeep failed, read it here.
-func (s *Store) cleanerPass(ctx context.Context) (removed int, ran bool, err error) {
-	removed, ran, err = s.cleanupPass(ctx)
-	if s.opts.Layout == LayoutPartitioned && (!ran || err != nil) && ctx.Err() == nil {
-		if ferr := s.refreshKeyFilters(ctx); ferr != nil {
-			err = errors.Join(err, ferr)
-		}
-	}
-	return removed, ran, err
-}
-
-// cleaner runs a cleanup pass every interval until ctx ends.
-func (s *Store) cleaner(ctx context.Context, interval time.Duration) {
+// cleaner runs a cleanup pass every interval until ctx ends, the first at
+// once when first is set.
+func (s *Store) cleaner(ctx context.Context, interval time.Duration, first bool) {
 	defer close(s.cleanerDone)
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	// The partitioned layout's upkeep runs at once: a worker that starts
-	// with no partition for now creates it before its first claim needs it.
-	first := s.opts.Layout == LayoutPartitioned
 	for {
 		if !first {
 			select {

@@ -21,7 +21,7 @@ import (
 // then, without a filter. Before, the drop's first read came apart from
 // the filter's, right as the range ended: a scan of the whole partition
 // that found, as it nearly always does then, rows that live for a
-// retention more (docs/benchmarks.md, "One read a partition").
+// retention more.
 
 // closedRead is what one read of a closed partition found.
 type closedRead struct {
@@ -38,7 +38,7 @@ type closedRead struct {
 // and whether for its key filter (have: the partitions that have one).
 // Not before its filter is due (filterDelay after its range ends); then
 // while it has none, and once it has one, when partNext has come.
-func (s *Store) closedDue(p partition, now time.Time, have map[string]bool) (due, forFilter bool) {
+func (s *partitionedLayout) closedDue(p partition, now time.Time, have map[string]bool) (due, forFilter bool) {
 	switch {
 	case p.upper.Add(s.filterDelay()).After(now):
 		return false, false
@@ -56,7 +56,7 @@ func (s *Store) closedDue(p partition, now time.Time, have map[string]bool) (due
 // filters it read the keys of. It returns how many rows went with the
 // partitions it dropped, their names, and the filters it built (for
 // loadKeyFilters), which it adds to have.
-func (s *Store) retireClosed(ctx context.Context, now time.Time, parts []partition, have map[string]bool) (removed int, gone map[string]bool, built map[string]keyFilter, err error) {
+func (s *partitionedLayout) retireClosed(ctx context.Context, now time.Time, parts []partition, have map[string]bool) (removed int, gone map[string]bool, built map[string]keyFilter, err error) {
 	gone, built = map[string]bool{}, map[string]keyFilter{}
 	type dueRead struct {
 		partition
@@ -125,7 +125,7 @@ const partitionReadPages = 32
 // set back. The keys' hashes are kept (8 bytes a key) until the filter is
 // built, so that it is sized for the keys it holds without a count(*)
 // first.
-func (s *Store) readClosed(ctx context.Context, p partition, forFilter bool) (closedRead, error) {
+func (s *partitionedLayout) readClosed(ctx context.Context, p partition, forFilter bool) (closedRead, error) {
 	r := closedRead{last: p.upper.Add(s.width)}
 	fail := func(err error) (closedRead, error) {
 		return closedRead{}, wrap("reading partition "+p.name, err)

@@ -11,6 +11,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// partitionedMigration creates a new table of the partitioned layout, at
+// partitionedVersion.
+const (
+	partitionedMigration = "migrations/partitioned/0003_partitioned.sql"
+	partitionedVersion   = 3
+)
+
 // sqlClaimedAtDefault reads the default of claimed_at of a table of the
 // DELETE layout whose conversion began: the conversion's time, less a
 // microsecond.
@@ -32,8 +39,8 @@ WHERE a.attrelid = to_regclass($1) AND a.attname = 'claimed_at' AND NOT a.attisd
 // of the DELETE layout keep working meanwhile. The last step
 // (migrations/partitioned/convert.sql, then the attach) is one short
 // transaction that reads no row; from then on those workers fail, saying to
-// set LayoutPartitioned.
-func (s *Store) convertToPartitioned(ctx context.Context) error {
+// set the partitioned layout.
+func (s *partitionedLayout) convertToPartitioned(ctx context.Context) error {
 	oldName := s.opts.Table + "_delete_layout"
 	rangeCheck := pgx.Identifier{s.opts.Table + "_claim_range"}.Sanitize()
 	fail := func(step string, err error) error {

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncemill/oncemill/internal/testenv"
-	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
+	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
@@ -42,7 +42,7 @@ const (
 	crashSeed     = "ONCEMILL_CRASH_SEED"     // the child's random seed
 	crashKill     = "ONCEMILL_CRASH_KILL"     // "1": the child kills itself at random points
 	crashLayout   = "ONCEMILL_CRASH_LAYOUT"   // postgres.Layout, as a number
-	crashDeferred = "ONCEMILL_CRASH_DEFERRED" // "true": the claim is deferred (pipeline.Config.DeferredClaim)
+	crashDeferred = "ONCEMILL_CRASH_DEFERRED" // "true": the claim is deferred (receiver.Builder.WithDeferredClaim)
 
 	crashMessages = 400
 	crashKills    = 40
@@ -253,7 +253,7 @@ func TestCrashChild(t *testing.T) {
 		NackDelay:   10 * time.Millisecond,
 		MaxAttempts: 1 << 20, // crashes are not failures to cap
 	}
-	idem, err := pipeline.NewTransactional(s, pipeline.Config{Scope: "crash", Policy: p, DeferredClaim: deferred})
+	idem, err := receiver.NewTransactional(s).WithScope("crash").WithPolicy(p).WithDeferredClaim(deferred).Build()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,17 +68,18 @@
 // # Layouts
 //
 // Options.Layout picks the table's layout. LayoutDelete, the default, is
-// the one described above. LayoutPartitioned (in progress, opt-in) keeps the
-// records in a table partitioned by claim time and drops whole partitions
-// once every row in them is past its purge time, instead of deleting rows:
+// the one described above: it needs fewer privileges and no upkeep. The
+// partitioned layout keeps the records in a table partitioned by claim
+// time and drops whole partitions once every row in them is past its purge
+// time, instead of deleting rows:
 // no unique index can span the partitions, so every claim takes the key's
 // advisory lock and then looks the key up in every partition, in a
 // statement of its own; a key claimed again after its partition aged moves
 // to the current partition. A partition leaves by DETACH PARTITION …
 // CONCURRENTLY (PostgreSQL 14 or later) and is then dropped, so no claim
 // waits for it; on this layout Complete and Release refuse a lease past
-// its purge time and expired. docs/stores.md, "Partitioned layout (in
-// progress)", has the design and what is left of it.
+// its purge time and expired. It needs the role to create and drop
+// partitions: CREATE on the schema and ownership of the table.
 //
 // # Limits
 //

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
 )
 
 // Internals for the tests of package postgres_test.
@@ -46,19 +48,27 @@ func (s *Store) Statements() map[string]string {
 // PartitionedStatements are the partitioned layout's statements that read
 // or write the table, by name (empty in the DELETE layout).
 func (s *Store) PartitionedStatements() map[string]string {
-	q := s.sql
+	var q partClaims
+	if p, ok := s.layout.(*partitionedLayout); ok {
+		q = p.part.everywhere
+	}
 	return map[string]string{
-		"partClaimLease": q.part.lease, "partClaimNew": q.part.new, "partClaimTx": q.part.tx, "partRecordRollback": q.part.rollback,
+		"partClaimLease": q.lease, "partClaimNew": q.new, "partClaimTx": q.tx, "partRecordRollback": q.rollback,
 	}
 }
 
+// partitionedLayout is s's layout, which must be the partitioned one.
+func (s *Store) partitionedLayout() *partitionedLayout { return s.layout.(*partitionedLayout) }
+
 // MigrateTo applies the embedded migrations up to version, and no further.
-func (s *Store) MigrateTo(ctx context.Context, version int) error { return s.migrateTo(ctx, version) }
+func (s *Store) MigrateTo(ctx context.Context, version int) error {
+	return s.layout.migrate(ctx, version)
+}
 
 // Defaults and bounds the tests compare against.
 const (
 	DefaultTable       = defaultTable
-	MaxErrorMessageLen = maxErrorMessageLen
+	MaxErrorMessageLen = pgerr.MaxErrorMessageLen
 )
 
 // SchemaVersion is the newest schema version Migrate applies.
@@ -69,7 +79,7 @@ var PartitionWidth = partitionWidth
 
 // KeyFilters is how many partitions' key filters claims consult now.
 func (s *Store) KeyFilters() int {
-	if f := s.keyFilters.Load(); f != nil {
+	if f := s.partitionedLayout().keyFilters.Load(); f != nil {
 		return len(f.filters)
 	}
 	return 0
@@ -77,24 +87,23 @@ func (s *Store) KeyFilters() int {
 
 // RefreshKeyFilters loads the key filters as every worker's cleaner does
 // after its pass.
-func (s *Store) RefreshKeyFilters(ctx context.Context) error { return s.refreshKeyFilters(ctx) }
+func (s *Store) RefreshKeyFilters(ctx context.Context) error {
+	return s.partitionedLayout().refreshKeyFilters(ctx)
+}
 
 // ClaimLooksEverywhere reports whether a claim of scope/key now looks the
 // key up in every partition (a filter may hold it, or none is loaded)
 // rather than in the open ones only.
 func (s *Store) ClaimLooksEverywhere(scope, key string) bool {
-	return s.keyFilters.Load().claimsFor(keyHash(scope, key), &s.sql.part) == &s.sql.part
+	p := s.partitionedLayout()
+	return p.keyFilters.Load().claimsFor(keyHash(scope, key), &p.part.everywhere) == &p.part.everywhere
 }
 
 // WatermarkStatements are the watermark mode's statements of the delivery
 // path and of MoveWatermark, by name (not the operator's listing, which
 // reads the table).
 func (s *Store) WatermarkStatements() map[string]string {
-	q := s.wm
-	return map[string]string{
-		"wmClaim": q.claim, "wmClaimNew": q.claimNew, "wmCommitResult": q.commitResult, "wmRetryable": q.retryable, "wmFailed": q.failed,
-		"wmLock": q.lock, "wmMove": q.move,
-	}
+	return s.watermarkStatements().ByName()
 }
 
 // NewKeyInOneStatement is the claim of a new key in one statement

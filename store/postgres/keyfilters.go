@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strings"
 	"time"
 
 	"github.com/greatroar/blobloom"
@@ -28,7 +27,6 @@ import (
 // partition's lower bound, which PostgreSQL prunes to at execution). A key
 // that a filter may hold (a row of it, or a false positive, 0.01% per
 // filter) is looked up in every partition, as without filters.
-// docs/stores.md, "Partitioned layout".
 
 const (
 	// keyFilterFalsePositives is the false-positive rate each filter is
@@ -50,119 +48,11 @@ const (
 	keyFilterDelay = time.Minute
 )
 
-// keyFilter is the filter of one closed partition. A blocked Bloom filter
-// tests a key in one cache line: a claim tests every closed partition's
-// filter, about 24, and with filters whose bits spread over the whole
-// filter that was about 48 random reads of memory a claim, a cost the
-// partitioned layout paid over the DELETE one (docs/benchmarks.md, "Key
-// filters in one cache line").
-type keyFilter struct {
-	partition
-	filter *blobloom.Filter
-}
-
-// keyFilters is what a claim consults: the filters of the oldest
-// partitions, with no gap, and the lower bound of the first partition
-// without one (open), from which on a new key is always looked up, with
-// the claim statements for that bound.
-type keyFilters struct {
-	filters []keyFilter
-	open    time.Time
-	claims  partClaims
-}
-
-// partClaims are the partitioned layout's statements that look a key up,
-// rendered for a lookup from one partition bound on (sql_partitioned.go).
-type partClaims struct {
-	lease, tx, new, deferred, rollback string
-	// until, when set, is the upper bound of the one partition the claims
-	// look a new key up in, which has a unique index on (scope, key):
-	// while the clock is before it, newCurrent and deferredCurrent take a
-	// new key in one statement (sqlPartClaimNewCurrent).
-	until                       time.Time
-	newCurrent, deferredCurrent string
-}
-
-// renderPartClaims renders the statements that look a key up for a lookup
-// from the partition bound from on; the zero time means every partition.
-// current is the partition that starts at from when it is keyed
-// (partition.keyed), else the zero partition.
-func renderPartClaims(n names, from time.Time, current partition) partClaims {
-	bound := "'-infinity'::timestamptz"
-	if !from.IsZero() {
-		bound = timestampLiteral(from)
-	}
-	r := func(sql string) string { return n.render(strings.ReplaceAll(sql, "{{LOOKUP_FROM}}", bound)) }
-	c := partClaims{
-		lease:    r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}")),
-		tx:       r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}")),
-		new:      r(newTokenFromSequence.Replace(sqlPartClaimNew)),
-		deferred: r(deferredForm(sqlPartClaimNew)),
-		rollback: r(sqlPartRecordRollback),
-	}
-	if current.name != "" {
-		in := strings.NewReplacer("{{PARTITION}}", n.schema+"."+pgx.Identifier{current.name}.Sanitize(), "{{UNTIL}}", timestampLiteral(current.upper))
-		c.until = current.upper
-		c.newCurrent = r(newTokenFromSequence.Replace(in.Replace(sqlPartClaimNewCurrent)))
-		c.deferredCurrent = r(deferredTokenLiteral.Replace(in.Replace(sqlPartClaimNewCurrentDeferred)))
-	}
-	return c
-}
-
-// inOneStatement reports whether a new key is taken in one statement
-// (newCurrent, deferredCurrent) at now: in the partition of now, looked up
-// nowhere else.
-func (c *partClaims) inOneStatement(now time.Time) bool { return now.Before(c.until) }
-
-// claimsFor is the claims for the key whose hash is h (keyHash): those
-// that look the key up from open when no filter may hold it, else
-// everywhere's.
-func (f *keyFilters) claimsFor(h uint64, everywhere *partClaims) *partClaims {
-	if f == nil {
-		return everywhere
-	}
-	if len(f.filters) == 0 {
-		return &f.claims // from the oldest partition on: everywhere
-	}
-	for _, kf := range f.filters {
-		if kf.filter.Has(h) {
-			return everywhere
-		}
-	}
-	return &f.claims
-}
-
-// prefixFiltered returns the filters that cover parts (oldest first) from
-// the oldest on without a gap, and the lower bound of the first partition
-// with no filter; and that partition when it is keyed (for
-// renderPartClaims), else the zero partition. With no partition at all,
-// nothing is filtered.
-func prefixFiltered(parts []partition, loaded map[string]keyFilter) (f *keyFilters, current partition) {
-	f = &keyFilters{}
-	for _, p := range parts {
-		kf, ok := loaded[p.name]
-		if !ok || !kf.lower.Equal(p.lower) || !kf.upper.Equal(p.upper) {
-			f.open = p.lower
-			if p.keyed {
-				current = p
-			}
-			return f, current
-		}
-		f.filters = append(f.filters, kf)
-	}
-	// Every partition is filtered (none is open: the upkeep is behind); a
-	// new partition would start at the newest's upper bound.
-	if n := len(parts); n > 0 {
-		f.open = parts[n-1].upper
-	}
-	return f, partition{}
-}
-
 // deleteStaleKeyFilters deletes the filters of partitions no longer in the
 // table (live: those in it), and their names from have. The cleaner's
 // leader runs it in partitionUpkeep. A partition's filter is built by the
 // read of it that retireClosed makes (readClosed).
-func (s *Store) deleteStaleKeyFilters(ctx context.Context, live []partition, have map[string]bool) error {
+func (s *partitionedLayout) deleteStaleKeyFilters(ctx context.Context, live []partition, have map[string]bool) error {
 	names := make(map[string]bool, len(live))
 	for _, p := range live {
 		names[p.name] = true
@@ -176,7 +66,7 @@ func (s *Store) deleteStaleKeyFilters(ctx context.Context, live []partition, hav
 	if len(stale) == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilters+" WHERE partition = ANY($1)", stale); err != nil {
+	if _, err := s.pool.Exec(ctx, "DELETE FROM "+s.names.keyFilterTable+" WHERE partition = ANY($1)", stale); err != nil {
 		return wrap("deleting the key filters of dropped partitions", err)
 	}
 	for _, name := range stale {
@@ -190,16 +80,16 @@ func (s *Store) deleteStaleKeyFilters(ctx context.Context, live []partition, hav
 // so that a worker looks a new key up in two partitions, the one of now
 // and the one before it, for the same share of the time at every width
 // (about a sixtieth, and up to a cleaner interval more).
-func (s *Store) filterDelay() time.Duration { return min(keyFilterDelay, s.width/60) }
+func (s *partitionedLayout) filterDelay() time.Duration { return min(keyFilterDelay, s.width/60) }
 
 // storeKeyFilter stores f, the filter of the closed partition p's keys
 // (readClosed).
-func (s *Store) storeKeyFilter(ctx context.Context, p partition, f *blobloom.Filter, keys int) error {
+func (s *partitionedLayout) storeKeyFilter(ctx context.Context, p partition, f *blobloom.Filter, keys int) error {
 	var b bytes.Buffer
 	if _, err := blobloom.Dump(&b, f, keyFilterHash); err != nil {
 		return fmt.Errorf("oncemill: postgres: encoding the key filter of %s: %w", p.name, err)
 	}
-	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.names.keyFilters+` (partition, lower_bound, upper_bound, keys, filter)
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.names.keyFilterTable+` (partition, lower_bound, upper_bound, keys, filter)
 		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (partition) DO NOTHING`, p.name, p.lower, p.upper, int64(keys), b.Bytes())
 	if err != nil {
 		return wrap("storing the key filter of "+p.name, err)
@@ -208,8 +98,8 @@ func (s *Store) storeKeyFilter(ctx context.Context, p partition, f *blobloom.Fil
 }
 
 // filterNames lists the partitions that have a filter.
-func (s *Store) filterNames(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.pool.Query(ctx, "SELECT partition FROM "+s.names.keyFilters)
+func (s *partitionedLayout) filterNames(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, "SELECT partition FROM "+s.names.keyFilterTable)
 	if err != nil {
 		return nil, wrap("listing key filters", err)
 	}
@@ -229,7 +119,7 @@ func (s *Store) filterNames(ctx context.Context) (map[string]bool, error) {
 // worker's cleaner that is not the leader runs it after its pass (the
 // leader's upkeep loads them from what it read and did); a claim runs it
 // when the partition it named is gone.
-func (s *Store) refreshKeyFilters(ctx context.Context) error {
+func (s *partitionedLayout) refreshKeyFilters(ctx context.Context) error {
 	_, parts, err := s.listPartitions(ctx, s.pool)
 	if err != nil {
 		return wrap("loading key filters: listing partitions", err)
@@ -245,7 +135,7 @@ func (s *Store) refreshKeyFilters(ctx context.Context) error {
 // named in have that this worker holds neither already nor in built (the
 // filters the leader's pass just built), drops the others, and publishes
 // what claims consult.
-func (s *Store) loadKeyFilters(ctx context.Context, parts []partition, have map[string]bool, built map[string]keyFilter) error {
+func (s *partitionedLayout) loadKeyFilters(ctx context.Context, parts []partition, have map[string]bool, built map[string]keyFilter) error {
 	old := map[string]keyFilter{}
 	if cur := s.keyFilters.Load(); cur != nil {
 		for _, kf := range cur.filters {
@@ -264,7 +154,7 @@ func (s *Store) loadKeyFilters(ctx context.Context, parts []partition, have map[
 		}
 		var b []byte
 		var kf keyFilter
-		err := s.pool.QueryRow(ctx, "SELECT partition, lower_bound, upper_bound, filter FROM "+s.names.keyFilters+" WHERE partition = $1", p.name).
+		err := s.pool.QueryRow(ctx, "SELECT partition, lower_bound, upper_bound, filter FROM "+s.names.keyFilterTable+" WHERE partition = $1", p.name).
 			Scan(&kf.name, &kf.lower, &kf.upper, &b)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // dropped meanwhile

@@ -109,7 +109,7 @@ func TestFilterDelay(t *testing.T) {
 		{time.Minute, time.Second},
 		{5 * time.Second, 5 * time.Second / 60},
 	} {
-		if got := (&Store{width: tt.width}).filterDelay(); got != tt.want {
+		if got := (&partitionedLayout{width: tt.width}).filterDelay(); got != tt.want {
 			t.Errorf("filterDelay at width %v = %v; want %v", tt.width, got, tt.want)
 		}
 	}

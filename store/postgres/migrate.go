@@ -16,13 +16,6 @@ import (
 //go:embed migrations/*.sql migrations/partitioned/*.sql
 var migrationFS embed.FS
 
-// partitionedMigration creates a new table of the partitioned layout, at
-// partitionedVersion.
-const (
-	partitionedMigration = "migrations/partitioned/0003_partitioned.sql"
-	partitionedVersion   = 3
-)
-
 // migration is one embedded SQL file, migrations/NNNN_name.sql.
 type migration struct {
 	version int
@@ -80,22 +73,22 @@ func loadMigrations(fsys fs.FS) ([]migration, error) {
 // sequence and cleanup index, and records each applied version in the table
 // <Table>_migrations. It is idempotent, and safe to run from many workers at
 // once: one transaction under pg_advisory_xact_lock applies what is missing,
-// and the others then find nothing to do. With LayoutPartitioned it creates
-// the partitioned table, or converts a table of the DELETE layout online
-// (convertToPartitioned: its workers fail from the last step on, so switch
-// them to LayoutPartitioned), and creates the partitions for now; it
-// refuses a partitioned table with LayoutDelete.
-func (s *Store) Migrate(ctx context.Context) error { return s.migrateTo(ctx, schemaVersion) }
+// and the others then find nothing to do. In the partitioned layout it
+// creates the partitioned table, or converts a table of the DELETE layout
+// online (convertToPartitioned: its workers fail from the last step on, so
+// switch them to the partitioned layout), and creates the partitions for
+// now; in the DELETE layout it refuses a partitioned table.
+func (s *Store) Migrate(ctx context.Context) error { return s.layout.migrate(ctx, schemaVersion) }
 
 // AppliedVersion is the newest schema version Migrate has applied to the
 // store's table: 0 before the first Migrate, the newest version this build
 // knows after one of this build.
 func (s *Store) AppliedVersion(ctx context.Context) (int, error) {
-	ctx, cancel, err := s.enter(ctx, "applied version", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "applied version", 0)
 	if err != nil {
 		return 0, err
 	}
-	defer s.leave(cancel)
+	defer s.gate.Leave(cancel)
 	var exists bool
 	if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.names.versions).Scan(&exists); err != nil {
 		return 0, wrap("applied version", err)
@@ -110,17 +103,20 @@ func (s *Store) AppliedVersion(ctx context.Context) (int, error) {
 	return v, nil
 }
 
-// migrateTo applies the migrations up to version (tests stop short of the
-// newest to check an upgrade).
-func (s *Store) migrateTo(ctx context.Context, version int) error {
+// migrateTables applies the migrations up to version, in one transaction
+// under the migration lock, and returns the kind of the table it found
+// ('p' partitioned, 'r' plain, "" none). layout, called in the transaction
+// with that kind and the table's version, refuses the table or creates it,
+// and returns its version then.
+func (s *Store) migrateTables(ctx context.Context, version int, layout func(tx pgx.Tx, kind string, current int) (int, error)) (string, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: %w", err)
+		return "", fmt.Errorf("oncemill: postgres: migrate: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
 
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: taking the migration lock: %w", err)
+		return "", fmt.Errorf("oncemill: postgres: migrate: taking the migration lock: %w", err)
 	}
 	setup := s.names.render(`
 CREATE SCHEMA IF NOT EXISTS {{SCHEMA}};
@@ -130,60 +126,35 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 	applied_at timestamptz NOT NULL DEFAULT now()
 );`)
 	if _, err := tx.Exec(ctx, setup, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: creating schema %s and version table: %w", s.names.schema, err)
+		return "", fmt.Errorf("oncemill: postgres: migrate: creating schema %s and version table: %w", s.names.schema, err)
 	}
 	var current int
 	if err := tx.QueryRow(ctx, s.names.render(`SELECT coalesce(max(version), 0) FROM {{VERSIONS}}`)).Scan(&current); err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: reading the schema version: %w", err)
+		return "", fmt.Errorf("oncemill: postgres: migrate: reading the schema version: %w", err)
 	}
 	if current > schemaVersion {
-		return fmt.Errorf("oncemill: postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, schemaVersion)
+		return "", fmt.Errorf("oncemill: postgres: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, schemaVersion)
 	}
 	var kind string // 'p' partitioned, 'r' plain, '' none
 	if err := tx.QueryRow(ctx, "SELECT coalesce((SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)), '')", s.names.table).Scan(&kind); err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: reading the table's kind: %w", err)
+		return "", fmt.Errorf("oncemill: postgres: migrate: reading the table's kind: %w", err)
 	}
-	switch {
-	case s.opts.Layout == LayoutDelete && kind == "p":
-		return fmt.Errorf("oncemill: postgres: migrate: table %s has the partitioned layout: set Options.Layout = postgres.LayoutPartitioned", s.names.table)
-	case s.opts.Layout == LayoutPartitioned && kind == "":
-		b, err := migrationFS.ReadFile(partitionedMigration)
-		if err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: %w", err)
-		}
-		if _, err := tx.Exec(ctx, s.names.render(string(b)), pgx.QueryExecModeSimpleProtocol); err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: creating the partitioned table: %w", err)
-		}
-		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), partitionedVersion, "partitioned"); err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", partitionedVersion, err)
-		}
-		current = partitionedVersion
+	if current, err = layout(tx, kind, current); err != nil {
+		return "", err
 	}
 	for _, m := range mustMigrations() {
 		if m.version <= current || m.version > version {
 			continue
 		}
 		if _, err := tx.Exec(ctx, s.names.render(m.sql), pgx.QueryExecModeSimpleProtocol); err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: applying version %d (%s): %w", m.version, m.name, err)
+			return "", fmt.Errorf("oncemill: postgres: migrate: applying version %d (%s): %w", m.version, m.name, err)
 		}
 		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), m.version, m.name); err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", m.version, err)
+			return "", fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", m.version, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("oncemill: postgres: migrate: %w", err)
+		return "", fmt.Errorf("oncemill: postgres: migrate: %w", err)
 	}
-	if s.opts.Layout == LayoutPartitioned && kind == "r" && version >= partitionedVersion {
-		if err := s.convertToPartitioned(ctx); err != nil {
-			return err
-		}
-	}
-	if s.opts.Layout == LayoutPartitioned {
-		if _, err := s.pool.Exec(ctx, s.names.render(sqlKeyFiltersTable)); err != nil {
-			return fmt.Errorf("oncemill: postgres: migrate: creating the key filters table: %w", err)
-		}
-		_, _, err := s.ensurePartitions(ctx)
-		return err
-	}
-	return nil
+	return kind, nil
 }

@@ -13,6 +13,26 @@ import (
 	"github.com/oncemill/oncemill/internal/configerr"
 )
 
+// Layout is how a Store lays out its records table: Options.Layout.
+type Layout int
+
+const (
+	// LayoutDelete is one plain table, whose expired rows the background
+	// cleaner removes in bounded DELETE batches walking a purge_at index.
+	// The default.
+	LayoutDelete Layout = iota
+	// LayoutPartitioned is a table partitioned by claim time, whose
+	// partitions the background cleaner drops whole once every row in them
+	// is past its purge time: no DELETE, no purge_at index. Its role
+	// creates and drops partitions as it runs. Migrate converts a table of
+	// the DELETE layout online, by attaching it as the first partition.
+	LayoutPartitioned
+)
+
+// setPartitioned is what a store of the DELETE layout says of a table of
+// the partitioned layout.
+const setPartitioned = "set Options.Layout = postgres.LayoutPartitioned"
+
 // Defaults and bounds of Options.
 const (
 	defaultSchema           = "public"
@@ -31,12 +51,8 @@ const (
 	// maxResultBytesLimit bounds Options.MaxResultBytes. Every replay reads
 	// the whole result; larger outputs belong in a table of their own.
 	maxResultBytesLimit = 64 << 20
-	// maxErrorMessageLen is the longest stored error message in bytes; a
-	// longer one is cut at a UTF-8 boundary.
-	maxErrorMessageLen = 16 << 10
-
-	maxTableLen     = 48 // leaves room for the suffixes of derived names
-	maxCleanupBatch = 100_000
+	maxTableLen         = 48 // leaves room for the suffixes of derived names
+	maxCleanupBatch     = 100_000
 )
 
 // identRE is what Schema and Table must match: a lower-case SQL identifier
@@ -108,10 +124,8 @@ type Options struct {
 	TxOptions pgx.TxOptions
 
 	// Layout is how the records table is laid out (default LayoutDelete).
-	// LayoutPartitioned is in progress (docs/stores.md, "Partitioned layout
-	// (in progress)"): it stays opt-in until the benchmarks of issue 26
-	// show it wins. Every worker sharing a table must use the same layout,
-	// the one its table was migrated with.
+	// Every worker sharing a table must use the same layout, the one its
+	// table was migrated with.
 	Layout Layout
 	// Retention is the longest time a record is kept (the longest outcome
 	// TTL of the policies on the table). The partitioned layout derives its
@@ -230,4 +244,25 @@ func checkIdent(field, name string, maxLen int) error {
 		return configerr.New("postgres.Options", "%s %q is %d characters; use at most %d", field, name, len(name), maxLen)
 	}
 	return nil
+}
+
+// Bounds of the partition width (partitionWidth).
+const (
+	minPartitionWidth = time.Minute
+	maxPartitionWidth = 24 * time.Hour
+	// partitionsPerRetention is how many partitions one retention spans.
+	partitionsPerRetention = 24
+)
+
+// partitionWidth is the time range of one partition: a 24th of the
+// retention, in whole minutes, from 1 minute to 1 day. A partition is
+// dropped once its newest row is past its purge time, so a row outlives its
+// purge time by at most about one width (4% of the retention), while a key's
+// lookup probes the primary key index of each live partition (about 26):
+// 24 keeps both small. The bounds keep the DDL rare (a partition a minute
+// at most) and the count of partitions of a long retention near 24 (a
+// month is 31 one-day partitions).
+func partitionWidth(retention time.Duration) time.Duration {
+	w := (retention / partitionsPerRetention).Truncate(time.Minute)
+	return min(max(w, minPartitionWidth), maxPartitionWidth)
 }

@@ -11,30 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Partition upkeep of the partitioned layout (LayoutPartitioned): creating
+// Partition upkeep of the partitioned layout: creating
 // partitions ahead of the clock, and dropping those whose every row is past
-// its purge time. docs/stores.md, "Partitioned layout (in progress)".
-
-// partitionState is where a partition is in its way out.
-type partitionState int
-
-const (
-	attached      partitionState = iota
-	detachPending                // a DETACH … CONCURRENTLY was interrupted: FINALIZE completes it
-	detached                     // detached by the upkeep but not dropped: only DROP is left
-)
-
-// partition is one partition of the table, [lower, upper) of claimed_at.
-// A detached one has no bounds.
-type partition struct {
-	name         string
-	lower, upper time.Time
-	state        partitionState
-	// keyed is whether a unique index on (scope, key) keeps a key to one
-	// row in the partition (migration 6), which the claim of a new key in
-	// one statement relies on (sqlPartClaimNewCurrent).
-	keyed bool
-}
+// its purge time.
 
 // partitionName is the name of the partition starting at lower: the
 // table's name, "_p" and lower in UTC to the minute, at most 48+2+12 = 62
@@ -46,7 +25,7 @@ type partition struct {
 // instead, with "_" alone: "_p" would make 48+2+14 = 64 bytes, past
 // PostgreSQL's 63 (NAMEDATALEN-1), which it would cut without an error,
 // and a digit where "p" stands keeps the two forms apart.
-func (s *Store) partitionName(lower time.Time) string {
+func (s *partitionedLayout) partitionName(lower time.Time) string {
 	if s.width%time.Minute != 0 {
 		return s.opts.Table + "_" + lower.UTC().Format("20060102150405")
 	}
@@ -57,47 +36,12 @@ func (s *Store) qualified(name string) string {
 	return pgx.Identifier{s.opts.Schema, name}.Sanitize()
 }
 
-// partitionEnsures bounds how many times one claim or RecordRollback creates
-// the partitions from now on (ensurePartitions) when PostgreSQL finds no
-// partition for its row. Once is what the design needs; a claim in a CI
-// run met "no partition" again right after creating them, on a machine
-// under heavy load, and a few more tries cost nothing where one is enough.
-const partitionEnsures = 3
-
-// ensureOnNoPartition creates the partitions from now on when err is
-// PostgreSQL's refusal of a row that no partition covers, at most
-// partitionEnsures times for one operation (*ensured counts them), and
-// reports whether the operation should run again.
-func (s *Store) ensureOnNoPartition(ctx context.Context, err error, ensured *int) (bool, error) {
-	if !isNoPartition(err) || *ensured >= partitionEnsures {
-		return false, nil
-	}
-	*ensured++
-	_, _, err = s.ensurePartitions(ctx)
-	return true, err
-}
-
-// isNoPartition reports whether err is PostgreSQL's refusal of a row whose
-// claimed_at no partition covers.
-func isNoPartition(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
-}
-
-// isUndefinedTable reports whether err is PostgreSQL's undefined_table: a
-// statement named a table, a partition of the claim in one statement,
-// that is not there.
-func isUndefinedTable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
-}
-
 // listPartitions reads, in one statement, the database's now() and the
 // table's partitions from the catalog, oldest first: those attached or
 // detaching, then the tables the upkeep detached and has not dropped yet
 // (found by detachedMarker).
 func (s *Store) listPartitions(ctx context.Context, q querier) (time.Time, []partition, error) {
-	rows, err := q.Query(ctx, s.sql.partitions, s.names.table, s.opts.Schema, s.detachedMarker())
+	rows, err := q.Query(ctx, sqlPartitions, s.names.table, s.opts.Schema, s.detachedMarker())
 	if err != nil {
 		return time.Time{}, nil, err
 	}
@@ -140,55 +84,8 @@ func (s *Store) detachedMarker() string {
 // upkeep: two passes of the cleaner, and at least two widths, so that the
 // claims of a worker never wait for one (a claim that finds none creates
 // it, ensurePartitions).
-func (s *Store) partitionsAhead() time.Duration {
+func (s *partitionedLayout) partitionsAhead() time.Duration {
 	return 2 * max(s.width, s.opts.CleanupInterval)
-}
-
-// partitionUpkeep is the cleaner leader's pass of the partitioned layout,
-// on one read of the catalog: it creates partitions up to partitionsAhead
-// once the newest ends within half of that (at least a width and a cleaner
-// interval away), finishes the drops an earlier pass left half done, reads
-// the closed partitions that are due, after one barrier for them all
-// (retireClosed: their key filters, and whether their rows may all go),
-// drops those whose rows may, deletes the filters of partitions that are
-// gone, loads the key filters its own claims use from what it read and
-// did, and returns how many rows went. A pass with nothing to do sends two
-// statements (the list, the names of the filters) where each step used to
-// read the catalog again: every statement of a pass takes CPU from the
-// claims on the same server (docs/benchmarks.md, "Flat as it grows").
-func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
-	now, parts, err := s.listPartitions(ctx, s.pool)
-	if err != nil {
-		return 0, wrap("partition upkeep: listing partitions", err)
-	}
-	attached := inTable(parts)
-	if n := len(attached); n == 0 || attached[n-1].upper.Before(now.Add(s.partitionsAhead()/2)) {
-		// It lists them again under its lock (another worker may have
-		// created some meanwhile), and what it lists and creates is what
-		// the rest of the pass goes on with.
-		if now, parts, err = s.ensurePartitions(ctx); err != nil {
-			return 0, err
-		}
-	}
-	have, err := s.filterNames(ctx)
-	if err != nil {
-		return 0, err
-	}
-	removed, gone, err := s.finishDrops(ctx, parts)
-	if err != nil {
-		return removed, err
-	}
-	live := without(inTable(parts), gone)
-	n, retired, built, err := s.retireClosed(ctx, now, live, have)
-	removed += n
-	if err != nil {
-		return removed, err
-	}
-	live = without(live, retired)
-	if err := s.deleteStaleKeyFilters(ctx, live, have); err != nil {
-		return removed, err
-	}
-	return removed, s.loadKeyFilters(ctx, live, have, built)
 }
 
 // ensurePartitions creates the partitions from now to partitionsAhead, in
@@ -199,7 +96,7 @@ func (s *Store) partitionUpkeep(ctx context.Context) (int, error) {
 // now rounded down to the width when there is none for now, so partitions
 // never overlap, whatever width the workers before used. It fails naming
 // the missing privilege when the role may not create them.
-func (s *Store) ensurePartitions(ctx context.Context) (time.Time, []partition, error) {
+func (s *partitionedLayout) ensurePartitions(ctx context.Context) (time.Time, []partition, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return time.Time{}, nil, wrap("creating partitions", err)
@@ -251,7 +148,7 @@ func (s *Store) ensurePartitions(ctx context.Context) (time.Time, []partition, e
 }
 
 // partitionDDLError explains a refused CREATE or DROP of a partition.
-func (s *Store) partitionDDLError(op string, err error) error {
+func (s *partitionedLayout) partitionDDLError(op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 		return fmt.Errorf("oncemill: postgres: %s: %w (the partitioned layout creates and drops partitions as it runs: "+
@@ -321,7 +218,7 @@ func (s *Store) partitionDDLError(op string, err error) error {
 //
 // No lock is taken before the read: the barrier, not a lock, makes it
 // final.
-func (s *Store) dropPartition(ctx context.Context, p partition, rows int) (int, error) {
+func (s *partitionedLayout) dropPartition(ctx context.Context, p partition, rows int) (int, error) {
 	// The mark first: if this pass ends after the detach, the next one
 	// finds the table by it.
 	comment := fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker())
@@ -343,7 +240,7 @@ func (s *Store) dropPartition(ctx context.Context, p partition, rows int) (int, 
 // (marked by detachedMarker before the detach) with the drop. It returns
 // how many rows went, counted before each drop, and the names of the tables
 // it dropped.
-func (s *Store) finishDrops(ctx context.Context, parts []partition) (removed int, gone map[string]bool, err error) {
+func (s *partitionedLayout) finishDrops(ctx context.Context, parts []partition) (removed int, gone map[string]bool, err error) {
 	gone = map[string]bool{}
 	for _, p := range parts {
 		switch p.state {
@@ -382,7 +279,7 @@ func without(parts []partition, gone map[string]bool) []partition {
 // detach runs DETACH PARTITION … mode (CONCURRENTLY or FINALIZE) of p,
 // waiting up to upkeepWait: it blocks no claim, and one that is interrupted
 // leaves p detaching, which the next pass finalizes.
-func (s *Store) detach(ctx context.Context, p partition, mode string) error {
+func (s *partitionedLayout) detach(ctx context.Context, p partition, mode string) error {
 	dctx, cancel := context.WithTimeout(ctx, s.upkeepWait())
 	defer cancel()
 	ddl := fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s %s", s.names.table, s.qualified(p.name), mode)
@@ -400,7 +297,7 @@ func (s *Store) detach(ctx context.Context, p partition, mode string) error {
 // dropDetached drops the detached table p, in one round trip. Nothing else
 // reaches a detached table, so its lock is not waited for (a lock_timeout
 // guards against a stray session).
-func (s *Store) dropDetached(ctx context.Context, p partition) error {
+func (s *partitionedLayout) dropDetached(ctx context.Context, p partition) error {
 	b := &pgx.Batch{}
 	b.Queue("begin")
 	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", s.opts.StatementTimeout.Milliseconds()))
@@ -419,7 +316,7 @@ func (s *Store) dropDetached(ctx context.Context, p partition) error {
 // Options.CleanupInterval: a one-transaction handler may hold its
 // transaction open longer than a statement, and a pass that runs out leaves
 // the partition to the next one.
-func (s *Store) upkeepWait() time.Duration {
+func (s *partitionedLayout) upkeepWait() time.Duration {
 	return max(s.opts.StatementTimeout, s.opts.CleanupInterval)
 }
 
@@ -429,7 +326,7 @@ func (s *Store) upkeepWait() time.Duration {
 // when upkeepWait ran out first (or ctx ended: then with its error).
 // Autovacuum workers are not waited for: they write no row, and a detach
 // cancels them.
-func (s *Store) awaitOlderTransactions(ctx context.Context, t time.Time) (bool, error) {
+func (s *partitionedLayout) awaitOlderTransactions(ctx context.Context, t time.Time) (bool, error) {
 	wctx, cancel := context.WithTimeout(ctx, s.upkeepWait())
 	defer cancel()
 	pause := 10 * time.Millisecond

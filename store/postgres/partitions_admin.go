@@ -25,12 +25,12 @@ type Partition struct {
 // bounded by Options.StatementTimeout: an operator's call ("oncemill
 // stats"), not one for a program in a loop.
 func (s *Store) Partitions(ctx context.Context) ([]Partition, error) {
-	lctx, cancel, err := s.enter(ctx, "partitions", 0)
+	lctx, cancel, err := s.gate.Enter(ctx, "partitions", 0)
 	if err != nil {
 		return nil, err
 	}
 	_, parts, err := s.listPartitions(lctx, s.pool)
-	s.leave(cancel)
+	s.gate.Leave(cancel)
 	if err != nil {
 		return nil, wrap("partitions", err)
 	}
@@ -41,12 +41,12 @@ func (s *Store) Partitions(ctx context.Context) ([]Partition, error) {
 		if p.lower.Year() > 1 { // MINVALUE reads as year 1
 			q.From = p.lower
 		}
-		cctx, cancel, err := s.enter(ctx, "partitions", 0)
+		cctx, cancel, err := s.gate.Enter(ctx, "partitions", 0)
 		if err != nil {
 			return nil, err
 		}
 		err = s.pool.QueryRow(cctx, "SELECT count(*) FROM "+pgx.Identifier{s.opts.Schema, p.name}.Sanitize()).Scan(&q.Rows)
-		s.leave(cancel)
+		s.gate.Leave(cancel)
 		if err != nil {
 			return nil, wrap("partitions: counting the rows of "+p.name, err)
 		}

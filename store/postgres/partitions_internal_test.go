@@ -26,7 +26,7 @@ func TestPartitionName(t *testing.T) {
 		{5 * time.Second, at.Add(35 * time.Second), "t_20261126172435"},
 		{90 * time.Second, at.Add(30 * time.Second), "t_20261126172430"},
 	} {
-		s := &Store{opts: Options{Table: "t"}, width: tt.width}
+		s := &partitionedLayout{Store: &Store{opts: Options{Table: "t"}}, width: tt.width}
 		if got := s.partitionName(tt.lower); got != tt.want {
 			t.Errorf("width %v: partitionName(%v) = %q, want %q", tt.width, tt.lower, got, tt.want)
 		}
@@ -37,7 +37,7 @@ func TestPartitionName(t *testing.T) {
 		t.Fatalf("a table name of maxTableLen (%d) is refused: %v", maxTableLen, err)
 	}
 	for _, width := range []time.Duration{time.Second, 5 * time.Second, 59 * time.Second, time.Minute, 2 * time.Minute, time.Hour, 24 * time.Hour} {
-		s := &Store{opts: Options{Table: long}, width: width}
+		s := &partitionedLayout{Store: &Store{opts: Options{Table: long}}, width: width}
 		// Off the whole minute and second, as after a conversion.
 		lower := at.Add(-time.Hour + 1234567*time.Microsecond)
 		seen := map[string]time.Time{}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres/internal/claimtx"
 )
 
 // names are the quoted, schema-qualified names of the store's objects. Every
@@ -23,11 +24,11 @@ type names struct {
 	index    string // "table_expires_at_idx", migration 1's index (unqualified: CREATE INDEX names it in the table's schema)
 	purge    string // "table_purge_at_idx"
 	versions string // "schema"."table_migrations"
-	// keyFilters is the partitioned layout's "schema"."table_key_filters"
-	// (keyfilters.go).
-	keyFilters string
+	// keyFilterTable is the partitioned layout's
+	// "schema"."table_key_filters" (keyfilters.go).
+	keyFilterTable string
 	// watermarks is the watermark mode's table, one row per Kafka
-	// partition (watermark.go): "schema"."table_watermarks".
+	// partition (internal/watermark): "schema"."table_watermarks".
 	watermarks string
 	// claimLock is the first half of the advisory lock key of a claim:
 	// the table's, so that claims of different tables never meet.
@@ -46,7 +47,7 @@ func newNames(schema, table string) names {
 		versions:   pgx.Identifier{schema, table + "_migrations"}.Sanitize(),
 		watermarks: pgx.Identifier{schema, table + "_watermarks"}.Sanitize(),
 	}
-	n.keyFilters = pgx.Identifier{schema, table + "_key_filters"}.Sanitize()
+	n.keyFilterTable = pgx.Identifier{schema, table + "_key_filters"}.Sanitize()
 	n.claimLock = int32(lockKey("claim", n))
 	return n
 }
@@ -68,7 +69,7 @@ func (n names) render(sql string) string {
 		"{{PURGE_INDEX}}", n.purge,
 		"{{CLAIM_LOCK}}", fmt.Sprint(n.claimLock),
 		"{{VERSIONS}}", n.versions,
-		"{{KEY_FILTERS}}", n.keyFilters,
+		"{{KEY_FILTERS}}", n.keyFilterTable,
 		"{{WATERMARKS}}", n.watermarks,
 		// Codes shared with Go, so the SQL cannot drift from them.
 		"{{IN_PROGRESS}}", fmt.Sprint(int(store.StatusInProgress)),
@@ -369,19 +370,44 @@ const sqlCleanupLag = `
 SELECT coalesce(extract(epoch FROM now() - (
 	SELECT purge_at FROM {{TABLE}} WHERE ` + purgeable + ` ORDER BY purge_at LIMIT 1)), 0)::float8`
 
+// deferredMarker is the text a deferred claim's statements fail to cast
+// when they do not take the key (SQLSTATE 22P02).
+const deferredMarker = "oncemill: the key is held or has a record"
+
+// newTokenFromSequence gives a claim decided up front the sequence's next
+// token, and deferredTokenLiteral a deferred claim its token.
+var (
+	newTokenFromSequence = strings.NewReplacer("{{NEW_TOKEN}}", "nextval({{SEQ_LITERAL}})")
+	deferredTokenLiteral = strings.NewReplacer("{{NEW_TOKEN}}", fmt.Sprint(claimtx.Token))
+)
+
+// A deferred claim of a new key that no lookup in other partitions guards
+// (sqlClaimNewDeferred, sqlPartClaimNewCurrentDeferred) is a plain INSERT ..
+// VALUES that fails when it does not take the key: the key's lock, tried
+// first, leaves a NOT NULL column NULL when another claim holds it (SQLSTATE
+// 23502), the unique index refuses a key that has a row (23505), and in
+// the partitioned layout the partition's range refuses a clock outside it
+// (23514). A failed statement aborts the transaction, which is what a
+// refused deferred claim has to do, so the insert needs no ON CONFLICT
+// arbiter (a second probe of the unique index), no INSERT .. SELECT and no
+// CTE to turn "nothing inserted" into a failure (deferredForm), each of
+// which PostgreSQL pays for on every claim.
+
+// sqlClaimNewDeferred is sqlClaimNew's deferred form: the token is NULL
+// when the key's lock ($6) is held. Parameters as sqlClaimNew's.
+const sqlClaimNewDeferred = `
+INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at, message_uuid)
+VALUES ($1::text, $2::text, $3::text, {{SUCCEEDED}}, CASE WHEN pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN {{NEW_TOKEN}} END, 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text)`
+
 // statements are the store's SQL with its names filled in.
 type statements struct {
 	begin, claimNew, claimDeferred, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
 	get, list, del, cleanupBatch, cleanupLag string
-
-	// The partitioned layout's (sql_partitioned.go); empty in the DELETE
-	// layout but for partitions.
-	partLockLease, partLockTx, partTryLock, partLockDeferred, partitions string
-	// part are the claims that look a key up in every partition.
-	part partClaims
 }
 
-func newStatements(n names, async bool, layout Layout) statements {
+func newStatements(n names, async bool) statements {
 	begin := beginForm
 	if async {
 		begin = asyncBeginForm
@@ -404,19 +430,5 @@ func newStatements(n names, async bool, layout Layout) statements {
 		cleanupBatch:   n.render(sqlCleanupBatch),
 		cleanupLag:     n.render(sqlCleanupLag),
 	}
-	if layout == LayoutPartitioned {
-		asyncSQL := ""
-		if async {
-			asyncSQL = ", set_config('synchronous_commit', 'off', true)"
-		}
-		q.partLockLease = n.render(strings.ReplaceAll(sqlPartLockLease, "{{ASYNC}}", asyncSQL))
-		q.partLockTx = n.render(sqlPartLockTx)
-		q.part = renderPartClaims(n, time.Time{}, partition{})
-		q.partTryLock = n.render(sqlPartTryLock)
-		q.partLockDeferred = n.render(sqlPartLockDeferred)
-		q.complete = n.render(sqlComplete + partLive)
-		q.release = n.render(sqlRelease + partLive)
-	}
-	q.partitions = sqlPartitions // Store.Partitions reads any table's
 	return q
 }

@@ -2,7 +2,7 @@ package postgres
 
 import "strings"
 
-// The statements of the partitioned layout (LayoutPartitioned) that differ
+// The statements of the partitioned layout that differ
 // from the DELETE layout's. A unique index of a partitioned table must
 // include the partition key (claimed_at), so nothing in the table keeps
 // (scope, key) unique: every statement that may create a row of a key runs
@@ -229,7 +229,7 @@ SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins)`
 // sqlPartTryLock takes the key's advisory lock ($1) without waiting.
 const sqlPartTryLock = `SELECT pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1)`
 
-// sqlPartLockDeferred is a deferred claim's lock (deferred.go): the key's
+// sqlPartLockDeferred is a deferred claim's lock (internal/claimtx): the key's
 // advisory lock ($1) without waiting, or a failure (deferredMarker) when
 // another claim holds it, which refuses the claim.
 const sqlPartLockDeferred = `SELECT (CASE WHEN ` + sqlReadCommitted + ` AND pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $1) THEN '1' ELSE '` + deferredMarker + `' END)::int8`
@@ -338,3 +338,25 @@ const sqlPartitionPages = `SELECT pg_relation_size($1::regclass) / current_setti
 // of a partition being dropped live again (dropPartition).
 const partLive = `
 	AND (expires_at > now() OR purge_at > now())`
+
+// sqlPartClaimNewCurrentDeferred is sqlPartClaimNewCurrent's deferred form:
+// claimed_at is the clock read after the key's lock ($6) was taken, NULL
+// when it is held; the partition's own range, which PostgreSQL checks on
+// an insert into a partition by name, stands for the statement's check of
+// the clock against [{{LOOKUP_FROM}}, {{UNTIL}}), its bounds, so
+// sqlPartClaimNewCurrent's argument holds as it is. Parameters as
+// sqlClaimNew's.
+const sqlPartClaimNewCurrentDeferred = `
+INSERT INTO {{PARTITION}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
+VALUES ($1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text,
+	CASE WHEN ` + sqlReadCommitted + ` AND pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6) THEN clock_timestamp() END)`
+
+// deferredForm turns sqlPartClaimNew, an insert that returns the token, or
+// nothing when the key has a row, into a deferred claim's, which fails
+// instead of returning nothing.
+func deferredForm(insert string) string {
+	return "WITH ins AS (" + deferredTokenLiteral.Replace(insert) + ")\n" +
+		"SELECT coalesce((SELECT token::text FROM ins), '" + deferredMarker + "')::int8"
+}

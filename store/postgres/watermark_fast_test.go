@@ -19,9 +19,10 @@ import (
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
-// The watermark mode's fast path (watermark_fast.go): after a process's own
-// commit of a partition's message, the next claim sends nothing, BEGIN goes
-// out with the handler's first statement, and the commit claims.
+// The watermark mode's fast path (internal/watermark/fast.go): after a
+// process's own commit of a partition's message, the next claim sends
+// nothing, BEGIN goes out with the handler's first statement, and the
+// commit claims.
 
 // wmFast is a store's watermarks on a pool whose round trips are counted,
 // with a ledger keyed by text.

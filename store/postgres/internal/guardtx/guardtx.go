@@ -1,8 +1,9 @@
-// Package guardtx wraps a pgx.Tx so that it stops touching its connection
-// once the transaction's owner has ended it on the connection directly and
-// given the connection back to the pool: a handler that kept its pgx.Tx
-// past its delivery gets pgx.ErrTxClosed instead of a statement on a
-// connection that now serves someone else.
+// Package guardtx is the handler's transaction in the one-transaction
+// modes (Handler), and how its owner ends it on the connection (Commit,
+// Release). A Tx stops touching its connection once the owner has ended
+// the transaction and given the connection back to the pool: a handler
+// that kept its pgx.Tx past its delivery gets pgx.ErrTxClosed instead of a
+// statement on a connection that now serves someone else.
 package guardtx
 
 import (

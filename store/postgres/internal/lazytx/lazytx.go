@@ -1,10 +1,9 @@
 // Package lazytx is a pgx.Tx whose BEGIN goes out with its first
 // statement, in one batch (pgx.Batch.BeginTx), rather than in a round trip
-// of its own: the watermark mode's fast path (store/postgres,
-// watermark_fast.go), where nothing else has to be sent before the
-// handler's first statement, and the key mode's deferred claim (deferred.go),
-// whose statements go out between BEGIN and the handler's first statement
-// (a Prelude).
+// of its own: the watermark mode's fast path (internal/watermark), where
+// nothing else has to be sent before the handler's first statement, and
+// the key mode's deferred claim (internal/claimtx), whose statements go
+// out between BEGIN and the handler's first statement (a Prelude).
 package lazytx
 
 import (
@@ -387,7 +386,7 @@ func (t *Tx) Conn() *pgx.Conn {
 }
 
 // Commit and Rollback serve no caller: the handler's top level refuses
-// them (handlerTx), and its savepoints are pgx's.
+// them (guardtx.Handler), and its savepoints are pgx's.
 func (t *Tx) Commit(ctx context.Context) error {
 	if err := t.begin(ctx); err != nil {
 		return err
