@@ -288,7 +288,7 @@ func BenchmarkExecute(b *testing.B) {
 
 // BenchmarkRouterProfile is one router with the builder's receiver and a
 // no-op handler, alone in the process, for a CPU profile of what oncemill
-// costs a router (docs/benchmarks.md: the share of stack growth):
+// costs a router:
 //
 //	go test -run='^$' -bench=RouterProfile -benchtime=200000x -cpuprofile=cpu.out ./internal/idempotency
 func BenchmarkRouterProfile(b *testing.B) {

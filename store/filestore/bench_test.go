@@ -16,7 +16,7 @@ import (
 )
 
 // The benchmarks run on a file store and, side by side, on the memory store
-// (docs/benchmarks.md):
+// (docs/benchmarks.md, File store):
 //
 //	go test -run '^$' -bench . -benchtime 2000x ./store/filestore/
 //	go test -run '^$' -bench NewKeyParallel/file -benchtime 100000x ./store/filestore/

@@ -13,7 +13,7 @@
 // One process at a time holds the file (bbolt locks it): New waits up to
 // Options.OpenTimeout for another one to close it, then fails with
 // ErrLocked. Several workers that receive the same messages need a store
-// they share (store/postgres, store/redisstore); see docs/stores.md.
+// they share (store/postgres, store/redisstore); see docs/stores.md, which compares them.
 //
 // Records are keyed by scope and key in one bucket, in (scope, key) order,
 // so that Admin.List pages through a scope by seeking to it. Each value is

@@ -147,8 +147,7 @@ func TestDecodeKeyFilter(t *testing.T) {
 }
 
 // A filter sized for n keys takes about 3.1 bytes a key and, holding them,
-// says "maybe" of about 0.01% of other keys (docs/stores.md, "Key
-// filters").
+// says "maybe" of about 0.01% of other keys (docs/postgres.md, "How it works").
 func TestKeyFilterSize(t *testing.T) {
 	const n = 100_000
 	f := newKeyFilter(n)

@@ -53,8 +53,7 @@ func sizingDatabase(b *testing.B) *pgxpool.Pool {
 // autovacuum would. The DELETE layout's figure is a table that has not yet
 // deleted anything: its steady state adds the free space that deletes
 // leave. It reports bytes/row (table and indexes),
-// heap-bytes/row, index-bytes/row and the partitions (docs/stores.md,
-// "Sizing").
+// heap-bytes/row, index-bytes/row and the partitions (docs/benchmarks.md).
 //
 //	go test -run='^$' -bench=BytesPerRow -benchtime=1x ./store/postgres
 func BenchmarkBytesPerRow(b *testing.B) {

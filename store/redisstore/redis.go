@@ -137,7 +137,7 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if opts.AutoPipeline {
 		// Full duplex: one held connection that a writer and a reader
 		// stream on, which did more for 16 handlers than go-redis's
-		// default half-duplex batches (docs/benchmarks.md).
+		// default half-duplex batches.
 		pipe, err = client.AutoPipelineWithOptions(&redis.AutoPipelineOptions{FullDuplex: true})
 		if err != nil {
 			return nil, configerr.New("redis.Options.AutoPipeline", "%w; use a *redis.Client or *redis.ClusterClient, or turn AutoPipeline off", err)

@@ -18,7 +18,7 @@ import (
 // In the one-transaction mode over the tiered store, the handler finds the
 // truth's transaction with postgres.TxFromContext, as over postgres.Store
 // alone: its write commits with the record of the message, and a failure
-// rolls both back (docs/stores.md, Tiered, Wiring).
+// rolls both back (docs/tiered.md, Wiring).
 func TestHandlerTransactionIsTheTruths(t *testing.T) {
 	w := newWorld(t)
 	s := w.store(t, tiered.Options{})
