@@ -1,9 +1,9 @@
 // Package oncemilltest is a test kit for the handlers behind oncemill's
 // receiver, as rivertest is for River's workers: it delivers a message the
-// ways a broker really does (twice, at once, after a crash), fails the store
-// where a test chooses, duplicates messages inside a Watermill router, and
-// asserts what came of it. Use it from _test.go files; its helpers take the
-// test's testing.TB and fail it with t.Fatalf.
+// ways a broker really does (twice, at once, after a crash), duplicates
+// messages inside a Watermill router, and asserts what came of it. Use it
+// from _test.go files; its helpers take the test's testing.TB and fail it
+// with t.Fatalf.
 //
 //	func TestChargeIsIdempotent(t *testing.T) {
 //		var charges oncemilltest.Effects

@@ -1,4 +1,4 @@
--- The partitioned layout (Options.Layout = LayoutPartitioned): a new table
+-- The partitioned layout (Options.Layout): a new table
 -- with the columns of schema version 3, partitioned by claimed_at, the time
 -- of the claim that last put the row in its partition. Recorded as version
 -- 3: later migrations apply to both layouts.
