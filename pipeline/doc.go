@@ -31,7 +31,8 @@
 // other answer of the store, and a message without a usable key, runs the
 // handler unguarded instead, and is reported as what enforcement would
 // have done (Event.Shadow), for rolling the stage out on a live consumer
-// (docs/operations.md).
+// (docs/operations.md). Every delivery is then acked or nacked as the bare
+// handler's result says, and none is dead-lettered.
 //
 // A panic in the handler is recovered like Watermill's middleware.Recoverer
 // does: it becomes a middleware.RecoveredPanicError carrying the stack, the

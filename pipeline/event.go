@@ -106,9 +106,10 @@ type Event struct {
 	Err error
 	// Shadow is true when the stage, in shadow mode (receiver's
 	// WithShadow), ran the handler unguarded where enforcement would not
-	// have run it: Outcome is then what enforcement would have done (Replayed,
+	// have run it, or nacked an execution's failure that enforcement would
+	// have acked: Outcome is then what enforcement would have done (Replayed,
 	// CachedFailureReplayed, HeldKeyNacked, Rejected, StoreFailed,
-	// KeyFailed), not what the router was told, and Err is the handler's
-	// error. The delivery was acked unless the handler failed retryably.
+	// KeyFailed, CachedFailure), not what the router was told, and Err is
+	// the handler's error. The delivery was acked if and only if Err is nil.
 	Shadow bool
 }

@@ -236,10 +236,15 @@ func (b *Builder) WithEventHandler(f func(pipeline.Event)) *Builder {
 // with shadow mode"): keys are computed, claimed and recorded as usual, but
 // a duplicate (a replay, a held key, a mismatch), a message without a
 // usable key and a delivery the store cannot decide run the handler
-// unguarded, at once, instead of being answered by oncemill. Events report what enforcement would have done
-// (pipeline.Event.Shadow) and oncemill.shadow.duplicates counts the
-// duplicates. WithShadow(false), the default, enforces. The bool lets a
-// flag or an environment variable decide.
+// unguarded, at once, instead of being answered by oncemill. Every delivery
+// then ends as without oncemill: acked if the handler returned nil, nacked
+// with its error otherwise, whatever the policy says (a cached failure, an
+// exhausted message, policy.ExhaustedDrop), and nothing is dead-lettered.
+// Validation (WithValidation) still refuses. Events report what enforcement
+// would have done (pipeline.Event.Shadow), as do the metrics and the log
+// lines; oncemill.shadow.duplicates counts the duplicates.
+// WithShadow(false), the default, enforces. The bool lets a flag or an
+// environment variable decide.
 func (b *Builder) WithShadow(on bool) *Builder {
 	b.cfg.Shadow = on
 	return b

@@ -366,7 +366,8 @@ type recorder interface {
 // recorded and acked; without a dead letter, an exhausted message is
 // dropped only under policy.ExhaustedDrop, and kept otherwise. Under
 // policy.NeverCacheFailures every failure is retryable and an exhausted
-// message is kept, dead letter or not.
+// message is kept, dead letter or not. Shadow mode records the same but
+// acks no failure: see shadowFailed.
 func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
 	d.event.Err = herr
 	kind := store.ErrorKindCached
@@ -379,6 +380,10 @@ func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr 
 			return s.keep(ctx, d, rec, herr)
 		}
 	}
+	out := store.Completion{Status: store.StatusCachedFailure, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: d.ttl.failure}
+	if s.shadow {
+		return s.shadowFailed(ctx, d, rec, out)
+	}
 	// Forwarded before it is recorded: a failed forward releases the key and
 	// nacks, so the failure is decided again and forwarded on redelivery.
 	if ferr := s.toDeadLetter(d, pipeline.DeadLetterReasonCachedFailure, herr); ferr != nil {
@@ -387,7 +392,6 @@ func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr 
 		return nil, ferr
 	}
 	d.event.Outcome = pipeline.OutcomeCachedFailure
-	out := store.Completion{Status: store.StatusCachedFailure, ErrorKind: kind, ErrorMessage: herr.Error(), TTL: d.ttl.failure}
 	if err := rec.cache(ctx, out); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		// Not recorded: nack, so the failure is decided again on redelivery
 		// rather than forgotten.

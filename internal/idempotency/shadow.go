@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,8 @@ import (
 // usual, so the records fill as they will under enforcement; every other
 // answer of the store runs the handler unguarded instead, and is reported
 // (Event.Outcome, oncemill.outcomes) as what enforcement would have done.
+// Either way the router gets the handler's own result, so that the trial
+// acks, nacks and dead-letters nothing the bare handler would not.
 
 // shadowed runs the handler, unguarded, for a delivery the stage would
 // have answered without running it: a replay (or its rejection, under
@@ -87,26 +90,55 @@ func (s *idempotency) shadowUnkeyed(d *delivery, h message.HandlerFunc, would pi
 }
 
 // runShadowed runs the handler with the retry and breaker as configured,
-// and answers its result the way the policy answers an execution's, minus
-// the record and the dead letter: a success is acked with what it
-// produced; a failure the policy caches is acked, so that a permanent
-// failure of a duplicate does not come back from the broker without end;
-// a retryable one is nacked after policy.NackDelay. Event.Err is the
-// handler's error.
+// records nothing, and returns its result: a success with what it
+// produced; a failure, permanent or not, after policy.NackDelay, so that a
+// broker that redelivers at once is paced. Event.Err is the handler's
+// error.
 func (s *idempotency) runShadowed(d *delivery, h message.HandlerFunc) ([]*message.Message, error) {
 	d.event.Shadow = true
-	ctx := d.msg.Context()
-	msgs, err := s.retry.run(ctx, func() ([]*message.Message, error) { return runHandler(h, d.msg) })
+	msgs, err := s.retry.run(d.msg.Context(), func() ([]*message.Message, error) { return runHandler(h, d.msg) })
 	d.event.Err = err
 	if err == nil {
 		return msgs, nil
 	}
-	if s.policy.Classify(err) == policy.ClassCached {
-		s.logError(d, "Shadow mode: the handler failed permanently; the message is acked, and nothing is recorded", err)
-		return nil, nil
+	return nil, s.shadowNack(d, err)
+}
+
+// shadowFailed answers an execution's failure that enforcement would ack:
+// a cached failure, or the last attempt's, dead-lettered or dropped
+// (policy.ExhaustedDrop). It is recorded as under enforcement (out), so
+// that its duplicates are decided from the record, and counted as what
+// enforcement would have done; but nothing is dead-lettered, and the
+// handler's error goes back to the router, which nacks it as it would
+// without oncemill.
+func (s *idempotency) shadowFailed(ctx context.Context, d *delivery, rec recorder, out store.Completion) ([]*message.Message, error) {
+	d.event.Outcome, d.event.Shadow = pipeline.OutcomeCachedFailure, true
+	if err := rec.cache(ctx, out); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		d.event.Outcome = pipeline.OutcomeStoreFailed
+		s.logError(d, "The handler's failure could not be recorded", fmt.Errorf("oncemill: recording failure %q: %w", out.ErrorMessage, err))
 	}
-	if serr := sleep(ctx, s.policy.NackDelay); serr != nil {
-		return nil, errors.Join(err, serr)
+	would := "cache the failure and ack"
+	switch {
+	case s.deadLetter != nil:
+		would = "dead-letter and ack"
+		if d.event.Exhausted {
+			s.tel.exhausted(d.msg.Context(), exhaustedDeadLettered)
+		}
+	case d.event.Exhausted:
+		would = "drop: ack without a dead letter (policy.ExhaustedDrop)"
+		s.tel.exhausted(d.msg.Context(), exhaustedDropped)
 	}
-	return nil, err
+	s.logger.LogAttrs(d.msg.Context(), slog.LevelError, "Shadow mode: the handler failed; the message is nacked, where enforcement would "+would, s.attrs(d,
+		slog.String("would", d.event.Outcome.String()),
+		slog.Any("error", d.event.Err),
+	)...)
+	return nil, s.shadowNack(d, d.event.Err)
+}
+
+// shadowNack pauses policy.NackDelay before the nack of the handler's err.
+func (s *idempotency) shadowNack(d *delivery, err error) error {
+	if serr := sleep(d.msg.Context(), s.policy.NackDelay); serr != nil {
+		return errors.Join(err, serr)
+	}
+	return err
 }

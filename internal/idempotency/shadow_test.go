@@ -178,12 +178,12 @@ func TestShadowRunsTheHandlerForEveryDuplicate(t *testing.T) {
 			}
 			declined := error(policy.Cached(errDeclined))
 			h.fail.Store(&declined)
-			if _, err := handler(msg("declined", "a")); err != nil {
-				t.Fatalf("a cached failure is acked, got %v", err)
+			if _, err := handler(msg("declined", "a")); !errors.Is(err, errDeclined) {
+				t.Fatalf("a cached failure: got %v, want the handler's error, as without oncemill", err)
 			}
 			h.fail.Store(nil)
-			if e := s.last(t); e.Outcome != pipeline.OutcomeCachedFailure || e.Shadow {
-				t.Fatalf("execution's event %+v, want a cached failure, not shadowed", e)
+			if e := s.last(t); e.Outcome != pipeline.OutcomeCachedFailure || !e.Shadow {
+				t.Fatalf("execution's event %+v, want a cached failure, shadowed: enforcement would have acked it", e)
 			}
 			if h.runs.Load() != 2 || h.guarded.Load() != 2 {
 				t.Fatalf("executions: %d runs, %d in a claim; want 2 and 2", h.runs.Load(), h.guarded.Load())
@@ -265,8 +265,8 @@ func TestShadowRunsTheHandlerForEveryDuplicate(t *testing.T) {
 					shadowSpans++
 				}
 			}
-			if shadowSpans != 4 {
-				t.Errorf("%d delivery spans with idempotency.shadow, want the 4 duplicates'", shadowSpans)
+			if shadowSpans != 5 {
+				t.Errorf("%d delivery spans with idempotency.shadow, want the cached failure's and the 4 duplicates'", shadowSpans)
 			}
 		})
 	}
@@ -329,11 +329,10 @@ func TestShadowRunsTheHandlerWhenTheStoreFails(t *testing.T) {
 	}
 }
 
-// A shadowed duplicate's failure is answered as the policy answers an
-// execution's, without a record: a permanent one is acked (it would
-// otherwise come back without end, the record still answering replay), a
-// retryable one nacked. Event.Err carries it.
-func TestShadowAnswersTheHandlersFailureByThePolicy(t *testing.T) {
+// A shadowed duplicate's failure, permanent or retryable, is the handler's
+// error to the router, as without oncemill, and changes no record.
+// Event.Err carries it.
+func TestShadowReturnsTheHandlersFailure(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"leased", "transactional"} {
 		t.Run(mode, func(t *testing.T) {
@@ -346,8 +345,8 @@ func TestShadowAnswersTheHandlersFailureByThePolicy(t *testing.T) {
 			}
 			declined, down := error(policy.Cached(errDeclined)), errors.New("try later")
 			h.fail.Store(&declined)
-			if _, err := handler(msg("m1", "a")); err != nil {
-				t.Fatalf("a permanent failure of a shadowed duplicate: %v, want an ack", err)
+			if _, err := handler(msg("m1", "a")); !errors.Is(err, errDeclined) {
+				t.Fatalf("a permanent failure of a shadowed duplicate: %v, want a nack with it", err)
 			}
 			if e := s.last(t); !e.Shadow || e.Outcome != pipeline.OutcomeReplayed || !errors.Is(e.Err, errDeclined) {
 				t.Fatalf("event %+v", e)
