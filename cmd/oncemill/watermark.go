@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/user"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -150,14 +151,25 @@ func (c *watermarkMoveCmd) Run(a *app) error {
 		}
 		// The audit line: who moved what, from where to where, on stderr,
 		// which an operator's session or job log keeps.
-		user, _ := os.LookupEnv("USER")
 		slog.New(slog.NewTextHandler(a.stderr, nil)).Warn("audit: Kafka watermark moved",
 			slog.String("group", c.Group), slog.String("topic", c.Topic), slog.Int("partition", int(c.Partition)),
-			slog.String("from_offset", from), slog.Int64("to_offset", c.Offset), slog.String("user", user))
+			slog.String("from_offset", from), slog.Int64("to_offset", c.Offset), slog.String("user", operator()))
 		if a.g.JSON {
 			return writeJSON(a.stdout, out)
 		}
 		_, err = fmt.Fprintf(a.stdout, "moved the watermark of group %s topic %s partition %d from %s to %d\n", c.Group, c.Topic, c.Partition, from, c.Offset)
 		return err
 	})
+}
+
+// operator names who runs the command, for the audit line: $USER, else the
+// process's OS account, since a cron job or a container may set no $USER.
+func operator() string {
+	if name := os.Getenv("USER"); name != "" {
+		return name
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "uid " + strconv.Itoa(os.Getuid())
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/user"
 	"strings"
 	"testing"
 
@@ -76,5 +77,20 @@ func TestWatermarkNeedsTheTable(t *testing.T) {
 	r := runCLI(t, nil, append(postgresFlags(schema), "watermark", "show")...).mustCode(t, exitNotFound)
 	if !strings.Contains(r.stderr, "migrate") {
 		t.Errorf("show without a table: %q", r.stderr)
+	}
+}
+
+// The audit line names the operator from the OS account when $USER is
+// unset, as in a cron job or a container. Not parallel: it sets $USER.
+func TestWatermarkAuditNamesTheOperatorWithoutUSER(t *testing.T) {
+	t.Setenv("USER", "")
+	u, err := user.Current()
+	if err != nil || u.Username == "" {
+		t.Fatalf("user.Current() = %+v, %v; want this process's account", u, err)
+	}
+	fx := newPostgresFixture(t, postgres.LayoutDelete)
+	r := fx.cli(t, nil, "watermark", "move", "--group=g", "--topic=t", "--partition=0", "--offset=3", "--force").mustCode(t, exitOK)
+	if want := "user=" + u.Username; !strings.Contains(r.stderr, want) {
+		t.Fatalf("the audit line lacks %q: %q", want, r.stderr)
 	}
 }
