@@ -1,7 +1,9 @@
 package idempotency
 
 import (
+	"fmt"
 	"log/slog"
+	"math"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/sony/gobreaker/v2"
@@ -91,6 +93,11 @@ func watermarkStore(ts store.Transactional, cfg *Config) (store.Transactional, e
 		p, err := position(msg)
 		if err != nil {
 			return "", err
+		}
+		// The watermark is the next offset, offset+1: the last offset
+		// Kafka can hold has none, and a negative one is no record's.
+		if p.Partition < 0 || p.Offset < 0 || p.Offset == math.MaxInt64 {
+			return "", fmt.Errorf("%w: partition %d, offset %d of topic %q is not a position the watermark can follow (partitions and offsets run from 0 to 2^63-2)", keygen.ErrNoKey, p.Partition, p.Offset, p.Topic)
 		}
 		return kafkapos.Key(p), nil
 	})

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -657,5 +659,30 @@ func TestWatermarkTwoOwnersRepeatableRead(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the second owner's claim did not end")
+	}
+}
+
+// A position the watermark cannot follow (offset 2^63-1, whose next offset
+// overflows, or a negative partition or offset) is a message without a key:
+// refused once and acked as the policy's MissingKey says, with an error that
+// names the position, never run and never nacked in a loop.
+func TestWatermarkOutOfRangePositionIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newWMFixture(t, policy.Policy{})
+	for _, pos := range []struct {
+		partition int32
+		offset    int64
+	}{{0, math.MaxInt64}, {0, -1}, {-1, 5}} {
+		if _, err := f.deliver(pos.partition, pos.offset); err != nil {
+			t.Fatalf("partition %d offset %d: %v; want it acked", pos.partition, pos.offset, err)
+		}
+		e := f.event(t)
+		if e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, keygen.ErrNoKey) || !strings.Contains(e.Err.Error(), strconv.FormatInt(pos.offset, 10)) {
+			t.Fatalf("partition %d offset %d: outcome %v, error %v; want rejected, the error naming the position", pos.partition, pos.offset, e.Outcome, e.Err)
+		}
+	}
+	var n int
+	if err := f.pool.QueryRow(t.Context(), "SELECT count(*) FROM "+f.ledger).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("ledger rows = %d, %v; want none: the handler never runs", n, err)
 	}
 }
