@@ -88,7 +88,7 @@ func watermarkStore(ts store.Transactional, cfg *Config) (store.Transactional, e
 	if err != nil {
 		return nil, configerr.New(setting, "%w", err)
 	}
-	position := w.Position
+	position, maxKeyLen := w.Position, wts.Limits().MaxKeyLen
 	cfg.KeyGenerator = keygen.Func(func(msg *message.Message) (string, error) {
 		p, err := position(msg)
 		if err != nil {
@@ -97,9 +97,13 @@ func watermarkStore(ts store.Transactional, cfg *Config) (store.Transactional, e
 		// The watermark is the next offset, offset+1: the last offset
 		// Kafka can hold has none, and a negative one is no record's.
 		if p.Partition < 0 || p.Offset < 0 || p.Offset == math.MaxInt64 {
-			return "", fmt.Errorf("%w: partition %d, offset %d of topic %q is not a position the watermark can follow (partitions and offsets run from 0 to 2^63-2)", keygen.ErrNoKey, p.Partition, p.Offset, p.Topic)
+			return "", fmt.Errorf("%w: partition %d, offset %d of topic %.80q is not a position the watermark can follow (partitions and offsets run from 0 to 2^63-2)", keygen.ErrNoKey, p.Partition, p.Offset, p.Topic)
 		}
-		return kafkapos.Key(p), nil
+		key := kafkapos.Key(p)
+		if keygen.StorableKey(key, maxKeyLen) != key { // hashed, it would name no position
+			return "", fmt.Errorf("%w: topic %.80q cannot be stored as a watermark's topic: use valid UTF-8 without NUL bytes, its position at most %d bytes", keygen.ErrNoKey, p.Topic, maxKeyLen)
+		}
+		return key, nil
 	})
 	cfg.Fingerprint = keygen.NoFingerprint
 	cfg.Scope = keygen.StorableKey(w.Group, store.MaxScopeLen)

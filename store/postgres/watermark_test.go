@@ -686,3 +686,36 @@ func TestWatermarkOutOfRangePositionIsRefused(t *testing.T) {
 		t.Fatalf("ledger rows = %d, %v; want none: the handler never runs", n, err)
 	}
 }
+
+// A topic no store can hold (a NUL byte, bytes that are not UTF-8, too
+// long) is refused as that, once, with an error that names it, rather than
+// hashed into a key that names no position.
+func TestWatermarkUnstorableTopicIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newWMFixture(t, policy.Policy{})
+	for _, topic := range []string{"pay\x00ments", "pay\xffments", strings.Repeat("t", 1000)} {
+		events := make(chan pipeline.Event, 1)
+		r, err := receiver.NewTransactional(f.s).
+			WithKafkaWatermark(pipeline.KafkaWatermark{
+				Group: wmGroup,
+				Position: func(*message.Message) (store.KafkaPosition, error) {
+					return store.KafkaPosition{Topic: topic, Offset: 1}, nil
+				},
+				HighWaterMark: func(context.Context, string, int32) (int64, error) { return 1 << 62, nil },
+			}).
+			WithLogger(slog.New(slog.DiscardHandler)).
+			WithEventHandler(func(e pipeline.Event) { events <- e }).
+			Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran := false
+		h := r.Middleware(func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil })
+		if _, err := h(message.NewMessage("m", nil)); err != nil || ran {
+			t.Fatalf("topic %.20q: %v, handler ran %v; want it acked unrun", topic, err, ran)
+		}
+		if e := <-events; e.Outcome != pipeline.OutcomeRejected || !errors.Is(e.Err, keygen.ErrNoKey) || !strings.Contains(e.Err.Error(), "cannot be stored") {
+			t.Fatalf("topic %.20q: outcome %v, error %v; want rejected, the error naming the topic", topic, e.Outcome, e.Err)
+		}
+	}
+}
