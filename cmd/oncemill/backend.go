@@ -6,12 +6,14 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -40,12 +42,17 @@ type backend struct {
 
 // migration is what migrate did.
 type migration struct {
-	Store   string `json:"store"`
-	Target  string `json:"target"`
-	From    int    `json:"from_version"`
-	To      int    `json:"to_version"`
-	Changed bool   `json:"changed"`
-	Note    string `json:"note,omitempty"`
+	Store  string `json:"store"`
+	Target string `json:"target"`
+	From   int    `json:"from_version"`
+	To     int    `json:"to_version"`
+	// FromLayout and ToLayout are the PostgreSQL table's layout before and
+	// after ("delete", "partitioned"; empty for no table), so that a
+	// conversion at the same schema version shows as a change.
+	FromLayout string `json:"from_layout,omitempty"`
+	ToLayout   string `json:"to_layout,omitempty"`
+	Changed    bool   `json:"changed"`
+	Note       string `json:"note,omitempty"`
 }
 
 // cleanupLagger is implemented by stores that measure their cleanup lag
@@ -110,6 +117,7 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 	// An empty --postgres-schema is passed on as the zero Options.Schema, so
 	// the library's default decides; the name is only for messages.
 	target := cmp.Or(g.PostgresSchema, libraryDefaultSchema) + "." + g.PostgresTable // plain identifiers: New validated them
+	table := pgx.Identifier{cmp.Or(g.PostgresSchema, libraryDefaultSchema), g.PostgresTable}.Sanitize()
 	return &backend{
 		admin: st,
 		where: "postgres " + target + " at " + where,
@@ -131,18 +139,23 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 		},
 		migrate: func(ctx context.Context) (migration, error) {
 			m := migration{Store: "postgres", Target: target}
-			from, err := st.AppliedVersion(ctx)
-			if err != nil {
+			var err error
+			if m.From, err = st.AppliedVersion(ctx); err != nil {
 				return m, err
 			}
-			m.From = from
+			if m.FromLayout, err = tableLayout(ctx, pool, table); err != nil {
+				return m, err
+			}
 			if err := st.Migrate(ctx); err != nil {
 				return m, err
 			}
 			if m.To, err = st.AppliedVersion(ctx); err != nil {
 				return m, err
 			}
-			m.Changed = from != m.To
+			if m.ToLayout, err = tableLayout(ctx, pool, table); err != nil {
+				return m, err
+			}
+			m.Changed = m.From != m.To || m.FromLayout != m.ToLayout
 			return m, nil
 		},
 		close: func() { _ = st.Close(); pool.Close() },
@@ -274,4 +287,20 @@ func (b *backend) pages(ctx context.Context, req store.ListRequest) iter.Seq2[st
 			req.After = page.Next
 		}
 	}
+}
+
+// tableLayout is the layout of the records table named table: "delete" for
+// a plain table, "partitioned" for a partitioned one, "" when there is none.
+func tableLayout(ctx context.Context, pool *pgxpool.Pool, table string) (string, error) {
+	var kind *string
+	if err := pool.QueryRow(ctx, "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", table).Scan(&kind); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("reading the layout of %s: %w", table, err)
+	}
+	switch {
+	case kind == nil:
+		return "", nil
+	case *kind == "p":
+		return "partitioned", nil
+	}
+	return "delete", nil
 }

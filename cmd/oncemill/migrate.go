@@ -16,6 +16,8 @@ func (c *migrateCmd) Run(a *app) error {
 		switch {
 		case m.Note != "":
 			_, err = fmt.Fprintf(a.stdout, "%s %s: nothing to migrate: %s\n", m.Store, m.Target, m.Note)
+		case m.FromLayout != "" && m.FromLayout != m.ToLayout:
+			_, err = fmt.Fprintf(a.stdout, "converted %s %s from the %s layout to the %s layout, at schema version %d\n", m.Store, m.Target, m.FromLayout, m.ToLayout, m.To)
 		case m.Changed:
 			_, err = fmt.Fprintf(a.stdout, "migrated %s %s from schema version %d to %d\n", m.Store, m.Target, m.From, m.To)
 		default:

@@ -52,8 +52,8 @@ func TestStatsShowsPartitions(t *testing.T) {
 }
 
 // migrate --postgres-layout=partitioned creates a partitioned table, and
-// converts one of the DELETE layout; without the flag, migrate refuses a
-// partitioned table, naming the layout.
+// converts one of the DELETE layout, saying so; without the flag, migrate
+// refuses a partitioned table, naming the layout.
 func TestMigratePartitioned(t *testing.T) {
 	t.Parallel()
 	pool := testenv.Pool(t)
@@ -63,7 +63,10 @@ func TestMigratePartitioned(t *testing.T) {
 		if existing {
 			runCLI(t, nil, append(flags, "migrate")...).mustCode(t, exitOK)
 		}
-		runCLI(t, nil, append(flags, "--postgres-layout=partitioned", "migrate")...).mustCode(t, exitOK)
+		m := jsonObject[migration](t, runCLI(t, nil, append(flags, "--postgres-layout=partitioned", "--json", "migrate")...).mustCode(t, exitOK))
+		if from := map[bool]string{false: "", true: "delete"}[existing]; !m.Changed || m.FromLayout != from || m.ToLayout != "partitioned" {
+			t.Fatalf("migrate --postgres-layout=partitioned (existing table %v): %+v; want a change from layout %q to partitioned", existing, m, from)
+		}
 		st, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
 		if err != nil {
 			t.Fatal(err)
@@ -72,6 +75,15 @@ func TestMigratePartitioned(t *testing.T) {
 		st.Close()
 		if err != nil || len(parts) == 0 || parts[0].From.IsZero() != existing {
 			t.Fatalf("partitions after migrate --postgres-layout=partitioned (existing table %v): %+v, %v", existing, parts, err)
+		}
+		if existing {
+			// The same conversion, in words, on a table of its own.
+			other := postgresFlags(testenv.Schema(t, pool))
+			runCLI(t, nil, append(other, "migrate")...).mustCode(t, exitOK)
+			r := runCLI(t, nil, append(other, "--postgres-layout=partitioned", "migrate")...).mustCode(t, exitOK)
+			if !strings.Contains(r.stdout, "from the delete layout to the partitioned layout") {
+				t.Fatalf("the conversion's line: %q; want it to name both layouts", r.stdout)
+			}
 		}
 		r := runCLI(t, nil, append(flags, "migrate")...)
 		if r.code == exitOK || !strings.Contains(r.stderr, "LayoutPartitioned") {
