@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations/*.sql migrations/partitioned/*.sql
@@ -118,15 +120,27 @@ func (s *Store) migrateTables(ctx context.Context, version int, layout func(tx p
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
 		return "", fmt.Errorf("oncemill: postgres: migrate: taking the migration lock: %w", err)
 	}
-	setup := s.names.render(`
-CREATE SCHEMA IF NOT EXISTS {{SCHEMA}};
-CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
+	// PostgreSQL checks CREATE on the database before IF NOT EXISTS, so the
+	// schema is created only when it is missing: a role with USAGE and
+	// CREATE on an existing schema migrates without rights on the database.
+	var schemaExists bool
+	if err := tx.QueryRow(ctx, "SELECT to_regnamespace($1) IS NOT NULL", s.names.schema).Scan(&schemaExists); err != nil {
+		return "", fmt.Errorf("oncemill: postgres: migrate: looking up schema %s: %w", s.names.schema, err)
+	}
+	if !schemaExists {
+		if _, err := tx.Exec(ctx, s.names.render(`CREATE SCHEMA IF NOT EXISTS {{SCHEMA}}`)); err != nil {
+			return "", fmt.Errorf("oncemill: postgres: migrate: creating schema %s: %w%s", s.names.schema, err,
+				grantHint(err, "(create the schema as its owner, or GRANT CREATE ON DATABASE <database> TO <this role>)"))
+		}
+	}
+	setup := s.names.render(`CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 	version    integer PRIMARY KEY,
 	name       text NOT NULL,
 	applied_at timestamptz NOT NULL DEFAULT now()
-);`)
-	if _, err := tx.Exec(ctx, setup, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return "", fmt.Errorf("oncemill: postgres: migrate: creating schema %s and version table: %w", s.names.schema, err)
+)`)
+	if _, err := tx.Exec(ctx, setup); err != nil {
+		return "", fmt.Errorf("oncemill: postgres: migrate: creating the version table in schema %s: %w%s", s.names.schema, err,
+			grantHint(err, fmt.Sprintf("(GRANT USAGE, CREATE ON SCHEMA %s TO <this role>)", s.names.schema)))
 	}
 	var current int
 	if err := tx.QueryRow(ctx, s.names.render(`SELECT coalesce(max(version), 0) FROM {{VERSIONS}}`)).Scan(&current); err != nil {
@@ -157,4 +171,14 @@ CREATE TABLE IF NOT EXISTS {{VERSIONS}} (
 		return "", fmt.Errorf("oncemill: postgres: migrate: %w", err)
 	}
 	return kind, nil
+}
+
+// grantHint is " "+hint when err is PostgreSQL's refusal for a missing
+// privilege, and "" otherwise.
+func grantHint(err error, hint string) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return " " + hint
+	}
+	return ""
 }

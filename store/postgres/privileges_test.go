@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,26 +25,11 @@ func TestDeleteLayoutNeedsOnlyRowPrivileges(t *testing.T) {
 	admin := testenv.Pool(t)
 	schema := testenv.Schema(t, admin)
 	newStore(t, admin, postgres.Options{Schema: schema})
-	role := pgx.Identifier{schema + "_rows"}.Sanitize()
-	run(t, admin, "CREATE ROLE "+role)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
-	})
+	role, worker := newRole(t, admin, "_rows")
 	run(t, admin, fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s", pgx.Identifier{schema}.Sanitize(), role))
 	run(t, admin, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s", table(schema, ""), role))
 	run(t, admin, fmt.Sprintf("GRANT USAGE ON %s TO %s", pgx.Identifier{schema, postgres.DefaultTable + "_token_seq"}.Sanitize(), role))
-	worker := testenv.Pool(t, func(c *pgxpool.Config) {
-		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-			_, err := conn.Exec(ctx, "SET ROLE "+role)
-			return err
-		}
-	})
-	s, err := postgres.New(worker, postgres.Options{Schema: schema, CleanupInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := storeAs(t, worker, schema)
 	ctx := t.Context()
 
 	lease := store.LeaseRequest{Scope: "s", Key: "lease", LeaseDuration: time.Minute}
@@ -70,4 +56,66 @@ func TestDeleteLayoutNeedsOnlyRowPrivileges(t *testing.T) {
 	if n, err := s.DeleteExpired(ctx, 100); err != nil || n != 2 {
 		t.Fatalf("DeleteExpired = %d, %v; want the 2 expired records removed", n, err)
 	}
+}
+
+// Migrate needs USAGE and CREATE on an existing schema and nothing on the
+// database; without them, its error names the grant to give.
+func TestMigrateNeedsOnlyTheSchemasGrants(t *testing.T) {
+	t.Parallel()
+	admin := testenv.Pool(t)
+	schema := testenv.Schema(t, admin)
+	run(t, admin, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	role, worker := newRole(t, admin, "_migrator")
+	run(t, admin, fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s", pgx.Identifier{schema}.Sanitize(), role))
+
+	err := storeAs(t, worker, schema).Migrate(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "GRANT USAGE, CREATE ON SCHEMA") {
+		t.Fatalf("Migrate with USAGE alone = %v; want an error naming the schema's grant", err)
+	}
+	err = storeAs(t, worker, schema+"_missing").Migrate(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "GRANT CREATE ON DATABASE") {
+		t.Fatalf("Migrate into a missing schema without CREATE on the database = %v; want an error naming that grant", err)
+	}
+
+	run(t, admin, fmt.Sprintf("GRANT CREATE ON SCHEMA %s TO %s", pgx.Identifier{schema}.Sanitize(), role))
+	s := storeAs(t, worker, schema)
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate with USAGE and CREATE on the schema: %v", err)
+	}
+	if err := s.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate again, the table current: %v", err)
+	}
+	if v, err := s.AppliedVersion(t.Context()); err != nil || v != postgres.SchemaVersion {
+		t.Fatalf("AppliedVersion = %d, %v; want %d", v, err, postgres.SchemaVersion)
+	}
+}
+
+// newRole creates a role with no rights, dropped with what it owns when the
+// test ends, and a pool whose sessions act as it.
+func newRole(t *testing.T, admin *pgxpool.Pool, suffix string) (string, *pgxpool.Pool) {
+	t.Helper()
+	role := pgx.Identifier{testenv.Schema(t, admin) + suffix}.Sanitize()
+	run(t, admin, "CREATE ROLE "+role)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = admin.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	return role, testenv.Pool(t, func(c *pgxpool.Config) {
+		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, "SET ROLE "+role)
+			return err
+		}
+	})
+}
+
+// storeAs is a store of the DELETE layout on schema over pool, its cleaner
+// off.
+func storeAs(t *testing.T, pool *pgxpool.Pool, schema string) *postgres.Store {
+	t.Helper()
+	s, err := postgres.New(pool, postgres.Options{Schema: schema, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
