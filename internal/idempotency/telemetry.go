@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -64,14 +65,58 @@ type telemetry struct {
 	breaker                                             metric.Int64Gauge
 
 	// Option slices built once: passing a prebuilt slice to a variadic
-	// Add or Record allocates nothing per message.
-	decisionAttrs map[string][]metric.AddOption
-	outcomeAttrs  map[pipeline.Outcome][]metric.AddOption
+	// Add or Record allocates nothing per message. byHandler holds them
+	// per Watermill handler name: a map under a lock, whose string lookup
+	// allocates nothing, where a sync.Map would box the name.
+	mu            sync.RWMutex
+	byHandler     map[string]*handlerAttrs
 	storeAttrs    [storeOps][]metric.RecordOption
 	storeErrAttrs [storeOps][]metric.AddOption
 	replayAttrs   map[store.Status][]metric.RecordOption
 	reasonAttrs   map[pipeline.DeadLetterReason][]metric.AddOption
 	exhaustAttrs  map[exhaustedAction][]metric.AddOption
+}
+
+// handlerAttrs are the options of one Watermill handler's decisions,
+// outcomes and handler durations: each carries the handler attribute, so
+// that a worker with many handlers shows each one's replay rate.
+type handlerAttrs struct {
+	decisions map[string][]metric.AddOption
+	outcomes  map[pipeline.Outcome][]metric.AddOption
+	duration  []metric.RecordOption
+}
+
+// attrsOf returns the options of the handler that ctx's message is
+// delivered to (message.HandlerNameFromCtx; "" outside a router), built on
+// its first delivery.
+func (t *telemetry) attrsOf(ctx context.Context) *handlerAttrs {
+	name := message.HandlerNameFromCtx(ctx)
+	t.mu.RLock()
+	a, ok := t.byHandler[name]
+	t.mu.RUnlock()
+	if ok {
+		return a
+	}
+	handler := attribute.String("handler", name)
+	set := func(k, v string) attribute.Set { return attribute.NewSet(handler, attribute.String(k, v)) }
+	a = &handlerAttrs{
+		decisions: map[string][]metric.AddOption{},
+		outcomes:  map[pipeline.Outcome][]metric.AddOption{},
+		duration:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(handler))},
+	}
+	for _, d := range decisionNames {
+		a.decisions[d] = []metric.AddOption{metric.WithAttributeSet(set("decision", d))}
+	}
+	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeKeyFailed; o++ {
+		a.outcomes[o] = []metric.AddOption{metric.WithAttributeSet(set("outcome", o.String()))}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if got, ok := t.byHandler[name]; ok {
+		return got
+	}
+	t.byHandler[name] = a
+	return a
 }
 
 // exhaustedAction is what became of a message whose attempts ran out: the
@@ -142,13 +187,12 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, system strin
 	}
 	m := mp.Meter(instrumentationName)
 	t := &telemetry{
-		tracer:        tp.Tracer(instrumentationName),
-		system:        semconv.MessagingSystemKey.String(system),
-		idleTP:        idleTP,
-		idleMP:        idleMP,
-		decisionAttrs: map[string][]metric.AddOption{},
-		outcomeAttrs:  map[pipeline.Outcome][]metric.AddOption{},
-		reasonAttrs:   map[pipeline.DeadLetterReason][]metric.AddOption{},
+		tracer:      tp.Tracer(instrumentationName),
+		system:      semconv.MessagingSystemKey.String(system),
+		idleTP:      idleTP,
+		idleMP:      idleMP,
+		byHandler:   map[string]*handlerAttrs{},
+		reasonAttrs: map[pipeline.DeadLetterReason][]metric.AddOption{},
 	}
 	var errs [13]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
@@ -184,12 +228,6 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, system strin
 	}
 	set := func(k, v string) metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(attribute.String(k, v)))
-	}
-	for _, d := range decisionNames {
-		t.decisionAttrs[d] = []metric.AddOption{set("decision", d)}
-	}
-	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeKeyFailed; o++ {
-		t.outcomeAttrs[o] = []metric.AddOption{set("outcome", o.String())}
 	}
 	for op, name := range storeOpNames {
 		t.storeAttrs[op] = []metric.RecordOption{set("operation", name)}
@@ -269,10 +307,11 @@ func (t *telemetry) decided(ctx context.Context, e *pipeline.Event, stored time.
 	if !t.metering() {
 		return // no span either: the delivery span is made only under an SDK
 	}
+	a := t.attrsOf(ctx)
 	if d := decisionName(e); d != "" {
-		t.decisions.Add(ctx, 1, t.decisionAttrs[d]...)
+		t.decisions.Add(ctx, 1, a.decisions[d]...)
 	}
-	t.outcomes.Add(ctx, 1, t.outcomeAttrs[e.Outcome]...)
+	t.outcomes.Add(ctx, 1, a.outcomes[e.Outcome]...)
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return
@@ -299,7 +338,7 @@ func (t *telemetry) decided(ctx context.Context, e *pipeline.Event, stored time.
 // shadowed counts a duplicate that shadow mode ran the handler for.
 func (t *telemetry) shadowed(ctx context.Context, e *pipeline.Event) {
 	if t.metering() {
-		t.shadows.Add(ctx, 1, t.decisionAttrs[decisionName(e)]...)
+		t.shadows.Add(ctx, 1, t.attrsOf(ctx).decisions[decisionName(e)]...)
 	}
 }
 
@@ -393,7 +432,7 @@ func (t *telemetry) leaseDone(ctx context.Context, r handlerRun) {
 	}
 	t.liveLeases.Add(ctx, -1)
 	if !r.start.IsZero() {
-		t.handlerDuration.Record(ctx, time.Since(r.start).Seconds())
+		t.handlerDuration.Record(ctx, time.Since(r.start).Seconds(), t.attrsOf(ctx).duration...)
 	}
 }
 
@@ -406,8 +445,11 @@ func (t *telemetry) replayed(ctx context.Context, rec *store.Record) {
 
 func (t *telemetry) retried(ctx context.Context) { t.retries.Add(ctx, 1) }
 func (t *telemetry) invalid(ctx context.Context) {
+	if !t.metering() {
+		return
+	}
 	t.invalids.Add(ctx, 1)
-	t.outcomes.Add(ctx, 1, t.outcomeAttrs[pipeline.OutcomeInvalid]...)
+	t.outcomes.Add(ctx, 1, t.attrsOf(ctx).outcomes[pipeline.OutcomeInvalid]...)
 }
 
 func (t *telemetry) exhausted(ctx context.Context, a exhaustedAction) {
