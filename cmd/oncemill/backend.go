@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"net/url"
 	"strings"
@@ -76,7 +77,7 @@ func (a *app) open() (*backend, error) {
 	case "redis":
 		return openRedis(ctx, a.g)
 	case "tiered":
-		return openTiered(ctx, a.g)
+		return openTiered(ctx, a.g, a.stderr)
 	}
 	return nil, usage("--store=%q: use postgres, redis or tiered", a.g.Store)
 }
@@ -187,6 +188,19 @@ func openRedis(ctx context.Context, g *globals) (*backend, error) {
 // redisClient connects to --redis-addr. Its calls are bounded by their
 // contexts (ContextTimeoutEnabled), as the tiered store requires.
 func redisClient(ctx context.Context, g *globals) (*redis.Client, string, error) {
+	client, where, err := redisClientOf(g)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := client.Ping(ctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, "", fmt.Errorf("Redis at %s is unreachable: %w", where, err)
+	}
+	return client, where, nil
+}
+
+// redisClientOf is the client of --redis-addr, not yet used.
+func redisClientOf(g *globals) (*redis.Client, string, error) {
 	opts := &redis.Options{Addr: g.RedisAddr}
 	if strings.Contains(g.RedisAddr, "://") {
 		var err error
@@ -195,28 +209,28 @@ func redisClient(ctx context.Context, g *globals) (*redis.Client, string, error)
 		}
 	}
 	opts.ContextTimeoutEnabled = true
-	where := redactURL(g.RedisAddr)
-	client := redis.NewClient(opts)
-	if err := client.Ping(ctx).Err(); err != nil {
-		_ = client.Close()
-		return nil, "", fmt.Errorf("Redis at %s is unreachable: %w", where, err)
-	}
-	return client, where, nil
+	return redis.NewClient(opts), redactURL(g.RedisAddr), nil
 }
 
 // openTiered opens PostgreSQL, the truth, and the tiered store's Redis cache
 // in front of it. Releases and purges go through the tiered store, so that
 // they reach the caches of every worker (a tombstone and an invalidation);
-// with --store=postgres they would not.
-func openTiered(ctx context.Context, g *globals) (*backend, error) {
+// with --store=postgres they would not. While Redis is down the commands
+// that read still work, from the truth, with a warning on stderr; a release
+// or purge fails, as the tiered store refuses one that could not reach the
+// caches.
+func openTiered(ctx context.Context, g *globals, stderr io.Writer) (*backend, error) {
 	b, pg, err := openPostgres(ctx, g)
 	if err != nil {
 		return nil, err
 	}
-	client, where, err := redisClient(ctx, g)
+	client, where, err := redisClientOf(g)
 	if err != nil {
 		b.close()
 		return nil, err
+	}
+	if err := client.Ping(ctx).Err(); err != nil {
+		fmt.Fprintf(stderr, "warning: Redis at %s is unreachable (%v): reading PostgreSQL, the truth; release and purge fail until Redis is back\n", where, err)
 	}
 	// The CLI keeps no local tier: it reads the truth, and runs too briefly
 	// to gain from one.
