@@ -71,7 +71,7 @@ func (c *committer) commitQueue() {
 
 	for len(group) > 0 {
 		failed := -1
-		err := c.db.Update(func(tx *bolt.Tx) error {
+		err := c.commit(func(tx *bolt.Tx) error {
 			for i, w := range group {
 				if err := w.fn(tx); err != nil {
 					failed = i
@@ -98,4 +98,12 @@ func (c *committer) commitQueue() {
 		return
 	}
 	c.queue[0].done <- outcome{lead: true}
+}
+
+// commit runs fn in a read-write transaction, a panic of bbolt as an error:
+// the writes queued behind it are not left waiting for a lead that died.
+func (c *committer) commit(fn func(*bolt.Tx) error) (err error) {
+	defer guard()()
+	defer recoverDamage(c.db.Path(), &err)
+	return c.db.Update(fn)
 }

@@ -115,18 +115,20 @@ func expiry(v []byte) (expires, purge int64, err error) {
 }
 
 // decodeEntry reads the entry stored under k. v belongs to the bbolt
-// transaction; nothing of it is kept.
+// transaction; nothing of it is kept. A k or v that is not a record's is
+// an error wrapping errUndecodable, naming the record.
 func decodeEntry(k, v []byte) (*entry, error) {
-	_, purge, err := expiry(v)
+	scope, key, err := splitKey(k)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("record key %q: %w: %w", k, errUndecodable, err)
 	}
-	e := &entry{purge: time.Unix(0, purge).UTC()}
-	if err := json.Unmarshal(v[headerLen:], &e.Record); err != nil {
-		return nil, fmt.Errorf("record of %q: %w", k, err)
+	_, purge, err := expiry(v)
+	if err == nil {
+		e := &entry{purge: time.Unix(0, purge).UTC()}
+		if err = json.Unmarshal(v[headerLen:], &e.Record); err == nil {
+			e.Scope, e.Key = scope, key
+			return e, nil
+		}
 	}
-	if e.Scope, e.Key, err = splitKey(k); err != nil {
-		return nil, fmt.Errorf("record key %q: %w", k, err)
-	}
-	return e, nil
+	return nil, fmt.Errorf("record %q/%q: %w: %w", scope, key, errUndecodable, err)
 }

@@ -45,13 +45,19 @@ var (
 
 // New opens the file at opts.Path, creating it if absent, and starts the
 // sweeper unless opts.CleanupInterval is negative. It fails with ErrLocked
-// when another process has the file open past opts.OpenTimeout.
+// when another process has the file open past opts.OpenTimeout, and with
+// an error naming the file when it finds the file damaged (truncated,
+// or a page overwritten); such a file is left as it is.
 func New(opts Options) (*Store, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(opts.Path, 0o600, &bolt.Options{Timeout: opts.OpenTimeout})
+	err = checkFile(opts.Path, opts.OpenTimeout)
+	var db *bolt.DB
+	if err == nil {
+		db, err = bolt.Open(opts.Path, 0o600, &bolt.Options{Timeout: opts.OpenTimeout})
+	}
 	switch {
 	case errors.Is(err, bolterrors.ErrTimeout):
 		return nil, fmt.Errorf("oncemill: filestore: open %s: another process (or another Store of this one) has held it for %v (OpenTimeout): one file serves one process; give each worker its own file, or share store/postgres or store/redisstore: %w",
@@ -146,13 +152,26 @@ func checkKey(op, key string) error {
 	return nil
 }
 
-// load returns the entry of k in tx, or nil.
+// load returns the entry of k in tx, or nil. A value that is not a record
+// is an error wrapping errUndecodable.
 func load(tx *bolt.Tx, k []byte) (*entry, error) {
 	v := tx.Bucket(recordsBucket).Get(k)
 	if v == nil {
 		return nil, nil
 	}
 	return decodeEntry(k, v)
+}
+
+// loadClaimed is load for ClaimLease: a record that cannot be decoded is
+// absent, and the claim writes a new one over it. What it held (a result,
+// an attempt count) is lost either way; refusing the claim instead would
+// nack the message on every delivery, with no way out but an operator.
+func loadClaimed(tx *bolt.Tx, k []byte) (*entry, error) {
+	e, err := load(tx, k)
+	if errors.Is(err, errUndecodable) {
+		return nil, nil
+	}
+	return e, err
 }
 
 func save(tx *bolt.Tx, k []byte, e *entry) error {
@@ -202,8 +221,8 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 	k := recordKey(req.Scope, req.Key)
 
 	var res store.ClaimResult
-	err := s.db.View(func(tx *bolt.Tx) error {
-		e, err := load(tx, k)
+	err := s.view(func(tx *bolt.Tx) error {
+		e, err := loadClaimed(tx, k)
 		if err != nil {
 			return err
 		}
@@ -219,7 +238,7 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 
 	// The key looked free: decide again where the decision is written.
 	err = s.writes.update(func(tx *bolt.Tx) error {
-		e, err := load(tx, k)
+		e, err := loadClaimed(tx, k)
 		if err != nil {
 			return err
 		}
@@ -319,6 +338,11 @@ func (s *Store) finish(op string, lease store.Claim, change func(e *entry, now t
 	err := s.writes.update(func(tx *bolt.Tx) error {
 		refused = nil
 		e, err := load(tx, k)
+		if errors.Is(err, errUndecodable) {
+			// Nothing proves the lease any more; the next claim overwrites it.
+			refused = fmt.Errorf("oncemill: filestore: %s with token %d: %w: %w", op, lease.Token, err, store.ErrLeaseLost)
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -405,7 +429,7 @@ func (s *Store) Get(_ context.Context, scope, key string) (store.Record, error) 
 		return store.Record{}, err
 	}
 	var e *entry
-	err := s.db.View(func(tx *bolt.Tx) (err error) {
+	err := s.view(func(tx *bolt.Tx) (err error) {
 		e, err = load(tx, recordKey(scope, key))
 		return err
 	})
@@ -418,7 +442,8 @@ func (s *Store) Get(_ context.Context, scope, key string) (store.Record, error) 
 	return e.Record, nil
 }
 
-// Delete implements store.Admin: it removes the record only under token.
+// Delete implements store.Admin: it removes the record only under token,
+// or a record that cannot be decoded (which has no token) under any.
 func (s *Store) Delete(_ context.Context, scope, key string, token int64) error {
 	if err := checkKey("delete", key); err != nil {
 		return err
@@ -432,6 +457,8 @@ func (s *Store) Delete(_ context.Context, scope, key string, token int64) error 
 		refused = nil
 		e, err := load(tx, k)
 		switch {
+		case errors.Is(err, errUndecodable):
+			// No token to compare: the operator removes it.
 		case err != nil:
 			return err
 		case e == nil:

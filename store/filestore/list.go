@@ -44,7 +44,7 @@ func (s *Store) List(_ context.Context, req store.ListRequest) (store.ListPage, 
 		}
 	}
 	var page store.ListPage
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(recordsBucket).Cursor()
 		k, v := c.First()
 		if start != nil {

@@ -45,13 +45,11 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 		return 0, fmt.Errorf("oncemill: filestore: delete expired: %w", err)
 	}
 	var found [][]byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		now := s.clock().UnixNano()
 		c := tx.Bucket(recordsBucket).Cursor()
 		for k, v := c.First(); k != nil && len(found) < limit; k, v = c.Next() {
-			if ok, err := sweepable(k, v, now); err != nil {
-				return err
-			} else if ok {
+			if sweepable(v, now) {
 				found = append(found, bytes.Clone(k)) // k lives as long as tx
 			}
 		}
@@ -70,11 +68,7 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 		b := tx.Bucket(recordsBucket)
 		for _, k := range found {
 			// Claimed again meanwhile, or removed: kept, or nothing to do.
-			ok, err := sweepable(k, b.Get(k), now)
-			if err != nil {
-				return err
-			}
-			if !ok {
+			if !sweepable(b.Get(k), now) {
 				continue
 			}
 			if err := b.Delete(k); err != nil {
@@ -90,15 +84,16 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 	return removed, nil
 }
 
-// sweepable says whether the record k, v (nil: absent) has expired and
-// passed its claim's Retain at now.
-func sweepable(k, v []byte, now int64) (bool, error) {
+// sweepable says whether the record v (nil: absent) has expired and
+// passed its claim's Retain at now. A value too short for its header is
+// removed: kept, it would hold the sweeper there on every pass.
+func sweepable(v []byte, now int64) bool {
 	if v == nil {
-		return false, nil
+		return false
 	}
 	expires, purge, err := expiry(v)
 	if err != nil {
-		return false, fmt.Errorf("record %q: %w", k, err)
+		return true
 	}
-	return now >= expires && now >= purge, nil
+	return now >= expires && now >= purge
 }
