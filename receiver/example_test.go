@@ -29,18 +29,13 @@ func Example() {
 	}
 	defer st.Close()
 
-	done := make(chan struct{})
+	events := make(chan pipeline.Event)
 	r, err := receiver.New(st).
 		WithPolicy(policy.Policy{
 			SuccessTTL:   24 * time.Hour,
 			CachedErrors: []error{errInsufficientFunds},
 		}).
-		WithEventHandler(func(e pipeline.Event) {
-			fmt.Println(e.Key, e.Outcome)
-			if e.Outcome == pipeline.OutcomeReplayed {
-				close(done)
-			}
-		}).
+		WithEventHandler(func(e pipeline.Event) { events <- e }).
 		Build()
 	if err != nil {
 		panic(err)
@@ -66,8 +61,9 @@ func Example() {
 		if err := pubSub.Publish("payments", message.NewMessage("pay-1", []byte("12.00 EUR"))); err != nil {
 			panic(err)
 		}
+		e := <-events // what became of the delivery
+		fmt.Println(e.Key, e.Outcome)
 	}
-	<-done
 	// Output:
 	// charging 12.00 EUR token 1
 	// pay-1 executed
