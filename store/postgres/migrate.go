@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -12,7 +11,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
 )
 
 //go:embed migrations/*.sql migrations/partitioned/*.sql
@@ -176,8 +176,7 @@ func (s *Store) migrateTables(ctx context.Context, version int, layout func(tx p
 // grantHint is " "+hint when err is PostgreSQL's refusal for a missing
 // privilege, and "" otherwise.
 func grantHint(err error, hint string) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+	if pgerr.IsInsufficientPrivilege(err) {
 		return " " + hint
 	}
 	return ""

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
 )
 
 // Partition upkeep of the partitioned layout: creating
@@ -149,8 +151,7 @@ func (s *partitionedLayout) ensurePartitions(ctx context.Context) (time.Time, []
 
 // partitionDDLError explains a refused CREATE or DROP of a partition.
 func (s *partitionedLayout) partitionDDLError(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+	if pgerr.IsInsufficientPrivilege(err) {
 		return fmt.Errorf("oncemill: postgres: %s: %w (the partitioned layout creates and drops partitions as it runs: "+
 			"the role needs CREATE on schema %s and must own table %s, or be a member of the role that owns it "+
 			"(GRANT <owner role> TO <this role>; GRANT CREATE ON SCHEMA %s TO <this role>))",

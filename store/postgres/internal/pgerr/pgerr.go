@@ -33,6 +33,7 @@ const (
 	undefinedTable            = "42P01"
 	undefinedColumn           = "42703"
 	checkViolation            = "23514"
+	insufficientPrivilege     = "42501"
 )
 
 // Code is err's SQLSTATE, or "" when err is not PostgreSQL's.
@@ -60,6 +61,10 @@ func IsNoPartition(err error) bool {
 
 // IsUndefinedTable reports whether err is PostgreSQL's undefined_table.
 func IsUndefinedTable(err error) bool { return Code(err) == undefinedTable }
+
+// IsInsufficientPrivilege reports whether err is PostgreSQL's refusal for
+// a privilege the role lacks.
+func IsInsufficientPrivilege(err error) bool { return Code(err) == insufficientPrivilege }
 
 // Wrap adds the operation to a database error, and a hint when the table is
 // missing or older than this build (a column a later migration adds).
