@@ -383,7 +383,7 @@ func TestKafkaWatermarkAheadOfHighWaterMark(t *testing.T) {
 	t.Parallel()
 	r := newWMRig(t)
 	r.publish(3)
-	if _, _, err := r.st.MoveWatermark(t.Context(), r.group, r.topic, 0, 100); err != nil {
+	if _, _, err := r.st.MoveWatermark(t.Context(), r.group, r.topic, 0, 100, true); err != nil {
 		t.Fatal(err)
 	}
 	m := r.join(memberOpts{})
@@ -398,7 +398,7 @@ func TestKafkaWatermarkAheadOfHighWaterMark(t *testing.T) {
 	if n := m.eventsWith(func(e pipeline.Event) bool { return e.Outcome.Acked() }); n != 0 {
 		t.Fatalf("%d deliveries acked with the watermark ahead", n)
 	}
-	if _, _, err := r.st.MoveWatermark(t.Context(), r.group, r.topic, 0, 0); err != nil {
+	if _, _, err := r.st.MoveWatermark(t.Context(), r.group, r.topic, 0, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, limit, func() bool { return len(r.ledgerCounts()) == 3 },

@@ -44,7 +44,7 @@ type cli struct {
 	Purge   purgeCmd   `cmd:"" help:"Delete records by scope, status or age, in batches. A dry run unless --dry-run=false."`
 	Migrate migrateCmd `cmd:"" help:"Create or upgrade the store's schema (PostgreSQL); idempotent."`
 
-	Watermark watermarkCmd `cmd:"" help:"Show or move the Kafka watermarks of the watermark mode (PostgreSQL): one row per consumer group, topic and partition."`
+	Watermark watermarkCmd `cmd:"" help:"Show, move or delete the Kafka watermarks of the watermark mode (PostgreSQL): one row per consumer group, topic and partition."`
 }
 
 // globals are the flags every command takes: which store, and how to print.
@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	var c cli
 	parser, err := kong.New(&c,
 		kong.Name("oncemill"),
-		kong.Description("The operator's tool for oncemill's stores: inspect, list and count records, release a stuck key, purge, migrate, show and move Kafka watermarks.\n\n"+
+		kong.Description("The operator's tool for oncemill's stores: inspect, list and count records, release a stuck key, purge, migrate, show, move and delete Kafka watermarks.\n\n"+
 			"Every flag also reads the ONCEMILL_* variable shown with it. Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 refused."),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { panic(exitPanic(code)) }),

@@ -4,6 +4,7 @@ package main
 // partition), holding the next offset to process (docs/kafka.md).
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,12 +13,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
 type watermarkCmd struct {
-	Show watermarkShowCmd `cmd:"" help:"List the Kafka watermarks (--store=postgres): per consumer group, topic and partition, the next offset to process, the last committed offset and its outcome."`
-	Move watermarkMoveCmd `cmd:"" help:"Set a partition's watermark (--store=postgres), to process a range again (move back) or skip one (move forward), or after a topic was recreated. Needs --force; writes an audit line to stderr."`
+	Show   watermarkShowCmd   `cmd:"" help:"List the Kafka watermarks (--store=postgres): per consumer group, topic and partition, the next offset to process, the last committed offset and its outcome."`
+	Move   watermarkMoveCmd   `cmd:"" help:"Set a partition's watermark (--store=postgres), to process a range again (move back) or skip one (move forward), or after a topic was recreated. Needs --force, and --create for a partition without a row; writes an audit line to stderr."`
+	Delete watermarkDeleteCmd `cmd:"" help:"Delete a partition's watermark row (--store=postgres): one of a group or topic that no longer exists, or a mistyped one. Needs --force; writes an audit line to stderr."`
 }
 
 type watermarkShowCmd struct {
@@ -25,12 +28,32 @@ type watermarkShowCmd struct {
 	Topic string `help:"Only this topic."`
 }
 
-type watermarkMoveCmd struct {
+// watermarkID names one partition's row, for move and delete.
+type watermarkID struct {
 	Group     string `required:"" help:"The consumer group."`
 	Topic     string `required:"" help:"The topic."`
 	Partition int32  `required:"" help:"The partition."`
-	Offset    int64  `required:"" help:"The new watermark: the next offset to process. Lower offsets are acked unrun as duplicates; this one and later ones run."`
-	Force     bool   `help:"Move it. Without --force nothing changes: moving back runs offsets a second time, moving forward acks offsets that never ran."`
+}
+
+func (w watermarkID) String() string {
+	return fmt.Sprintf("group %s topic %s partition %d", w.Group, w.Topic, w.Partition)
+}
+
+// attrs are the audit line's attributes of the row.
+func (w watermarkID) attrs() []any {
+	return []any{slog.String("group", w.Group), slog.String("topic", w.Topic), slog.Int("partition", int(w.Partition))}
+}
+
+type watermarkMoveCmd struct {
+	watermarkID
+	Offset int64 `required:"" help:"The new watermark: the next offset to process. Lower offsets are acked unrun as duplicates; this one and later ones run."`
+	Force  bool  `help:"Move it. Without --force nothing changes: moving back runs offsets a second time, moving forward acks offsets that never ran."`
+	Create bool  `help:"Create the row if the partition has none (its first offsets below --offset are then acked unrun). Without it a partition without a row is refused, so that a mistyped group or topic gets no row."`
+}
+
+type watermarkDeleteCmd struct {
+	watermarkID
+	Force bool `help:"Delete it. Without --force nothing changes: the partition's next message then starts the row again, and every offset from the group's Kafka offset on runs, duplicates of processed ones included."`
 }
 
 // watermarkView is one row as the commands print it.
@@ -134,12 +157,16 @@ func (c *watermarkMoveCmd) Run(a *app) error {
 		return usage("--partition=%d --offset=%d: both must be 0 or more", c.Partition, c.Offset)
 	}
 	if !c.Force {
-		return refused("not moved: moving the watermark of group %s topic %s partition %d to %d changes what runs: offsets below it are acked unrun, "+
+		return refused("not moved: moving the watermark of %s to %d changes what runs: offsets below it are acked unrun, "+
 			"offsets from it on run (again, if they ran). Stop the group's consumers first, check with \"oncemill watermark show\", then add --force",
-			c.Group, c.Topic, c.Partition, c.Offset)
+			c.watermarkID, c.Offset)
 	}
 	return a.watermarkStore(func(st *postgres.Store) error {
-		prev, existed, err := st.MoveWatermark(a.ctx, c.Group, c.Topic, c.Partition, c.Offset)
+		prev, existed, err := st.MoveWatermark(a.ctx, c.Group, c.Topic, c.Partition, c.Offset, c.Create)
+		if errors.Is(err, store.ErrNotFound) {
+			return notFound("not moved: %s has no watermark row: check the names with \"oncemill watermark show\", "+
+				"or add --create to create the row", c.watermarkID)
+		}
 		if err != nil {
 			return err
 		}
@@ -149,17 +176,53 @@ func (c *watermarkMoveCmd) Run(a *app) error {
 			from = strconv.FormatInt(prev, 10)
 			out.From = &prev
 		}
-		// The audit line: who moved what, from where to where, on stderr,
-		// which an operator's session or job log keeps.
-		slog.New(slog.NewTextHandler(a.stderr, nil)).Warn("audit: Kafka watermark moved",
-			slog.String("group", c.Group), slog.String("topic", c.Topic), slog.Int("partition", int(c.Partition)),
-			slog.String("from_offset", from), slog.Int64("to_offset", c.Offset), slog.String("user", operator()))
+		audit(a, "audit: Kafka watermark moved", append(c.attrs(), slog.String("from_offset", from), slog.Int64("to_offset", c.Offset))...)
 		if a.g.JSON {
 			return writeJSON(a.stdout, out)
 		}
-		_, err = fmt.Fprintf(a.stdout, "moved the watermark of group %s topic %s partition %d from %s to %d\n", c.Group, c.Topic, c.Partition, from, c.Offset)
+		_, err = fmt.Fprintf(a.stdout, "moved the watermark of %s from %s to %d\n", c.watermarkID, from, c.Offset)
 		return err
 	})
+}
+
+// deleteView is what delete prints.
+type deleteView struct {
+	Action    string `json:"action"` // "deleted"
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	From      int64  `json:"from_offset"`
+}
+
+func (c *watermarkDeleteCmd) Run(a *app) error {
+	if c.Partition < 0 {
+		return usage("--partition=%d: must be 0 or more", c.Partition)
+	}
+	if !c.Force {
+		return refused("not deleted: without its row, the next message of %s starts the row again, and every offset from the group's Kafka offset on runs, "+
+			"even one processed before. Stop the group's consumers first, check with \"oncemill watermark show\", then add --force", c.watermarkID)
+	}
+	return a.watermarkStore(func(st *postgres.Store) error {
+		prev, err := st.DeleteWatermark(a.ctx, c.Group, c.Topic, c.Partition)
+		if errors.Is(err, store.ErrNotFound) {
+			return notFound("not deleted: %s has no watermark row: check the names with \"oncemill watermark show\"", c.watermarkID)
+		}
+		if err != nil {
+			return err
+		}
+		audit(a, "audit: Kafka watermark deleted", append(c.attrs(), slog.Int64("from_offset", prev))...)
+		if a.g.JSON {
+			return writeJSON(a.stdout, deleteView{Action: "deleted", Group: c.Group, Topic: c.Topic, Partition: c.Partition, From: prev})
+		}
+		_, err = fmt.Fprintf(a.stdout, "deleted the watermark of %s (it was %d)\n", c.watermarkID, prev)
+		return err
+	})
+}
+
+// audit writes the audit line of a change: who changed what, from where
+// to where, on stderr, which an operator's session or job log keeps.
+func audit(a *app, msg string, attrs ...any) {
+	slog.New(slog.NewTextHandler(a.stderr, nil)).Warn(msg, append(attrs, slog.String("user", operator()))...)
 }
 
 // operator names who runs the command, for the audit line: $USER, else the

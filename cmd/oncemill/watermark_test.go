@@ -15,10 +15,10 @@ func TestWatermarkShowAndMove(t *testing.T) {
 	t.Parallel()
 	fx := newPostgresFixture(t, postgres.LayoutDelete)
 	st := fx.st.(*postgres.Store)
-	if _, _, err := st.MoveWatermark(t.Context(), "orders", "payments", 2, 1500); err != nil {
+	if _, _, err := st.MoveWatermark(t.Context(), "orders", "payments", 2, 1500, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.MoveWatermark(t.Context(), "audit", "ledger", 0, 7); err != nil {
+	if _, _, err := st.MoveWatermark(t.Context(), "audit", "ledger", 0, 7, true); err != nil {
 		t.Fatal(err)
 	}
 
@@ -56,10 +56,18 @@ func TestWatermarkShowAndMove(t *testing.T) {
 		t.Fatalf("after the move: %+v", ws)
 	}
 
-	// A partition without a row gets one.
-	r = fx.cli(t, nil, "watermark", "move", "--group=new", "--topic=t", "--partition=0", "--offset=5", "--force").mustCode(t, exitOK)
-	if !strings.Contains(r.stdout, "from none to 5") {
-		t.Errorf("move of a new partition: %q", r.stdout)
+	// A partition without a row (a mistyped group, say) gets one only with --create.
+	newRow := []string{"watermark", "move", "--group=new", "--topic=t", "--partition=0", "--offset=5", "--force"}
+	r = fx.cli(t, nil, newRow...).mustCode(t, exitNotFound)
+	if !strings.Contains(r.stderr, "no watermark row") || !strings.Contains(r.stderr, "--create") || strings.Contains(r.stderr, "audit") {
+		t.Errorf("move of a partition without a row: stderr %q, want a refusal naming --create and no audit line", r.stderr)
+	}
+	if ws, _ := st.Watermarks(t.Context(), "new", ""); len(ws) != 0 {
+		t.Fatalf("a refused move created a row: %+v", ws)
+	}
+	r = fx.cli(t, nil, append(newRow, "--create")...).mustCode(t, exitOK)
+	if !strings.Contains(r.stdout, "from none to 5") || !strings.Contains(r.stderr, "from_offset=none") {
+		t.Errorf("move --create of a new partition: stdout %q, stderr %q", r.stdout, r.stderr)
 	}
 	// Only PostgreSQL keeps watermarks.
 	r = runCLI(t, nil, "--store=redis", "watermark", "show").mustCode(t, exitUsage)
@@ -89,8 +97,48 @@ func TestWatermarkAuditNamesTheOperatorWithoutUSER(t *testing.T) {
 		t.Fatalf("user.Current() = %+v, %v; want this process's account", u, err)
 	}
 	fx := newPostgresFixture(t, postgres.LayoutDelete)
-	r := fx.cli(t, nil, "watermark", "move", "--group=g", "--topic=t", "--partition=0", "--offset=3", "--force").mustCode(t, exitOK)
+	r := fx.cli(t, nil, "watermark", "move", "--group=g", "--topic=t", "--partition=0", "--offset=3", "--force", "--create").mustCode(t, exitOK)
 	if want := "user=" + u.Username; !strings.Contains(r.stderr, want) {
 		t.Fatalf("the audit line lacks %q: %q", want, r.stderr)
 	}
+}
+
+// delete removes one partition's row, refused without --force, with an
+// audit line as move's; a partition without a row exits 3.
+func TestWatermarkDelete(t *testing.T) {
+	t.Parallel()
+	fx := newPostgresFixture(t, postgres.LayoutDelete)
+	st := fx.st.(*postgres.Store)
+	for _, p := range []int32{0, 1} {
+		if _, _, err := st.MoveWatermark(t.Context(), "orderz", "payments", p, 40, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del := []string{"watermark", "delete", "--group=orderz", "--topic=payments", "--partition=1"}
+	r := fx.cli(t, nil, del...).mustCode(t, exitRefused)
+	if !strings.Contains(r.stderr, "--force") || strings.Contains(r.stderr, "audit") {
+		t.Errorf("delete without --force: stderr %q, want a refusal naming --force and no audit line", r.stderr)
+	}
+	if ws, _ := st.Watermarks(t.Context(), "orderz", ""); len(ws) != 2 {
+		t.Fatalf("a refused delete changed the rows: %+v", ws)
+	}
+
+	r = fx.cli(t, nil, append([]string{"--json"}, append(del, "--force")...)...).mustCode(t, exitOK)
+	if out := jsonObject[deleteView](t, r); out != (deleteView{Action: "deleted", Group: "orderz", Topic: "payments", Partition: 1, From: 40}) {
+		t.Errorf("delete --force printed %+v", out)
+	}
+	for _, want := range []string{"audit: Kafka watermark deleted", "group=orderz", "topic=payments", "partition=1", "from_offset=40", "user="} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("the audit line lacks %q: %q", want, r.stderr)
+		}
+	}
+	if ws, _ := st.Watermarks(t.Context(), "orderz", ""); len(ws) != 1 || ws[0].Partition != 0 {
+		t.Fatalf("after the delete: %+v, want partition 0 only", ws)
+	}
+
+	r = fx.cli(t, nil, append(del, "--force")...).mustCode(t, exitNotFound)
+	if !strings.Contains(r.stderr, "no watermark row") || !strings.Contains(r.stderr, "oncemill watermark show") {
+		t.Errorf("delete of a partition without a row: stderr %q", r.stderr)
+	}
+	runCLI(t, nil, "--store=redis", "watermark", "delete", "--group=g", "--topic=t", "--partition=0", "--force").mustCode(t, exitUsage)
 }

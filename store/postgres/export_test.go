@@ -100,7 +100,7 @@ func (s *Store) ClaimLooksEverywhere(scope, key string) bool {
 }
 
 // WatermarkStatements are the watermark mode's statements of the delivery
-// path and of MoveWatermark, by name (not the operator's listing, which
+// path and of MoveWatermark and DeleteWatermark, by name (not the operator's listing, which
 // reads the table).
 func (s *Store) WatermarkStatements() map[string]string {
 	return s.watermarkStatements().ByName()

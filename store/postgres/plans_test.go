@@ -166,6 +166,7 @@ func TestPlansUseIndexesWatermarks(t *testing.T) {
 		"wmFailed":       `('g', 't', 0, 42, 2, 'uuid', 'cached', 'declined')`,
 		"wmLock":         `('g', 't', 0)`,
 		"wmMove":         `('g', 't', 0, 42)`,
+		"wmDelete":       `('g', 't', 0)`,
 	}
 	statements := s.WatermarkStatements()
 	if len(statements) != len(args) {

@@ -94,15 +94,19 @@ func (s *Store) Watermarks(ctx context.Context, group, topic string) ([]Watermar
 	return out, nil
 }
 
-// MoveWatermark sets the watermark of (group, topic, partition) to offset,
-// creating the row if there is none, and returns the watermark it had
-// (existed false when there was no row). Moving it back makes the offsets
-// from offset on run again; moving it forward acks the skipped ones unrun.
-// It is for operators: a topic recreated, a range to process again on
-// purpose.
-func (s *Store) MoveWatermark(ctx context.Context, group, topic string, partition int32, offset int64) (previous int64, existed bool, err error) {
-	if group == "" || topic == "" || partition < 0 || offset < 0 {
-		return 0, false, pgerr.Invalid("move watermark", "group %q, topic %q, partition %d, offset %d: give a group and a topic, and a partition and an offset of 0 or more", group, topic, partition, offset)
+// MoveWatermark sets the watermark of (group, topic, partition) to offset
+// and returns the watermark it had. A partition without a row is refused
+// with store.ErrNotFound, since a mistyped group or topic would otherwise
+// get a row of its own, unless create, which creates the row (existed is
+// then false). Moving it back makes the offsets from offset on run again;
+// moving it forward acks the skipped ones unrun. It is for operators: a
+// topic recreated, a range to process again on purpose.
+func (s *Store) MoveWatermark(ctx context.Context, group, topic string, partition int32, offset int64, create bool) (previous int64, existed bool, err error) {
+	if err := checkWatermarkID("move watermark", group, topic, partition); err != nil {
+		return 0, false, err
+	}
+	if offset < 0 {
+		return 0, false, pgerr.Invalid("move watermark", "offset %d: give an offset of 0 or more", offset)
 	}
 	ctx, cancel, err := s.gate.Enter(ctx, "move watermark", 0)
 	if err != nil {
@@ -117,12 +121,55 @@ func (s *Store) MoveWatermark(ctx context.Context, group, topic string, partitio
 			existed = true
 		case !errors.Is(err, pgx.ErrNoRows):
 			return err
+		case !create:
+			return nil // nothing to change: the transaction ends empty
 		}
 		_, err = tx.Exec(ctx, q.Move, group, topic, partition, offset)
 		return err
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return 0, false, wrap("move watermark", err)
+	case !existed && !create:
+		return 0, false, noWatermark("move watermark", group, topic, partition)
 	}
 	return previous, existed, nil
+}
+
+// DeleteWatermark removes the row of (group, topic, partition) and returns
+// the watermark it had; store.ErrNotFound when there is none. The
+// partition's next claim creates its row again at the offset it claims:
+// the partition starts over from where the group's Kafka offset stands,
+// with nothing below it acked as a duplicate. It is for operators: a row
+// of a group or topic that no longer exists.
+func (s *Store) DeleteWatermark(ctx context.Context, group, topic string, partition int32) (previous int64, err error) {
+	if err := checkWatermarkID("delete watermark", group, topic, partition); err != nil {
+		return 0, err
+	}
+	ctx, cancel, err := s.gate.Enter(ctx, "delete watermark", 0)
+	if err != nil {
+		return 0, err
+	}
+	defer s.gate.Leave(cancel)
+	err = s.pool.QueryRow(ctx, s.watermarkStatements().Delete, group, topic, partition).Scan(&previous)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, noWatermark("delete watermark", group, topic, partition)
+	}
+	if err != nil {
+		return 0, wrap("delete watermark", err)
+	}
+	return previous, nil
+}
+
+// checkWatermarkID refuses what names no partition's row.
+func checkWatermarkID(op, group, topic string, partition int32) error {
+	if group == "" || topic == "" || partition < 0 {
+		return pgerr.Invalid(op, "group %q, topic %q, partition %d: give a group, a topic and a partition of 0 or more", group, topic, partition)
+	}
+	return nil
+}
+
+// noWatermark is the error of a partition without a row.
+func noWatermark(op, group, topic string, partition int32) error {
+	return fmt.Errorf("oncemill: postgres: %s: group %q topic %q partition %d has no watermark: %w", op, group, topic, partition, store.ErrNotFound)
 }

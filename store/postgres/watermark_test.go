@@ -473,7 +473,7 @@ func TestWatermarkAheadOfHighWaterMark(t *testing.T) {
 		t.Fatalf("ledger holds %d rows, want 5", n)
 	}
 	// The operator moves the watermark; the new topic's offsets run.
-	prev, existed, err := f.s.MoveWatermark(t.Context(), wmGroup, "payments", 0, 0)
+	prev, existed, err := f.s.MoveWatermark(t.Context(), wmGroup, "payments", 0, 0, false)
 	if err != nil || !existed || prev != 5 {
 		t.Fatalf("MoveWatermark = %d, %v, %v; want the old watermark 5", prev, existed, err)
 	}
@@ -585,15 +585,21 @@ func TestWatermarksAndMove(t *testing.T) {
 	pool := testenv.Pool(t)
 	s := newStore(t, pool, postgres.Options{})
 	ctx := t.Context()
-	prev, existed, err := s.MoveWatermark(ctx, "g", "t", 3, 100)
+	if _, _, err := s.MoveWatermark(ctx, "g", "t", 3, 100, false); !errors.Is(err, store.ErrNotFound) || !strings.Contains(err.Error(), `group "g" topic "t" partition 3`) {
+		t.Fatalf("MoveWatermark of a partition without a row, without create: %v, want store.ErrNotFound naming it", err)
+	}
+	if ws, err := s.Watermarks(ctx, "", ""); err != nil || len(ws) != 0 {
+		t.Fatalf("a refused move created a row: %+v, %v", ws, err)
+	}
+	prev, existed, err := s.MoveWatermark(ctx, "g", "t", 3, 100, true)
 	if err != nil || existed || prev != 0 {
 		t.Fatalf("MoveWatermark of a new partition = %d, %v, %v", prev, existed, err)
 	}
-	prev, existed, err = s.MoveWatermark(ctx, "g", "t", 3, 40)
+	prev, existed, err = s.MoveWatermark(ctx, "g", "t", 3, 40, false)
 	if err != nil || !existed || prev != 100 {
 		t.Fatalf("MoveWatermark back = %d, %v, %v", prev, existed, err)
 	}
-	if _, _, err := s.MoveWatermark(ctx, "g", "t", 3, -1); !errors.Is(err, store.ErrInvalidRequest) {
+	if _, _, err := s.MoveWatermark(ctx, "g", "t", 3, -1, false); !errors.Is(err, store.ErrInvalidRequest) {
 		t.Fatalf("a negative offset: %v", err)
 	}
 	ws, err := s.Watermarks(ctx, "", "")
@@ -602,6 +608,51 @@ func TestWatermarksAndMove(t *testing.T) {
 	}
 	if ws, err := s.Watermarks(ctx, "other", ""); err != nil || len(ws) != 0 {
 		t.Fatalf("Watermarks of another group = %+v, %v", ws, err)
+	}
+}
+
+// DeleteWatermark removes one partition's row and returns its watermark;
+// a partition without a row is store.ErrNotFound; the partition's next
+// claim starts it again at the offset it claims.
+func TestDeleteWatermark(t *testing.T) {
+	t.Parallel()
+	f := newWMFixture(t, policy.Policy{})
+	ctx := t.Context()
+	for _, p := range []int32{0, 1} {
+		if _, _, err := f.s.MoveWatermark(ctx, wmGroup, "payments", p, 50, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Offset 7 is below the watermark: a duplicate, acked unrun.
+	if _, err := f.deliver(0, 7); err != nil {
+		t.Fatal(err)
+	}
+	f.event(t)
+	if n := f.ledgerRows(t); n != 0 {
+		t.Fatalf("offset 7 below the watermark ran: %d ledger rows", n)
+	}
+	prev, err := f.s.DeleteWatermark(ctx, wmGroup, "payments", 0)
+	if err != nil || prev != 50 {
+		t.Fatalf("DeleteWatermark = %d, %v; want the watermark 50", prev, err)
+	}
+	if ws, err := f.s.Watermarks(ctx, wmGroup, ""); err != nil || len(ws) != 1 || ws[0].Partition != 1 {
+		t.Fatalf("after deleting partition 0: %+v, %v; want partition 1 only", ws, err)
+	}
+	if _, err := f.s.DeleteWatermark(ctx, wmGroup, "payments", 0); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("DeleteWatermark of a partition without a row: %v, want store.ErrNotFound", err)
+	}
+	if _, err := f.s.DeleteWatermark(ctx, "", "payments", 0); !errors.Is(err, store.ErrInvalidRequest) {
+		t.Fatalf("DeleteWatermark without a group: %v, want store.ErrInvalidRequest", err)
+	}
+	// Without the row, offset 7 runs, and the row starts again past it.
+	if _, err := f.deliver(0, 7); err != nil {
+		t.Fatal(err)
+	}
+	if e := f.event(t); e.Outcome != pipeline.OutcomeExecuted || f.ledgerRows(t) != 1 {
+		t.Fatalf("offset 7 after the delete: %+v, %d ledger rows; want it executed once", e, f.ledgerRows(t))
+	}
+	if w := f.watermark(t, 0); w.Next != 8 {
+		t.Fatalf("the row after the delete and offset 7: %+v, want the watermark 8", w)
 	}
 }
 

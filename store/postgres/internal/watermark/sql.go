@@ -166,6 +166,10 @@ VALUES ($1::text, $2::text, $3::int4, $4::int8, -1, {{SUCCEEDED}}, '', $4::int8,
 ON CONFLICT (group_id, topic, partition) DO UPDATE SET
 	next_offset = $4::int8, attempt_offset = $4::int8, attempts = 0, updated_at = now()`
 
+// sqlDeleteWatermark removes a partition's row and returns its watermark.
+const sqlDeleteWatermark = `
+DELETE FROM {{WATERMARKS}} WHERE group_id = $1 AND topic = $2 AND partition = $3 RETURNING next_offset`
+
 const sqlLockWatermark = `
 SELECT next_offset FROM {{WATERMARKS}} WHERE group_id = $1 AND topic = $2 AND partition = $3 FOR UPDATE`
 
@@ -194,11 +198,12 @@ const wmMovedMarker = "oncemill: the watermark moved past the offset"
 // Statements are the mode's SQL with the store's names.
 type Statements struct {
 	claim, claimNew, commitResult, commitFast, retryable, failed string
-	// List, Lock and Move serve operators (store/postgres's Watermarks
-	// and MoveWatermark): List all rows, $1 group and $2 topic when not
-	// empty; Lock a row's next offset ($1 group, $2 topic, $3 partition);
-	// Move its watermark to $4, creating the row if absent.
-	List, Lock, Move string
+	// List, Lock, Move and Delete serve operators (store/postgres's
+	// Watermarks, MoveWatermark and DeleteWatermark): List all rows, $1
+	// group and $2 topic when not empty; Lock a row's next offset ($1
+	// group, $2 topic, $3 partition); Move its watermark to $4, creating
+	// the row if absent; Delete the row, returning its next offset.
+	List, Lock, Move, Delete string
 }
 
 // NewStatements renders the mode's SQL with render, which fills in the
@@ -215,14 +220,15 @@ func NewStatements(render func(string) string) Statements {
 		List:         r(sqlWatermarks),
 		Lock:         r(sqlLockWatermark),
 		Move:         r(sqlMoveWatermark),
+		Delete:       r(sqlDeleteWatermark),
 	}
 }
 
-// ByName are the statements of the delivery path and of a move, by name,
-// for the tests of their plans.
+// ByName are the statements of the delivery path, of a move and of a
+// delete, by name, for the tests of their plans.
 func (q Statements) ByName() map[string]string {
 	return map[string]string{
 		"wmClaim": q.claim, "wmClaimNew": q.claimNew, "wmCommitResult": q.commitResult, "wmRetryable": q.retryable, "wmFailed": q.failed,
-		"wmLock": q.Lock, "wmMove": q.Move,
+		"wmLock": q.Lock, "wmMove": q.Move, "wmDelete": q.Delete,
 	}
 }
