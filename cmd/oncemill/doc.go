@@ -3,21 +3,26 @@
 // stuck or failed key so that its next delivery runs the handler again,
 // deletes records in bulk, and creates the PostgreSQL schema.
 //
-//	oncemill --store=postgres|redis [connection flags] [--json] <command> [args]
+//	oncemill --store=postgres|redis|tiered [connection flags] [--json] <command> [flags]
 //
-//	inspect SCOPE KEY [--messages]      one record: status, attempt, fencing token,
+//	inspect --scope S --key K [--messages]  one record: status, attempt, fencing token,
 //	                                    lease expiry, time left, result size, cached error,
 //	                                    the UUID of the message that claimed it last
-//	inspect --uuid UUID [SCOPE]         the records that message claimed last, whatever
+//	inspect --uuid UUID [--scope S]     the records that message claimed last, whatever
 //	                                    their key (a content-hash key, say); reads every
 //	                                    record: the UUID is not indexed
 //	list [--scope S] [--status ST] [--older-than D] [--limit N] [--after CURSOR] [--all]
 //	stats [--scope S] [--page-size N]   counts by scope and status, expired backlog,
 //	                                    oldest in-progress lease, cleanup lag;
 //	                                    the partitions of a partitioned table
-//	release SCOPE KEY [--force] [--yes] delete the record under the token it shows
+//	release --scope S --key K [--force] [--yes]  delete the record under the token it shows
 //	purge [--scope S] [--status ST] [--older-than D] [--batch N] [--dry-run=false] [--force]
 //	migrate                             apply the PostgreSQL migrations
+//	watermark show|move|delete          the Kafka watermarks (PostgreSQL)
+//
+// Every command takes what it works on as flags, none by position, so that
+// an optional scope and a required one are given alike, and a key that
+// starts with a dash is --key=-k.
 //
 // The store and its connection come from flags or, like the example
 // worker, from ONCEMILL_* variables: --store (ONCEMILL_STORE),

@@ -13,19 +13,43 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
+// recordID names one record by flags, as every command names what it
+// works on: --scope and --key here, --scope alone to filter list, stats and
+// purge, --group, --topic and --partition for a watermark. Flags rather
+// than positional arguments, so that an optional one (a scope for --uuid)
+// and a key that starts with a dash (--key=-k) need no rule of their own.
+type recordID struct {
+	Scope string `placeholder:"SCOPE" help:"The record's scope: the Watermill handler's name unless the receiver sets one (WithScope)."`
+	Key   string `placeholder:"KEY" help:"The record's key; one that starts with a dash as --key=-k."`
+}
+
+// validate requires both flags.
+func (r recordID) validate() error {
+	switch {
+	case r.Scope == "" && r.Key == "":
+		return errors.New("missing flags --scope=SCOPE --key=KEY: name the record, e.g. --scope=payments --key=order-42")
+	case r.Scope == "":
+		return errors.New("missing flag --scope=SCOPE: a key is looked up in its scope (the Watermill handler's name unless the receiver sets one)")
+	case r.Key == "":
+		return errors.New("missing flag --key=KEY")
+	}
+	return nil
+}
+
 type inspectCmd struct {
-	Scope    string `arg:"" optional:"" help:"The scope (the Watermill handler name unless the receiver sets one). With --uuid, optional: only this scope."`
-	Key      string `arg:"" optional:"" help:"The key. Put -- before a key that starts with a dash. Not with --uuid."`
-	UUID     string `name:"uuid" placeholder:"UUID" help:"Instead of SCOPE KEY: the records whose key the message of this UUID claimed last (a dead-lettered message's, say), whatever the key is, expired ones included. No store indexes the UUID: PostgreSQL reads the whole table (or the scope's rows), Redis SCANs every key of the prefix; an operator's lookup, not for scripts in a loop."`
+	recordID
+	UUID     string `name:"uuid" placeholder:"UUID" help:"Instead of --key: the records whose key the message of this UUID claimed last (a dead-lettered message's, say), whatever the key is, expired ones included; with --scope, in that scope only. No store indexes the UUID: PostgreSQL reads the whole table (or the scope's rows), Redis SCANs every key of the prefix; an operator's lookup, not for scripts in a loop."`
 	Messages bool   `help:"Also print the produced messages stored with a success (or the raw bytes, when they do not decode)."`
 }
 
 func (c *inspectCmd) Validate() error {
 	switch {
 	case c.UUID != "" && c.Key != "":
-		return fmt.Errorf("pass either SCOPE KEY or --uuid (with an optional SCOPE), not both")
+		return errors.New("pass either --scope and --key, or --uuid (with an optional --scope), not both")
 	case c.UUID == "" && c.Key == "":
-		return fmt.Errorf("expected SCOPE KEY, or --uuid UUID")
+		return errors.New("missing flag --key=KEY (with --scope=SCOPE), or --uuid=UUID")
+	case c.UUID == "":
+		return c.recordID.validate()
 	}
 	return nil
 }

@@ -89,7 +89,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	parser, err := kong.New(&c,
 		kong.Name("oncemill"),
 		kong.Description("The operator's tool for oncemill's stores: inspect, list and count records, release a stuck key, purge, migrate, show, move and delete Kafka watermarks.\n\n"+
-			"Every flag also reads the ONCEMILL_* variable shown with it. Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 refused."),
+			"Every command takes what it works on as flags (--scope, --key). Every flag also reads the ONCEMILL_* variable shown with it. Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 refused."),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { panic(exitPanic(code)) }),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
@@ -115,7 +115,18 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "oncemill: %v\n", err)
 		var perr *kong.ParseError
 		if errors.As(err, &perr) && perr.Context != nil && perr.Context.Selected() != nil {
-			fmt.Fprintf(stderr, "Run \"oncemill %s --help\" for usage.\n", perr.Context.Selected().Name)
+			cmd := perr.Context.Selected()
+			// The positional SCOPE KEY of earlier versions: say what replaced it.
+			if strings.HasPrefix(err.Error(), "unexpected argument") && hasFlag(cmd, "key") {
+				fmt.Fprintf(stderr, "oncemill %s takes the scope and key as flags: --scope=SCOPE --key=KEY\n", cmd.Path())
+			}
+			if flag, ok := strings.CutPrefix(err.Error(), "unknown flag --"); ok {
+				flag, _, _ = strings.Cut(flag, ",")
+				if takers := commandsWithFlag(parser.Model.Node, flag); len(takers) > 0 {
+					fmt.Fprintf(stderr, "--%s is a flag of: oncemill %s\n", flag, strings.Join(takers, ", "))
+				}
+			}
+			fmt.Fprintf(stderr, "Run \"oncemill %s --help\" for usage.\n", cmd.Path())
 		} else {
 			fmt.Fprintln(stderr, "Run \"oncemill --help\" for usage.")
 		}
@@ -128,6 +139,32 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return codeOf(err)
 	}
 	return exitOK
+}
+
+// hasFlag reports whether cmd takes the flag --name.
+func hasFlag(cmd *kong.Node, name string) bool {
+	for _, f := range cmd.Flags {
+		if f.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// commandsWithFlag lists the commands under n that take the flag --name,
+// so that a flag given to the wrong command is answered with the right ones.
+func commandsWithFlag(n *kong.Node, name string) []string {
+	var out []string
+	for _, c := range n.Children {
+		if c.Type != kong.CommandNode {
+			continue
+		}
+		if hasFlag(c, name) {
+			out = append(out, c.Path())
+		}
+		out = append(out, commandsWithFlag(c, name)...)
+	}
+	return out
 }
 
 // exitErr is an error with the exit code it means.

@@ -16,6 +16,7 @@ import (
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres"
 )
 
 const scope = "payments"
@@ -26,57 +27,57 @@ func TestInspect(t *testing.T) {
 	forEachStore(t, func(t *testing.T, fx *fixture) {
 		s := seed(t, fx.st, scope)
 
-		live := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", scope, keyLive).mustCode(t, exitOK))
+		live := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--scope", scope, "--key", keyLive).mustCode(t, exitOK))
 		if live.Status != "in_progress" || !live.Live || live.Token != s.liveLease.Token || live.Attempt != 1 || live.LeaseExpiresAt == nil {
 			t.Errorf("live lease: %+v, want in_progress, live, token %d, attempt 1, a lease expiry", live, s.liveLease.Token)
 		}
 		if left, err := time.ParseDuration(live.ExpiresIn); err != nil || left <= 0 {
 			t.Errorf("live lease: expires_in %q, want a positive duration (%v)", live.ExpiresIn, err)
 		}
-		table := fx.cli(t, nil, "inspect", scope, keyLive).mustCode(t, exitOK).stdout
+		table := fx.cli(t, nil, "inspect", "--scope", scope, "--key", keyLive).mustCode(t, exitOK).stdout
 		for _, want := range []string{"status", "in_progress", "token", "lease expires", "time left", "result", "0 bytes"} {
 			if !strings.Contains(table, want) {
 				t.Errorf("inspect table lacks %q:\n%s", want, table)
 			}
 		}
 
-		ok := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--messages", scope, keySucceeded).mustCode(t, exitOK))
+		ok := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--messages", "--scope", scope, "--key", keySucceeded).mustCode(t, exitOK))
 		if ok.Status != "succeeded" || ok.ResultBytes != len(storedResult) || ok.ResultBase64 == nil || ok.LeaseExpiresAt != nil {
 			t.Fatalf("success: %+v, want succeeded with %d result bytes and the result", ok, len(storedResult))
 		}
 		if raw, err := base64.StdEncoding.DecodeString(*ok.ResultBase64); err != nil || string(raw) != string(storedResult) {
 			t.Errorf("success: result %q (%v), want %q", raw, err, storedResult)
 		}
-		dump := fx.cli(t, nil, "inspect", "--messages", scope, keySucceeded).mustCode(t, exitOK).stdout
+		dump := fx.cli(t, nil, "inspect", "--messages", "--scope", scope, "--key", keySucceeded).mustCode(t, exitOK).stdout
 		if !strings.Contains(dump, fmt.Sprintf("stored result, %d bytes", len(storedResult))) || !strings.Contains(dump, "|produced: order-|") {
 			t.Errorf("inspect --messages does not dump the result:\n%s", dump)
 		}
 
-		failed := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", scope, keyFailed).mustCode(t, exitOK))
+		failed := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--scope", scope, "--key", keyFailed).mustCode(t, exitOK))
 		if failed.Status != "cached_failure" || failed.ErrorKind != "cached" || failed.ErrorMessage != "card declined: do not honour" {
 			t.Errorf("cached failure: %+v", failed)
 		}
-		table = fx.cli(t, nil, "inspect", scope, keyFailed).mustCode(t, exitOK).stdout
+		table = fx.cli(t, nil, "inspect", "--scope", scope, "--key", keyFailed).mustCode(t, exitOK).stdout
 		if !strings.Contains(table, "error kind") || !strings.Contains(table, "card declined: do not honour") {
 			t.Errorf("inspect table lacks the cached error:\n%s", table)
 		}
 
-		retryable := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", scope, keyRetryable).mustCode(t, exitOK))
+		retryable := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--scope", scope, "--key", keyRetryable).mustCode(t, exitOK))
 		if retryable.Status != "retryable" || retryable.Attempt != 1 || !retryable.Live {
 			t.Errorf("released key: %+v", retryable)
 		}
 
 		// A key that starts with a dash, after --; shown quoted in the table.
 		odd := begin(t, fx.st, scope, "-odd key", long)
-		if v := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", scope, "--", "-odd key").mustCode(t, exitOK)); v.Token != odd.Token {
+		if v := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--scope", scope, "--key=-odd key").mustCode(t, exitOK)); v.Token != odd.Token {
 			t.Errorf("inspect of a key after --: %+v, want token %d", v, odd.Token)
 		}
-		if out := fx.cli(t, nil, "inspect", "--", scope, "-odd key").mustCode(t, exitOK).stdout; !strings.Contains(out, `"-odd key"`) {
+		if out := fx.cli(t, nil, "inspect", "--key=-odd key", "--scope="+scope).mustCode(t, exitOK).stdout; !strings.Contains(out, `"-odd key"`) {
 			t.Errorf("a key with a space is not quoted:\n%s", out)
 		}
 
 		for _, key := range []string{keyDeadLease, keyExpiredSuccess, "never-seen"} {
-			r := fx.cli(t, nil, "inspect", scope, key).mustCode(t, exitNotFound)
+			r := fx.cli(t, nil, "inspect", "--scope", scope, "--key", key).mustCode(t, exitNotFound)
 			if r.stdout != "" || !strings.Contains(r.stderr, "no live record for payments/"+key) {
 				t.Errorf("inspect %s: stdout %q, stderr %q", key, r.stdout, r.stderr)
 			}
@@ -239,7 +240,7 @@ func TestReleaseStuckKey(t *testing.T) {
 			t.Fatalf("a delivery of the stuck key: %v, want held", d)
 		}
 
-		r := fx.cli(t, nil, "release", "--yes", scope, "order-1").mustCode(t, exitRefused)
+		r := fx.cli(t, nil, "release", "--yes", "--scope", scope, "--key", "order-1").mustCode(t, exitRefused)
 		if !strings.Contains(r.stderr, "live lease") || !strings.Contains(r.stderr, "--force") || r.stdout != "" {
 			t.Errorf("release of a live lease: stdout %q, stderr %q", r.stdout, r.stderr)
 		}
@@ -247,7 +248,7 @@ func TestReleaseStuckKey(t *testing.T) {
 			t.Fatalf("after the refused release: %+v, %v; want the lease untouched", rec, err)
 		}
 
-		r = fx.cli(t, nil, "--json", "release", "--force", "--yes", scope, "order-1").mustCode(t, exitOK)
+		r = fx.cli(t, nil, "--json", "release", "--force", "--yes", "--scope", scope, "--key", "order-1").mustCode(t, exitOK)
 		out := jsonObject[releaseView](t, r)
 		if out != (releaseView{Action: "released", Scope: scope, Key: "order-1", Status: "in_progress", Token: stuck.Token, Attempt: 1, Forced: true}) {
 			t.Errorf("release printed %+v", out)
@@ -274,7 +275,7 @@ func TestReleaseCachedFailure(t *testing.T) {
 			t.Fatalf("a delivery of the failed key: %+v, want the cached failure replayed", d)
 		}
 
-		r := fx.cli(t, strings.NewReader("y\n"), "release", scope, keyFailed).mustCode(t, exitOK)
+		r := fx.cli(t, strings.NewReader("y\n"), "release", "--scope", scope, "--key", keyFailed).mustCode(t, exitOK)
 		if !strings.Contains(r.stderr, "[y/N]") || !strings.Contains(r.stdout, "released payments/failed (was cached_failure") {
 			t.Errorf("release: stdout %q, stderr %q", r.stdout, r.stderr)
 		}
@@ -287,7 +288,7 @@ func TestReleaseCachedFailure(t *testing.T) {
 		if _, err := fx.st.Get(t.Context(), scope, keyRetryable); err != nil {
 			t.Fatal(err)
 		}
-		fx.cli(t, nil, "release", "-y", scope, keyRetryable).mustCode(t, exitOK)
+		fx.cli(t, nil, "release", "-y", "--scope", scope, "--key", keyRetryable).mustCode(t, exitOK)
 		if next := decide(t, fx.st, scope, keyRetryable); next.Decision != store.DecisionExecute || next.Claim.Attempt != 1 {
 			t.Errorf("after releasing a retryable key: %+v, want execute at attempt 1", next)
 		}
@@ -300,7 +301,7 @@ func TestReleaseRefusals(t *testing.T) {
 	forEachStore(t, func(t *testing.T, fx *fixture) {
 		seed(t, fx.st, scope)
 		for _, answer := range []string{"n\n", "\n", "", "maybe\n"} {
-			r := fx.cli(t, strings.NewReader(answer), "release", scope, keyFailed).mustCode(t, exitRefused)
+			r := fx.cli(t, strings.NewReader(answer), "release", "--scope", scope, "--key", keyFailed).mustCode(t, exitRefused)
 			if !strings.Contains(r.stderr, "not confirmed") {
 				t.Errorf("answer %q: stderr %q", answer, r.stderr)
 			}
@@ -309,7 +310,7 @@ func TestReleaseRefusals(t *testing.T) {
 			t.Fatalf("the declined key is gone: %v", err)
 		}
 
-		r := fx.cli(t, nil, "release", "--yes", scope, keySucceeded).mustCode(t, exitRefused)
+		r := fx.cli(t, nil, "release", "--yes", "--scope", scope, "--key", keySucceeded).mustCode(t, exitRefused)
 		if !strings.Contains(r.stderr, "succeeded") || !strings.Contains(r.stderr, "--force") {
 			t.Errorf("release of a success: stderr %q", r.stderr)
 		}
@@ -324,7 +325,7 @@ func TestReleaseRefusals(t *testing.T) {
 			taken = decide(t, fx.st, scope, keyRetryable).Claim
 			return "y\n"
 		}}
-		r = fx.cli(t, answer, "release", scope, keyRetryable).mustCode(t, exitRefused)
+		r = fx.cli(t, answer, "release", "--scope", scope, "--key", keyRetryable).mustCode(t, exitRefused)
 		if !strings.Contains(r.stderr, "changed since it was read") {
 			t.Errorf("release of a key that changed: stderr %q", r.stderr)
 		}
@@ -333,7 +334,7 @@ func TestReleaseRefusals(t *testing.T) {
 		}
 
 		for _, key := range []string{keyDeadLease, "never-seen"} {
-			r := fx.cli(t, nil, "release", "--yes", "--force", scope, key).mustCode(t, exitNotFound)
+			r := fx.cli(t, nil, "release", "--yes", "--force", "--scope", scope, "--key", key).mustCode(t, exitNotFound)
 			if !strings.Contains(r.stderr, "nothing to release") {
 				t.Errorf("release %s: stderr %q", key, r.stderr)
 			}
@@ -491,9 +492,11 @@ func TestUsageAndErrors(t *testing.T) {
 		{"--store=cassandra", "list"},
 		{"--store=postgres", "list", "--status", "stuck"},
 		{"--store=postgres", "list", "--limit", "0"},
-		{"--store=postgres", "inspect", "only-scope"},
+		{"--store=postgres", "inspect", "--scope=only-scope"},
+		{"--store=postgres", "inspect", "payments", "order-42"},
+		{"--store=postgres", "release", "--key=k"},
 		{"--store=postgres", "inspect"},
-		{"--store=postgres", "inspect", "--uuid", "u", "scope", "key"},
+		{"--store=postgres", "inspect", "--uuid", "u", "--scope=s", "--key=k"},
 		{"--store=postgres", "purge", "--batch", "0", "--scope", "x"},
 	} {
 		r := runCLI(t, nil, args...)
@@ -553,11 +556,11 @@ func TestInspectShowsProducedMessages(t *testing.T) {
 		if _, err := h(message.NewMessage("order-7", []byte("{}"))); err != nil {
 			t.Fatal(err)
 		}
-		v := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--messages", "orders", "order-7").mustCode(t, exitOK))
+		v := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--messages", "--scope", "orders", "--key", "order-7").mustCode(t, exitOK))
 		if len(v.Messages) != 1 || v.Messages[0].UUID != "invoice-7" || v.Messages[0].Payload != `{"invoice":7}` || v.Messages[0].Metadata["order"] != "order-7" {
 			t.Fatalf("inspect --json --messages: %+v", v.Messages)
 		}
-		table := fx.cli(t, nil, "inspect", "--messages", "orders", "order-7").mustCode(t, exitOK).stdout
+		table := fx.cli(t, nil, "inspect", "--messages", "--scope", "orders", "--key", "order-7").mustCode(t, exitOK).stdout
 		if !strings.Contains(table, "1 produced message,") || !strings.Contains(table, `uuid invoice-7, 13 bytes: {"invoice":7}`) || !strings.Contains(table, "order: order-7") {
 			t.Fatalf("inspect --messages does not show the produced message:\n%s", table)
 		}
@@ -570,7 +573,7 @@ func TestInspectShowsProducedMessages(t *testing.T) {
 func TestMissingTableSaysWhatToPass(t *testing.T) {
 	t.Parallel()
 	schema := "oncemill_absent_" + strings.ToLower(rand.Text()[:8])
-	for _, cmd := range [][]string{{"list"}, {"stats"}, {"inspect", "s", "k"}} {
+	for _, cmd := range [][]string{{"list"}, {"stats"}, {"inspect", "--scope=s", "--key=k"}} {
 		r := runCLI(t, nil, append(postgresFlags(schema), cmd...)...).mustCode(t, exitNotFound)
 		if !strings.Contains(r.stderr, "--postgres-schema") || !strings.Contains(r.stderr, `"oncemill migrate"`) ||
 			!strings.HasPrefix(r.stderr, "oncemill: ") || strings.Contains(r.stderr, "oncemill: oncemill:") {
@@ -580,5 +583,47 @@ func TestMissingTableSaysWhatToPass(t *testing.T) {
 	var exists bool
 	if err := testenv.Pool(t).QueryRow(t.Context(), "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil || exists {
 		t.Fatalf("schema %s exists afterwards (%v): looking must not create it", schema, err)
+	}
+}
+
+// Every command that names records takes them by the same flags, --scope
+// (and --key for one record); a flag it does not take, the positional form
+// of earlier versions and a misspelt flag are answered with real commands
+// and flags.
+func TestOneArgumentStyle(t *testing.T) {
+	t.Parallel()
+	fx := newPostgresFixture(t, postgres.LayoutDelete)
+	seed(t, fx.st, scope)
+	for _, args := range [][]string{
+		{"inspect", "--scope=" + scope, "--key=" + keyFailed},
+		{"inspect", "--uuid=none", "--scope=" + scope},
+		{"list", "--scope=" + scope},
+		{"stats", "--scope=" + scope},
+		{"purge", "--scope=" + scope},
+		{"release", "--scope=" + scope, "--key=" + keyFailed, "--yes"},
+	} {
+		if r := fx.cli(t, nil, args...); r.code == exitUsage {
+			t.Errorf("%q: a usage error: %s", args, r.stderr)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"inspect", scope, keyFailed}, []string{"oncemill inspect takes the scope and key as flags: --scope=SCOPE --key=KEY", `"oncemill inspect --help"`}},
+		{[]string{"release", "--yes", scope, keyFailed}, []string{"oncemill release takes the scope and key as flags", `"oncemill release --help"`}},
+		{[]string{"inspect", "--scop=" + scope, "--key=k"}, []string{`did you mean "--scope"?`}},
+		{[]string{"list", "--key=k"}, []string{"--key is a flag of: oncemill inspect, release"}},
+		{[]string{"migrate", "--scope=" + scope}, []string{"--scope is a flag of: oncemill inspect, list, stats, release, purge"}},
+		{[]string{"inspect", "--scope=" + scope}, []string{"missing flag --key=KEY (with --scope=SCOPE), or --uuid=UUID"}},
+		{[]string{"release", "--key=k"}, []string{"missing flag --scope=SCOPE"}},
+		{[]string{"watermark", "move", "--grop=g"}, []string{`did you mean "--group"?`, `"oncemill watermark move --help"`}},
+	} {
+		r := fx.cli(t, nil, tc.args...).mustCode(t, exitUsage)
+		for _, want := range tc.want {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("%q: stderr %q lacks %q", tc.args, r.stderr, want)
+			}
+		}
 	}
 }

@@ -10,11 +10,12 @@ import (
 )
 
 type releaseCmd struct {
-	Scope string `arg:"" help:"The scope."`
-	Key   string `arg:"" help:"The key. Put -- before a key that starts with a dash."`
-	Force bool   `help:"Release a live in-progress lease or a stored success too. The handler may then run twice at once, or again after it succeeded."`
-	Yes   bool   `short:"y" help:"Do not ask for confirmation."`
+	recordID
+	Force bool `help:"Release a live in-progress lease or a stored success too. The handler may then run twice at once, or again after it succeeded."`
+	Yes   bool `short:"y" help:"Do not ask for confirmation."`
 }
+
+func (c *releaseCmd) Validate() error { return c.recordID.validate() }
 
 // releaseView is what release prints when it released the key.
 type releaseView struct {
@@ -30,10 +31,10 @@ type releaseView struct {
 func (c *releaseCmd) Run(a *app) error {
 	return a.withStore(func(b *backend) error {
 		rec, err := b.admin.Get(a.ctx, c.Scope, c.Key)
-		if errors.Is(err, store.ErrNotFound) {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
 			return notFound("no live record for %s: nothing to release; its next delivery runs the handler (an expired lease is taken over with the next attempt)", id(c.Scope, c.Key))
-		}
-		if err != nil {
+		case err != nil:
 			return err
 		}
 		now, err := b.storeNow(a.ctx)

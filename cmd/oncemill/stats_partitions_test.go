@@ -150,7 +150,7 @@ func TestCommandsAcrossPartitions(t *testing.T) {
 			t.Fatalf("list record %d: %+v; want %s, succeeded, in key order", i, r, want)
 		}
 	}
-	if v := jsonObject[inspectView](t, cli(exitOK, "--json", "inspect", "s", "k03")); v.Status != "succeeded" || v.MessageUUID != "uuid-k03" {
+	if v := jsonObject[inspectView](t, cli(exitOK, "--json", "inspect", "--scope=s", "--key=k03")); v.Status != "succeeded" || v.MessageUUID != "uuid-k03" {
 		t.Fatalf("inspect of a record in the old partition: %+v", v)
 	}
 	if v := jsonLines[inspectView](t, cli(exitOK, "--json", "inspect", "--uuid", "uuid-k05")); len(v) != 1 || v[0].Key != "k05" {

@@ -22,7 +22,7 @@ func TestTieredReadsTheTruthWhileRedisIsDown(t *testing.T) {
 	down := l.Addr().String()
 	l.Close() // nothing listens there now: a refused connection, as a Redis that is down
 	flags := []string{"--redis-addr=" + down}
-	for _, args := range [][]string{{"inspect", scope, keyFailed}, {"list", "--scope", scope}, {"stats", "--scope", scope}} {
+	for _, args := range [][]string{{"inspect", "--scope", scope, "--key", keyFailed}, {"list", "--scope", scope}, {"stats", "--scope", scope}} {
 		r := fx.cli(t, nil, append(flags, args...)...).mustCode(t, exitOK)
 		if !strings.Contains(r.stderr, "Redis at "+down+" is unreachable") || !strings.Contains(r.stderr, "reading PostgreSQL") {
 			t.Errorf("%s with Redis down: stderr %q; want a warning naming Redis", args[0], r.stderr)
@@ -31,7 +31,7 @@ func TestTieredReadsTheTruthWhileRedisIsDown(t *testing.T) {
 			t.Errorf("%s with Redis down printed nothing", args[0])
 		}
 	}
-	if r := fx.cli(t, nil, append(flags, "release", "--yes", scope, keyFailed)...); r.code == exitOK {
+	if r := fx.cli(t, nil, append(flags, "release", "--yes", "--scope", scope, "--key", keyFailed)...); r.code == exitOK {
 		t.Errorf("release with Redis down: exit 0, stdout %q; want a failure", r.stdout)
 	}
 	if rec, err := fx.st.Get(t.Context(), scope, keyFailed); err != nil || rec.Status != store.StatusCachedFailure {

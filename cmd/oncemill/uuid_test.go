@@ -51,17 +51,17 @@ func TestInspectByUUID(t *testing.T) {
 				v[0].ErrorMessage != "card declined" || strings.Contains(v[0].Key, "msg-") {
 				t.Fatalf("%s: inspect --json --uuid %s = %+v, want the cached failure under its content-hash key", scope, failed.UUID, v)
 			}
-			table := fx.cli(t, nil, "inspect", "--uuid", ok.UUID, scope).mustCode(t, exitOK).stdout
+			table := fx.cli(t, nil, "inspect", "--uuid", ok.UUID, "--scope", scope).mustCode(t, exitOK).stdout
 			if !strings.Contains(table, "succeeded") || !strings.Contains(table, "message uuid  "+ok.UUID) {
 				t.Fatalf("%s: inspect --uuid %s %s:\n%s", scope, ok.UUID, scope, table)
 			}
 			// The record also names its message in a plain inspect.
-			plain := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", scope, v[0].Key).mustCode(t, exitOK))
+			plain := jsonObject[inspectView](t, fx.cli(t, nil, "--json", "inspect", "--scope", scope, "--key", v[0].Key).mustCode(t, exitOK))
 			if plain.MessageUUID != failed.UUID {
 				t.Fatalf("%s: inspect %s = %+v, want message UUID %s", scope, v[0].Key, plain, failed.UUID)
 			}
 			// Another scope, and a UUID no delivery claimed, find nothing.
-			r2 := fx.cli(t, nil, "inspect", "--uuid", ok.UUID, "payments").mustCode(t, exitNotFound)
+			r2 := fx.cli(t, nil, "inspect", "--uuid", ok.UUID, "--scope=payments").mustCode(t, exitNotFound)
 			if !strings.Contains(r2.stderr, "no record in scope payments was last claimed by message UUID "+ok.UUID) {
 				t.Errorf("%s: inspect --uuid in another scope: %q", scope, r2.stderr)
 			}
