@@ -11,6 +11,7 @@ import (
 	"io"
 	"iter"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/filestore"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/tiered"
@@ -38,7 +40,10 @@ type backend struct {
 	// ready reports a store that has no records to look at: a PostgreSQL
 	// schema and table that the workers do not use. Nil: always ready.
 	ready func(ctx context.Context) error
-	close func()
+	// deletesUnreadable: Delete removes a record that Get cannot decode,
+	// under any token (store/filestore), so that release --force can free it.
+	deletesUnreadable bool
+	close             func()
 }
 
 // migration is what migrate did.
@@ -78,8 +83,48 @@ func (a *app) open() (*backend, error) {
 		return openRedis(ctx, a.g)
 	case "tiered":
 		return openTiered(ctx, a.g, a.stderr)
+	case "file":
+		return openFile(a.g)
 	}
-	return nil, usage("--store=%q: use postgres, redis or tiered", a.g.Store)
+	return nil, usage("--store=%q: use postgres, redis, tiered or file", a.g.Store)
+}
+
+// fileLockWait bounds the wait for the file store's lock: a worker holds
+// it as long as it runs, so waiting longer would only delay the message.
+const fileLockWait = time.Second
+
+// openFile opens the file store at --file-path, which must exist: the CLI
+// reads and deletes records, and an absent file means a mistyped path
+// rather than a store to create.
+func openFile(g *globals) (*backend, error) {
+	if _, err := os.Stat(g.FilePath); errors.Is(err, os.ErrNotExist) {
+		return nil, notFound("no file store at %s: pass the file your worker uses with --file-path (ONCEMILL_FILE_PATH)", g.FilePath)
+	}
+	st, err := filestore.New(filestore.Options{
+		Path:            g.FilePath,
+		OpenTimeout:     fileLockWait,
+		CleanupInterval: -1, // the worker sweeps; this tool deletes only what it is told
+	})
+	if errors.Is(err, filestore.ErrLocked) {
+		return nil, fmt.Errorf("the file store %s is held by another process, most likely the worker that uses it: "+
+			"one process at a time opens the file. Stop that worker, run this command, then start the worker again (waited %v for the file)",
+			g.FilePath, fileLockWait)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &backend{
+		admin: st,
+		where: "file " + g.FilePath,
+		// The record times are those of the worker's clock, on this machine.
+		now: func(context.Context) (time.Time, error) { return time.Now(), nil },
+		migrate: func(context.Context) (migration, error) {
+			return migration{Store: "file", Target: g.FilePath,
+				Note: "the file store has no schema: filestore.New writes the file's layout when it creates it"}, nil
+		},
+		deletesUnreadable: true,
+		close:             func() { _ = st.Close() },
+	}, nil
 }
 
 func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, error) {
@@ -295,12 +340,25 @@ func (b *backend) pages(ctx context.Context, req store.ListRequest) iter.Seq2[st
 	return func(yield func(store.ListPage, error) bool) {
 		for {
 			page, err := b.admin.List(ctx, req)
+			err = b.readFailed(err)
 			if !yield(page, err) || err != nil || page.Next == "" {
 				return
 			}
 			req.After = page.Next
 		}
 	}
+}
+
+// readFailed adds to an error of Get or List, on a store whose Delete
+// removes a record it cannot decode, how to remove one: the file store's
+// List stops at such a record, so one bad record stops list, stats and
+// purge until it is gone.
+func (b *backend) readFailed(err error) error {
+	if err == nil || !b.deletesUnreadable || errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	return fmt.Errorf("%w; if it names a record that cannot be decoded, delete that one with "+
+		"\"oncemill release --scope=SCOPE --key=KEY --force\"", err)
 }
 
 // tableLayout is the layout of the records table named table: "delete" for

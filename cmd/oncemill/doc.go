@@ -3,7 +3,7 @@
 // stuck or failed key so that its next delivery runs the handler again,
 // deletes records in bulk, and creates the PostgreSQL schema.
 //
-//	oncemill --store=postgres|redis|tiered [connection flags] [--json] <command> [flags]
+//	oncemill --store=postgres|redis|tiered|file [connection flags] [--json] <command> [flags]
 //
 //	inspect --scope S --key K [--messages]  one record: status, attempt, fencing token,
 //	                                    lease expiry, time left, result size, cached error,
@@ -30,13 +30,15 @@
 // (ONCEMILL_POSTGRES_SCHEMA; empty by default, which is the library's
 // default schema, public, as postgres.Options{} has it), --postgres-table
 // (ONCEMILL_POSTGRES_TABLE), --redis-addr (ONCEMILL_REDIS_ADDR: host:port
-// or a redis:// URL) and --redis-prefix (ONCEMILL_REDIS_PREFIX). A flag
-// wins over its variable.
+// or a redis:// URL), --redis-prefix (ONCEMILL_REDIS_PREFIX) and
+// --file-path (ONCEMILL_FILE_PATH). A flag wins over its variable. A file
+// store is opened by one process at a time: with its worker running, every
+// command fails after a second, naming the file.
 //
 // Every command works through store.Admin (Get, List, Delete),
 // so it behaves the same on every store. Record times are compared with
-// the store's clock: PostgreSQL's now(), or for Redis, whose record times
-// are the workers' clocks, this machine's.
+// the store's clock: PostgreSQL's now(), or for Redis and the file store,
+// whose record times are the workers' clocks, this machine's.
 //
 // release and purge delete a record only under the fencing token they read
 // (store.Admin's Delete takes it): a key that another delivery took or finished

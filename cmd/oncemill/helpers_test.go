@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/filestore"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/tiered"
@@ -46,13 +48,16 @@ type fixture struct {
 	// age moves the last write of a record d into the past (PostgreSQL
 	// only; nil for Redis, whose record times are written by the workers).
 	age func(t *testing.T, scope, key string, d time.Duration)
+	// file is the file store's handle (file only): one process at a time
+	// holds the file, so the test lets go of it while the CLI runs.
+	file *heldFile
 }
 
 // storeNames are the fixtures every forEachStore test runs on:
 // postgres-partitioned is PostgreSQL's partitioned layout
 // (postgres.LayoutPartitioned), which the CLI reaches with
 // --postgres-layout=partitioned.
-var storeNames = []string{"postgres", "postgres-partitioned", "redis", "tiered"}
+var storeNames = []string{"postgres", "postgres-partitioned", "redis", "tiered", "file"}
 
 func newFixture(t *testing.T, name string) *fixture {
 	t.Helper()
@@ -65,6 +70,8 @@ func newFixture(t *testing.T, name string) *fixture {
 		return newRedisFixture(t)
 	case "tiered":
 		return newTieredFixture(t)
+	case "file":
+		return newFileFixture(t)
 	}
 	t.Fatalf("no fixture for store %q", name)
 	return nil
@@ -189,6 +196,42 @@ func newTieredFixture(t *testing.T) *fixture {
 	return &fixture{name: "tiered", st: st, flags: flags, age: pg.age}
 }
 
+// heldFile is the test's file store, closed while the CLI has the file and
+// opened again afterwards; the file keeps the records and their tokens, so
+// that the leases the test holds stay valid.
+type heldFile struct {
+	*filestore.Store
+	path string
+}
+
+func (h *heldFile) open(t *testing.T) {
+	t.Helper()
+	st, err := filestore.New(filestore.Options{Path: h.path, CleanupInterval: -1})
+	if err != nil {
+		t.Fatalf("filestore.New: %v", err)
+	}
+	h.Store = st
+}
+
+func (h *heldFile) close(t *testing.T) {
+	t.Helper()
+	if err := h.Store.Close(); err != nil {
+		t.Fatalf("closing the file store: %v", err)
+	}
+}
+
+func fileFlags(path string) []string { return []string{"--store=file", "--file-path=" + path} }
+
+// newFileFixture is a file store in the test's directory. It keeps its
+// expired records until a sweep, which neither it nor the CLI runs.
+func newFileFixture(t *testing.T) *fixture {
+	t.Helper()
+	h := &heldFile{path: filepath.Join(t.TempDir(), "oncemill.db")}
+	h.open(t)
+	t.Cleanup(func() { _ = h.Store.Close() })
+	return &fixture{name: "file", st: h, flags: fileFlags(h.path), file: h}
+}
+
 // cliRun is one run of the CLI.
 type cliRun struct {
 	code           int
@@ -209,6 +252,10 @@ func runCLI(t *testing.T, stdin io.Reader, args ...string) cliRun {
 // cli runs the CLI against the fixture's store.
 func (fx *fixture) cli(t *testing.T, stdin io.Reader, args ...string) cliRun {
 	t.Helper()
+	if fx.file != nil {
+		fx.file.close(t)
+		defer fx.file.open(t)
+	}
 	return runCLI(t, stdin, append(append([]string{}, fx.flags...), args...)...)
 }
 

@@ -84,7 +84,7 @@ func (c *inspectCmd) Run(a *app) error {
 			return notFound("no live record for %s: it is absent or expired (an expired lease is taken over by the next delivery)", id(c.Scope, c.Key))
 		}
 		if err != nil {
-			return err
+			return b.readFailed(err)
 		}
 		now, err := b.storeNow(a.ctx)
 		if err != nil {

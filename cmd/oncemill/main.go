@@ -49,7 +49,7 @@ type cli struct {
 
 // globals are the flags every command takes: which store, and how to print.
 type globals struct {
-	Store string `enum:"postgres,redis,tiered" required:"" env:"ONCEMILL_STORE" placeholder:"postgres|redis|tiered" help:"The store that holds the records: postgres, redis, or tiered (PostgreSQL with its Redis cache: uses the postgres and redis flags)."`
+	Store string `enum:"postgres,redis,tiered,file" required:"" env:"ONCEMILL_STORE" placeholder:"postgres|redis|tiered|file" help:"The store that holds the records: postgres, redis, tiered (PostgreSQL with its Redis cache: uses the postgres and redis flags) or file (store/filestore: stop the worker that holds the file first)."`
 
 	PostgresDSN    string `name:"postgres-dsn" env:"ONCEMILL_POSTGRES_DSN" default:"postgres://postgres@127.0.0.1:5432/test" placeholder:"URL" help:"PostgreSQL for --store=postgres (default ${default})."`
 	PostgresSchema string `env:"ONCEMILL_POSTGRES_SCHEMA" placeholder:"NAME" help:"Schema of the records table (default: the library's, public, what postgres.Options{} uses; pass your workers' postgres.Options.Schema if they set one)."`
@@ -58,6 +58,7 @@ type globals struct {
 	RedisAddr      string `env:"ONCEMILL_REDIS_ADDR" default:"127.0.0.1:6379" placeholder:"ADDR" help:"Redis for --store=redis: host:port, or a redis:// or rediss:// URL with password and database (default ${default})."`
 	RedisPrefix    string `env:"ONCEMILL_REDIS_PREFIX" default:"oncemill" placeholder:"PREFIX" help:"Prefix of the record keys in Redis (default ${default})."`
 	TieredPrefix   string `env:"ONCEMILL_TIERED_PREFIX" default:"oncemill-tiered" placeholder:"PREFIX" help:"For --store=tiered: the prefix of its Redis cache and invalidations (default ${default})."`
+	FilePath       string `env:"ONCEMILL_FILE_PATH" default:"oncemill.db" placeholder:"PATH" help:"For --store=file: the file store's file, as your worker's filestore.Options.Path (default ${default}). One process at a time holds it."`
 
 	JSON bool `name:"json" help:"Print JSON instead of a table: one object for inspect, stats, release and migrate; JSON lines for list and purge."`
 }

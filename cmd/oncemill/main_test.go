@@ -16,6 +16,7 @@ import (
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/filestore"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
@@ -318,19 +319,35 @@ func TestReleaseRefusals(t *testing.T) {
 			t.Fatalf("the refused success is gone: %v", err)
 		}
 
-		// The key is taken by a new delivery while the operator reads the
-		// question: the delete, fenced by the shown token, changes nothing.
-		var taken store.Claim
-		answer := &onceReader{f: func() string {
-			taken = decide(t, fx.st, scope, keyRetryable).Claim
-			return "y\n"
-		}}
-		r = fx.cli(t, answer, "release", "--scope", scope, "--key", keyRetryable).mustCode(t, exitRefused)
-		if !strings.Contains(r.stderr, "changed since it was read") {
-			t.Errorf("release of a key that changed: stderr %q", r.stderr)
-		}
-		if rec, err := fx.st.Get(t.Context(), scope, keyRetryable); err != nil || rec.Token != taken.Token || rec.Status != store.StatusInProgress {
-			t.Errorf("the new delivery's lease: %+v, %v; want it untouched (token %d)", rec, err, taken.Token)
+		if fx.file != nil {
+			// The CLI holds the file while the operator reads the question:
+			// no delivery can take the key meanwhile.
+			answer := &onceReader{f: func() string {
+				st, err := filestore.New(filestore.Options{Path: fx.file.path, OpenTimeout: 50 * time.Millisecond, CleanupInterval: -1})
+				if err == nil {
+					st.Close()
+				}
+				if !errors.Is(err, filestore.ErrLocked) {
+					t.Errorf("opening the file while the CLI asks: %v, want filestore.ErrLocked", err)
+				}
+				return "y\n"
+			}}
+			fx.cli(t, answer, "release", "--scope", scope, "--key", keyRetryable).mustCode(t, exitOK)
+		} else {
+			// The key is taken by a new delivery while the operator reads the
+			// question: the delete, fenced by the shown token, changes nothing.
+			var taken store.Claim
+			answer := &onceReader{f: func() string {
+				taken = decide(t, fx.st, scope, keyRetryable).Claim
+				return "y\n"
+			}}
+			r = fx.cli(t, answer, "release", "--scope", scope, "--key", keyRetryable).mustCode(t, exitRefused)
+			if !strings.Contains(r.stderr, "changed since it was read") {
+				t.Errorf("release of a key that changed: stderr %q", r.stderr)
+			}
+			if rec, err := fx.st.Get(t.Context(), scope, keyRetryable); err != nil || rec.Token != taken.Token || rec.Status != store.StatusInProgress {
+				t.Errorf("the new delivery's lease: %+v, %v; want it untouched (token %d)", rec, err, taken.Token)
+			}
 		}
 
 		for _, key := range []string{keyDeadLease, "never-seen"} {

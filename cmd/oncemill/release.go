@@ -11,7 +11,7 @@ import (
 
 type releaseCmd struct {
 	recordID
-	Force bool `help:"Release a live in-progress lease or a stored success too. The handler may then run twice at once, or again after it succeeded."`
+	Force bool `help:"Release a live in-progress lease or a stored success too (on a file store, a record that cannot be read). The handler may then run twice at once, or again after it succeeded."`
 	Yes   bool `short:"y" help:"Do not ask for confirmation."`
 }
 
@@ -34,6 +34,8 @@ func (c *releaseCmd) Run(a *app) error {
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return notFound("no live record for %s: nothing to release; its next delivery runs the handler (an expired lease is taken over with the next attempt)", id(c.Scope, c.Key))
+		case err != nil && b.deletesUnreadable:
+			return c.releaseUnreadable(a, b, err)
 		case err != nil:
 			return err
 		}
@@ -90,6 +92,46 @@ func (c *releaseCmd) Run(a *app) error {
 		return err
 	})
 }
+
+// releaseUnreadable deletes a record that the store cannot read (readErr
+// says why), with --force: nothing shows what it held, a live lease or a
+// success as well as a failure. Delete under token 0, which no record has,
+// removes only a record that cannot be read; a readable one is refused.
+func (c *releaseCmd) releaseUnreadable(a *app, b *backend, readErr error) error {
+	why := strings.TrimPrefix(readErr.Error(), "oncemill: ")
+	if !c.Force {
+		return refused("not released: %s cannot be read (%s). Use --force to delete it unread: its next delivery runs the handler, "+
+			"from attempt 1, whatever the record held", id(c.Scope, c.Key), why)
+	}
+	fmt.Fprintf(a.stderr, "%s cannot be read: %s\n", id(c.Scope, c.Key), why)
+	const consequence = "its next delivery runs the handler, from attempt 1"
+	if !c.Yes {
+		ok, err := confirm(a, fmt.Sprintf("Release %s unread? Then %s. [y/N] ", id(c.Scope, c.Key), consequence))
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return refused("not released: not confirmed")
+		}
+	}
+	err := b.admin.Delete(a.ctx, c.Scope, c.Key, 0)
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		return refused("not released: %s can be read now (it was written meanwhile); inspect it again", id(c.Scope, c.Key))
+	case errors.Is(err, store.ErrNotFound):
+		return notFound("not released: %s is gone since it was read; its next delivery runs the handler", id(c.Scope, c.Key))
+	case err != nil:
+		return err
+	}
+	if a.g.JSON {
+		return writeJSON(a.stdout, releaseView{Action: "released", Scope: c.Scope, Key: c.Key, Status: statusUnreadable, Forced: true})
+	}
+	_, err = fmt.Fprintf(a.stdout, "released %s (was unreadable): %s\n", id(c.Scope, c.Key), consequence)
+	return err
+}
+
+// statusUnreadable is the status release reports of a record it could not read.
+const statusUnreadable = "unreadable"
 
 // confirm asks question on stderr and reads the answer from stdin: yes only
 // for "y" or "yes".
