@@ -178,9 +178,23 @@ func (b *Builder) WithCircuitBreaker(st gobreaker.Settings) *Builder {
 	return b
 }
 
-// WithDeadLetter forwards invalid messages, cached failures and rejected
-// messages (mismatch, no key, too large) once to topic on pub, with reason
-// metadata in the style of Watermill's PoisonQueue, before acking them.
+// WithDeadLetter forwards every message that will never be processed to
+// topic on pub, once, before acking it, with why in its metadata: the
+// reason (pipeline.ReasonKindKey), the attempt that failed
+// (pipeline.AttemptKey, 0 if the handler did not run), and the last error
+// and where the message came from under Watermill's PoisonQueue keys. The
+// reasons (pipeline.DeadLetterReason; docs/reference.md):
+//   - invalid: WithValidation refused it;
+//   - cached_failure: the handler failed with an error the policy caches;
+//   - attempts_exhausted: the handler failed retryably on its last attempt
+//     (policy.MaxAttempts; never under policy.NeverCacheFailures);
+//   - mismatch: its key is stored with another payload;
+//   - duplicate_rejected: a duplicate under policy.HeldKeyReject or
+//     policy.FinishedKeyReject;
+//   - no_key: it has no key, under policy.MissingKeyReject;
+//   - payload_too_large: larger than policy.MaxPayloadBytes;
+//   - key_refused: the store refuses its key;
+//   - key_failed: the key generator failed with an error the policy caches.
 //
 // A router that also consumes the dead-letter topic must not run that
 // handler through this receiver: add r.Middleware to the guarded handlers

@@ -3,6 +3,7 @@ package receiver_test
 import (
 	"os"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -12,7 +13,8 @@ import (
 )
 
 // docs/reference.md lists every method of the builder, every field of
-// Policy and Event and every Outcome: one added without a line there fails
+// Policy and Event, every Outcome and every DeadLetterReason, and the
+// WithDeadLetter doc every reason too: one added without a line there fails
 // here.
 func TestEventFieldsAreDocumented(t *testing.T) {
 	doc, err := os.ReadFile("../docs/reference.md")
@@ -35,11 +37,7 @@ func TestEventFieldsAreDocumented(t *testing.T) {
 	}
 	n := 0
 	for o := pipeline.OutcomeExecuted; o.String() != "unknown"; o++ {
-		name := "Outcome"
-		for word := range strings.SplitSeq(o.String(), "_") {
-			name += strings.ToUpper(word[:1]) + word[1:]
-		}
-		if !row(name) {
+		if name := "Outcome" + camelCase(o.String()); !row(name) {
 			t.Errorf("docs/reference.md has no row for %s", name)
 		}
 		n++
@@ -47,4 +45,40 @@ func TestEventFieldsAreDocumented(t *testing.T) {
 	if n < 11 {
 		t.Errorf("%d outcomes found, want at least 11", n)
 	}
+
+	// The reasons are constants, which reflection cannot list: they are
+	// read from their source.
+	src, err := os.ReadFile("../pipeline/deadletter.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	builderSrc, err := os.ReadFile("receiver.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := regexp.MustCompile(`\b(DeadLetterReason\w+)\s+DeadLetterReason\s*=\s*"(\w+)"`).FindAllSubmatch(src, -1)
+	for _, m := range reasons {
+		name, reason := string(m[1]), string(m[2])
+		if name != "DeadLetterReason"+camelCase(reason) {
+			t.Errorf("%s is %q: name each reason DeadLetterReason and its string in CamelCase, as docs/reference.md says", name, reason)
+		}
+		if !row(reason) {
+			t.Errorf("docs/reference.md has no row for the dead-letter reason %s", reason)
+		}
+		if !strings.Contains(string(builderSrc), "//   - "+reason+":") {
+			t.Errorf("the WithDeadLetter doc does not list the reason %s", reason)
+		}
+	}
+	if len(reasons) < 9 {
+		t.Errorf("%d DeadLetterReason constants found in pipeline/deadletter.go, want at least 9: declare each as Name DeadLetterReason = \"value\"", len(reasons))
+	}
+}
+
+// camelCase turns snake_case into CamelCase: executed_twice, ExecutedTwice.
+func camelCase(s string) string {
+	var out strings.Builder
+	for word := range strings.SplitSeq(s, "_") {
+		out.WriteString(strings.ToUpper(word[:1]) + word[1:])
+	}
+	return out.String()
 }

@@ -149,8 +149,8 @@ func run(ctx context.Context, out io.Writer) error {
 	// through oncemill, or its messages would be validated and dead-lettered again.
 	ship.AddMiddleware(r.Middleware)
 	router.AddConsumerHandler("dead-letters", "orders.dead", pubSub, func(msg *message.Message) error {
-		say("  dead letter: %s, %s: %s", msg.UUID,
-			msg.Metadata.Get(pipeline.ReasonKindKey), msg.Metadata.Get(middleware.ReasonForPoisonedKey))
+		say("  dead letter: %s, %s on attempt %s: %s", msg.UUID, msg.Metadata.Get(pipeline.ReasonKindKey),
+			msg.Metadata.Get(pipeline.AttemptKey), msg.Metadata.Get(middleware.ReasonForPoisonedKey))
 		return nil
 	})
 

@@ -33,7 +33,7 @@ func TestPipeline(t *testing.T) {
 		{[]string{"order-1: replayed"}, 1},
 		// An invalid message: refused and dead-lettered, never stored.
 		{[]string{"order-2: invalid", "quantity 0"}, 1},
-		{[]string{"dead letter: order-2, invalid"}, 1},
+		{[]string{"dead letter: order-2, invalid on attempt 0"}, 1},
 		// A transient failure: retried in process, then shipped.
 		{[]string{"retry: try 1 failed (warehouse API timed out)"}, 1},
 		{[]string{"retry:"}, 1},
@@ -42,7 +42,7 @@ func TestPipeline(t *testing.T) {
 		// gets the cached failure without running.
 		{[]string{"order-4: cached_failure (", "out of stock"}, 1},
 		{[]string{"order-4: cached_failure_replayed"}, 1},
-		{[]string{"dead letter: order-4, cached_failure", "out of stock"}, 1},
+		{[]string{"dead letter: order-4, cached_failure on attempt 1", "out of stock"}, 1},
 		{[]string{"dead letter:"}, 2},
 		// The breaker saw one transient failure: it stays closed.
 		{[]string{"circuit"}, 0},

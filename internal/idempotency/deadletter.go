@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -16,9 +17,10 @@ type deadLetter struct {
 	topic string
 }
 
-// forward publishes a copy of msg (same UUID, payload and metadata, plus the
-// reason) to the dead-letter topic.
-func (d *deadLetter) forward(msg *message.Message, kind pipeline.DeadLetterReason, reason error) error {
+// forward publishes a copy of msg (same UUID, payload and metadata, plus
+// why: the kind, the attempt that failed, 0 if none ran, and the last
+// error) to the dead-letter topic.
+func (d *deadLetter) forward(msg *message.Message, kind pipeline.DeadLetterReason, attempt int, reason error) error {
 	out := msg.Copy()
 	ctx := msg.Context()
 	out.Metadata.Set(middleware.ReasonForPoisonedKey, reason.Error())
@@ -26,6 +28,7 @@ func (d *deadLetter) forward(msg *message.Message, kind pipeline.DeadLetterReaso
 	out.Metadata.Set(middleware.PoisonedHandlerKey, message.HandlerNameFromCtx(ctx))
 	out.Metadata.Set(middleware.PoisonedSubscriberKey, message.SubscriberNameFromCtx(ctx))
 	out.Metadata.Set(pipeline.ReasonKindKey, string(kind))
+	out.Metadata.Set(pipeline.AttemptKey, strconv.Itoa(attempt))
 	if err := d.pub.Publish(d.topic, out); err != nil {
 		return fmt.Errorf("oncemill: forwarding to dead-letter topic %q: %w", d.topic, err)
 	}

@@ -116,8 +116,8 @@ func TestFinishedKeyRejectRejectsDuplicatesOfFinishedKeys(t *testing.T) {
 		status store.Status
 		dead   []pipeline.DeadLetterReason
 	}{
-		"success":        {nil, store.StatusSucceeded, []pipeline.DeadLetterReason{pipeline.DeadLetterReasonRejected}},
-		"cached failure": {policy.Cached(errDeclined), store.StatusCachedFailure, []pipeline.DeadLetterReason{pipeline.DeadLetterReasonCachedFailure, pipeline.DeadLetterReasonRejected}},
+		"success":        {nil, store.StatusSucceeded, []pipeline.DeadLetterReason{pipeline.DeadLetterReasonDuplicateRejected}},
+		"cached failure": {policy.Cached(errDeclined), store.StatusCachedFailure, []pipeline.DeadLetterReason{pipeline.DeadLetterReasonCachedFailure, pipeline.DeadLetterReasonDuplicateRejected}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -183,7 +183,7 @@ func TestTxModeFinishedKeyRejectOnPostgres(t *testing.T) {
 				t.Fatalf("duplicate = %v, want acked", err)
 			}
 			checkRejectedDuplicate(t, s.event(t), tc.status)
-			if r := dead.reasons(); calls.Load() != 1 || len(r) == 0 || r[len(r)-1] != pipeline.DeadLetterReasonRejected {
+			if r := dead.reasons(); calls.Load() != 1 || len(r) == 0 || r[len(r)-1] != pipeline.DeadLetterReasonDuplicateRejected {
 				t.Fatalf("handler ran %d times, dead letters %v; want 1 run and the duplicate dead-lettered as rejected", calls.Load(), r)
 			}
 		})

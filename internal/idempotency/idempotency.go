@@ -146,7 +146,7 @@ func (s *idempotency) answer(d *delivery, w *waiter, res *store.ClaimResult) (ms
 	switch res.Decision {
 	case store.DecisionReplay:
 		if s.policy.FinishedKey == policy.FinishedKeyReject {
-			msgs, err = s.reject(d, pipeline.DeadLetterReasonRejected, s.duplicate(d, pipeline.ErrDuplicateRejected, res.Record, nil))
+			msgs, err = s.reject(d, pipeline.DeadLetterReasonDuplicateRejected, s.duplicate(d, pipeline.ErrDuplicateRejected, res.Record, nil))
 			return msgs, true, err
 		}
 		msgs, err = s.replay(d, res.Record)
@@ -172,7 +172,7 @@ func (s *idempotency) tooLarge(d *delivery, h message.HandlerFunc) ([]*message.M
 	if s.shadow {
 		return s.shadowUnkeyed(d, h, pipeline.OutcomeRejected, err)
 	}
-	return s.reject(d, pipeline.DeadLetterReasonRejected, err)
+	return s.reject(d, pipeline.DeadLetterReasonPayloadTooLarge, err)
 }
 
 // keyFailed decides what a key generator's error means. A message that has
@@ -189,7 +189,7 @@ func (s *idempotency) keyFailed(d *delivery, h message.HandlerFunc, err error) (
 		return s.shadowUnkeyed(d, h, pipeline.OutcomeKeyFailed, err)
 	}
 	if s.policy.Classify(err) == policy.ClassCached {
-		return s.reject(d, pipeline.DeadLetterReasonRejected, fmt.Errorf("oncemill: cannot compute the idempotency key: %w", err))
+		return s.reject(d, pipeline.DeadLetterReasonKeyFailed, fmt.Errorf("oncemill: cannot compute the idempotency key: %w", err))
 	}
 	err = fmt.Errorf("oncemill: computing the idempotency key failed; the message is nacked to come back: %w", err)
 	d.event.Outcome, d.event.Err = pipeline.OutcomeKeyFailed, err
@@ -209,7 +209,7 @@ func (s *idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 		return s.shadowUnkeyed(d, h, pipeline.OutcomeRejected, err)
 	}
 	// err says it already: "oncemill: no key: <why>".
-	return s.reject(d, pipeline.DeadLetterReasonRejected, err)
+	return s.reject(d, pipeline.DeadLetterReasonNoKey, err)
 }
 
 // storeFailed nacks a delivery the store could not decide, so it comes
@@ -224,7 +224,7 @@ func (s *idempotency) noKey(d *delivery, h message.HandlerFunc, err error) ([]*m
 // succeeds starts the count again.
 func (s *idempotency) storeFailed(d *delivery, err error) ([]*message.Message, error) {
 	if errors.Is(err, store.ErrInvalidRequest) {
-		return s.reject(d, pipeline.DeadLetterReasonRejected, fmt.Errorf("the store refuses the message's key: %w", err))
+		return s.reject(d, pipeline.DeadLetterReasonKeyRefused, fmt.Errorf("the store refuses the message's key: %w", err))
 	}
 	d.event.Outcome, d.event.Err = pipeline.OutcomeStoreFailed, err
 	err = fmt.Errorf("oncemill: claiming the key: %w", err)
@@ -268,7 +268,7 @@ func (s *idempotency) inProgress(d *delivery, w *waiter, rec *store.Record) (aga
 	ctx := d.msg.Context()
 	switch s.policy.HeldKey {
 	case policy.HeldKeyReject:
-		_, err := s.reject(d, pipeline.DeadLetterReasonRejected, s.duplicate(d, pipeline.ErrDuplicateRejected, rec, w))
+		_, err := s.reject(d, pipeline.DeadLetterReasonDuplicateRejected, s.duplicate(d, pipeline.ErrDuplicateRejected, rec, w))
 		return false, err
 	case policy.HeldKeyWait:
 		if w.pause == nil {
@@ -310,7 +310,7 @@ func (s *idempotency) toDeadLetter(d *delivery, reason pipeline.DeadLetterReason
 	if s.deadLetter == nil {
 		return nil
 	}
-	if ferr := s.deadLetter.forward(d.msg, reason, err); ferr != nil {
+	if ferr := s.deadLetter.forward(d.msg, reason, d.event.Attempt, err); ferr != nil {
 		s.logError(d, "Forwarding to the dead-letter topic failed; the message is nacked to come back", ferr)
 		return ferr
 	}
@@ -384,9 +384,13 @@ func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr 
 	if s.shadow {
 		return s.shadowFailed(ctx, d, rec, out)
 	}
+	reason := pipeline.DeadLetterReasonCachedFailure
+	if d.event.Exhausted {
+		reason = pipeline.DeadLetterReasonAttemptsExhausted
+	}
 	// Forwarded before it is recorded: a failed forward releases the key and
 	// nacks, so the failure is decided again and forwarded on redelivery.
-	if ferr := s.toDeadLetter(d, pipeline.DeadLetterReasonCachedFailure, herr); ferr != nil {
+	if ferr := s.toDeadLetter(d, reason, herr); ferr != nil {
 		d.event.Outcome = pipeline.OutcomeStoreFailed
 		_ = rec.giveBack(ctx)
 		return nil, ferr
@@ -400,17 +404,30 @@ func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr 
 		s.logError(d, "The handler's failure could not be recorded; the message is nacked to be decided again", err)
 		return nil, err
 	}
+	s.countExhausted(d)
 	switch {
 	case !d.event.Exhausted:
 		s.logError(d, "Handler failed permanently; the failure is cached and the message acked", herr)
 	case s.deadLetter != nil:
-		s.tel.exhausted(d.msg.Context(), exhaustedDeadLettered)
 		s.logError(d, "Handler failed on its last attempt; the message is dead-lettered and acked", herr)
 	default:
-		s.tel.exhausted(d.msg.Context(), exhaustedDropped)
 		s.logError(d, "Handler failed on its last attempt; the message is DROPPED (policy.ExhaustedDrop): acked without a dead letter", herr)
 	}
 	return nil, nil
+}
+
+// countExhausted counts a failure on the last attempt that enforcement
+// acks (fail, and shadowFailed for what enforcement would do) by its
+// action: dead-lettered, or dropped (policy.ExhaustedDrop).
+func (s *idempotency) countExhausted(d *delivery) {
+	if !d.event.Exhausted {
+		return
+	}
+	action := exhaustedDropped
+	if s.deadLetter != nil {
+		action = exhaustedDeadLettered
+	}
+	s.tel.exhausted(d.msg.Context(), action)
 }
 
 // retryLater gives the key back after a retryable failure and nacks, after

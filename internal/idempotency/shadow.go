@@ -117,16 +117,13 @@ func (s *idempotency) shadowFailed(ctx context.Context, d *delivery, rec recorde
 		d.event.Outcome = pipeline.OutcomeStoreFailed
 		s.logError(d, "The handler's failure could not be recorded", fmt.Errorf("oncemill: recording failure %q: %w", out.ErrorMessage, err))
 	}
+	s.countExhausted(d)
 	would := "cache the failure and ack"
 	switch {
 	case s.deadLetter != nil:
 		would = "dead-letter and ack"
-		if d.event.Exhausted {
-			s.tel.exhausted(d.msg.Context(), exhaustedDeadLettered)
-		}
 	case d.event.Exhausted:
 		would = "drop: ack without a dead letter (policy.ExhaustedDrop)"
-		s.tel.exhausted(d.msg.Context(), exhaustedDropped)
 	}
 	s.logger.LogAttrs(d.msg.Context(), slog.LevelError, "Shadow mode: the handler failed; the message is nacked, where enforcement would "+would, s.attrs(d,
 		slog.String("would", d.event.Outcome.String()),

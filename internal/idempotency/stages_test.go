@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,11 +17,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/oncemill/oncemill"
 	"github.com/oncemill/oncemill/internal/idempotency"
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -333,4 +339,174 @@ func TestMismatchIsDeadLettered(t *testing.T) {
 	if string(got.Payload) != `{"amount":2}` || pipeline.DeadLetterReason(got.Metadata.Get(pipeline.ReasonKindKey)) != pipeline.DeadLetterReasonMismatch {
 		t.Fatalf("dead letter %q %v", got.Payload, got.Metadata)
 	}
+}
+
+// Every dead letter says why: the reason kind, the attempt that failed (0
+// when the handler never ran for the delivery) and the last error, one
+// case per pipeline.DeadLetterReason; oncemill.dead_letters counts it
+// under the same reason. The last delivery of each case is dead-lettered.
+func TestDeadLetterSaysWhy(t *testing.T) {
+	t.Parallel()
+	declined := func(*message.Message) ([]*message.Message, error) { return nil, policy.Cached(errDeclined) }
+	var timeouts atomic.Int32
+	timeout := func(*message.Message) ([]*message.Message, error) {
+		return nil, fmt.Errorf("timeout on attempt %d", timeouts.Add(1))
+	}
+	m1 := func() *message.Message { return msg("m1", "x") }
+	refusingKeys, err := memory.New(memory.Options{MaxKeyLen: 8}) // a key hashed to fit no store of 8 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = refusingKeys.Close() })
+	cases := map[string]struct {
+		reason  pipeline.DeadLetterReason
+		config  func(*stageConfig)
+		handler message.HandlerFunc // nil: succeeds
+		held    bool                // the key is held by another delivery
+		msgs    []*message.Message
+		attempt int
+		lastErr string
+	}{
+		"invalid": {
+			reason: pipeline.DeadLetterReasonInvalid,
+			config: func(c *stageConfig) {
+				c.Validation = func(*message.Message) error { return errors.New("amount is missing") }
+			},
+			msgs:    []*message.Message{m1()},
+			lastErr: "oncemill: invalid message: amount is missing",
+		},
+		"cached failure": {
+			reason: pipeline.DeadLetterReasonCachedFailure, handler: declined,
+			msgs: []*message.Message{m1()}, attempt: 1, lastErr: "card declined",
+		},
+		"attempts exhausted": {
+			reason:  pipeline.DeadLetterReasonAttemptsExhausted,
+			config:  func(c *stageConfig) { c.Policy.MaxAttempts = 3 },
+			handler: timeout,
+			msgs:    []*message.Message{m1(), m1(), m1()},
+			attempt: 3, lastErr: "timeout on attempt 3",
+		},
+		"mismatch": {
+			reason: pipeline.DeadLetterReasonMismatch,
+			msgs:   []*message.Message{m1(), msg("m1", "y")}, lastErr: "another payload fingerprint",
+		},
+		"duplicate of a finished key": {
+			reason: pipeline.DeadLetterReasonDuplicateRejected,
+			config: func(c *stageConfig) { c.Policy.FinishedKey = policy.FinishedKeyReject },
+			msgs:   []*message.Message{m1(), m1()}, lastErr: `oncemill: duplicate rejected: scope "test" key "m1": succeeded, attempt 1`,
+		},
+		"duplicate of a held key": {
+			reason: pipeline.DeadLetterReasonDuplicateRejected,
+			config: func(c *stageConfig) { c.Policy.HeldKey = policy.HeldKeyReject },
+			held:   true, msgs: []*message.Message{m1()}, lastErr: `oncemill: duplicate rejected: scope "test" key "m1": in_progress`,
+		},
+		"no key": {
+			reason: pipeline.DeadLetterReasonNoKey,
+			config: func(c *stageConfig) { c.KeyGenerator, _ = keygen.Metadata("order_id") },
+			msgs:   []*message.Message{m1()}, lastErr: "oncemill: no key",
+		},
+		"payload too large": {
+			reason: pipeline.DeadLetterReasonPayloadTooLarge,
+			config: func(c *stageConfig) { c.Policy.MaxPayloadBytes = 4 },
+			msgs:   []*message.Message{msg("m1", "12345")}, lastErr: "5 bytes, limit 4",
+		},
+		"key the store refuses": {
+			reason: pipeline.DeadLetterReasonKeyRefused,
+			config: func(c *stageConfig) { c.Store = refusingKeys },
+			msgs:   []*message.Message{msg("longer-than-8", "x")}, lastErr: "longer than MaxKeyLen 8",
+		},
+		"key generator failed": {
+			reason: pipeline.DeadLetterReasonKeyFailed,
+			config: func(c *stageConfig) {
+				c.KeyGenerator = keygen.Func(func(*message.Message) (string, error) {
+					return "", policy.Cached(errors.New("the key service refuses the message"))
+				})
+			},
+			msgs: []*message.Message{m1()}, lastErr: "cannot compute the idempotency key: the key service refuses the message",
+		},
+	}
+	tested := map[string]bool{}
+	for _, tc := range cases {
+		tested[string(tc.reason)] = true
+	}
+	if declared := declaredReasons(t); !maps.Equal(tested, declared) {
+		t.Fatalf("reasons tested %v, declared in package pipeline %v: one case per reason", slices.Sorted(maps.Keys(tested)), slices.Sorted(maps.Keys(declared)))
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pubSub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10}, watermill.NopLogger{})
+			t.Cleanup(func() { _ = pubSub.Close() })
+			dead, err := pubSub.Subscribe(context.Background(), "dead")
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := newTelKit(t)
+			h := newHarness(t, func(c *stageConfig) {
+				k.use(&c.Config)
+				c.DeadLetterPublisher, c.DeadLetterTopic = pubSub, "dead"
+				if tc.config != nil {
+					tc.config(c)
+				}
+			})
+			if tc.held {
+				m := tc.msgs[0]
+				if _, err := h.store.ClaimLease(context.Background(), store.LeaseRequest{Scope: "test", Key: m.UUID, Fingerprint: keygen.PayloadFingerprint(m), LeaseDuration: time.Minute}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			run := tc.handler
+			if run == nil {
+				run = func(*message.Message) ([]*message.Message, error) { return nil, nil }
+			}
+			handler := h.stage.Middleware(run)
+			for i, m := range tc.msgs {
+				_, err := handler(m)
+				if last := i == len(tc.msgs)-1; last && err != nil {
+					t.Fatalf("the dead-lettered delivery = %v, want an ack", err)
+				}
+				h.clock.Advance(time.Minute) // past any pause before the next attempt
+			}
+			var got *message.Message
+			select {
+			case got = <-dead:
+				got.Ack()
+			case <-time.After(10 * time.Second):
+				t.Fatal("no dead letter")
+			}
+			if got.UUID != tc.msgs[len(tc.msgs)-1].UUID {
+				t.Errorf("dead letter of %s, want %s", got.UUID, tc.msgs[len(tc.msgs)-1].UUID)
+			}
+			if kind := got.Metadata.Get(pipeline.ReasonKindKey); kind != string(tc.reason) {
+				t.Errorf("%s = %q, want %q", pipeline.ReasonKindKey, kind, tc.reason)
+			}
+			if attempt := got.Metadata.Get(pipeline.AttemptKey); attempt != strconv.Itoa(tc.attempt) {
+				t.Errorf("%s = %q, want %d", pipeline.AttemptKey, attempt, tc.attempt)
+			}
+			if why := got.Metadata.Get(middleware.ReasonForPoisonedKey); !strings.Contains(why, tc.lastErr) {
+				t.Errorf("%s = %q, want it to contain %q", middleware.ReasonForPoisonedKey, why, tc.lastErr)
+			}
+			if counted := teltest.Sums(t, k.collect(t), "oncemill.dead_letters", "reason"); !maps.Equal(counted, map[string]int64{string(tc.reason): 1}) {
+				t.Errorf("oncemill.dead_letters by reason %v, want %s: 1", counted, tc.reason)
+			}
+		})
+	}
+}
+
+// declaredReasons are the strings of the DeadLetterReason constants,
+// read from package pipeline's source, which no reflection can list.
+func declaredReasons(t *testing.T) map[string]bool {
+	t.Helper()
+	src, err := os.ReadFile("../../pipeline/deadletter.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\bDeadLetterReason\w+\s+DeadLetterReason\s*=\s*"(\w+)"`).FindAllSubmatch(src, -1) {
+		out[string(m[1])] = true
+	}
+	if len(out) < 9 {
+		t.Fatalf("%d DeadLetterReason constants found in pipeline/deadletter.go, want at least 9: declare each as Name DeadLetterReason = \"value\"", len(out))
+	}
+	return out
 }

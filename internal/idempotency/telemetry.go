@@ -73,7 +73,6 @@ type telemetry struct {
 	storeAttrs    [storeOps][]metric.RecordOption
 	storeErrAttrs [storeOps][]metric.AddOption
 	replayAttrs   map[store.Status][]metric.RecordOption
-	reasonAttrs   map[pipeline.DeadLetterReason][]metric.AddOption
 	exhaustAttrs  map[exhaustedAction][]metric.AddOption
 }
 
@@ -187,12 +186,11 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, system strin
 	}
 	m := mp.Meter(instrumentationName)
 	t := &telemetry{
-		tracer:      tp.Tracer(instrumentationName),
-		system:      semconv.MessagingSystemKey.String(system),
-		idleTP:      idleTP,
-		idleMP:      idleMP,
-		byHandler:   map[string]*handlerAttrs{},
-		reasonAttrs: map[pipeline.DeadLetterReason][]metric.AddOption{},
+		tracer:    tp.Tracer(instrumentationName),
+		system:    semconv.MessagingSystemKey.String(system),
+		idleTP:    idleTP,
+		idleMP:    idleMP,
+		byHandler: map[string]*handlerAttrs{},
 	}
 	var errs [13]error
 	t.decisions, errs[0] = m.Int64Counter("oncemill.decisions", metric.WithUnit("{delivery}"),
@@ -236,9 +234,6 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, system strin
 	t.replayAttrs = map[store.Status][]metric.RecordOption{
 		store.StatusSucceeded:     {set("original", store.StatusSucceeded.String())},
 		store.StatusCachedFailure: {set("original", store.StatusCachedFailure.String())},
-	}
-	for _, r := range []pipeline.DeadLetterReason{pipeline.DeadLetterReasonInvalid, pipeline.DeadLetterReasonCachedFailure, pipeline.DeadLetterReasonMismatch, pipeline.DeadLetterReasonRejected} {
-		t.reasonAttrs[r] = []metric.AddOption{set("reason", string(r))}
 	}
 	t.exhaustAttrs = map[exhaustedAction][]metric.AddOption{}
 	for _, a := range []exhaustedAction{exhaustedDeadLettered, exhaustedDropped, exhaustedKept} {
@@ -456,8 +451,11 @@ func (t *telemetry) exhausted(ctx context.Context, a exhaustedAction) {
 	t.exhaustions.Add(ctx, 1, t.exhaustAttrs[a]...)
 }
 
+// deadLettered counts a forwarded message by its reason. Dead letters are
+// rare: the attribute is made per call, and no list of the reasons is kept
+// here to fall out of step with pipeline's.
 func (t *telemetry) deadLettered(ctx context.Context, reason pipeline.DeadLetterReason) {
-	t.deadLetters.Add(ctx, 1, t.reasonAttrs[reason]...)
+	t.deadLetters.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", string(reason))))
 }
 
 func (t *telemetry) breakerState(name string, s gobreaker.State) {

@@ -929,7 +929,7 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 		msg("m2", "b"),                      // mismatch
 		msg("m3", "declined"),               // cached failure
 		msg("m3", "declined"),               // its replay: not forwarded again
-		msg("m4", strings.Repeat("x", 100)), // too large: rejected
+		msg("m4", strings.Repeat("x", 100)), // payload too large
 	} {
 		if err := telRun(handler, m); err != nil {
 			t.Fatalf("%s: %v", m.UUID, err)
@@ -945,7 +945,7 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 			t.Fatalf("dead letters received: %v, want 4", got)
 		}
 	}
-	if want := map[string]string{"invalid": "m1", "mismatch": "m2", "cached_failure": "m3", "rejected": "m4"}; !maps.Equal(got, want) {
+	if want := map[string]string{"invalid": "m1", "mismatch": "m2", "cached_failure": "m3", "payload_too_large": "m4"}; !maps.Equal(got, want) {
 		t.Fatalf("dead letters by reason %v, want %v", got, want)
 	}
 	ms := k.collect(t)
@@ -954,8 +954,8 @@ func TestTelemetryValidationAndDeadLetters(t *testing.T) {
 	}
 	deadLetters := teltest.Sums(t, ms, "oncemill.dead_letters", "reason")
 	if got, want := map[string]int64{
-		"mismatch": deadLetters["mismatch"], "cached_failure": deadLetters["cached_failure"], "rejected": deadLetters["rejected"],
-	}, map[string]int64{"mismatch": 1, "cached_failure": 1, "rejected": 1}; !maps.Equal(got, want) {
+		"mismatch": deadLetters["mismatch"], "cached_failure": deadLetters["cached_failure"], "payload_too_large": deadLetters["payload_too_large"],
+	}, map[string]int64{"mismatch": 1, "cached_failure": 1, "payload_too_large": 1}; !maps.Equal(got, want) {
 		t.Errorf("dead_letters %v, want %v", deadLetters, want)
 	}
 	if deadLetters["invalid"] != 1 {

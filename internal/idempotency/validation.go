@@ -18,7 +18,7 @@ import (
 func (s *idempotency) refuse(msg *message.Message, err error) ([]*message.Message, error) {
 	invalid := fmt.Errorf("%w: %w", pipeline.ErrInvalidMessage, err)
 	if s.deadLetter != nil {
-		if ferr := s.deadLetter.forward(msg, pipeline.DeadLetterReasonInvalid, invalid); ferr != nil {
+		if ferr := s.deadLetter.forward(msg, pipeline.DeadLetterReasonInvalid, 0, invalid); ferr != nil {
 			// Not forwarded: nack, so the message is not lost.
 			s.logger.LogAttrs(msg.Context(), slog.LevelError, "Forwarding to the dead-letter topic failed; the message is nacked to come back",
 				slog.String("message_uuid", msg.UUID), slog.String("reason", err.Error()), slog.Any("error", ferr))
