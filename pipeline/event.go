@@ -36,6 +36,11 @@ const (
 	// (a lookup service down), not for want of a key. Nacked after
 	// policy.NackDelay, so the message comes back.
 	OutcomeKeyFailed
+	// HeldBack: not an attempt, and counted against nothing. The delivery
+	// came before the key's next attempt may start (the pause after a
+	// retryable failure, which the store keeps), or the circuit breaker
+	// refused it. Nacked after the time left.
+	OutcomeHeldBack
 )
 
 func (o Outcome) String() string {
@@ -62,6 +67,8 @@ func (o Outcome) String() string {
 		return "invalid"
 	case OutcomeKeyFailed:
 		return "key_failed"
+	case OutcomeHeldBack:
+		return "held_back"
 	}
 	return "unknown"
 }
@@ -69,7 +76,7 @@ func (o Outcome) String() string {
 // Acked reports whether the delivery is acknowledged with this outcome.
 func (o Outcome) Acked() bool {
 	switch o {
-	case OutcomeReleased, OutcomeHeldKeyNacked, OutcomeStoreFailed, OutcomeKeyFailed:
+	case OutcomeReleased, OutcomeHeldKeyNacked, OutcomeStoreFailed, OutcomeKeyFailed, OutcomeHeldBack:
 		return false
 	}
 	return true

@@ -19,11 +19,15 @@ type Store interface {
 	ClaimLease(ctx context.Context, req LeaseRequest) (ClaimResult, error)
 	// Complete stores a final outcome. ErrLeaseLost if the lease is not current.
 	Complete(ctx context.Context, lease Claim, c Completion) error
-	// Release gives the key back after a retryable failure. The record keeps
-	// its attempt count for keep, so attempts are counted across deliveries.
-	// With keep <= 0 the record is removed (the key is absent again).
-	// ErrLeaseLost if the lease is not current.
-	Release(ctx context.Context, lease Claim, keep time.Duration) error
+	// Release gives the key back after a retryable failure (out.Status
+	// StatusRetryable). The record keeps its attempt count for out.TTL, so
+	// attempts are counted across deliveries; with out.TTL <= 0 it is
+	// removed (the key is absent again). Until out.RetryAfter has passed,
+	// by the store's clock, a claim is answered DecisionHeld with
+	// ClaimResult.RetryIn: the attempt schedule's pause holds whichever
+	// consumer gets the message next. ErrLeaseLost if the lease is not
+	// current.
+	Release(ctx context.Context, lease Claim, out Completion) error
 	// Extend pushes the lease expiry to now+d and returns the updated lease.
 	// ErrLeaseLost if the lease is not current or has already expired.
 	// ErrInvalidRequest if d is not positive.
@@ -105,7 +109,8 @@ type Limits struct {
 // what the failure leaves behind, unless another delivery claimed or
 // finished the key meanwhile: out.Status StatusCachedFailure caches the failure
 // for out.TTL; StatusRetryable keeps the lease's attempt count for out.TTL,
-// so that attempts are counted across deliveries. fingerprint is the
+// so that attempts are counted across deliveries, and holds the next claim
+// back until out.RetryAfter, as Store.Release does. fingerprint is the
 // claim's, kept for mismatch detection.
 type Transactional interface {
 	Limits() Limits
@@ -203,7 +208,8 @@ const (
 	// expired.
 	DecisionReplay
 	// DecisionHeld: another delivery holds the key (a live lease, or an
-	// open transaction in the one-transaction mode).
+	// open transaction in the one-transaction mode), or a retryable failure
+	// holds its next attempt back (ClaimResult.RetryIn).
 	DecisionHeld
 	// DecisionMismatch: the key is known with a different payload
 	// fingerprint.
@@ -294,6 +300,10 @@ type ClaimResult struct {
 	// Record is the existing record for DecisionReplay, DecisionHeld and
 	// DecisionMismatch, and nil for DecisionExecute.
 	Record *Record
+	// RetryIn is set for DecisionHeld when a retryable failure holds the
+	// key's next attempt back (Completion.RetryAfter): how long, by the
+	// store's clock, until a claim may execute. No delivery holds the key.
+	RetryIn time.Duration
 }
 
 // Claim is the right to finish one execution of a key.
@@ -319,17 +329,27 @@ type Claim struct {
 	MessageUUID string
 }
 
-// Completion is the outcome Complete stores.
+// Completion is the outcome Complete stores, or, with StatusRetryable,
+// what Store.Release and Transactional.RecordRollback leave behind.
 type Completion struct {
-	// Status is StatusSucceeded or StatusCachedFailure.
+	// Status is StatusSucceeded or StatusCachedFailure for Complete,
+	// StatusRetryable for Release.
 	Status Status
 	// Result is the encoded result of a success.
 	Result []byte
 	// ErrorKind and ErrorMessage describe a cached failure.
 	ErrorKind    ErrorKind
 	ErrorMessage string
-	// TTL is how long the outcome is replayed. Must be positive.
+	// TTL is how long the outcome is replayed (for Complete, must be
+	// positive), or how long a retryable record keeps its attempt count.
 	TTL time.Duration
+	// RetryAfter, for StatusRetryable, is the pause before the key's next
+	// attempt, from now by the store's clock. Zero: none.
+	RetryAfter time.Duration
+	// Uncounted, for StatusRetryable, gives the lease's attempt back: the
+	// record keeps the count it had before the lease (the delivery was
+	// refused before the handler ran, by an open circuit).
+	Uncounted bool
 }
 
 // Record is the stored state of one key.
@@ -350,6 +370,9 @@ type Record struct {
 	// ExpiresAt is when the record stops being visible. For an in-progress
 	// record it equals LeaseExpiresAt.
 	ExpiresAt time.Time
+	// RetryAt, for a retryable record, is when its next attempt may start
+	// (Completion.RetryAfter); zero when nothing holds it back.
+	RetryAt time.Time
 	// MessageUUID is the UUID of the message whose delivery last claimed the
 	// key (LeaseRequest.MessageUUID, TxRequest.MessageUUID): after a
 	// takeover or a retry by another delivery it is the newest claimer's,

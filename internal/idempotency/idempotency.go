@@ -152,6 +152,9 @@ func (s *idempotency) answer(d *delivery, w *waiter, res *store.ClaimResult) (ms
 		msgs, err = s.replay(d, res.Record)
 		return msgs, true, err
 	case store.DecisionHeld:
+		if res.RetryIn > 0 {
+			return nil, true, s.heldBack(d, res.RetryIn)
+		}
 		d.event.Contended = true
 		again, err := s.inProgress(d, w, res.Record)
 		return nil, !again, err
@@ -293,6 +296,20 @@ func (s *idempotency) inProgress(d *delivery, w *waiter, rec *store.Record) (aga
 	return false, err
 }
 
+// heldBack nacks a delivery that came before its key's next attempt may
+// start (store.ClaimResult.RetryIn): the pause after a retryable failure,
+// kept by the store, still runs, and another consumer got the message. It
+// is not an attempt. The nack waits for the time left, at most the
+// longest pause the stage writes (maxRetryAfter).
+func (s *idempotency) heldBack(d *delivery, retryIn time.Duration) error {
+	err := fmt.Errorf("oncemill: scope %q key %q: a retryable failure holds the next attempt back for %v", d.event.Scope, d.event.Key, retryIn.Round(time.Millisecond))
+	d.event.Outcome, d.event.Err = pipeline.OutcomeHeldBack, err
+	if serr := sleep(d.msg.Context(), min(retryIn, s.maxRetryAfter())); serr != nil {
+		return errors.Join(err, serr)
+	}
+	return err
+}
+
 // reject acks a delivery that must never run, after forwarding it to the
 // dead-letter topic if one is set. If forwarding fails it nacks instead, so
 // the message is not lost.
@@ -354,9 +371,9 @@ func (s *idempotency) successOutcome(msgs []*message.Message, ttl time.Duration)
 type recorder interface {
 	// cache records the failure that answers the key's duplicates.
 	cache(ctx context.Context, out store.Completion) error
-	// giveBack frees the key after a retryable failure, keeping its
-	// attempt count for the failure TTL.
-	giveBack(ctx context.Context) error
+	// giveBack frees the key after a retryable failure (out:
+	// retryOutcome).
+	giveBack(ctx context.Context, out store.Completion) error
 }
 
 // fail decides what a failed execution leaves behind. A retryable failure
@@ -370,6 +387,9 @@ type recorder interface {
 // acks no failure: see shadowFailed.
 func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
 	d.event.Err = herr
+	if errors.Is(herr, pipeline.ErrCircuitOpen) {
+		return s.circuitOpen(ctx, d, rec, herr)
+	}
 	kind := store.ErrorKindCached
 	if s.policy.NeverCacheFailures || s.policy.Classify(herr) != policy.ClassCached {
 		if d.event.Attempt < s.policy.MaxAttempts {
@@ -392,7 +412,7 @@ func (s *idempotency) fail(ctx context.Context, d *delivery, rec recorder, herr 
 	// nacks, so the failure is decided again and forwarded on redelivery.
 	if ferr := s.toDeadLetter(d, reason, herr); ferr != nil {
 		d.event.Outcome = pipeline.OutcomeStoreFailed
-		_ = rec.giveBack(ctx)
+		_ = rec.giveBack(ctx, retryOutcome(d, 0, false))
 		return nil, ferr
 	}
 	d.event.Outcome = pipeline.OutcomeCachedFailure
@@ -431,17 +451,54 @@ func (s *idempotency) countExhausted(d *delivery) {
 }
 
 // retryLater gives the key back after a retryable failure and nacks, after
-// the attempt's pause (attemptPause).
+// the attempt's pause (attemptPause). The store holds the key's next
+// attempt back for the same pause, so that another consumer that gets the
+// message sooner (a rebalance, a requeue, a crash) waits it out too.
 func (s *idempotency) retryLater(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
 	d.event.Outcome = pipeline.OutcomeReleased
-	if err := rec.giveBack(ctx); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+	pause := s.attemptPause(d.event.Attempt)
+	if err := rec.giveBack(ctx, retryOutcome(d, pause, false)); err != nil && !errors.Is(err, store.ErrLeaseLost) {
 		// The lease will expire on its own; the redelivery then takes over.
 		s.logError(d, "Could not release the key after a retryable failure", err)
 	}
-	if serr := sleep(d.msg.Context(), s.attemptPause(d.event.Attempt)); serr != nil {
+	if serr := sleep(d.msg.Context(), pause); serr != nil {
 		return nil, errors.Join(herr, serr)
 	}
 	return nil, herr
+}
+
+// circuitOpen gives the key back without spending an attempt: the breaker
+// refused the delivery before the handler ran. The key's next attempt is
+// held back, for this consumer and any other, until the circuit may let a
+// call through: the time it has left open, at least NackDelay, at most
+// maxCircuitPause.
+func (s *idempotency) circuitOpen(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
+	d.event.Outcome = pipeline.OutcomeHeldBack
+	pause := min(max(s.breaker.openFor(), s.policy.NackDelay), maxCircuitPause)
+	if err := rec.giveBack(ctx, retryOutcome(d, pause, true)); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		s.logError(d, "Could not release the key after the circuit refused the delivery", err)
+	}
+	if serr := sleep(d.msg.Context(), pause); serr != nil {
+		return nil, errors.Join(herr, serr)
+	}
+	return nil, herr
+}
+
+// maxCircuitPause bounds the pause of a delivery the circuit refused:
+// gobreaker's default open state lasts a minute.
+const maxCircuitPause = time.Minute
+
+// retryOutcome is what a retryable failure leaves behind: the attempt
+// count, for the failure TTL, with the key's next attempt held back for
+// pause (no longer than the record lives); uncounted gives the attempt back.
+func retryOutcome(d *delivery, pause time.Duration, uncounted bool) store.Completion {
+	return store.Completion{Status: store.StatusRetryable, TTL: d.ttl.failure, RetryAfter: min(pause, d.ttl.failure), Uncounted: uncounted}
+}
+
+// maxRetryAfter is the longest pause the stage writes with a release: the
+// attempt schedule's cap with its jitter, or the circuit's.
+func (s *idempotency) maxRetryAfter() time.Duration {
+	return max(time.Duration(float64(s.policy.MaxAttemptDelay)*(1+attemptPauseJitter)), maxCircuitPause)
 }
 
 // keep nacks a message whose attempts ran out, under policy.ExhaustedKeep

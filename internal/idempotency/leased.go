@@ -110,9 +110,9 @@ func (s *Leased) claimLease(ctx context.Context, req *store.LeaseRequest) (store
 	return res, err
 }
 
-func (s *Leased) release(ctx context.Context, lease store.Claim, ttl time.Duration) error {
+func (s *Leased) release(ctx context.Context, lease store.Claim, out store.Completion) error {
 	ctx, m := s.tel.startStore(ctx, opRelease)
-	err := s.store.Release(ctx, lease, ttl)
+	err := s.store.Release(ctx, lease, out)
 	m.end(ctx, err)
 	return err
 }
@@ -246,10 +246,10 @@ func (e *execution) cache(ctx context.Context, out store.Completion) error {
 	return err
 }
 
-func (e *execution) giveBack(ctx context.Context) error {
-	err := e.stage.release(ctx, e.lease, e.ttl.failure)
+func (e *execution) giveBack(ctx context.Context, out store.Completion) error {
+	err := e.stage.release(ctx, e.lease, out)
 	if err == nil {
-		e.stored = e.ttl.failure
+		e.stored = out.TTL
 	}
 	return err
 }

@@ -107,8 +107,13 @@ func (r *retrier) retry(ctx context.Context, attempt func() ([]*message.Message,
 		if serr := sleep(ctx, wait); serr != nil {
 			return nil, fmt.Errorf("oncemill: retry stopped after %d tries (%w): %w", try, serr, err)
 		}
-		var out []*message.Message
-		if out, err = attempt(); err == nil || !r.retryable(err) {
+		out, rerr := attempt()
+		if errors.Is(rerr, pipeline.ErrCircuitOpen) {
+			// The handler ran and failed in this delivery: that attempt
+			// counts, and its error is the one to classify.
+			return nil, fmt.Errorf("oncemill: the circuit opened after %d tries: %w", try, err)
+		}
+		if err = rerr; err == nil || !r.retryable(err) {
 			return out, err
 		}
 	}

@@ -40,10 +40,13 @@ func (s *idempotency) shadowed(d *delivery, h message.HandlerFunc, res *store.Cl
 		}
 		s.tel.replayed(ctx, res.Record)
 	case store.DecisionHeld:
-		d.event.Contended = true
-		d.event.Outcome = pipeline.OutcomeHeldKeyNacked
-		if s.policy.HeldKey == policy.HeldKeyReject {
-			d.event.Outcome = pipeline.OutcomeRejected
+		switch {
+		case res.RetryIn > 0:
+			d.event.Outcome = pipeline.OutcomeHeldBack
+		case s.policy.HeldKey == policy.HeldKeyReject:
+			d.event.Contended, d.event.Outcome = true, pipeline.OutcomeRejected
+		default:
+			d.event.Contended, d.event.Outcome = true, pipeline.OutcomeHeldKeyNacked
 		}
 	case store.DecisionMismatch:
 		// The one finding that needs a fix before enforcement: a warning.

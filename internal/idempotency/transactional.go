@@ -156,7 +156,7 @@ func (s *Transactional) handle(d *delivery, h message.HandlerFunc) ([]*message.M
 // it from the record (a replay) or runs it again: never a failed attempt,
 // never a nack.
 func (s *Transactional) execute(d *delivery, h message.HandlerFunc, req *store.TxRequest, res store.TxResult, reclaim bool) (_ []*message.Message, lost bool, _ error) {
-	run := txRun{stage: s, claim: res.Claim, fingerprint: req.Fingerprint, failureTTL: d.ttl.failure}
+	run := txRun{stage: s, claim: res.Claim, fingerprint: req.Fingerprint}
 	tx := res.Tx
 	d.event.Attempt, d.event.Token, d.event.Takeover = run.claim.Attempt, run.claim.Token, res.Takeover
 
@@ -254,7 +254,6 @@ type txRun struct {
 	stage       *Transactional
 	claim       store.Claim
 	fingerprint string
-	failureTTL  time.Duration // the delivery's
 	stored      time.Duration // the TTL recorded; 0: none
 }
 
@@ -262,8 +261,8 @@ func (r *txRun) cache(ctx context.Context, out store.Completion) error {
 	return r.record(ctx, out)
 }
 
-func (r *txRun) giveBack(ctx context.Context) error {
-	return r.record(ctx, store.Completion{Status: store.StatusRetryable, TTL: r.failureTTL})
+func (r *txRun) giveBack(ctx context.Context, out store.Completion) error {
+	return r.record(ctx, out)
 }
 
 func (r *txRun) record(ctx context.Context, out store.Completion) error {

@@ -117,6 +117,7 @@ type record struct {
 	// expired: set when it is claimed, from LeaseRequest.Retain, so that an
 	// expired lease keeps its attempt count that long.
 	purge        int64
+	retryAt      int64 // a retryable record's next attempt (Completion.RetryAfter); 0: none
 	created      int64
 	updated      int64
 	result       []byte
@@ -277,6 +278,11 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 		}
 		return s.execute(sh, rec, req, now, rec.attempt+1, true), nil
 	case store.StatusRetryable:
+		if now < rec.retryAt {
+			res := s.found(store.DecisionHeld, rec)
+			res.RetryIn = time.Duration(rec.retryAt - now)
+			return res, nil
+		}
 		return s.execute(sh, rec, req, now, rec.attempt+1, false), nil
 	default: // succeeded or failed
 		return s.found(store.DecisionReplay, rec), nil
@@ -326,6 +332,7 @@ func (s *Store) execute(sh *shard, rec *record, req store.LeaseRequest, now int6
 	rec.leaseExpires = now + int64(req.LeaseDuration)
 	rec.expires = rec.leaseExpires
 	rec.purge = rec.leaseExpires + int64(req.Retain)
+	rec.retryAt = 0
 	rec.updated = now
 	return store.ClaimResult{
 		Decision: store.DecisionExecute,
@@ -388,8 +395,11 @@ func (s *Store) Complete(_ context.Context, lease store.Claim, out store.Complet
 	return nil
 }
 
-// Release implements store.Store. With keep <= 0 the record is removed.
-func (s *Store) Release(_ context.Context, lease store.Claim, keep time.Duration) error {
+// Release implements store.Store.
+func (s *Store) Release(_ context.Context, lease store.Claim, out store.Completion) error {
+	if err := requests.ValidateRetry(out); err != nil {
+		return fmt.Errorf("oncemill: memory: release: %w", err)
+	}
 	if err := checkKey("release", lease.Key); err != nil {
 		return err
 	}
@@ -406,13 +416,19 @@ func (s *Store) Release(_ context.Context, lease store.Claim, keep time.Duration
 	if err != nil {
 		return err
 	}
-	if keep <= 0 {
+	if out.TTL <= 0 {
 		sh.remove(h, rec)
 		return nil
 	}
 	rec.status = store.StatusRetryable
+	if out.Uncounted {
+		rec.attempt--
+	}
 	rec.leaseExpires = 0
-	rec.expires = now + int64(keep)
+	rec.expires = now + int64(out.TTL)
+	if out.RetryAfter > 0 {
+		rec.retryAt = now + int64(out.RetryAfter)
+	}
 	rec.updated = now
 	return nil
 }
@@ -555,6 +571,9 @@ func (s *Store) snapshot(rec *record) store.Record {
 	}
 	if rec.status == store.StatusInProgress {
 		r.LeaseExpiresAt = s.at(rec.leaseExpires)
+	}
+	if rec.retryAt != 0 {
+		r.RetryAt = s.at(rec.retryAt)
 	}
 	return r
 }

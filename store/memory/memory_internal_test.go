@@ -52,7 +52,7 @@ func TestSweeperRemovesExpired(t *testing.T) {
 		}
 	}
 	begin("crashed", time.Minute)
-	if err := s.Release(ctx, begin("released", time.Minute), time.Minute); err != nil {
+	if err := s.Release(ctx, begin("released", time.Minute), store.Completion{Status: store.StatusRetryable, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Complete(ctx, begin("live", time.Minute), store.Completion{Status: store.StatusSucceeded, TTL: time.Hour}); err != nil {

@@ -127,7 +127,7 @@ func testTxMessageUUID(t *testing.T, e *txEnv) {
 	// its own UUID, as a dead-lettered message's lookup needs.
 	res := claim("failed", first)
 	e.rollback(res)
-	if err := e.record(res.Claim, retryable); err != nil {
+	if err := e.record(res.Claim, retryable(ttl)); err != nil {
 		t.Fatal(err)
 	}
 	e.wantUUID("failed", first)

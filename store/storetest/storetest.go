@@ -75,6 +75,8 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"ExtendKeepsLease", testExtendKeepsLease},
 		{"AttemptsCountedAcrossRelease", testAttemptsCountedAcrossRelease},
 		{"ReleaseStaleLease", testReleaseStaleLease},
+		{"RetryAfterHoldsTheNextAttemptBack", testRetryAfterHoldsTheNextAttemptBack},
+		{"UncountedReleaseKeepsTheCount", testUncountedReleaseKeepsTheCount},
 		{"Delete", testDelete},
 		{"DeleteUnderTheReadToken", testDeleteUnderTheReadToken},
 		{"AttemptsSurviveCleanupForRetain", testAttemptsSurviveCleanupForRetain},
@@ -177,9 +179,19 @@ func (e *env) complete(l store.Claim, out store.Completion) {
 	}
 }
 
+// retryable is what a retryable failure leaves: its attempt count, for keep.
+func retryable(keep time.Duration) store.Completion {
+	return store.Completion{Status: store.StatusRetryable, TTL: keep}
+}
+
 func (e *env) release(l store.Claim, keep time.Duration) {
 	e.t.Helper()
-	if err := e.s.Release(e.ctx, l, keep); err != nil {
+	e.releaseAs(l, retryable(keep))
+}
+
+func (e *env) releaseAs(l store.Claim, out store.Completion) {
+	e.t.Helper()
+	if err := e.s.Release(e.ctx, l, out); err != nil {
 		e.t.Fatalf("Release(%q, token %d): %v", l.Key, l.Token, err)
 	}
 }
@@ -404,7 +416,7 @@ func testTakeoverAfterLeaseExpiry(t *testing.T, e *env) {
 	}
 
 	e.leaseLost("stale Complete", e.s.Complete(e.ctx, stale, success([]byte("stale"))))
-	e.leaseLost("stale Release", e.s.Release(e.ctx, stale, ttl))
+	e.leaseLost("stale Release", e.s.Release(e.ctx, stale, retryable(ttl)))
 	_, err := e.s.Extend(e.ctx, stale, lease)
 	e.leaseLost("stale Extend", err)
 
@@ -452,7 +464,7 @@ func testStaleAndUnknownTokens(t *testing.T, e *env) {
 	l := e.execute("done", "")
 	e.complete(l, success([]byte("first")))
 	e.leaseLost("second Complete", e.s.Complete(e.ctx, l, success([]byte("second"))))
-	e.leaseLost("Release after Complete", e.s.Release(e.ctx, l, ttl))
+	e.leaseLost("Release after Complete", e.s.Release(e.ctx, l, retryable(ttl)))
 	_, err := e.s.Extend(e.ctx, l, lease)
 	e.leaseLost("Extend after Complete", err)
 	if rec := e.get("done"); rec.Status != store.StatusSucceeded || string(rec.Result) != "first" {
@@ -464,7 +476,7 @@ func testStaleAndUnknownTokens(t *testing.T, e *env) {
 		fake := held
 		fake.Token = token
 		e.leaseLost(fmt.Sprintf("Complete with made-up token %d", token), e.s.Complete(e.ctx, fake, success(nil)))
-		e.leaseLost(fmt.Sprintf("Release with made-up token %d", token), e.s.Release(e.ctx, fake, ttl))
+		e.leaseLost(fmt.Sprintf("Release with made-up token %d", token), e.s.Release(e.ctx, fake, retryable(ttl)))
 		_, err := e.s.Extend(e.ctx, fake, lease)
 		e.leaseLost(fmt.Sprintf("Extend with made-up token %d", token), err)
 	}
@@ -475,7 +487,7 @@ func testStaleAndUnknownTokens(t *testing.T, e *env) {
 
 	absent := store.Claim{Scope: e.scope, Key: "absent", Token: held.Token, Attempt: 1}
 	e.leaseLost("Complete of an absent key", e.s.Complete(e.ctx, absent, success(nil)))
-	e.leaseLost("Release of an absent key", e.s.Release(e.ctx, absent, ttl))
+	e.leaseLost("Release of an absent key", e.s.Release(e.ctx, absent, retryable(ttl)))
 	_, err = e.s.Extend(e.ctx, absent, lease)
 	e.leaseLost("Extend of an absent key", err)
 	e.getNotFound("absent")
@@ -624,13 +636,89 @@ func testReleaseStaleLease(t *testing.T, e *env) {
 	stale := e.execute("k", "")
 	e.advance(lease + time.Second)
 	fresh := e.execute("k", "")
-	e.leaseLost("Release of a taken-over lease", e.s.Release(e.ctx, stale, ttl))
+	e.leaseLost("Release of a taken-over lease", e.s.Release(e.ctx, stale, retryable(ttl)))
 	if rec := e.get("k"); rec.Status != store.StatusInProgress || rec.Token != fresh.Token {
 		t.Fatalf("record = %v token %d, want in_progress token %d", rec.Status, rec.Token, fresh.Token)
 	}
 
 	e.release(fresh, ttl)
-	e.leaseLost("second Release", e.s.Release(e.ctx, fresh, ttl))
+	e.leaseLost("second Release", e.s.Release(e.ctx, fresh, retryable(ttl)))
+}
+
+func testRetryAfterHoldsTheNextAttemptBack(t *testing.T, e *env) {
+	first := e.execute("k", "fp")
+	e.releaseAs(first, store.Completion{Status: store.StatusRetryable, TTL: ttl, RetryAfter: time.Minute})
+	rec := e.get("k")
+	checkRecord(t, rec, e.scope, "k", store.StatusRetryable, 1)
+	if d := rec.RetryAt.Sub(rec.UpdatedAt); d < time.Minute-time.Second || d > time.Minute+time.Second {
+		t.Fatalf("record RetryAt = UpdatedAt + %v, want a minute", d)
+	}
+
+	// Claims before the time are held back, and are not attempts.
+	for range 2 {
+		res := e.expect(store.DecisionHeld, "k", "fp", lease)
+		if res.RetryIn < time.Minute-5*time.Second || res.RetryIn > time.Minute {
+			t.Fatalf("held-back claim's RetryIn = %v, want just under a minute", res.RetryIn)
+		}
+		if res.Record == nil || res.Record.Status != store.StatusRetryable || res.Record.Token != first.Token {
+			t.Fatalf("held-back claim's record = %+v, want the retryable record of token %d", res.Record, first.Token)
+		}
+	}
+	checkRecord(t, e.get("k"), e.scope, "k", store.StatusRetryable, 1)
+
+	e.advance(30 * time.Second)
+	if res := e.expect(store.DecisionHeld, "k", "fp", lease); res.RetryIn > 30*time.Second+time.Second {
+		t.Fatalf("RetryIn 30 s later = %v, want at most 30 s", res.RetryIn)
+	}
+	e.advance(31 * time.Second)
+	second := e.execute("k", "fp")
+	if second.Attempt != 2 || second.Token <= first.Token {
+		t.Fatalf("claim after the pause = attempt %d token %d; want attempt 2 above token %d", second.Attempt, second.Token, first.Token)
+	}
+
+	// A release without a pause holds nothing back.
+	e.release(second, ttl)
+	if rec := e.get("k"); !rec.RetryAt.IsZero() {
+		t.Fatalf("record RetryAt = %v after a release without a pause, want zero", rec.RetryAt)
+	}
+	if l := e.execute("k", "fp"); l.Attempt != 3 {
+		t.Fatalf("third claim = attempt %d, want 3", l.Attempt)
+	}
+
+	// What cannot be a release is refused, and leaves the lease as it was.
+	l := e.execute("bad", "")
+	for _, out := range []store.Completion{
+		{Status: store.StatusSucceeded, TTL: ttl},
+		{Status: 0, TTL: ttl},
+		{Status: store.StatusRetryable, TTL: ttl, RetryAfter: -time.Second},
+		{Status: store.StatusRetryable, TTL: time.Second, RetryAfter: time.Minute},
+	} {
+		e.invalid(fmt.Sprintf("Release with status %v, TTL %v, RetryAfter %v", out.Status, out.TTL, out.RetryAfter), e.s.Release(e.ctx, l, out))
+	}
+	if rec := e.get("bad"); rec.Status != store.StatusInProgress || rec.Token != l.Token {
+		t.Fatalf("record = %v token %d, want in_progress token %d", rec.Status, rec.Token, l.Token)
+	}
+}
+
+func testUncountedReleaseKeepsTheCount(t *testing.T, e *env) {
+	first := e.execute("k", "")
+	e.release(first, ttl)
+	second := e.execute("k", "")
+	e.releaseAs(second, store.Completion{Status: store.StatusRetryable, TTL: ttl, RetryAfter: time.Minute, Uncounted: true})
+	checkRecord(t, e.get("k"), e.scope, "k", store.StatusRetryable, 1)
+	e.expect(store.DecisionHeld, "k", "", lease)
+	e.advance(time.Minute + time.Second)
+	if l := e.execute("k", ""); l.Attempt != 2 || l.Token <= second.Token {
+		t.Fatalf("claim after an uncounted release = attempt %d token %d; want attempt 2 again, above token %d", l.Attempt, l.Token, second.Token)
+	}
+
+	// The first attempt given back leaves a count of none.
+	l := e.execute("new", "")
+	e.releaseAs(l, store.Completion{Status: store.StatusRetryable, TTL: ttl, Uncounted: true})
+	checkRecord(t, e.get("new"), e.scope, "new", store.StatusRetryable, 0)
+	if l := e.execute("new", ""); l.Attempt != 1 {
+		t.Fatalf("claim after the first attempt was given back = attempt %d, want 1", l.Attempt)
+	}
 }
 
 func testDelete(t *testing.T, e *env) {
@@ -929,7 +1017,7 @@ func testTokensIncrease(t *testing.T, e *env) {
 	// The worker from before the Delete cannot finish the new attempt, even
 	// though its lease is not expired by its own reckoning.
 	e.leaseLost("Complete by the worker from before Delete", e.s.Complete(e.ctx, stale, success([]byte("stale"))))
-	e.leaseLost("Release by the worker from before Delete", e.s.Release(e.ctx, stale, ttl))
+	e.leaseLost("Release by the worker from before Delete", e.s.Release(e.ctx, stale, retryable(ttl)))
 	_, err := e.s.Extend(e.ctx, stale, lease)
 	e.leaseLost("Extend by the worker from before Delete", err)
 	if rec := e.get("k"); rec.Status != store.StatusInProgress || rec.Token != fresh.Token {

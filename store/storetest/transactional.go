@@ -20,6 +20,7 @@ func runTransactional(t *testing.T, newEnv func(t *testing.T) *env) {
 		{"CommitThenReplay", testTxCommitThenReplay},
 		{"RollbackLeavesTheKeyFree", testTxRollbackLeavesTheKeyFree},
 		{"RetryableRecordCarriesTheAttempt", testTxRetryableRecordCarriesTheAttempt},
+		{"RetryAfterHoldsTheNextClaimBack", testTxRetryAfterHoldsTheNextClaimBack},
 		{"CachedFailureReplays", testTxCachedFailureReplays},
 		{"RecordNeverOverwritesANewerClaim", testTxRecordNeverOverwritesANewerClaim},
 		{"ConcurrentClaimWaitsThenReplays", testTxConcurrentClaimWaitsThenReplays},
@@ -90,8 +91,6 @@ func (e *txEnv) record(l store.Claim, out store.Completion) error {
 	return e.tx.RecordRollback(e.ctx, l, "fp", out)
 }
 
-var retryable = store.Completion{Status: store.StatusRetryable, TTL: ttl}
-
 func testTxCommitThenReplay(t *testing.T, e *txEnv) {
 	first := e.claim(store.DecisionExecute, "k", "fp")
 	if first.Claim.Attempt != 1 || first.Claim.Token == 0 || first.Takeover {
@@ -128,7 +127,7 @@ func testTxRollbackLeavesTheKeyFree(t *testing.T, e *txEnv) {
 func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 	first := e.claim(store.DecisionExecute, "k", "fp")
 	e.rollback(first)
-	if err := e.record(first.Claim, retryable); err != nil {
+	if err := e.record(first.Claim, retryable(ttl)); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := e.s.Get(e.ctx, e.scope, "k")
@@ -142,6 +141,42 @@ func testTxRetryableRecordCarriesTheAttempt(t *testing.T, e *txEnv) {
 	e.commit(second, nil)
 	if rec, err := e.s.Get(e.ctx, e.scope, "k"); err != nil || rec.Status != store.StatusSucceeded || rec.Attempt != 2 {
 		t.Fatalf("record = %+v, %v; want succeeded at attempt 2", rec, err)
+	}
+}
+
+func testTxRetryAfterHoldsTheNextClaimBack(t *testing.T, e *txEnv) {
+	first := e.claim(store.DecisionExecute, "k", "fp")
+	e.rollback(first)
+	if err := e.record(first.Claim, store.Completion{Status: store.StatusRetryable, TTL: ttl, RetryAfter: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	held := e.claim(store.DecisionHeld, "k", "fp")
+	if held.RetryIn < time.Minute-5*time.Second || held.RetryIn > time.Minute || held.Contended {
+		t.Fatalf("held-back claim = RetryIn %v contended %v; want just under a minute, not contended", held.RetryIn, held.Contended)
+	}
+	if rec := held.Record; rec == nil || rec.Status != store.StatusRetryable || rec.Attempt != 1 {
+		t.Fatalf("held-back claim's record = %+v, want retryable at attempt 1", rec)
+	}
+	e.advance(time.Minute + time.Second)
+	second := e.claim(store.DecisionExecute, "k", "fp")
+	if second.Claim.Attempt != 2 {
+		t.Fatalf("claim after the pause = attempt %d, want 2", second.Claim.Attempt)
+	}
+
+	// An uncounted rollback gives the attempt back.
+	e.rollback(second)
+	if err := e.record(second.Claim, store.Completion{Status: store.StatusRetryable, TTL: ttl, RetryAfter: time.Minute, Uncounted: true}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := e.s.Get(e.ctx, e.scope, "k"); err != nil || rec.Attempt != 1 || rec.RetryAt.IsZero() {
+		t.Fatalf("record = %+v, %v; want retryable at attempt 1, held back", rec, err)
+	}
+	e.claim(store.DecisionHeld, "k", "fp")
+	e.advance(time.Minute + time.Second)
+	if third := e.claim(store.DecisionExecute, "k", "fp"); third.Claim.Attempt != 2 {
+		t.Fatalf("claim after an uncounted rollback = attempt %d, want 2", third.Claim.Attempt)
+	} else {
+		e.rollback(third)
 	}
 }
 
@@ -163,11 +198,11 @@ func testTxRecordNeverOverwritesANewerClaim(t *testing.T, e *txEnv) {
 	newer := e.claim(store.DecisionExecute, "k", "fp")
 	// While the newer claim is open, recording the stale one neither waits
 	// for it nor writes.
-	if err := e.record(stale.Claim, retryable); !errors.Is(err, store.ErrLeaseLost) {
+	if err := e.record(stale.Claim, retryable(ttl)); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("recording a claim while a newer one is open = %v, want ErrLeaseLost at once", err)
 	}
 	e.commit(newer, []byte("newer"))
-	for _, out := range []store.Completion{retryable, {Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, TTL: ttl}} {
+	for _, out := range []store.Completion{retryable(ttl), {Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, TTL: ttl}} {
 		if err := e.record(stale.Claim, out); !errors.Is(err, store.ErrLeaseLost) {
 			t.Fatalf("recording %v for a claim that a newer one succeeded = %v, want ErrLeaseLost", out.Status, err)
 		}
@@ -255,7 +290,7 @@ func testTxTokensRise(t *testing.T, e *txEnv) {
 		}
 		last = res.Claim.Token
 		e.rollback(res)
-		if err := e.record(res.Claim, retryable); err != nil {
+		if err := e.record(res.Claim, retryable(ttl)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -336,7 +371,7 @@ func testTxDeferredClaimOfARecordedKeyIsLost(t *testing.T, e *txEnv) {
 	// claim decided up front carries the attempt on.
 	failed := e.claim(store.DecisionExecute, "f", "fp")
 	e.rollback(failed)
-	if err := e.record(failed.Claim, retryable); err != nil {
+	if err := e.record(failed.Claim, retryable(ttl)); err != nil {
 		t.Fatal(err)
 	}
 	e.lost(e.deferred("f"), func(tx store.Tx) error { return tx.Commit(e.ctx, nil) })

@@ -6,7 +6,6 @@ package crashstore
 import (
 	"context"
 	"sync/atomic"
-	"time"
 
 	"github.com/oncemill/oncemill/store"
 )
@@ -38,9 +37,9 @@ func (s *Store) Complete(ctx context.Context, lease store.Claim, out store.Compl
 }
 
 // Release fails while crashing.
-func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
+func (s *Store) Release(ctx context.Context, lease store.Claim, out store.Completion) error {
 	if s.Crashing.Load() {
 		return s.Crash
 	}
-	return s.Store.Release(ctx, lease, keep)
+	return s.Store.Release(ctx, lease, out)
 }

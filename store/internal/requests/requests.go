@@ -50,6 +50,20 @@ func ValidateCompletion(o store.Completion) error {
 	return nil
 }
 
+// ValidateRetry reports a release no store can record: Store.Release and a
+// retryable Transactional.RecordRollback.
+func ValidateRetry(o store.Completion) error {
+	switch {
+	case o.Status != store.StatusRetryable:
+		return fmt.Errorf("%w: release status must be retryable, not %v", store.ErrInvalidRequest, o.Status)
+	case o.RetryAfter < 0:
+		return fmt.Errorf("%w: retry-after %v is negative", store.ErrInvalidRequest, o.RetryAfter)
+	case o.TTL > 0 && o.RetryAfter > o.TTL:
+		return fmt.Errorf("%w: retry-after %v outlives the record's TTL %v", store.ErrInvalidRequest, o.RetryAfter, o.TTL)
+	}
+	return nil
+}
+
 // defaultListLimit is the page size of a ListRequest without a Limit.
 const defaultListLimit = 100
 
