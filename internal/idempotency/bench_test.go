@@ -154,7 +154,7 @@ func (keepNothing) ClaimLease(_ context.Context, req store.LeaseRequest) (store.
 }
 func (keepNothing) Limits() store.Limits                                          { return store.Limits{} }
 func (keepNothing) Complete(context.Context, store.Claim, store.Completion) error { return nil }
-func (keepNothing) Release(context.Context, store.Claim, time.Duration) error     { return nil }
+func (keepNothing) Release(context.Context, store.Claim, store.Completion) error  { return nil }
 func (keepNothing) Extend(_ context.Context, l store.Claim, _ time.Duration) (store.Claim, error) {
 	return l, nil
 }

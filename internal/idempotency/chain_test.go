@@ -204,11 +204,14 @@ func TestChainOpenBreakerStillReplaysStoredResults(t *testing.T) {
 			}
 			_ = h.event(t)
 			// The first try fails and trips the breaker; retry stops at the
-			// open circuit instead of hammering it.
-			if _, err := handler(msg("broken", "x")); !errors.Is(err, pipeline.ErrCircuitOpen) {
-				t.Fatalf("the failing delivery: %v, want it handed back at the open circuit", err)
+			// open circuit instead of hammering it, with the handler's error:
+			// that attempt ran.
+			if _, err := handler(msg("broken", "x")); !errors.Is(err, down) || errors.Is(err, pipeline.ErrCircuitOpen) {
+				t.Fatalf("the failing delivery: %v, want the handler's error, stopped at the open circuit", err)
 			}
-			_ = h.event(t)
+			if e := h.event(t); e.Outcome != pipeline.OutcomeReleased || e.Attempt != 1 {
+				t.Fatalf("the failing delivery: %v at attempt %d, want released at attempt 1", e.Outcome, e.Attempt)
+			}
 			if s := h.breakerState(); s != gobreaker.StateOpen {
 				t.Fatalf("breaker %v, want open", s)
 			}
@@ -223,12 +226,21 @@ func TestChainOpenBreakerStillReplaysStoredResults(t *testing.T) {
 			if h.st.txs.Load() != txs {
 				t.Fatal("the duplicate opened a transaction")
 			}
-			_, err = handler(msg("m2", "x"))
+			// The refused delivery waits for the circuit (an hour here: its
+			// context ends the wait) and spends no attempt.
+			m2 := msg("m2", "x")
+			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+			defer cancel()
+			m2.SetContext(ctx)
+			_, err = handler(m2)
 			if !errors.Is(err, pipeline.ErrCircuitOpen) || ((policy.Policy{}).Classify(err) == policy.ClassCached) {
 				t.Fatalf("new message with the circuit open: %v, want retryable ErrCircuitOpen", err)
 			}
-			if e := h.event(t); e.Outcome != pipeline.OutcomeReleased {
-				t.Fatalf("new message: %v, want released for redelivery", e.Outcome)
+			if e := h.event(t); e.Outcome != pipeline.OutcomeHeldBack {
+				t.Fatalf("new message: %v, want held back for redelivery", e.Outcome)
+			}
+			if rec, err := h.st.Get(t.Context(), "s", "m2"); err != nil || rec.Attempt != 0 || rec.RetryAt.IsZero() {
+				t.Fatalf("record of the refused delivery = %+v, %v; want attempt 0, held back", rec, err)
 			}
 			if calls.Load() != before {
 				t.Fatalf("handler ran %d more times with the circuit open", calls.Load()-before)

@@ -84,7 +84,7 @@ func (s *fakeTxStore) RecordRollback(ctx context.Context, l store.Claim, fp stri
 		return store.ErrLeaseLost
 	}
 	if out.Status == store.StatusRetryable {
-		return s.Release(ctx, res.Claim, out.TTL)
+		return s.Release(ctx, res.Claim, out)
 	}
 	return s.Complete(ctx, res.Claim, out)
 }

@@ -388,11 +388,11 @@ func (f telFailStore) Complete(ctx context.Context, l store.Claim, o store.Compl
 	return f.Store.Complete(ctx, l, o)
 }
 
-func (f telFailStore) Release(ctx context.Context, l store.Claim, keep time.Duration) error {
+func (f telFailStore) Release(ctx context.Context, l store.Claim, out store.Completion) error {
 	if f.release {
 		return errTelStoreDown
 	}
-	return f.Store.Release(ctx, l, keep)
+	return f.Store.Release(ctx, l, out)
 }
 
 // A failing store call ends its span with status Error, the error's text as
