@@ -22,12 +22,11 @@ import (
 // after the members that were idle; kfake drops the JoinGroup of a member
 // left waiting that long (TestKfakeDropsJoinOfMemberWhoseSessionExpires),
 // and the group stopped until sarama's 30 s read timeout. The example
-// worker ends a delivery when its partition is revoked and bounds the read
-// timeout (internal/worker/kafka.go, docs/kafka.md, "A rebalance
-// during an outage"). From the cut's end until every payment is charged,
-// the ledger (read from PostgreSQL directly) must never go 15 s without a
-// new charge, a liveness bound, not a speed target; and every payment is
-// charged exactly once.
+// worker bounds the rebalance and read timeouts (internal/worker/kafka.go,
+// docs/kafka.md, "A rebalance during an outage"). From the cut's end until
+// every payment is charged, the ledger (read from PostgreSQL directly) must
+// never go 15 s without a new charge, a liveness bound, not a speed target;
+// and every payment is charged exactly once.
 func TestKafkaGroupProgressesAfterDatabaseOutage(t *testing.T) {
 	h := newHarness(t, brokerKinds[0], storeKinds[0]) // kafka, postgres
 	proxy := faultProxy(t, pgUpstream(t))

@@ -22,8 +22,8 @@ import (
 // after the rebalance timeout; C is answered then, A never. This is how a
 // consumer group stalled for 30–65 s after a database outage
 // (TestKafkaGroupProgressesAfterDatabaseOutage, docs/kafka.md): the
-// example worker bounds the wait with Net.ReadTimeout and ends a delivery
-// when its partition is revoked, so members rejoin together.
+// example worker bounds the wait with the rebalance timeout and
+// Net.ReadTimeout.
 func TestKfakeDropsJoinOfMemberWhoseSessionExpires(t *testing.T) {
 	t.Parallel()
 	const (

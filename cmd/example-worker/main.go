@@ -433,8 +433,6 @@ func (w *worker) openBroker() (b *broker, err error) {
 	case "kafka":
 		// Each router handler has its own consumer group, <group>-<topic>,
 		// so workers that run the same handlers share its partitions.
-		// (integration/internal/worker/kafka.go also ends a delivery when
-		// its partition is revoked, so that a rebalance need not wait.)
 		brokers := strings.Split(cfg.kafkaBrokers, ",")
 		pc, c := kafka.DefaultSaramaSyncPublisherConfig(), kafka.DefaultSaramaSubscriberConfig()
 		pc.Version, c.Version = sarama.V2_8_0_0, sarama.V2_8_0_0

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -40,7 +39,6 @@ func newKafka(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 	}
 	b := &Broker{System: semconv.MessagingSystemKafka, Pub: pub, Closers: []func() error{pub.Close}}
 	b.Subscriber = func(group string) (message.Subscriber, error) {
-		sessions := &kafkaSessions{byClaim: map[kafkaClaim]context.Context{}}
 		sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 			Brokers:               brokers,
 			Unmarshaler:           kafka.DefaultMarshaler{},
@@ -49,14 +47,11 @@ func newKafka(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 			// A nacked message is sent to the handler again after this
 			// pause, in process; the partition waits meanwhile.
 			NackResendSleep: 100 * time.Millisecond,
-			// Not a tracer: the hook through which the subscriber tells
-			// which group session holds each partition (see kafkaSessions).
-			Tracer: sessions,
 		}, logger)
 		if err != nil {
 			return nil, err
 		}
-		return &kafkaSubscriber{Subscriber: sub, sessions: sessions}, nil
+		return sub, nil
 	}
 	b.InitTopics = func(ctx context.Context, names []string) error {
 		return createKafkaTopics(brokers, names, cfg.KafkaPartitions)
@@ -74,190 +69,6 @@ func newKafka(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 		b.HighWaterMark = kafkakeys.HighWaterMark(client)
 	}
 	return b, nil
-}
-
-// kafkaSubscriber is a watermill-kafka subscriber whose deliveries end when
-// their partition is revoked; NewRouter puts its EndOnRevoke middlewares
-// around each of its handlers.
-type kafkaSubscriber struct {
-	*kafka.Subscriber
-	sessions *kafkaSessions
-}
-
-// EndOnRevoke returns the middlewares that end a delivery when the group
-// session that holds its partition ends (see kafkaSessions): outer goes
-// outside oncemill's receiver, inner inside it, around the handler.
-func (s *kafkaSubscriber) EndOnRevoke() (outer, inner message.HandlerMiddleware) {
-	return s.sessions.endOnRevoke, markHandlerRunning
-}
-
-// kafkaSessions knows which consumer group session holds each partition of
-// a subscriber, so that a rebalance does not wait for a slow delivery.
-//
-// A rebalance waits until every member's ConsumeClaim has returned.
-// watermill-kafka v3.1.4 returns from ConsumeClaim only after the message in
-// flight is acked: the message's context is not canceled when the session
-// ends (processMessage derives it from the subscriber's context, not from
-// the session's), and a nacked message is resent to the handler without
-// looking at the session (subscriber.go, processMessage's ResendLoop). While
-// the handler's database is down every delivery fails and oncemill pauses
-// before each nack, for seconds (the attempt pause), so a member whose
-// partition was revoked then rejoined the group seconds after the others,
-// and kfake drops the JoinGroup of a member that waits that long
-// (TestKfakeDropsJoinOfMemberWhoseSessionExpires): the group stopped until
-// sarama's network read timeout (docs/kafka.md, "A rebalance during an
-// outage").
-//
-// endOnRevoke ends such a delivery instead. When the session ends it
-// cancels the message's context, but not while the handler runs (a handler
-// stopped halfway through an effect outside the store cannot tell whether
-// the effect happened, and its redelivery would run it again): at once if
-// the handler is not running, when it returns otherwise. oncemill's pause
-// then ends and the message is nacked. A message resent after its session
-// ended is acked without running the handler: watermill-kafka does not mark
-// the offset of a message acked after its session ended, so the
-// partition's new owner reads it again, and oncemill keeps that from
-// running the effect twice.
-type kafkaSessions struct {
-	mu      sync.Mutex
-	byClaim map[kafkaClaim]context.Context // the session's context
-}
-
-type kafkaClaim struct {
-	topic     string
-	partition int32
-}
-
-// session returns the context of the session that holds msg's partition.
-func (s *kafkaSessions) session(msg *message.Message) (context.Context, bool) {
-	p, ok := kafka.MessagePartitionFromCtx(msg.Context())
-	if !ok {
-		return nil, false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	sess, ok := s.byClaim[kafkaClaim{message.SubscribeTopicFromCtx(msg.Context()), p}]
-	return sess, ok
-}
-
-// revoked reports whether sess ended because the group moved on: a
-// rebalance, a failed heartbeat, another claim's end. A session that ends
-// because the subscriber closes (its context canceled, no other cause) is
-// the worker's shutdown, whose drain lets deliveries finish
-// (finishOnShutdown).
-func revoked(sess context.Context) bool {
-	return sess.Err() != nil && !errors.Is(context.Cause(sess), context.Canceled)
-}
-
-// revocation is one delivery's state: whether its handler runs, and
-// whether its partition was revoked.
-type revocation struct {
-	mu      sync.Mutex
-	running bool
-	revoked bool
-	cancel  context.CancelCauseFunc
-	cause   error
-}
-
-type revocationKey struct{}
-
-// revoke cancels the delivery now, or when its handler returns.
-func (r *revocation) revoke(cause error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.revoked, r.cause = true, cause
-	if !r.running {
-		r.cancel(cause)
-	}
-}
-
-func (s *kafkaSessions) endOnRevoke(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		sess, ok := s.session(msg)
-		if !ok {
-			return h(msg)
-		}
-		return endWithSession(sess, h, msg)
-	}
-}
-
-// endWithSession runs h on msg, which the session sess handed out.
-func endWithSession(sess context.Context, h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	if revoked(sess) {
-		// A resend after a nack, on a partition that is no longer this
-		// session's: acked unprocessed, its offset is not committed.
-		return nil, nil
-	}
-	ctx, cancel := context.WithCancelCause(msg.Context())
-	defer cancel(nil)
-	r := &revocation{cancel: cancel}
-	stop := context.AfterFunc(sess, func() {
-		if revoked(sess) {
-			r.revoke(fmt.Errorf("kafka partition revoked: %w", context.Cause(sess)))
-		}
-	})
-	defer stop()
-	msg.SetContext(context.WithValue(ctx, revocationKey{}, r))
-	return h(msg)
-}
-
-// markHandlerRunning tells endOnRevoke that the handler runs, so that a
-// revocation waits for it to return.
-func markHandlerRunning(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		r, ok := msg.Context().Value(revocationKey{}).(*revocation)
-		if !ok {
-			return h(msg)
-		}
-		r.mu.Lock()
-		r.running = true
-		r.mu.Unlock()
-		defer func() {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.running = false
-			if r.revoked {
-				r.cancel(r.cause)
-			}
-		}()
-		return h(msg)
-	}
-}
-
-// WrapConsumerGroupHandler records the session of each claim while its
-// ConsumeClaim runs. The other methods of kafka.SaramaTracer change nothing.
-func (s *kafkaSessions) WrapConsumerGroupHandler(h sarama.ConsumerGroupHandler) sarama.ConsumerGroupHandler {
-	return claimRecorder{h, s}
-}
-
-func (s *kafkaSessions) WrapConsumer(c sarama.Consumer) sarama.Consumer { return c }
-
-func (s *kafkaSessions) WrapPartitionConsumer(pc sarama.PartitionConsumer) sarama.PartitionConsumer {
-	return pc
-}
-
-func (s *kafkaSessions) WrapSyncProducer(_ *sarama.Config, p sarama.SyncProducer) sarama.SyncProducer {
-	return p
-}
-
-type claimRecorder struct {
-	sarama.ConsumerGroupHandler
-	s *kafkaSessions
-}
-
-func (r claimRecorder) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	key, ctx := kafkaClaim{claim.Topic(), claim.Partition()}, sess.Context()
-	r.s.mu.Lock()
-	r.s.byClaim[key] = ctx
-	r.s.mu.Unlock()
-	defer func() {
-		r.s.mu.Lock()
-		if r.s.byClaim[key] == ctx {
-			delete(r.s.byClaim, key)
-		}
-		r.s.mu.Unlock()
-	}()
-	return r.ConsumerGroupHandler.ConsumeClaim(sess, claim)
 }
 
 // kafkaReadTimeoutMargin is how much longer than the rebalance timeout a

@@ -157,14 +157,6 @@ func NewRouter(cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores,
 		if opts.First != nil {
 			mws = append(mws, opts.First(i)...)
 		}
-		var inner message.HandlerMiddleware
-		if r, ok := sub.(revocable); ok {
-			// Inside First: finishOnShutdown lets a delivery finish during
-			// the drain, but a revoked partition ends it.
-			var outer message.HandlerMiddleware
-			outer, inner = r.EndOnRevoke()
-			mws = append(mws, outer)
-		}
 		hmw := rmw
 		if cfg.KafkaWatermark {
 			// The watermark mode's rows belong to a consumer group, and
@@ -174,21 +166,10 @@ func NewRouter(cfg Config, hooks Hooks, log *slog.Logger, b *Broker, ss *Stores,
 				return nil, err
 			}
 		}
-		mws = append(append(mws, hooks.Outer...), hmw)
-		if inner != nil {
-			mws = append(mws, inner)
-		}
-		mws = append(mws, hooks.Inner...)
+		mws = append(append(append(mws, hooks.Outer...), hmw), hooks.Inner...)
 		rh.AddMiddleware(mws...)
 	}
 	return router, nil
-}
-
-// revocable is a subscriber whose deliveries end when their partition is
-// revoked (Kafka: kafkaSubscriber): outer wraps the receiver, inner the
-// handler inside it.
-type revocable interface {
-	EndOnRevoke() (outer, inner message.HandlerMiddleware)
 }
 
 // StartRouter runs router until it is closed (not when ctx ends: it stops
