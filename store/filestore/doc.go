@@ -29,5 +29,7 @@
 // are those of every store, checked by store/storetest (see store/memory):
 // an expired lease is taken over with its attempt count until the claim's
 // LeaseRequest.Retain has passed, and Complete and Release accept a lease
-// past its expiry as long as nobody took it over.
+// past its expiry as long as nobody took it over. A release's pause
+// (store.Completion.RetryAfter) is judged by the same clock: it ends at the
+// record's RetryAt.
 package filestore

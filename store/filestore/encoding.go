@@ -78,7 +78,11 @@ func splitKey(k []byte) (scope, key string, err error) {
 // A value is a header the sweeper reads without decoding the record, then
 // the whole store.Record in JSON: a field added to store.Record is stored
 // and read back with no code here. Scope and Key are left out of the JSON
-// (the bbolt key holds them).
+// (the bbolt key holds them). A field missing from the JSON reads as its
+// zero value, so the records of earlier versions read as they were: one
+// released before store.Record.RetryAt existed holds nothing back. (An
+// earlier version ignores the fields it does not know, so it reads a newer
+// record too, without its pause.)
 //
 //	[0:8]  ExpiresAt, Unix nanoseconds, big-endian
 //	[8:16] purge: when the sweeper may remove the record once it has also

@@ -1,9 +1,13 @@
 package filestore
 
 import (
+	"encoding/binary"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/oncemill/oncemill/store"
 )
@@ -60,5 +64,37 @@ func TestSplitKey(t *testing.T) {
 		if _, _, err := splitKey([]byte(bad)); err == nil {
 			t.Errorf("splitKey(%q) accepted a key recordKey does not make", bad)
 		}
+	}
+}
+
+// A retryable record written before pauses existed has no RetryAt in its
+// JSON: it reads as held back by nothing, and the next claim carries its
+// attempt count on.
+func TestRecordsBeforePausesAreNotHeldBack(t *testing.T) {
+	t.Parallel()
+	s, err := New(Options{Path: filepath.Join(t.TempDir(), "oncemill.db"), CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	now := time.Now().UTC()
+	js := `{"Fingerprint":"fp","Status":4,"Token":7,"Attempt":2,"LeaseExpiresAt":"0001-01-01T00:00:00Z","Result":null,` +
+		`"ErrorKind":"","ErrorMessage":"","CreatedAt":"` + now.Format(time.RFC3339Nano) + `","UpdatedAt":"` + now.Format(time.RFC3339Nano) +
+		`","ExpiresAt":"` + now.Add(time.Hour).Format(time.RFC3339Nano) + `","MessageUUID":""}`
+	v := binary.BigEndian.AppendUint64(nil, uint64(now.Add(time.Hour).UnixNano()))
+	v = binary.BigEndian.AppendUint64(v, uint64(now.Add(time.Hour).UnixNano()))
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(recordsBucket).Put(recordKey("s", "k"), append(v, js...))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(t.Context(), "s", "k")
+	if err != nil || rec.Status != store.StatusRetryable || rec.Attempt != 2 || !rec.RetryAt.IsZero() {
+		t.Fatalf("Get = %+v, %v; want retryable at attempt 2 without RetryAt", rec, err)
+	}
+	res, err := s.ClaimLease(t.Context(), store.LeaseRequest{Scope: "s", Key: "k", Fingerprint: "fp", LeaseDuration: time.Minute})
+	if err != nil || res.Decision != store.DecisionExecute || res.Claim.Attempt != 3 {
+		t.Fatalf("ClaimLease = %v attempt %d, %v; want execute at attempt 3", res.Decision, res.Claim.Attempt, err)
 	}
 }

@@ -268,6 +268,7 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 		r.Attempt = res.Claim.Attempt
 		r.LeaseExpiresAt = lease
 		r.ExpiresAt = lease
+		r.RetryAt = time.Time{}
 		r.UpdatedAt = now
 		e.purge = lease.Add(req.Retain)
 		res.Claim.Token = token
@@ -313,6 +314,13 @@ func decide(e *entry, req store.LeaseRequest, now time.Time) store.ClaimResult {
 		}
 		return execute(e.Attempt+1, true)
 	case store.StatusRetryable:
+		if now.Before(e.RetryAt) {
+			// A release's pause holds the next attempt back; not an
+			// attempt, and nothing is written.
+			res := found(store.DecisionHeld)
+			res.RetryIn = e.RetryAt.Sub(now)
+			return res
+		}
 		return execute(e.Attempt+1, false)
 	default: // succeeded or failed
 		return found(store.DecisionReplay)
@@ -381,15 +389,27 @@ func (s *Store) Complete(_ context.Context, lease store.Claim, out store.Complet
 	})
 }
 
-// Release implements store.Store. With keep <= 0 the record is removed.
-func (s *Store) Release(_ context.Context, lease store.Claim, keep time.Duration) error {
+// Release implements store.Store. With out.TTL <= 0 the record is removed.
+// The pause (out.RetryAfter) ends at Record.RetryAt, by the store's clock,
+// as every expiry here.
+func (s *Store) Release(_ context.Context, lease store.Claim, out store.Completion) error {
+	if err := requests.ValidateRetry(out); err != nil {
+		return fmt.Errorf("oncemill: filestore: release: %w", err)
+	}
 	return s.finish("release", lease, func(e *entry, now time.Time) (*entry, error) {
-		if keep <= 0 {
+		if out.TTL <= 0 {
 			return nil, nil
 		}
 		e.Status = store.StatusRetryable
+		if out.Uncounted {
+			e.Attempt-- // the lease's attempt given back; 0 is allowed
+		}
 		e.LeaseExpiresAt = time.Time{}
-		e.ExpiresAt = now.Add(keep)
+		e.ExpiresAt = now.Add(out.TTL)
+		e.RetryAt = time.Time{}
+		if out.RetryAfter > 0 {
+			e.RetryAt = now.Add(out.RetryAfter)
+		}
 		e.UpdatedAt = now
 		return e, nil
 	})

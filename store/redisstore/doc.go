@@ -44,11 +44,14 @@
 //
 // Expiry is Redis's own: every record has a native TTL, so a record is
 // visible while its key exists. A finished record lives for its outcome's
-// TTL, a released one for keep, an in-progress one for its lease plus a tail
+// TTL, a released one for its TTL (store.Completion.TTL), an in-progress one for its lease plus a tail
 // (the ClaimLease's Retain), during which an expired lease still counts attempts:
 // the next ClaimLease takes it over with attempt n+1. A lease is live while the
-// key's PTTL is above its tail. No expiry is judged by a worker's clock, and
-// no cleanup is needed. Durations above 100 years count as 100 years.
+// key's PTTL is above its tail. A release's pause (store.Completion.RetryAfter)
+// is judged the same way: the released record holds the next attempt back
+// (store.DecisionHeld with RetryIn) while the key's PTTL is above its TTL
+// less the pause. No expiry is judged by a worker's clock, and no cleanup is
+// needed. Durations above 100 years count as 100 years.
 //
 // # Redis Cluster
 //

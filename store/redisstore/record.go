@@ -33,8 +33,14 @@ import (
 // native TTL (PX): a finished or released record's TTL is its outcome's, an
 // in-progress record's is its lease plus tail, the time an expired lease
 // keeps its attempt count (the ClaimLease's Retain). A lease is live while the
-// key's PTTL is above its tail. The times in the value are the worker's
-// clock, for Record and Lease only: nothing is decided by them.
+// key's PTTL is above its tail. A released record's tail is its pause
+// (store.Completion.RetryAfter), by the same rule: a claim is held back while
+// the key's PTTL is above it, and 0, what a release without a pause and
+// every release before pauses existed wrote, holds nothing back (a worker of
+// an earlier version ignores a pause: it takes the key). The times in the
+// value are the worker's clock, for Record and Lease only: nothing is
+// decided by them. Record.RetryAt is one of them: the expiry less the
+// tail.
 const layoutVersion = '1'
 
 // Status letters of the layout.
@@ -45,7 +51,8 @@ const (
 	letterRetryable  = 'r'
 )
 
-// record is a decoded value: the store.Record and the tail.
+// record is a decoded value: the store.Record and the tail (for a released
+// record, the PTTL above which it holds its next attempt back; 0: none).
 type record struct {
 	store.Record
 	tail time.Duration
@@ -199,8 +206,11 @@ func decode(scope, key, v string) (record, error) {
 	if rest != "" {
 		r.Result = []byte(rest)
 	}
-	if r.Status == store.StatusInProgress {
+	switch {
+	case r.Status == store.StatusInProgress:
 		r.LeaseExpiresAt = r.ExpiresAt
+	case r.Status == store.StatusRetryable && r.tail > 0:
+		r.RetryAt = r.ExpiresAt.Add(-r.tail)
 	}
 	return r, nil
 }

@@ -312,7 +312,8 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 		if old.Status == store.StatusSucceeded || old.Status == store.StatusCachedFailure {
 			return store.ClaimResult{Decision: store.DecisionReplay, Record: &old.Record}, nil
 		}
-		// In progress or released: the next attempt, if the lease is gone.
+		// In progress or released: the next attempt, if the lease is gone
+		// and no pause holds the key back.
 		next := fresh
 		next.Token = max(fresh.Token, old.Token+1)
 		next.Attempt = old.Attempt + 1
@@ -335,12 +336,19 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 		case string:
 			cur, have = reply, true
 		case []any:
+			// {value}: a live lease; {value, ms}: a pause holds the
+			// retryable record's next attempt back that long.
 			v, _ := reply[0].(string)
 			rec, err := decode(req.Scope, req.Key, v)
 			if err != nil {
 				return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 			}
-			return store.ClaimResult{Decision: store.DecisionHeld, Record: &rec.Record}, nil
+			res := store.ClaimResult{Decision: store.DecisionHeld, Record: &rec.Record}
+			if len(reply) == 2 {
+				ms, _ := reply[1].(int64)
+				res.RetryIn = time.Duration(ms) * time.Millisecond
+			}
+			return res, nil
 		}
 	}
 	return store.ClaimResult{}, fail("begin", req.Scope, req.Key,
@@ -470,18 +478,43 @@ func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old strin
 	return n == 1, err
 }
 
-// Release implements store.Store. With keep <= 0 the record is removed.
-func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
+// Release implements store.Store. With out.TTL <= 0 the record is removed.
+// A pause (out.RetryAfter) is judged like a lease, by the key's native TTL:
+// the released record carries, in its tail, the PTTL below which it is due
+// (its TTL less the pause), so the value is the worker's to compute and the
+// compare-and-set of finish still writes it in one command.
+func (s *Store) Release(ctx context.Context, lease store.Claim, out store.Completion) error {
+	if err := requests.ValidateRetry(out); err != nil {
+		return fmt.Errorf("oncemill: redis: release: %w", err)
+	}
 	if err := s.checkKey("release", lease.Key); err != nil {
 		return err
 	}
+	keep := min(out.TTL, maxDuration)
 	keepMS := int64(0) // 0 removes the record
 	if keep > 0 {
 		keepMS = millis(keep)
 	}
+	attempt := lease.Attempt
+	if out.Uncounted {
+		attempt-- // the lease's attempt given back; 0 is allowed
+	}
 	now := time.Now()
-	next := record{Record: store.Record{Status: store.StatusRetryable, Token: lease.Token, Attempt: lease.Attempt, ExpiresAt: now.Add(min(keep, maxDuration)), UpdatedAt: now}}
+	next := record{Record: store.Record{Status: store.StatusRetryable, Token: lease.Token, Attempt: attempt, ExpiresAt: now.Add(keep), UpdatedAt: now}}
+	if out.RetryAfter > 0 && keepMS > 0 {
+		next.tail = holdBelow(keepMS, out.RetryAfter)
+	}
 	return s.finish(ctx, "release", lease, &next, keepMS)
+}
+
+// holdBelow is the tail of a record released for keepMS ms with a pause of
+// retryAfter: the PTTL above which a claim is held back. The pause is rounded
+// up to the millisecond, so that it never ends early; a pause as long as the
+// record's TTL holds it back to its last millisecond (the tail 0 means no
+// pause).
+func holdBelow(keepMS int64, retryAfter time.Duration) time.Duration {
+	pause := (min(retryAfter, maxDuration) + time.Millisecond - 1) / time.Millisecond
+	return time.Duration(max(keepMS-int64(pause), 1)) * time.Millisecond
 }
 
 // Extend implements store.Store. It refuses a lease that has run out, even

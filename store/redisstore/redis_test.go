@@ -290,7 +290,7 @@ func TestNativeTTLs(t *testing.T) {
 		t.Fatal(err)
 	}
 	near("extended", pttl(rec), time.Minute+10*time.Minute)
-	if err := s.Release(ctx, l, 5*time.Minute); err != nil {
+	if err := s.Release(ctx, l, store.Completion{Status: store.StatusRetryable, TTL: 5 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	near("released", pttl(rec), 5*time.Minute)
@@ -547,7 +547,7 @@ func TestLateComplete(t *testing.T) {
 			err = s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 		} else {
 			want = store.StatusRetryable
-			err = s.Release(ctx, res.Claim, time.Hour)
+			err = s.Release(ctx, res.Claim, store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
 		}
 		if err != nil {
 			t.Fatalf("late %s: %v", finish, err)
@@ -616,5 +616,48 @@ func TestCloseLeavesTheClientsPipelinerAlone(t *testing.T) {
 	}
 	if _, err := closed.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: "k2", LeaseDuration: time.Minute}); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("ClaimLease on the closed store: %v, want store.ErrClosed", err)
+	}
+}
+
+// TestPauseByTheKeysTTL: a release's pause is judged by the key's native
+// TTL, like a lease. A pause as long as the record's TTL holds the key back
+// until the record is gone, after which it is a new key; a record released
+// without a pause, as every release before pauses wrote it, holds nothing
+// back.
+func TestPauseByTheKeysTTL(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, nil)
+	s := newStore(t, c, redisstore.Options{Prefix: testPrefix(t, c)})
+	ctx := t.Context()
+	claim := func(key string, want store.Decision) store.ClaimResult {
+		t.Helper()
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: key, LeaseDuration: time.Minute})
+		if err != nil || res.Decision != want {
+			t.Fatalf("ClaimLease(%s) = %v, %v; want %v", key, res.Decision, err, want)
+		}
+		return res
+	}
+	l := claim("whole", store.DecisionExecute).Claim
+	if err := s.Release(ctx, l, store.Completion{Status: store.StatusRetryable, TTL: time.Minute, RetryAfter: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	redisstore.AdvanceClock(s, time.Minute-time.Second)
+	if res := claim("whole", store.DecisionHeld); res.RetryIn <= 0 || res.RetryIn > time.Second {
+		t.Fatalf("RetryIn a second before the record expires = %v", res.RetryIn)
+	}
+	redisstore.AdvanceClock(s, 2*time.Second)
+	if l := claim("whole", store.DecisionExecute).Claim; l.Attempt != 1 {
+		t.Fatalf("claim after the record expired = attempt %d, want 1", l.Attempt)
+	}
+
+	l = claim("none", store.DecisionExecute).Claim
+	if err := s.Release(ctx, l, store.Completion{Status: store.StatusRetryable, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Get(ctx, redisstore.KeysFor(s, "s", "none")).Val(); !strings.HasPrefix(v, fmt.Sprintf("1|r|%d|1|0|", l.Token)) {
+		t.Fatalf("record released without a pause = %.40q, want a tail of 0 as before pauses", v)
+	}
+	if l := claim("none", store.DecisionExecute).Claim; l.Attempt != 2 {
+		t.Fatalf("claim after a release without a pause = attempt %d, want 2", l.Attempt)
 	}
 }

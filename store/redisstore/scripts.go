@@ -8,7 +8,8 @@ import "github.com/redis/go-redis/v9"
 // can; ClaimLease of a new key and a replay make none (a plain SET NX, then a
 // GET for a key that exists).
 // They never read the clock: a lease is live while the key's PTTL is above
-// its tail, and the times in the value come from the worker.
+// its tail, a released record's pause holds while its PTTL is above its
+// tail, and the times in the value come from the worker.
 //
 // Fields are matched and spliced as strings: tokens and times stay exact.
 // The patterns match layout 1 only; a key of another layout is refused by
@@ -23,17 +24,27 @@ const (
 )
 
 // claimSrc takes a key that ClaimLease found held by an in-progress or released
-// record, if it is still that record and its lease (if any) has run out.
-// KEYS[1] the record; ARGV[1] the token ClaimLease saw, ARGV[2] its status
-// letter, ARGV[3] its tail in ms, ARGV[4] the new value, ARGV[5] its PX.
+// record, if it is still that record, its lease (if any) has run out and no
+// pause holds it back. KEYS[1] the record; ARGV[1] the token ClaimLease saw,
+// ARGV[2] its status letter, ARGV[3] its tail in ms, ARGV[4] the new value,
+// ARGV[5] its PX. The tail of a released record is its pause: the record is
+// held back while its PTTL is above it (0: no pause), as a lease is live
+// while its PTTL is above its tail.
 //
 // Reply: 1 taken; 0 the key is gone (SET NX again); the current value when
-// it is another record now (decide again); {value} when the lease is live.
+// it is another record now (decide again); {value} when the lease is live;
+// {value, ms} when a pause holds the key back ms longer.
 const claimSrc = `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if string.sub(v, 3, 3) ~= ARGV[2] or string.match(v, '^1|%a|(%d+)|') ~= ARGV[1] then return v end
-if ARGV[2] == 'p' and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[3]) then return {v} end
+local tail = tonumber(ARGV[3])
+if ARGV[2] == 'p' then
+  if redis.call('PTTL', KEYS[1]) > tail then return {v} end
+elseif tail > 0 then
+  local left = redis.call('PTTL', KEYS[1]) - tail
+  if left > 0 then return {v, left} end
+end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
 return 1
 `

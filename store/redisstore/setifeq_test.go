@@ -122,7 +122,14 @@ func TestFinishIsOneSetIfEq(t *testing.T) {
 		{"complete", func(l store.Claim) error {
 			return s.Complete(ctx, l, store.Completion{Status: store.StatusSucceeded, Result: []byte("r"), TTL: time.Hour})
 		}, store.StatusSucceeded},
-		{"release", func(l store.Claim) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
+		{"release", func(l store.Claim) error {
+			return s.Release(ctx, l, store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
+		}, store.StatusRetryable},
+		// A pause and an attempt given back are in the value the worker
+		// writes: still one SET.
+		{"paused release", func(l store.Claim) error {
+			return s.Release(ctx, l, store.Completion{Status: store.StatusRetryable, TTL: time.Hour, RetryAfter: time.Minute, Uncounted: true})
+		}, store.StatusRetryable},
 	} {
 		l := begin(t, s, tt.finish)
 		var err error
@@ -136,6 +143,9 @@ func TestFinishIsOneSetIfEq(t *testing.T) {
 		rec, err := s.Get(ctx, "s", tt.finish)
 		if err != nil || rec.Status != tt.want || rec.Fingerprint != "fp" {
 			t.Errorf("after %s: %v %q %v, want %v with fingerprint fp", tt.finish, rec.Status, rec.Fingerprint, err, tt.want)
+		}
+		if paused := tt.finish == "paused release"; paused != !rec.RetryAt.IsZero() || paused && rec.Attempt != 0 {
+			t.Errorf("after %s: attempt %d, RetryAt %v", tt.finish, rec.Attempt, rec.RetryAt)
 		}
 	}
 	if redisstore.SetIfEqRefused(s) {
@@ -236,7 +246,9 @@ func TestSetIfEqRefused(t *testing.T) {
 	}{
 		{"first", complete, store.StatusSucceeded},
 		{"second", complete, store.StatusSucceeded},
-		{"released", func(l store.Claim) error { return s.Release(ctx, l, time.Hour) }, store.StatusRetryable},
+		{"released", func(l store.Claim) error {
+			return s.Release(ctx, l, store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
+		}, store.StatusRetryable},
 	} {
 		l := begin(t, s, tt.key)
 		var err error
