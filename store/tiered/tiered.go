@@ -369,12 +369,12 @@ func (s *Store) Complete(ctx context.Context, lease store.Claim, c store.Complet
 // Release implements store.Store: the truth, then the key leaves the local
 // tier and Redis (best effort: no finished record of a key can be cached
 // while it is held, see the package documentation).
-func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
+func (s *Store) Release(ctx context.Context, lease store.Claim, out store.Completion) error {
 	if s.closed.Load() {
 		return closedErr("release")
 	}
 	k := id{lease.Scope, lease.Key}
-	err := s.truth.Release(ctx, lease, keep)
+	err := s.truth.Release(ctx, lease, out)
 	if err == nil || errors.Is(err, store.ErrLeaseLost) {
 		s.pending.Remove(pendingKey{k, lease.Token})
 	}
