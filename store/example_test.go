@@ -32,7 +32,7 @@ func Example() {
 	third, _ := st.ClaimLease(ctx, req)
 	fmt.Println(third.Decision, third.Record.Status, string(third.Record.Result))
 
-	err = st.Release(ctx, first.Claim, time.Hour)
+	err = st.Release(ctx, first.Claim, store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
 	fmt.Println(errors.Is(err, store.ErrLeaseLost))
 
 	req.Fingerprint = "fp-2"

@@ -267,7 +267,7 @@ func TestReleaseAndRollbackLeaveNoReplay(t *testing.T) {
 	ctx := context.Background()
 
 	l := expect(t, store.DecisionExecute, a, scope, "released", "fp").Claim
-	if err := a.Release(ctx, l, time.Hour); err != nil {
+	if err := a.Release(ctx, l, store.Completion{Status: store.StatusRetryable, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range []*tiered.Store{a, b} {
