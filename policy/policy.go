@@ -162,7 +162,9 @@ type Policy struct {
 	MaxAttempts int
 	// AttemptDelay is the pause after a first attempt that failed
 	// retryably, before its nack: the next attempt comes no sooner than
-	// that, even from a broker that redelivers at once. It doubles with
+	// that, even from a broker that redelivers at once, on whichever
+	// consumer (the store keeps the time; a claim before it is held back,
+	// not an attempt). It doubles with
 	// each attempt, with ±20% jitter, up to MaxAttemptDelay, so that the
 	// default attempts span an outage of the handler's dependencies: 3, 6,
 	// 12 and 24 s, 45 s in all (36–54 s). Zero means 3s; a negative value

@@ -171,8 +171,10 @@ func (b *Builder) WithRetry(cfg pipeline.RetryConfig) *Builder {
 // Left nil, IsSuccessful counts what the policy caches as a success (a
 // business rule said no: the dependency answered), so only retryable
 // failures trip the circuit. An open circuit returns
-// pipeline.ErrCircuitOpen, which is retryable; a duplicate with a stored
-// outcome is still answered from the record.
+// pipeline.ErrCircuitOpen, which is retryable, and spends no attempt: the
+// delivery is nacked after the time the circuit stays open (at least
+// NackDelay, at most a minute; pipeline.OutcomeHeldBack). A duplicate with
+// a stored outcome is still answered from the record.
 func (b *Builder) WithCircuitBreaker(st gobreaker.Settings) *Builder {
 	b.cfg.CircuitBreaker = &st
 	return b
