@@ -326,7 +326,7 @@ func seed(t *testing.T, st adminStore, scope string) seeded {
 	s.liveLease = begin(t, st, scope, keyLive, long)
 	complete(t, st, begin(t, st, scope, keySucceeded, long), store.Completion{Status: store.StatusSucceeded, Result: storedResult, TTL: long})
 	complete(t, st, begin(t, st, scope, keyFailed, long), store.Completion{Status: store.StatusCachedFailure, ErrorKind: store.ErrorKindCached, ErrorMessage: "card declined: do not honour", TTL: long})
-	if err := st.Release(t.Context(), begin(t, st, scope, keyRetryable, long), long); err != nil {
+	if err := st.Release(t.Context(), begin(t, st, scope, keyRetryable, long), store.Completion{Status: store.StatusRetryable, TTL: long}); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	begin(t, st, scope, keyDeadLease, short)
