@@ -562,7 +562,7 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Release(t.Context(), retry.Claim, time.Hour); err != nil {
+	if err := old.Release(t.Context(), retry.Claim, store.Completion{Status: store.StatusRetryable, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 
