@@ -67,9 +67,11 @@ func scanClaim(rows pgx.Rows, scope, key string) (store.ClaimResult, error) {
 		attempt          int32
 		takenOver        bool
 		kind             string
+		retryAt          *time.Time // a retryable record's next attempt; nil: none
+		retryIn          int64      // microseconds retryAt holds the key back from now
 		rec              = &store.Record{Scope: scope, Key: key}
 		dest             = []any{&decision, &rec.Fingerprint, &status, &rec.Token, &attempt, &takenOver,
-			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID}
+			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID, &retryAt, &retryIn}
 	)
 	if len(rows.FieldDescriptions()) > len(dest) {
 		dest = append(dest, nil) // the claim form's lock_timeout restore
@@ -98,7 +100,15 @@ func scanClaim(rows pgx.Rows, scope, key string) (store.ClaimResult, error) {
 	if rec.Status == store.StatusInProgress {
 		rec.LeaseExpiresAt = rec.ExpiresAt
 	}
-	return store.ClaimResult{Decision: store.Decision(decision), Record: rec}, nil
+	if retryAt != nil {
+		rec.RetryAt = *retryAt
+	}
+	res := store.ClaimResult{Decision: store.Decision(decision), Record: rec}
+	if res.Decision == store.DecisionHeld && rec.Status == store.StatusRetryable {
+		// Held back (Completion.RetryAfter): no delivery holds the key.
+		res.RetryIn = max(time.Duration(retryIn)*time.Microsecond, time.Microsecond)
+	}
+	return res, nil
 }
 
 // newKeyArgs are the arguments of an insert of a new key's record: $6 the

@@ -35,7 +35,7 @@ func TestClose(t *testing.T) {
 	ops := map[string]error{}
 	_, ops["ClaimLease"] = s.ClaimLease(ctx, store.LeaseRequest{Key: "k", LeaseDuration: time.Minute})
 	ops["Complete"] = s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute})
-	ops["Release"] = s.Release(ctx, res.Claim, time.Minute)
+	ops["Release"] = s.Release(ctx, res.Claim, store.Completion{Status: store.StatusRetryable, TTL: time.Minute})
 	_, ops["Extend"] = s.Extend(ctx, res.Claim, time.Minute)
 	_, ops["Get"] = s.Get(ctx, "", "k")
 	ops["Delete"] = s.Delete(ctx, "", "k", res.Claim.Token)

@@ -18,6 +18,19 @@ const (
 	partitionedVersion   = 3
 )
 
+// convertedColumns are the migrations after partitionedVersion that add
+// columns to the records table, by version. Migrate applies them to a table
+// of the DELETE layout before converting it, so the conversion gives the
+// new partitioned table, of partitionedVersion's columns, those of them up
+// to the old table's version too: ATTACH wants the old table's columns on
+// the new one.
+var convertedColumns = []struct {
+	version int
+	file    string
+}{
+	{9, "migrations/0009_retry_at.sql"},
+}
+
 // sqlClaimedAtDefault reads the default of claimed_at of a table of the
 // DELETE layout whose conversion began: the conversion's time, less a
 // microsecond.
@@ -93,7 +106,17 @@ func (s *partitionedLayout) convertToPartitioned(ctx context.Context) error {
 		"{{OLD}}", s.qualified(oldName),
 		"{{BOUND}}", timestampLiteral(bound),
 	)
-	for _, f := range []string{"migrations/partitioned/convert.sql", partitionedMigration} {
+	var version int // the old table's
+	if err := tx.QueryRow(ctx, s.names.render(`SELECT coalesce(max(version), 0) FROM {{VERSIONS}}`)).Scan(&version); err != nil {
+		return fail("reading the schema version", err)
+	}
+	files := []string{"migrations/partitioned/convert.sql", partitionedMigration}
+	for _, c := range convertedColumns {
+		if c.version <= version {
+			files = append(files, c.file)
+		}
+	}
+	for _, f := range files {
 		b, err := migrationFS.ReadFile(f)
 		if err != nil {
 			return fmt.Errorf("oncemill: postgres: migrate: %w", err)

@@ -432,3 +432,55 @@ func TestDeferredNewKeyGuards(t *testing.T) {
 		refused("a key whose lock another transaction holds", "held", "now", "23502")
 	})
 }
+
+// A deferred claim of a key that a retryable failure holds back
+// (Completion.RetryAfter) is lost, as one of a recorded key is, and leaves
+// the record as it was; the claim decided up front then answers Held with
+// the time left, at once and uncontended.
+func TestDeferredClaimOfAHeldBackKeyIsLost(t *testing.T) {
+	forLayouts(t, func(t *testing.T, layout postgres.Layout) {
+		pool := testenv.Pool(t)
+		s := newStore(t, pool, postgres.Options{Schema: testenv.Schema(t, pool), Layout: layout})
+		ctx := t.Context()
+		req := store.TxRequest{Scope: "s", Key: "k", Fingerprint: "fp", SuccessTTL: time.Hour, Wait: time.Second}
+		first, err := s.ClaimInTx(ctx, req)
+		if err != nil || first.Decision != store.DecisionExecute {
+			t.Fatalf("first claim = %v, %v; want execute", first.Decision, err)
+		}
+		if err := first.Tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RecordRollback(ctx, first.Claim, "fp", store.Completion{Status: store.StatusRetryable, TTL: time.Hour, RetryAfter: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		before, err := s.Get(ctx, "s", "k")
+		if err != nil || before.RetryAt.IsZero() {
+			t.Fatalf("record = %+v, %v; want one held back", before, err)
+		}
+
+		deferred := req
+		deferred.Deferrable = true
+		res, err := s.ClaimInTx(ctx, deferred)
+		if err != nil || res.Decision != store.DecisionExecute {
+			t.Fatalf("deferred claim = %v, %v; want a provisional execute", res.Decision, err)
+		}
+		if err := res.Tx.Commit(ctx, nil); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("Commit of the deferred claim of a held-back key = %v, want ErrLeaseLost", err)
+		}
+
+		held, err := s.ClaimInTx(ctx, req)
+		if err != nil || held.Decision != store.DecisionHeld || held.Contended || held.Tx != nil {
+			t.Fatalf("claim up front = %+v, %v; want held, uncontended, no transaction", held, err)
+		}
+		if held.RetryIn <= 0 || held.RetryIn > time.Minute {
+			t.Fatalf("held-back claim's RetryIn = %v, want within a minute", held.RetryIn)
+		}
+		if rec := held.Record; rec == nil || !rec.RetryAt.Equal(before.RetryAt) {
+			t.Fatalf("held-back claim's record = %+v, want RetryAt %v", rec, before.RetryAt)
+		}
+		after, err := s.Get(ctx, "s", "k")
+		if err != nil || after.Token != before.Token || after.Attempt != before.Attempt || !after.UpdatedAt.Equal(before.UpdatedAt) || !after.RetryAt.Equal(before.RetryAt) {
+			t.Fatalf("record after the held-back claims = %+v, %v; want it unchanged, %+v", after, err, before)
+		}
+	})
+}

@@ -61,7 +61,8 @@ func advance(tb testing.TB, pool *pgxpool.Pool, qualified string, d time.Duratio
 		purge_at = purge_at - $1 * interval '1 microsecond',
 		expires_at = expires_at - $1 * interval '1 microsecond',
 		created_at = created_at - $1 * interval '1 microsecond',
-		updated_at = updated_at - $1 * interval '1 microsecond'`, qualified), d.Microseconds())
+		updated_at = updated_at - $1 * interval '1 microsecond',
+		retry_at = retry_at - $1 * interval '1 microsecond'`, qualified), d.Microseconds())
 	if err != nil {
 		tb.Fatalf("advancing the clock by %v: %v", d, err)
 	}

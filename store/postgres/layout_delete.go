@@ -54,9 +54,9 @@ func (s deleteLayout) deferredClaim(req *store.TxRequest, purge time.Duration, h
 }
 
 func (s deleteLayout) recordRollback(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) (int64, error) {
-	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
+	tag, err := s.pool.Exec(ctx, s.sql.recordRollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, int32(lease.Attempt)-uncounted(out),
 		micros(out.TTL), pgerr.StorableText(string(out.ErrorKind), pgerr.MaxErrorKindLen), pgerr.StorableText(out.ErrorMessage, pgerr.MaxErrorMessageLen), micros(out.TTL),
-		claimLockKey(keyHash(lease.Scope, lease.Key)), pgerr.StorableText(lease.MessageUUID, pgerr.MaxMessageUUIDLen))
+		claimLockKey(keyHash(lease.Scope, lease.Key)), pgerr.StorableText(lease.MessageUUID, pgerr.MaxMessageUUIDLen), micros(out.RetryAfter))
 	return tag.RowsAffected(), err
 }
 

@@ -168,9 +168,9 @@ func (s *partitionedLayout) recordRollback(ctx context.Context, lease store.Clai
 		if err := tx.QueryRow(ctx, s.part.tryLock, claimLockKey(h)).Scan(&locked); err != nil || !locked {
 			return err
 		}
-		return tx.QueryRow(ctx, s.keyFilters.Load().claimsFor(h, &s.part.everywhere).rollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, lease.Attempt,
+		return tx.QueryRow(ctx, s.keyFilters.Load().claimsFor(h, &s.part.everywhere).rollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, int32(lease.Attempt)-uncounted(out),
 			micros(out.TTL), pgerr.StorableText(string(out.ErrorKind), pgerr.MaxErrorKindLen), pgerr.StorableText(out.ErrorMessage, pgerr.MaxErrorMessageLen), micros(out.TTL),
-			micros(s.width), pgerr.StorableText(lease.MessageUUID, pgerr.MaxMessageUUIDLen)).Scan(&n)
+			micros(s.width), pgerr.StorableText(lease.MessageUUID, pgerr.MaxMessageUUIDLen), micros(out.RetryAfter)).Scan(&n)
 	})
 	return n, err
 }

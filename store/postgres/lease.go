@@ -97,8 +97,14 @@ func leaseLost(op string, l store.Claim) error {
 	return fmt.Errorf("oncemill: postgres: %s %q/%q with token %d: %w", op, l.Scope, l.Key, l.Token, store.ErrLeaseLost)
 }
 
-// Release implements store.Store. With keep <= 0 the record is removed.
-func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Duration) error {
+// Release implements store.Store: one statement. With out.TTL <= 0 the
+// record is removed; else it keeps its attempt count (one less when
+// out.Uncounted) and, with out.RetryAfter, retry_at = now() + RetryAfter by
+// the database's clock, which holds the next claim back.
+func (s *Store) Release(ctx context.Context, lease store.Claim, out store.Completion) error {
+	if err := requests.ValidateRetry(out); err != nil {
+		return fmt.Errorf("oncemill: postgres: release: %w", err)
+	}
 	if err := s.checkID("release", lease.Scope, lease.Key); err != nil {
 		return err
 	}
@@ -108,10 +114,11 @@ func (s *Store) Release(ctx context.Context, lease store.Claim, keep time.Durati
 	}
 	defer s.gate.Leave(cancel)
 	var tag pgconn.CommandTag
-	if keep <= 0 {
+	if out.TTL <= 0 {
 		tag, err = s.pool.Exec(ctx, s.sql.releaseDelete, lease.Scope, lease.Key, lease.Token)
 	} else {
-		tag, err = s.pool.Exec(ctx, s.sql.release, lease.Scope, lease.Key, lease.Token, micros(keep))
+		tag, err = s.pool.Exec(ctx, s.sql.release, lease.Scope, lease.Key, lease.Token, micros(out.TTL),
+			uncounted(out), micros(out.RetryAfter))
 	}
 	if err != nil {
 		return wrap("release", err)
@@ -149,4 +156,13 @@ func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) 
 	lease.Attempt = int(attempt)
 	lease.ExpiresAt = expires
 	return lease, nil
+}
+
+// uncounted is what a release takes off the lease's attempt count: 1 when
+// out gives the attempt back (Completion.Uncounted), else 0.
+func uncounted(out store.Completion) int32 {
+	if out.Uncounted {
+		return 1
+	}
+	return 0
 }

@@ -268,7 +268,7 @@ func TestPartitionedCompleteRefusesARowPastItsPurgeTime(t *testing.T) {
 	if err := s.Complete(t.Context(), gone, done); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("Complete of a lease past its purge time = %v; want ErrLeaseLost", err)
 	}
-	if err := s.Release(t.Context(), released, time.Hour); !errors.Is(err, store.ErrLeaseLost) {
+	if err := s.Release(t.Context(), released, store.Completion{Status: store.StatusRetryable, TTL: time.Hour}); !errors.Is(err, store.ErrLeaseLost) {
 		t.Fatalf("Release of a lease past its purge time = %v; want ErrLeaseLost", err)
 	}
 	if err := s.Complete(t.Context(), late, done); err != nil {

@@ -562,7 +562,14 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Release(t.Context(), retry.Claim, time.Hour); err != nil {
+	if err := old.Release(t.Context(), retry.Claim, store.Completion{Status: store.StatusRetryable, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	paused, err := old.ClaimLease(t.Context(), lease("paused"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Release(t.Context(), paused.Claim, store.Completion{Status: store.StatusRetryable, TTL: time.Hour, RetryAfter: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -574,8 +581,11 @@ func TestPartitionedMigrateConvertsADeleteLayoutTable(t *testing.T) {
 	if len(partitionsOf(t, pool, schema)) < 2 {
 		t.Fatalf("partitions after the conversion: %v; want the old table and the current ones", partitionsOf(t, pool, schema))
 	}
-	if parts, err := s.Partitions(t.Context()); err != nil || len(parts) == 0 || !parts[0].From.IsZero() || parts[0].Rows != 2 {
-		t.Fatalf("Partitions after the conversion = %+v, %v; want first the old table, from the zero time, with its 2 rows", parts, err)
+	if parts, err := s.Partitions(t.Context()); err != nil || len(parts) == 0 || !parts[0].From.IsZero() || parts[0].Rows != 3 {
+		t.Fatalf("Partitions after the conversion = %+v, %v; want first the old table, from the zero time, with its 3 rows", parts, err)
+	}
+	if res, err := s.ClaimLease(t.Context(), lease("paused")); err != nil || res.Decision != store.DecisionHeld || res.RetryIn <= 59*time.Minute {
+		t.Fatalf("ClaimLease of a key held back before the conversion = %+v, %v; want Held for about an hour", res, err)
 	}
 	if res, err := s.ClaimLease(t.Context(), lease("done")); err != nil || res.Decision != store.DecisionReplay || string(res.Record.Result) != "r" {
 		t.Fatalf("ClaimLease of a success stored before the conversion = %+v, %v; want its replay", res, err)

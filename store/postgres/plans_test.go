@@ -19,10 +19,10 @@ var planArgs = map[string]string{
 	"claimNew":       `('s', 'k', 'fp', 1000000, 2000000, 42, 'uuid')`,
 	"claim":          `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 5000, 42)`,
 	"commitResult":   `('s', 'k', '\x01'::bytea, 1000000)`,
-	"recordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 42, 'uuid')`,
+	"recordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 42, 'uuid', 60000000)`,
 	"complete":       `('s', 'k', 7, 2, '\x01'::bytea, '', '', 1000000)`,
 	"extend":         `('s', 'k', 7, 1000000)`,
-	"release":        `('s', 'k', 7, 1000000)`,
+	"release":        `('s', 'k', 7, 1000000, 0, 60000000)`,
 	"releaseDelete":  `('s', 'k', 7)`,
 	"get":            `('s', 'k')`,
 	"del":            `('s', 'k', 7)`,
@@ -118,7 +118,7 @@ func TestPlansUseIndexesPartitioned(t *testing.T) {
 		"partClaimLease":     `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 60000000)`,
 		"partClaimNew":       `('s', 'k', 'fp', 1000000, 2000000, 'uuid')`,
 		"partClaimTx":        `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 60000000)`,
-		"partRecordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 60000000, 'uuid')`,
+		"partRecordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 60000000, 'uuid', 60000000)`,
 	}
 	for name, sql := range s.Statements() {
 		switch name {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -43,9 +44,13 @@ func scanRecord(row pgx.Row) (store.Record, error) {
 		status  int16
 		attempt int32
 		kind    string
+		retryAt *time.Time
 	)
 	err := row.Scan(&rec.Scope, &rec.Key, &rec.Fingerprint, &status, &rec.Token, &attempt,
-		&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID)
+		&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID, &retryAt)
+	if retryAt != nil {
+		rec.RetryAt = *retryAt
+	}
 	rec.Status, rec.Attempt, rec.ErrorKind = store.Status(status), int(attempt), store.ErrorKind(kind)
 	if rec.Status == store.StatusInProgress {
 		rec.LeaseExpiresAt = rec.ExpiresAt

@@ -117,7 +117,7 @@ func TestUnstorableTextRefused(t *testing.T) {
 	bad := store.Claim{Key: "x\x00", Token: 1}
 	for op, err := range map[string]error{
 		"Complete": s.Complete(ctx, bad, store.Completion{Status: store.StatusSucceeded, TTL: time.Minute}),
-		"Release":  s.Release(ctx, bad, time.Minute),
+		"Release":  s.Release(ctx, bad, store.Completion{Status: store.StatusRetryable, TTL: time.Minute}),
 		"Delete":   s.Delete(ctx, "", "x\x00", 1),
 	} {
 		if !errors.Is(err, store.ErrInvalidRequest) {

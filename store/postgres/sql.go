@@ -110,10 +110,13 @@ var migrateLockKey = func() int64 {
 const (
 	// o is the existing row inside ON CONFLICT DO UPDATE.
 	freeO = `(o.status <> {{IN_PROGRESS}} AND o.expires_at <= now())`
-	// carry: an expired lease (takeover) or a live released record: the new
-	// delivery carries the attempt count on, if the payload is the same.
-	carryO = `((o.status = {{IN_PROGRESS}} AND o.expires_at <= now()) OR (o.status = {{RETRYABLE}} AND o.expires_at > now()))`
-	fpOkO  = `(excluded.fingerprint = '' OR o.fingerprint = '' OR excluded.fingerprint = o.fingerprint)`
+	// carry: an expired lease (takeover) or a live released record that
+	// nothing holds back (retry_at): the new delivery carries the attempt
+	// count on, if the payload is the same.
+	carryO = `((o.status = {{IN_PROGRESS}} AND o.expires_at <= now()) OR (o.status = {{RETRYABLE}} AND o.expires_at > now() AND ` + notHeldBackO + `))`
+	// notHeldBack: no retry_at in the future (Completion.RetryAfter).
+	notHeldBackO = `(o.retry_at IS NULL OR o.retry_at <= now())`
+	fpOkO        = `(excluded.fingerprint = '' OR o.fingerprint = '' OR excluded.fingerprint = o.fingerprint)`
 )
 
 // sqlClaim is the one statement that takes a key, in two forms: ClaimLease's
@@ -127,10 +130,13 @@ const (
 // The upsert takes the key when it is absent, free, or carried on. For a
 // key it did not take, the second half of the UNION returns the row as the
 // statement's snapshot saw it, with the decision: Replay, Held or
-// Mismatch. Decision 0, or no row at all, is the READ COMMITTED corner:
-// another transaction changed or inserted the row after this statement's
-// snapshot was taken (the upsert saw the newest version, the SELECT an
-// older one, or none). The caller runs the statement again.
+// Mismatch; Held also for a retryable row that retry_at holds back, with
+// retry_at and the time left in microseconds (the last columns but
+// {{POST}}'s): no attempt, and the row is left as it is. Decision 0, or no
+// row at all, is the READ COMMITTED corner: another transaction changed or
+// inserted the row after this statement's snapshot was taken (the upsert
+// saw the newest version, the SELECT an older one, or none). The caller
+// runs the statement again.
 //
 // Tokens: a taken-over or reused row gets the greater of nextval() and its
 // token + 1 in DO UPDATE, after the row is locked, so it exceeds every token
@@ -139,7 +145,7 @@ const (
 // nextval(); it can only come out lower than an earlier token of the same
 // key if that key's row was deleted (by cleanup, past its purge time, or by
 // an operator) or its claim rolled back.
-const sqlClaim = `
+var sqlClaim = `
 WITH {{PRE}}up AS (
 	INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
 		expires_at, purge_at, created_at, updated_at, message_uuid)
@@ -159,12 +165,13 @@ WITH {{PRE}}up AS (
 		error_message = NULL,
 		created_at = CASE WHEN ` + freeO + ` THEN now() ELSE o.created_at END,
 		updated_at = now(),
-		message_uuid = excluded.message_uuid
+		message_uuid = excluded.message_uuid,
+		retry_at = NULL
 	WHERE ` + freeO + ` OR (` + carryO + ` AND ` + fpOkO + `)
 	RETURNING o.fingerprint, o.token, o.attempt, o.taken_over, o.created_at, o.updated_at, o.expires_at
 )
 SELECT {{EXECUTE}}::int2, up.fingerprint, {{IN_PROGRESS}}::int2, up.token, up.attempt, up.taken_over,
-	NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at, $6::text{{POST}}
+	NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at, $6::text, NULL::timestamptz, 0::int8{{POST}}
 FROM up{{JOIN}}
 UNION ALL
 SELECT
@@ -172,13 +179,27 @@ SELECT
 		WHEN t.status <> {{IN_PROGRESS}} AND t.expires_at <= now() THEN 0
 		WHEN $3 <> '' AND t.fingerprint <> '' AND $3 <> t.fingerprint THEN {{MISMATCH}}
 		WHEN t.status = {{IN_PROGRESS}} AND t.expires_at > now() THEN {{IN_PROGRESS_DECISION}}
+		WHEN t.status = {{RETRYABLE}} AND t.retry_at > now() THEN {{IN_PROGRESS_DECISION}}
 		WHEN t.status IN ({{SUCCEEDED}}, {{FAILED}}) THEN {{REPLAY}}
 		ELSE 0
 	END)::int2,
 	t.fingerprint, t.status, t.token, t.attempt, t.taken_over,
-	t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at, t.message_uuid{{POST}}
+	t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at, t.message_uuid,
+	t.retry_at, ` + retryIn("t") + `{{POST}}
 FROM {{TABLE}} t{{JOIN}}
 WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM up)`
+
+// retryIn is the time left, in microseconds, until the retry_at of the row
+// named row (0 when none is left): a held-back claim's ClaimResult.RetryIn.
+func retryIn(row string) string {
+	return `greatest(coalesce(ceil(extract(epoch FROM ` + row + `.retry_at - now()) * 1000000)::int8, 0), 0)`
+}
+
+// retryAtFrom is the retry_at a release writes: $N microseconds from now()
+// (Completion.RetryAfter), NULL for none.
+func retryAtFrom(param string) string {
+	return `CASE WHEN ` + param + `::int8 > 0 THEN now() + ` + param + `::int8 * interval '1 microsecond' END`
+}
 
 // The forms of sqlClaim.
 var (
@@ -239,13 +260,17 @@ WHERE scope = $1 AND key = $2`
 // or finished by another delivery now: it writes only where a claim could
 // take the key, so a newer claim's success or live lease is never
 // overwritten, and not at all while another claim holds the key's advisory
-// lock ($11), so it never waits for one. The attempt count never goes down.
-// $12 is the message UUID of the rolled-back claim.
-const sqlRecordRollback = `
+// lock ($11), so it never waits for one, nor where a retryable record
+// holds the key back (another delivery failed since). The attempt count
+// ($6: the lease's, or one less for an uncounted attempt) never goes down.
+// $12 is the message UUID of the rolled-back claim, $13 the pause before
+// the next attempt in microseconds (retry_at; 0: none).
+var sqlRecordRollback = `
 INSERT INTO {{TABLE}} AS o (scope, key, fingerprint, status, token, attempt, taken_over,
-	error_kind, error_message, expires_at, purge_at, created_at, updated_at, message_uuid)
+	error_kind, error_message, expires_at, purge_at, created_at, updated_at, message_uuid, retry_at)
 SELECT $1::text, $2::text, $3::text, $4::int2, $5::int8, $6::int4, false, nullif($8::text, ''), nullif($9::text, ''),
-	now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond', now(), now(), $12::text
+	now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond', now(), now(), $12::text,
+	` + retryAtFrom("$13") + `
 WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $11)
 ON CONFLICT (scope, key) DO UPDATE SET
 	status = excluded.status,
@@ -260,7 +285,8 @@ ON CONFLICT (scope, key) DO UPDATE SET
 	purge_at = excluded.purge_at,
 	created_at = CASE WHEN ` + freeO + ` THEN now() ELSE o.created_at END,
 	updated_at = now(),
-	message_uuid = excluded.message_uuid
+	message_uuid = excluded.message_uuid,
+	retry_at = excluded.retry_at
 WHERE ` + freeO + ` OR (` + carryO + ` AND ` + fpOkO + `)`
 
 // sqlComplete writes a lease's outcome, only while the caller's token is
@@ -284,15 +310,19 @@ UPDATE {{TABLE}} SET
 WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}} AND expires_at > now()
 RETURNING attempt, expires_at`
 
-// sqlRelease keeps the attempt count for keep ($4).
-const sqlRelease = `
+// sqlRelease keeps the attempt count for keep ($4), less $5 (1 for an
+// uncounted attempt, else 0), and holds the next attempt back for $6
+// microseconds (retry_at; 0: not at all).
+var sqlRelease = `
 UPDATE {{TABLE}} SET
 	status = {{RETRYABLE}},
+	attempt = attempt - $5::int4,
 	expires_at = now() + $4::int8 * interval '1 microsecond',
+	retry_at = ` + retryAtFrom("$6") + `,
 	updated_at = now()
 WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}}`
 
-// sqlReleaseDelete removes the record (Release with keep <= 0).
+// sqlReleaseDelete removes the record (Release with a TTL <= 0).
 const sqlReleaseDelete = `
 DELETE FROM {{TABLE}}
 WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}}`
@@ -305,7 +335,7 @@ WHERE scope = $1 AND key = $2 AND expires_at > now()`
 
 // recordColumns are a row as scanRecord reads it.
 const recordColumns = `scope, key, fingerprint, status, token, attempt, result,
-	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at, message_uuid`
+	coalesce(error_kind, ''), coalesce(error_message, ''), created_at, updated_at, expires_at, message_uuid, retry_at`
 
 // sqlList is one page of Admin.List: rows after ($4, $5) in primary key
 // order, filtered by scope ($1, ” for all), status ($2, 0 for all) and

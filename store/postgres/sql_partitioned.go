@@ -51,13 +51,15 @@ SELECT set_config('lock_timeout', p.prior, true), p.read_committed FROM p CROSS 
 
 // partLookup is the key's row (at most one, across every partition from
 // {{LOOKUP_FROM}} on: partClaims), locked, with what a claim may do with it: take it afresh (free), carry
-// its attempt count on (carry: the rules of sqlClaim), and whether it is
+// its attempt count on (carry: the rules of sqlClaim, a held-back retryable
+// row left out), and whether it is
 // older than one partition width (aged: a claim that takes it moves it to
 // the current partition, $W). $1 scope, $2 key, $3 fingerprint.
 const partLookup = `o AS MATERIALIZED (
 	SELECT t.*,
 		(t.status <> {{IN_PROGRESS}} AND t.expires_at <= now()) AS free,
-		(((t.status = {{IN_PROGRESS}} AND t.expires_at <= now()) OR (t.status = {{RETRYABLE}} AND t.expires_at > now()))
+		(((t.status = {{IN_PROGRESS}} AND t.expires_at <= now())
+				OR (t.status = {{RETRYABLE}} AND t.expires_at > now() AND (t.retry_at IS NULL OR t.retry_at <= now())))
 			AND ($3::text = '' OR t.fingerprint = '' OR $3::text = t.fingerprint)) AS carry,
 		t.claimed_at <= statement_timestamp() - $W::int8 * interval '1 microsecond' AS aged
 	FROM {{TABLE}} t
@@ -134,7 +136,9 @@ RETURNING token`
 // partition is not kept alive by the keys claimed again after it; a row it
 // does not take is returned with the decision. Parameters as sqlClaim's:
 // $4 expiry and $5 purge time in microseconds from now(), $6 the message
-// UUID.
+// UUID. A row it takes loses its retry_at (a moved row is inserted without
+// one); a held-back row is answered Held, with retry_at and the time left
+// (retryIn), as sqlClaim does.
 var sqlPartClaim = `
 WITH ` + strings.ReplaceAll(partLookup, "$W", "$7") + `,
 upd AS (
@@ -151,7 +155,8 @@ upd AS (
 		error_message = NULL,
 		created_at = CASE WHEN take.free THEN now() ELSE take.created_at END,
 		updated_at = now(),
-		message_uuid = $6::text
+		message_uuid = $6::text,
+		retry_at = NULL
 	FROM take
 	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at AND t.claimed_at >= {{LOOKUP_FROM}}
 	RETURNING t.fingerprint, t.token, t.attempt, t.taken_over, t.created_at, t.updated_at, t.expires_at),
@@ -171,18 +176,20 @@ ins AS (
 	RETURNING fingerprint, token, attempt, taken_over, created_at, updated_at, expires_at),
 done AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
 SELECT {{EXECUTE}}::int2, d.fingerprint, {{IN_PROGRESS}}::int2, d.token, d.attempt, d.taken_over,
-	NULL::bytea, ''::text, ''::text, d.created_at, d.updated_at, d.expires_at, $6::text
+	NULL::bytea, ''::text, ''::text, d.created_at, d.updated_at, d.expires_at, $6::text, NULL::timestamptz, 0::int8
 FROM done d
 UNION ALL
 SELECT
 	(CASE
 		WHEN $3::text <> '' AND o.fingerprint <> '' AND $3::text <> o.fingerprint THEN {{MISMATCH}}
 		WHEN o.status = {{IN_PROGRESS}} AND o.expires_at > now() THEN {{IN_PROGRESS_DECISION}}
+		WHEN o.status = {{RETRYABLE}} AND o.retry_at > now() THEN {{IN_PROGRESS_DECISION}}
 		WHEN o.status IN ({{SUCCEEDED}}, {{FAILED}}) THEN {{REPLAY}}
 		ELSE 0
 	END)::int2,
 	o.fingerprint, o.status, o.token, o.attempt, o.taken_over,
-	o.result, coalesce(o.error_kind, ''), coalesce(o.error_message, ''), o.created_at, o.updated_at, o.expires_at, o.message_uuid
+	o.result, coalesce(o.error_kind, ''), coalesce(o.error_message, ''), o.created_at, o.updated_at, o.expires_at, o.message_uuid,
+	o.retry_at, ` + retryIn("o") + `
 FROM o
 WHERE NOT (o.free OR o.carry)`
 
@@ -191,7 +198,7 @@ WHERE NOT (o.free OR o.carry)`
 // holds it): it writes where a claim could take the key, moving an aged
 // row like sqlPartClaim, and returns how many rows it wrote (0 or 1).
 // Parameters as sqlRecordRollback's, but $11 is the partition width (the
-// lock was taken before).
+// lock was taken before); $13 the pause before the next attempt (retry_at).
 var sqlPartRecordRollback = `
 WITH ` + strings.ReplaceAll(partLookup, "$W", "$11") + `,
 upd AS (
@@ -208,19 +215,21 @@ upd AS (
 		purge_at = now() + $10::int8 * interval '1 microsecond',
 		created_at = CASE WHEN take.free THEN now() ELSE take.created_at END,
 		updated_at = now(),
-		message_uuid = $12::text
+		message_uuid = $12::text,
+		retry_at = ` + retryAtFrom("$13") + `
 	FROM take
 	WHERE NOT take.aged AND t.scope = take.scope AND t.key = take.key AND t.claimed_at = take.claimed_at AND t.claimed_at >= {{LOOKUP_FROM}}
 	RETURNING 1),
 ins AS (
 	INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
-		error_kind, error_message, expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at)
+		error_kind, error_message, expires_at, purge_at, created_at, updated_at, message_uuid, claimed_at, retry_at)
 	SELECT $1::text, $2::text,
 		CASE WHEN m.scope IS NULL OR m.free OR $3::text <> '' THEN $3::text ELSE m.fingerprint END,
 		$4::int2, greatest(m.token, $5::int8), greatest(m.attempt, $6::int4), false,
 		nullif($8::text, ''), nullif($9::text, ''),
 		now() + $7::int8 * interval '1 microsecond', now() + $10::int8 * interval '1 microsecond',
-		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $12::text, clock_timestamp()
+		CASE WHEN m.scope IS NULL OR m.free THEN now() ELSE m.created_at END, now(), $12::text, clock_timestamp(),
+		` + retryAtFrom("$13") + `
 	FROM (SELECT 1) one LEFT JOIN moved m ON true
 	WHERE m.scope IS NOT NULL OR NOT EXISTS (SELECT 1 FROM o)
 	RETURNING 1)

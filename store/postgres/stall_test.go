@@ -126,7 +126,9 @@ func stalledServerFailsOperations(t *testing.T, layout postgres.Layout) {
 			return s.Complete(ctx, begun.Claim, store.Completion{Status: store.StatusSucceeded, TTL: time.Hour})
 		}},
 		{"Extend", bound, func() error { _, err := s.Extend(ctx, begun.Claim, time.Minute); return err }},
-		{"Release", bound, func() error { return s.Release(ctx, begun.Claim, time.Minute) }},
+		{"Release", bound, func() error {
+			return s.Release(ctx, begun.Claim, store.Completion{Status: store.StatusRetryable, TTL: time.Minute})
+		}},
 		{"RecordRollback", bound, func() error {
 			return s.RecordRollback(ctx, claimed.Claim, "", store.Completion{Status: store.StatusRetryable, TTL: time.Hour})
 		}},

@@ -116,7 +116,14 @@ func (s *Store) claimedRecord(req *store.TxRequest, started time.Time) claimtx.R
 
 // RecordRollback implements store.Transactional.
 func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerprint string, out store.Completion) error {
-	if out.Status != store.StatusCachedFailure && out.Status != store.StatusRetryable {
+	switch out.Status {
+	case store.StatusRetryable:
+		if err := requests.ValidateRetry(out); err != nil {
+			return fmt.Errorf("oncemill: postgres: record rollback: %w", err)
+		}
+	case store.StatusCachedFailure:
+		out.RetryAfter, out.Uncounted = 0, false // a cached failure holds nothing back, and counts
+	default:
 		return pgerr.Invalid("record rollback", "outcome status must be failed or retryable, not %v", out.Status)
 	}
 	if out.TTL <= 0 {

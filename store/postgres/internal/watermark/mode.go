@@ -13,6 +13,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/requests"
 	"github.com/oncemill/oncemill/store/postgres/internal/gate"
 	"github.com/oncemill/oncemill/store/postgres/internal/guardtx"
 	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
@@ -140,8 +141,21 @@ func (m *Mode) checkAhead(ctx context.Context, pos store.KafkaPosition, watermar
 
 // RecordRollback implements store.Transactional: a cached failure moves the
 // watermark past the offset and becomes the row's last outcome; a
-// retryable one records the offset's attempt count.
+// retryable one records the offset's attempt count, one less when
+// out.Uncounted gives the attempt back.
+//
+// It ignores out.RetryAfter: the mode keeps no record per message, only the
+// partition's row, whose attempt count is the offset's at the watermark,
+// and no claim here is ever held back. A pause before the next attempt of
+// an offset would be a pause of its whole partition (its later offsets
+// wait behind it anyway); the redelivery comes when the consumer's own
+// retry schedule sends it.
 func (m *Mode) RecordRollback(ctx context.Context, lease store.Claim, _ string, out store.Completion) error {
+	if out.Status == store.StatusRetryable {
+		if err := requests.ValidateRetry(out); err != nil {
+			return fmt.Errorf("oncemill: postgres: watermark record rollback: %w", err)
+		}
+	}
 	pos, err := kafkapos.Parse(lease.Key)
 	if err != nil {
 		return fmt.Errorf("oncemill: postgres: watermark record rollback: %w", err)
@@ -155,7 +169,11 @@ func (m *Mode) RecordRollback(ctx context.Context, lease store.Claim, _ string, 
 	var tag pgconn.CommandTag
 	switch out.Status {
 	case store.StatusRetryable:
-		tag, err = m.cfg.Pool.Exec(ctx, m.cfg.SQL.retryable, m.cfg.Group, pos.Topic, pos.Partition, pos.Offset, lease.Attempt)
+		attempt := lease.Attempt
+		if out.Uncounted {
+			attempt--
+		}
+		tag, err = m.cfg.Pool.Exec(ctx, m.cfg.SQL.retryable, m.cfg.Group, pos.Topic, pos.Partition, pos.Offset, attempt)
 	case store.StatusCachedFailure:
 		tag, err = m.cfg.Pool.Exec(ctx, m.cfg.SQL.failed, m.cfg.Group, pos.Topic, pos.Partition, pos.Offset, lease.Attempt, uuid,
 			pgerr.StorableText(string(out.ErrorKind), pgerr.MaxErrorKindLen), pgerr.StorableText(out.ErrorMessage, pgerr.MaxErrorMessageLen))
