@@ -130,6 +130,10 @@ func TestRetryableFailureNacksAfterThePause(t *testing.T) {
 		if least := time.Duration(0.8 * float64(delay<<(attempt-1))); time.Since(start) < least {
 			t.Fatalf("attempt %d nacked after %v, want at least %v", attempt, time.Since(start), least)
 		}
+		if e := h.last(); e.Outcome != pipeline.OutcomeReleased || e.Attempt != attempt {
+			t.Fatalf("delivery %d: %v at attempt %d, want released at attempt %d", attempt, e.Outcome, e.Attempt, attempt)
+		}
+		h.clock.Advance(2 * delay << (attempt - 1)) // the store's clock: past the pause it keeps
 	}
 }
 

@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -115,13 +116,19 @@ func TestTxModeOrder(t *testing.T) {
 	}
 
 	// A new key under the open circuit: claimed, refused by the breaker,
-	// rolled back by the stage, recorded as retryable, nacked.
+	// rolled back by the stage, recorded as retryable without spending the
+	// attempt, nacked after the circuit's pause (cut short here by the
+	// message's context).
 	rollbacks, records := st.rollbacks.Load(), st.records.Load()
-	if _, err := h(msg("refused", "x")); !errors.Is(err, pipeline.ErrCircuitOpen) {
+	refused := msg("refused", "x")
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	refused.SetContext(ctx)
+	if _, err := h(refused); !errors.Is(err, pipeline.ErrCircuitOpen) {
 		t.Fatalf("new key under an open circuit = %v, want ErrCircuitOpen", err)
 	}
-	if e := <-events; e.Outcome != pipeline.OutcomeReleased {
-		t.Fatalf("outcome %v, want released", e.Outcome)
+	if e := <-events; e.Outcome != pipeline.OutcomeHeldBack {
+		t.Fatalf("outcome %v, want held back", e.Outcome)
 	}
 	if st.rollbacks.Load() != rollbacks+1 || st.records.Load() != records+1 || calls.Load() != before {
 		t.Fatalf("rollbacks %d→%d records %d→%d calls %d→%d; want the claim rolled back, the attempt recorded, the handler not run",
