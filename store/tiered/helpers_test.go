@@ -59,7 +59,8 @@ func (db *truthDB) advance(tb testing.TB, d time.Duration) {
 		purge_at = purge_at - $1 * interval '1 microsecond',
 		expires_at = expires_at - $1 * interval '1 microsecond',
 		created_at = created_at - $1 * interval '1 microsecond',
-		updated_at = updated_at - $1 * interval '1 microsecond'`, pgx.Identifier{db.schema, "oncemill_records"}.Sanitize()), d.Microseconds())
+		updated_at = updated_at - $1 * interval '1 microsecond',
+		retry_at = retry_at - $1 * interval '1 microsecond'`, pgx.Identifier{db.schema, "oncemill_records"}.Sanitize()), d.Microseconds())
 	if err != nil {
 		tb.Fatalf("advancing the database clock by %v: %v", d, err)
 	}
