@@ -51,6 +51,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	goredis "github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -454,6 +455,16 @@ func (w *worker) openBroker() (b *broker, err error) {
 		b.pub, err = kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, OverwriteSaramaConfig: pc}, logger)
 	case "amqp":
 		c := amqp.NewDurableQueueConfig(cfg.amqpURL) // durable queues the workers share
+		// A quorum queue adds an integer x-delivery-count to a redelivery,
+		// which the DefaultMarshaler refuses: the delivery would be nacked
+		// unseen until the broker's delivery limit drops it. Copied as a
+		// string, it is read like any header (docs/amqp.md, Quorum queues).
+		c.Marshaler = amqp.DefaultMarshaler{PreprocessDelivery: func(d amqp091.Delivery) amqp091.Delivery {
+			if n, ok := d.Headers["x-delivery-count"]; ok {
+				d.Headers["x-delivery-count"] = fmt.Sprint(n)
+			}
+			return d
+		}}
 		b = &broker{system: semconv.MessagingSystemRabbitMQ, sub: func(string) (message.Subscriber, error) { return amqp.NewSubscriber(c, logger) }}
 		b.pub, err = amqp.NewPublisher(c, logger)
 	case "sqs":
