@@ -65,6 +65,13 @@ func TestParseFlags(t *testing.T) {
 	if cfg.Count != 7 || cfg.Partitions != 3 || cfg.Lease != 2*time.Second || cfg.LogFormat != "json" || cfg.HTTPAddr != ":8080" {
 		t.Errorf("flags or consume-mode defaults not applied: %+v", cfg)
 	}
+	cfg, err = parseFlags([]string{"--store=redis", "--ledger=postgres", "--ledger-postgres-dsn=postgres://l@db/x"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Ledger != "postgres" || cfg.LedgerPostgresDSN != "postgres://l@db/x" {
+		t.Errorf("--ledger flags not applied: %+v", cfg)
+	}
 
 	bad := []struct {
 		args []string
@@ -83,6 +90,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--kafka-session-timeout=30s"}, "must be below 30s"},
 		{[]string{"--kafka-watermark", "--broker=kafka"}, "needs --broker=kafka and --store=postgres"},
 		{[]string{"--drain-timeout=0s"}, "--drain-timeout=0s"},
+		{[]string{"--ledger=redis"}, `--ledger="redis" is not available; choose one of: store, postgres`},
+		{[]string{"--ledger=postgres", "--store=postgres"}, "--ledger=postgres with --store=postgres"},
 		{[]string{"--log-level=loud"}, `--log-level="loud"`},
 		{[]string{"--count=ten"}, "invalid value"},
 		{[]string{"--stall=0.1"}, "flag provided but not defined: -stall"},

@@ -14,6 +14,10 @@ type Config struct {
 	Mode   string // run, produce or consume
 	Broker string
 	Store  string
+	// Ledger is where the handler books its charges: "store" (beside the
+	// records) or "postgres" (a PostgreSQL table apart from a memory or
+	// Redis store, at LedgerPostgresDSN).
+	Ledger string
 
 	Partitions int           // router handlers, one topic each: payments-0, payments-1, ...
 	Lease      time.Duration // oncemill lease; heartbeat lease/3, held-key wait 3x lease
@@ -30,12 +34,13 @@ type Config struct {
 	LogFormat string // text or json
 
 	// Where the services are; flags, else ONCEMILL_* variables, else these.
-	PostgresDSN  string
-	RedisAddr    string
-	KafkaBrokers string // comma-separated
-	AMQPURL      string
-	SQSEndpoint  string
-	OTLPEndpoint string // OTLP/HTTP traces endpoint; empty: no traces exported
+	PostgresDSN       string
+	LedgerPostgresDSN string // PostgreSQL of --ledger=postgres; empty: PostgresDSN
+	RedisAddr         string
+	KafkaBrokers      string // comma-separated
+	AMQPURL           string
+	SQSEndpoint       string
+	OTLPEndpoint      string // OTLP/HTTP traces endpoint; empty: no traces exported
 
 	// Names, so deployments and test runs do not collide.
 	TopicPrefix   string // before every topic and queue name
@@ -62,6 +67,7 @@ func DefaultConfig() Config {
 		Mode:       "run",
 		Broker:     "gochannel",
 		Store:      "memory",
+		Ledger:     "store",
 		Partitions: 8,
 		Lease:      time.Second,
 		Progress:   time.Second,
@@ -73,12 +79,13 @@ func DefaultConfig() Config {
 		LogLevel:   "off",
 		LogFormat:  "text",
 
-		PostgresDSN:  Env("ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test"),
-		RedisAddr:    Env("ONCEMILL_REDIS_ADDR", "127.0.0.1:6379"),
-		KafkaBrokers: Env("ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092"),
-		AMQPURL:      Env("ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		SQSEndpoint:  Env("ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566"),
-		OTLPEndpoint: Env("ONCEMILL_OTLP_ENDPOINT", ""),
+		PostgresDSN:       Env("ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test"),
+		LedgerPostgresDSN: Env("ONCEMILL_LEDGER_POSTGRES_DSN", ""),
+		RedisAddr:         Env("ONCEMILL_REDIS_ADDR", "127.0.0.1:6379"),
+		KafkaBrokers:      Env("ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092"),
+		AMQPURL:           Env("ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		SQSEndpoint:       Env("ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+		OTLPEndpoint:      Env("ONCEMILL_OTLP_ENDPOINT", ""),
 
 		TopicPrefix:   Env("ONCEMILL_TOPIC_PREFIX", ""),
 		ConsumerGroup: Env("ONCEMILL_CONSUMER_GROUP", "oncemill-worker"),
@@ -104,10 +111,11 @@ func Env(name, def string) string {
 	return def
 }
 
-// The names --broker, --store, --mode, --log-level, --log-format and --key accept.
+// The names --broker, --store, --ledger, --mode, --log-level, --log-format and --key accept.
 var (
 	brokerNames = []string{"gochannel", "kafka", "amqp", "sqs"}
 	storeNames  = []string{"memory", "postgres", "redis"}
+	ledgerNames = []string{"store", "postgres"}
 	modeNames   = []string{"run", "produce", "consume"}
 	logLevels   = []string{"off", "error", "info", "debug", "trace"}
 	logFormats  = []string{"text", "json"}
@@ -119,6 +127,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Mode, "mode", c.Mode, "run (the demo: producer and consumer in one process, then the summary line), produce (publish the demo workload and exit) or consume (the deployable worker, until SIGTERM)")
 	fs.StringVar(&c.Broker, "broker", c.Broker, "message broker: "+strings.Join(brokerNames, ", "))
 	fs.StringVar(&c.Store, "store", c.Store, "idempotency store: "+strings.Join(storeNames, ", ")+" (postgres: the one-transaction mode)")
+	fs.StringVar(&c.Ledger, "ledger", c.Ledger, "where the handler books its charges: store (beside the records: in memory, in the postgres store's transaction, in a Redis hash) or postgres (a table in --postgres-schema at --ledger-postgres-dsn, apart from a memory or redis store: the lease mode's effect outside the record, checked on attempt 2 and later)")
 	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "router handlers, each on its own topic: payments-0, payments-1, ... (after --topic-prefix)")
 	fs.DurationVar(&c.Lease, "lease", c.Lease, "oncemill lease; the heartbeat is lease/3 and a duplicate waits up to 3x lease for a running one")
 	fs.DurationVar(&c.Progress, "progress", c.Progress, "progress interval: a line on stderr in run mode, a log record in consume mode (there 10s unless set); 0 turns it off")
@@ -128,6 +137,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format on stderr: text or json (consume mode: json unless set)")
 
 	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL for --store=postgres [$ONCEMILL_POSTGRES_DSN]")
+	fs.StringVar(&c.LedgerPostgresDSN, "ledger-postgres-dsn", c.LedgerPostgresDSN, "PostgreSQL for --ledger=postgres; empty: --postgres-dsn [$ONCEMILL_LEDGER_POSTGRES_DSN]")
 	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis for --store=redis [$ONCEMILL_REDIS_ADDR]")
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka brokers for --broker=kafka [$ONCEMILL_KAFKA_BROKERS]")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ for --broker=amqp [$ONCEMILL_AMQP_URL]")
@@ -230,6 +240,7 @@ func (c Config) Validate() error {
 		{"log-format", c.LogFormat, logFormats},
 		{"broker", c.Broker, brokerNames},
 		{"store", c.Store, storeNames},
+		{"ledger", c.Ledger, ledgerNames},
 		{"mode", c.Mode, modeNames},
 		{"key", c.Key, keyKinds},
 	} {
@@ -238,6 +249,8 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
+	case c.Ledger == "postgres" && c.Store == "postgres":
+		return errors.New("--ledger=postgres with --store=postgres: the postgres store books its ledger in PostgreSQL already, in the record's transaction; use --ledger=store")
 	case c.KafkaWatermark && (c.Broker != "kafka" || c.Store != "postgres"):
 		return fmt.Errorf("--kafka-watermark with --broker=%s --store=%s: the watermark mode needs --broker=kafka and --store=postgres", c.Broker, c.Store)
 	case c.Mode == "consume" && c.Broker == "gochannel":

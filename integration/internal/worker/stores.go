@@ -37,8 +37,25 @@ type Stores struct {
 // connectTimeout bounds connecting to a store at startup.
 const connectTimeout = 10 * time.Second
 
-// OpenStore connects to cfg.Store. The store clients log through log.
+// OpenStore connects to cfg.Store, and to the ledger's PostgreSQL with
+// --ledger=postgres. The store clients log through log.
 func OpenStore(ctx context.Context, cfg Config, log *slog.Logger) (*Stores, error) {
+	ss, err := openStore(ctx, cfg, log)
+	if err != nil || cfg.Ledger != "postgres" {
+		return ss, err
+	}
+	led, closeLedger, err := openLedgerPostgres(ctx, cfg, log)
+	if err != nil {
+		ss.Close()
+		return nil, err
+	}
+	closeStore := ss.Close
+	ss.Ledger = led
+	ss.Close = func() { closeStore(); closeLedger() }
+	return ss, nil
+}
+
+func openStore(ctx context.Context, cfg Config, log *slog.Logger) (*Stores, error) {
 	switch cfg.Store {
 	case "memory":
 		st, err := memory.New(memory.Options{})
@@ -89,12 +106,57 @@ func openPostgres(ctx context.Context, cfg Config) (*Stores, error) {
 		closeAll()
 		return nil, fmt.Errorf("postgres store (%s): migrate: %w", where, err)
 	}
-	led, err := newPostgresLedger(ctx, pool, cfg.PGSchema)
+	led, err := newPostgresLedger(pool, cfg.PGSchema)
+	if err == nil {
+		err = led.create(ctx)
+	}
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
 	return &Stores{Store: st, Admin: st, Tx: st, Ledger: led, Shared: true, Close: closeAll}, nil
+}
+
+// openLedgerPostgres opens the ledger of --ledger=postgres: a table in
+// --postgres-schema at --ledger-postgres-dsn, written apart from the
+// store's records. The worker starts without it: the ledger's database may
+// be down while the records' store is up, and a charge then fails (a
+// retryable failure, paced by the attempt schedule) until it is back; the
+// table is created by the first statement that reaches it.
+func openLedgerPostgres(ctx context.Context, cfg Config, log *slog.Logger) (Ledger, func(), error) {
+	dsn := cfg.LedgerPostgresDSN
+	if dsn == "" {
+		dsn = cfg.PostgresDSN
+	}
+	where := redactURL(dsn)
+	poolCfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ledger postgres (%s): %w", where, err)
+	}
+	if !strings.Contains(dsn, "pool_max_conns") {
+		// One charge at a time per delivery in flight, and the table's creation.
+		poolCfg.MaxConns = int32(concurrency(cfg) + 2)
+	}
+	if poolCfg.ConnConfig.ConnectTimeout == 0 {
+		// A charge while the database is unreachable fails, not hangs.
+		poolCfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ledger postgres (%s): %w", where, err)
+	}
+	led, err := newPostgresLedger(pool, cfg.PGSchema)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	led.separate = true
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout/2)
+	defer cancel()
+	if err := led.create(cctx); err != nil {
+		log.Warn("The ledger's PostgreSQL does not answer; charges fail until it does", "dsn", where, "error", err.Error())
+	}
+	return led, pool.Close, nil
 }
 
 func openRedis(ctx context.Context, cfg Config) (*Stores, error) {

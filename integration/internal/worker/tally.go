@@ -13,7 +13,7 @@ import (
 // Tally counts the outcome of every delivery, from the events oncemill
 // reports (Record is its event handler).
 type Tally struct {
-	outcomes [pipeline.OutcomeKeyFailed + 1]atomic.Int64 // index 0: an outcome this program does not know
+	outcomes [pipeline.OutcomeHeldBack + 1]atomic.Int64 // index 0: an outcome this program does not know
 	acked    atomic.Int64
 }
 
@@ -58,7 +58,7 @@ func (t *Tally) Deliveries() int64 {
 // "executed=3 replayed=1", in the order of the constants.
 func (t *Tally) Outcomes() string {
 	var parts []string
-	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeKeyFailed; o++ {
+	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeHeldBack; o++ {
 		if n := t.Count(o); n > 0 {
 			parts = append(parts, fmt.Sprintf("%s=%d", o, n))
 		}
@@ -69,7 +69,7 @@ func (t *Tally) Outcomes() string {
 // LogAttrs are the counts for a log record: deliveries, then each outcome.
 func (t *Tally) LogAttrs() []any {
 	attrs := []any{"deliveries", t.Deliveries()}
-	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeKeyFailed; o++ {
+	for o := pipeline.OutcomeExecuted; o <= pipeline.OutcomeHeldBack; o++ {
 		attrs = append(attrs, o.String(), t.Count(o))
 	}
 	return attrs
