@@ -451,32 +451,29 @@ func (s *idempotency) countExhausted(d *delivery) {
 }
 
 // retryLater gives the key back after a retryable failure and nacks, after
-// the attempt's pause (attemptPause). The store holds the key's next
-// attempt back for the same pause, so that another consumer that gets the
-// message sooner (a rebalance, a requeue, a crash) waits it out too.
+// the attempt's pause (attemptPause).
 func (s *idempotency) retryLater(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
 	d.event.Outcome = pipeline.OutcomeReleased
-	pause := s.attemptPause(d.event.Attempt)
-	if err := rec.giveBack(ctx, retryOutcome(d, pause, false)); err != nil && !errors.Is(err, store.ErrLeaseLost) {
-		// The lease will expire on its own; the redelivery then takes over.
-		s.logError(d, "Could not release the key after a retryable failure", err)
-	}
-	if serr := sleep(d.msg.Context(), pause); serr != nil {
-		return nil, errors.Join(herr, serr)
-	}
-	return nil, herr
+	return s.pauseThenNack(ctx, d, rec, herr, s.attemptPause(d.event.Attempt), false)
 }
 
 // circuitOpen gives the key back without spending an attempt: the breaker
-// refused the delivery before the handler ran. The key's next attempt is
-// held back, for this consumer and any other, until the circuit may let a
-// call through: the time it has left open, at least NackDelay, at most
-// maxCircuitPause.
+// refused the delivery before the handler ran. It pauses until the circuit
+// may let a call through: the time it has left open, at least NackDelay,
+// at most maxCircuitPause.
 func (s *idempotency) circuitOpen(ctx context.Context, d *delivery, rec recorder, herr error) ([]*message.Message, error) {
 	d.event.Outcome = pipeline.OutcomeHeldBack
-	pause := min(max(s.breaker.openFor(), s.policy.NackDelay), maxCircuitPause)
-	if err := rec.giveBack(ctx, retryOutcome(d, pause, true)); err != nil && !errors.Is(err, store.ErrLeaseLost) {
-		s.logError(d, "Could not release the key after the circuit refused the delivery", err)
+	return s.pauseThenNack(ctx, d, rec, herr, min(max(s.breaker.openFor(), s.policy.NackDelay), maxCircuitPause), true)
+}
+
+// pauseThenNack gives the key back with its next attempt held back for
+// pause, by the store, so that another consumer that gets the message
+// sooner (a rebalance, a requeue, a crash) waits it out too; then it nacks
+// after the same pause.
+func (s *idempotency) pauseThenNack(ctx context.Context, d *delivery, rec recorder, herr error, pause time.Duration, uncounted bool) ([]*message.Message, error) {
+	if err := rec.giveBack(ctx, retryOutcome(d, pause, uncounted)); err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		// The lease will expire on its own; the redelivery then takes over.
+		s.logError(d, "Could not release the key after a retryable failure", err)
 	}
 	if serr := sleep(d.msg.Context(), pause); serr != nil {
 		return nil, errors.Join(herr, serr)
