@@ -96,17 +96,20 @@ func (m *Mode) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxResu
 	if errors.Is(err, pgx.ErrNoRows) { // the partition's first message: no row yet
 		err = row.scan(tx.QueryRow(ctx, m.cfg.SQL.claimNew, args...))
 	}
-	if err == nil && !row.duplicate {
+	if err == nil && !row.duplicate && row.retryIn == nil {
 		t := m.newTx(conn, tx, req.Key, pos, uuid, row.token)
 		claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: row.token, Attempt: int(row.attempts), MessageUUID: uuid}
 		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t, Contended: row.contended}, nil
 	}
-	guardtx.Release(ctx, conn) // a duplicate changed nothing, and keeps no connection
+	guardtx.Release(ctx, conn) // a duplicate or a held-back offset changed nothing, and keeps no connection
 	switch {
 	case pgerr.Code(err) == pgerr.LockNotAvailable:
 		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld}, Contended: true}, nil
 	case err != nil:
 		return store.TxResult{}, pgerr.Wrap("watermark claim", err)
+	case row.retryIn != nil: // the pause after a retryable failure (RecordRollback): no attempt
+		retryIn := time.Duration(*row.retryIn) * time.Microsecond
+		return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionHeld, RetryIn: retryIn, Record: row.held(req, retryIn)}}, nil
 	}
 	if err := m.checkAhead(ctx, pos, row.next); err != nil {
 		return store.TxResult{}, err
@@ -142,14 +145,13 @@ func (m *Mode) checkAhead(ctx context.Context, pos store.KafkaPosition, watermar
 // RecordRollback implements store.Transactional: a cached failure moves the
 // watermark past the offset and becomes the row's last outcome; a
 // retryable one records the offset's attempt count, one less when
-// out.Uncounted gives the attempt back.
-//
-// It ignores out.RetryAfter: the mode keeps no record per message, only the
-// partition's row, whose attempt count is the offset's at the watermark,
-// and no claim here is ever held back. A pause before the next attempt of
-// an offset would be a pause of its whole partition (its later offsets
-// wait behind it anyway); the redelivery comes when the consumer's own
-// retry schedule sends it.
+// out.Uncounted gives the attempt back, and, in the same statement, the
+// pause before its next attempt (out.RetryAfter, from now() of the
+// database) as the row's retry_at. Until then a pessimistic claim of that
+// offset answers Held with the time left, and is no attempt (wmHeld); its
+// partition's later offsets wait behind it anyway. The fast path never
+// meets the pause of its own failures: a failure forgets the partition
+// (fast.go).
 func (m *Mode) RecordRollback(ctx context.Context, lease store.Claim, _ string, out store.Completion) error {
 	if out.Status == store.StatusRetryable {
 		if err := requests.ValidateRetry(out); err != nil {
@@ -173,7 +175,8 @@ func (m *Mode) RecordRollback(ctx context.Context, lease store.Claim, _ string, 
 		if out.Uncounted {
 			attempt--
 		}
-		tag, err = m.cfg.Pool.Exec(ctx, m.cfg.SQL.retryable, m.cfg.Group, pos.Topic, pos.Partition, pos.Offset, attempt)
+		tag, err = m.cfg.Pool.Exec(ctx, m.cfg.SQL.retryable, m.cfg.Group, pos.Topic, pos.Partition, pos.Offset, attempt,
+			retryMicros(out.RetryAfter))
 	case store.StatusCachedFailure:
 		tag, err = m.cfg.Pool.Exec(ctx, m.cfg.SQL.failed, m.cfg.Group, pos.Topic, pos.Partition, pos.Offset, lease.Attempt, uuid,
 			pgerr.StorableText(string(out.ErrorKind), pgerr.MaxErrorKindLen), pgerr.StorableText(out.ErrorMessage, pgerr.MaxErrorMessageLen))
@@ -201,12 +204,15 @@ type wmRow struct {
 	token                   int64
 	updatedAt               time.Time
 	contended               bool
+	// retryIn is set for a held-back offset: the time left, in
+	// microseconds.
+	retryIn *int64
 }
 
 // scan reads a claim's row (and the lock_timeout put back, dropped).
 func (r *wmRow) scan(row pgx.Row) error {
 	return row.Scan(&r.duplicate, &r.next, &r.lastOffset, &r.lastStatus, &r.lastResult, &r.errorKind,
-		&r.errorMessage, &r.lastUUID, &r.attempts, &r.token, &r.updatedAt, &r.contended, nil)
+		&r.errorMessage, &r.lastUUID, &r.attempts, &r.token, &r.updatedAt, &r.contended, &r.retryIn, nil)
 }
 
 // record is a duplicate's answer: the last outcome, produced messages or
@@ -224,4 +230,18 @@ func (r *wmRow) record(req store.TxRequest, pos store.KafkaPosition) *store.Reco
 		rec.MessageUUID = r.lastUUID
 	}
 	return rec
+}
+
+// held is a held-back claim's answer: the offset's retryable record, with
+// its attempt count and its next-attempt time (by this process's clock,
+// from the time left).
+func (r *wmRow) held(req store.TxRequest, retryIn time.Duration) *store.Record {
+	return &store.Record{Scope: req.Scope, Key: req.Key, Status: store.StatusRetryable, Token: r.token, Attempt: int(r.attempts),
+		CreatedAt: r.updatedAt, UpdatedAt: r.updatedAt, ExpiresAt: r.updatedAt.Add(100 * 365 * 24 * time.Hour), RetryAt: time.Now().Add(retryIn)}
+}
+
+// retryMicros is sqlWatermarkRetryable's $6: the pause in microseconds,
+// rounded up (0: none).
+func retryMicros(d time.Duration) int64 {
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
 }

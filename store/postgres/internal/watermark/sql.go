@@ -27,34 +27,56 @@ package watermark
 import "strings"
 
 // wmSet moves the watermark past offset $4 and records it as the last
-// offset ($5: its message UUID), unless the offset is below the watermark:
-// then every column keeps its value but duplicate, which tells the caller.
-// The SET expressions read the row as it was before the statement. The
-// claims store no result ({{RESULT}} NULL: the commit does); the fast
-// path's commit (fast.go) uses it with {{DUP}} false, storing
-// its produced messages.
+// offset ($5: its message UUID), unless the offset is below the watermark
+// ({{DUP}}) or the row holds its next attempt back ({{KEEP}}, which is
+// {{DUP}} or wmHeld): then every column keeps its value but duplicate,
+// set for a duplicate only (wmReturning tells the answers apart). The SET expressions read the row as it was
+// before the statement. The claims store no result ({{RESULT}} NULL: the
+// commit does) and clear retry_at when they execute (wmClearRetry); the
+// fast path's commit (fast.go) uses it with {{DUP}} and {{KEEP}} false,
+// storing its produced messages.
 const wmSet = `
 		duplicate = {{DUP}},
-		next_offset = CASE WHEN {{DUP}} THEN w.next_offset ELSE $4::int8 + 1 END,
-		last_offset = CASE WHEN {{DUP}} THEN w.last_offset ELSE $4::int8 END,
-		last_status = CASE WHEN {{DUP}} THEN w.last_status ELSE {{SUCCEEDED}} END,
-		last_result = CASE WHEN {{DUP}} THEN w.last_result ELSE {{RESULT}} END,
-		last_error_kind = CASE WHEN {{DUP}} THEN w.last_error_kind END,
-		last_error_message = CASE WHEN {{DUP}} THEN w.last_error_message END,
-		last_message_uuid = CASE WHEN {{DUP}} THEN w.last_message_uuid ELSE $5::text END,
-		attempts = CASE WHEN {{DUP}} THEN w.attempts WHEN w.attempt_offset = $4::int8 THEN w.attempts + 1 ELSE 1 END,
-		attempt_offset = CASE WHEN {{DUP}} THEN w.attempt_offset ELSE $4::int8 END,
-		token = CASE WHEN {{DUP}} THEN w.token ELSE w.token + 1 END,
-		updated_at = CASE WHEN {{DUP}} THEN w.updated_at ELSE now() END,
+		next_offset = CASE WHEN {{KEEP}} THEN w.next_offset ELSE $4::int8 + 1 END,
+		last_offset = CASE WHEN {{KEEP}} THEN w.last_offset ELSE $4::int8 END,
+		last_status = CASE WHEN {{KEEP}} THEN w.last_status ELSE {{SUCCEEDED}} END,
+		last_result = CASE WHEN {{KEEP}} THEN w.last_result ELSE {{RESULT}} END,
+		last_error_kind = CASE WHEN {{KEEP}} THEN w.last_error_kind END,
+		last_error_message = CASE WHEN {{KEEP}} THEN w.last_error_message END,
+		last_message_uuid = CASE WHEN {{KEEP}} THEN w.last_message_uuid ELSE $5::text END,
+		attempts = CASE WHEN {{KEEP}} THEN w.attempts WHEN w.attempt_offset = $4::int8 THEN w.attempts + 1 ELSE 1 END,
+		attempt_offset = CASE WHEN {{KEEP}} THEN w.attempt_offset ELSE $4::int8 END,
+		token = CASE WHEN {{KEEP}} THEN w.token ELSE w.token + 1 END,
+		updated_at = CASE WHEN {{KEEP}} THEN w.updated_at ELSE now() END,
 		contended = {{CONTENDED}}`
 
-// wmReturning is what a claim returns: the row after it.
+// wmReturning is what a claim returns: the row after it, and, for a
+// held-back claim, the time left in microseconds (at least 1; NULL for the
+// others). Held back is told from the row after the claim: an executing
+// claim cleared retry_at, a duplicate set duplicate, and a held-back one
+// kept every column.
 const wmReturning = `
 	RETURNING w.duplicate, w.next_offset, w.last_offset, w.last_status, w.last_result, coalesce(w.last_error_kind, ''),
-		coalesce(w.last_error_message, ''), w.last_message_uuid, w.attempts, w.token, w.updated_at, w.contended`
+		coalesce(w.last_error_message, ''), w.last_message_uuid, w.attempts, w.token, w.updated_at, w.contended,
+		CASE WHEN NOT w.duplicate AND w.retry_at IS NOT NULL THEN greatest(ceil(extract(epoch FROM w.retry_at - now()) * 1000000)::int8, 1) END`
 
 // wmDup is the claim's test for a duplicate, on the row before the claim.
 const wmDup = `($4::int8 < w.next_offset)`
+
+// wmHeld is the claim's test for an offset whose next attempt the row
+// holds back (store.Completion.RetryAfter, sqlWatermarkRetryable): retry_at
+// belongs to the offset whose attempts the row counts, attempt_offset, and
+// to no other. With wmKeep a held-back claim changes no column, and its
+// transaction is rolled back: it is no attempt.
+const wmHeld = `($4::int8 = w.attempt_offset AND w.retry_at > now())`
+
+// wmKeep is {{KEEP}} of the claims: a duplicate or a held-back offset.
+const wmKeep = `(` + wmDup + ` OR ` + wmHeld + `)`
+
+// wmClearRetry follows wmSet in the claims: an executing claim clears
+// retry_at, the others keep it.
+const wmClearRetry = `,
+		retry_at = CASE WHEN {{KEEP}} THEN w.retry_at END`
 
 // wmContended tells whether the claim waited for another owner: the row it
 // updates is not the version its statement's snapshot saw (lt.seen), so
@@ -85,7 +107,7 @@ const wmLockTimeout = `lt AS MATERIALIZED (SELECT current_setting('lock_timeout'
 const sqlWatermarkClaim = `
 WITH ` + wmLockTimeout + `,
 up AS (
-	UPDATE {{WATERMARKS}} AS w SET` + wmSet + `
+	UPDATE {{WATERMARKS}} AS w SET` + wmSet + wmClearRetry + `
 	FROM lt
 	WHERE w.group_id = $1 AND w.topic = $2 AND w.partition = $3` + wmReturning + `
 )
@@ -101,7 +123,7 @@ up AS (
 		last_error_kind, last_error_message, last_message_uuid, attempt_offset, attempts, token, duplicate, updated_at, contended)
 	SELECT $1::text, $2::text, $3::int4, $4::int8 + 1, $4::int8, {{SUCCEEDED}}, NULL, NULL, NULL, $5::text, $4::int8, 1, 1, false, now(), false
 	FROM lt
-	ON CONFLICT (group_id, topic, partition) DO UPDATE SET` + wmSet + wmReturning + `
+	ON CONFLICT (group_id, topic, partition) DO UPDATE SET` + wmSet + wmClearRetry + wmReturning + `
 )
 SELECT up.*, set_config('lock_timeout', lt.prior, true) FROM up CROSS JOIN lt`
 
@@ -112,23 +134,30 @@ UPDATE {{WATERMARKS}} SET last_result = $4
 WHERE group_id = $1 AND topic = $2 AND partition = $3`
 
 // sqlWatermarkRetryable records, after a rolled-back attempt, the attempt
-// count of offset $4 ($5), unless the watermark moved past it meanwhile. A
-// partition without a row gets one whose watermark
-// is the offset.
+// count of offset $4 ($5) and the pause before its next attempt, $6
+// microseconds from now() of the database (retry_at, NULL for none; see
+// wmHeld), in one statement, unless the watermark moved past the offset
+// meanwhile. It writes retry_at whatever it held: the row's retry_at is
+// always the offset's it counts. A partition without a row gets one whose
+// watermark is the offset.
 const sqlWatermarkRetryable = `
 INSERT INTO {{WATERMARKS}} AS w (group_id, topic, partition, next_offset, last_offset, last_status,
-	last_message_uuid, attempt_offset, attempts, token, updated_at)
-VALUES ($1::text, $2::text, $3::int4, $4::int8, -1, {{SUCCEEDED}}, '', $4::int8, $5::int4, 0, now())
+	last_message_uuid, attempt_offset, attempts, token, updated_at, retry_at)
+VALUES ($1::text, $2::text, $3::int4, $4::int8, -1, {{SUCCEEDED}}, '', $4::int8, $5::int4, 0, now(), ` + wmRetryAt + `)
 ON CONFLICT (group_id, topic, partition) DO UPDATE SET
 	attempts = greatest(CASE WHEN w.attempt_offset = $4::int8 THEN w.attempts ELSE 0 END, $5::int4),
 	attempt_offset = $4::int8,
-	updated_at = now()
+	updated_at = now(),
+	retry_at = excluded.retry_at
 WHERE w.next_offset <= $4::int8`
+
+// wmRetryAt is the retry_at sqlWatermarkRetryable writes.
+const wmRetryAt = `CASE WHEN $6::int8 > 0 THEN now() + $6::int8 * interval '1 microsecond' END`
 
 // sqlWatermarkFailed caches the failure of offset $4: the watermark moves
 // past it and the failure becomes the row's last outcome ($7 kind, $8
-// message), which its redelivery replays. Unless the watermark moved past
-// it meanwhile.
+// message), which its redelivery replays; retry_at is cleared. Unless the
+// watermark moved past it meanwhile.
 const sqlWatermarkFailed = `
 INSERT INTO {{WATERMARKS}} AS w (group_id, topic, partition, next_offset, last_offset, last_status, last_result,
 	last_error_kind, last_error_message, last_message_uuid, attempt_offset, attempts, token, updated_at)
@@ -144,7 +173,8 @@ ON CONFLICT (group_id, topic, partition) DO UPDATE SET
 	attempts = greatest(CASE WHEN w.attempt_offset = $4::int8 THEN w.attempts ELSE 0 END, $5::int4),
 	attempt_offset = $4::int8,
 	token = w.token + 1,
-	updated_at = now()
+	updated_at = now(),
+	retry_at = NULL
 WHERE w.next_offset <= $4::int8`
 
 // sqlWatermarks lists the rows, for operators.
@@ -156,7 +186,8 @@ WHERE ($1::text = '' OR group_id = $1::text) AND ($2::text = '' OR topic = $2::t
 ORDER BY group_id, topic, partition`
 
 // sqlMoveWatermark sets a partition's watermark to $4, creating its row if
-// absent. The attempt count starts again. MoveWatermark reads the old
+// absent. The attempt count starts again, and nothing holds the offset
+// back (retry_at). MoveWatermark reads the old
 // watermark first, under the row's lock (sqlLockWatermark), in the same
 // transaction.
 const sqlMoveWatermark = `
@@ -164,7 +195,7 @@ INSERT INTO {{WATERMARKS}} AS w (group_id, topic, partition, next_offset, last_o
 	last_message_uuid, attempt_offset, attempts, token, updated_at)
 VALUES ($1::text, $2::text, $3::int4, $4::int8, -1, {{SUCCEEDED}}, '', $4::int8, 0, 0, now())
 ON CONFLICT (group_id, topic, partition) DO UPDATE SET
-	next_offset = $4::int8, attempt_offset = $4::int8, attempts = 0, updated_at = now()`
+	next_offset = $4::int8, attempt_offset = $4::int8, attempts = 0, updated_at = now(), retry_at = NULL`
 
 // sqlDeleteWatermark removes a partition's row and returns its watermark.
 const sqlDeleteWatermark = `
@@ -184,6 +215,18 @@ SELECT next_offset FROM {{WATERMARKS}} WHERE group_id = $1 AND topic = $2 AND pa
 // the error aborts the transaction on the server. One plain statement
 // rather than a PL/pgSQL function that raises a code of its own: the
 // function's call cost 1-4% of the benchmark's throughput.
+//
+// It neither reads nor writes retry_at (wmHeld). It runs only after this
+// process's clean commit of the previous offset, and decides at the commit,
+// after the handler ran: a pause could not hold it back, only waste the
+// attempt. Leaving retry_at is correct: the statement moves the watermark
+// past attempt_offset ($4 both), and a retry_at counts only for a claim of
+// attempt_offset at or above the watermark, which then is a duplicate;
+// every statement that leaves attempt_offset at or above the watermark
+// writes retry_at (sqlWatermarkRetryable, sqlMoveWatermark; a new row has
+// none).
+// Another owner's pause of this offset (two rebalances between this
+// process's commit and this claim) is the one it does not keep.
 const sqlWatermarkCommitFast = `
 WITH up AS (
 	UPDATE {{WATERMARKS}} AS w SET` + wmSet + `
@@ -211,10 +254,10 @@ type Statements struct {
 func NewStatements(render func(string) string) Statements {
 	r := render
 	return Statements{
-		claim:        r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", wmContended, "{{RESULT}}", "NULL").Replace(sqlWatermarkClaim)),
-		claimNew:     r(strings.NewReplacer("{{DUP}}", wmDup, "{{CONTENDED}}", "true", "{{RESULT}}", "NULL").Replace(sqlWatermarkClaimNew)),
+		claim:        r(strings.NewReplacer("{{DUP}}", wmDup, "{{KEEP}}", wmKeep, "{{CONTENDED}}", wmContended, "{{RESULT}}", "NULL").Replace(sqlWatermarkClaim)),
+		claimNew:     r(strings.NewReplacer("{{DUP}}", wmDup, "{{KEEP}}", wmKeep, "{{CONTENDED}}", "true", "{{RESULT}}", "NULL").Replace(sqlWatermarkClaimNew)),
 		commitResult: r(sqlWatermarkCommitResult),
-		commitFast:   r(strings.NewReplacer("{{DUP}}", "false", "{{CONTENDED}}", "false", "{{RESULT}}", "$6::bytea").Replace(sqlWatermarkCommitFast)),
+		commitFast:   r(strings.NewReplacer("{{DUP}}", "false", "{{KEEP}}", "false", "{{CONTENDED}}", "false", "{{RESULT}}", "$6::bytea").Replace(sqlWatermarkCommitFast)),
 		retryable:    r(sqlWatermarkRetryable),
 		failed:       r(sqlWatermarkFailed),
 		List:         r(sqlWatermarks),
