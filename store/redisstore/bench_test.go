@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/redisstore"
 )
@@ -175,24 +178,6 @@ func BenchmarkNewKeyReply(b *testing.B) {
 	})
 }
 
-// messageUsec is the server's CPU, in µs, for the commands that ClaimLease and
-// Complete of new keys sent between two readings: a SET NX and an EVALSHA
-// each (two SETs where Complete is a SET IFEQ). Redis counts a command that
-// a script calls twice, within the script's time and again on its own, so
-// the scripts' own SETs (one each) are taken out at the average cost of a
-// SET, and their GETs (the only GETs: every key is new) left out.
-func messageUsec(before, after commandStats) float64 {
-	delta := func(name string) (calls, usec float64) {
-		return float64(after[name].calls - before[name].calls), float64(after[name].usec - before[name].usec)
-	}
-	scripts, scriptUsec := delta("evalsha")
-	sets, setUsec := delta("set")
-	if sets == 0 {
-		return scriptUsec
-	}
-	return scriptUsec + setUsec*(sets-scripts)/sets
-}
-
 // minimalCompleteScript is the minimal lease's Complete: one GET, a
 // comparison with the value its ClaimLease wrote, one SET PX. It is what the
 // store's own compare-and-set script does today, written out here so that
@@ -224,38 +209,79 @@ func minimalLease(ctx context.Context, c redis.Cmdable, prefix string) func(i in
 	}
 }
 
-// BenchmarkVersusSetNX takes turns, in batches of 1,000, between oncemill's
-// ClaimLease+Complete of new keys, go-redis sending SET key v NX EX 60 for new
-// keys, and go-redis sending two such SETs per message, each with the same
-// number of goroutines and connections, so that a noisy machine slows all
-// alike. It reports the rates, oncemill's ratio to SET NX, and the ratio of
-// the two SETs to one: the most that any store taking two round trips per
-// message could reach in the same run. With AutoPipeline it also sends the
-// two SETs through the store's own AutoPipeliner, which go-redis keeps one
-// of per client (two-setnx-pipelined-ratio): what two plain commands per
-// message reach on the transport that oncemill uses. It reports the Redis server's CPU per
-// message too (server-µs/msg, from INFO commandstats around oncemill's
-// batches, messageUsec). b.N is the number of messages (and of SETs).
+// BenchmarkVersusSetNX takes turns, in rounds of 1,000 new keys, between
+// oncemill's lease mode (beginComplete: ClaimLease, then Complete with a
+// 256-byte result, two round trips) and what a user who accepts the same
+// trade would write by hand, each with the same goroutines, connections and
+// transport, the order rotating each round, so that a noisy machine slows
+// all alike:
 //
-// Where the time goes: cpu-µs/msg is this process's CPU per message during
-// oncemill's batches (user and system, from getrusage; garbage left by the
-// batch before may be collected in it), and redis-cpu-µs/msg the Redis
-// process's (INFO cpu: the commands and the reads, writes and polls around
-// them, which server-µs/msg leaves out). two-setnx-cpu-µs/msg,
-// two-setnx-pipelined-redis-cpu-µs/msg and the like are the same for the
-// reference pairs.
+//   - floor: two SET key v NX EX 60 a message, through the client, or with
+//     AutoPipeline through the store's own AutoPipeliner (go-redis keeps one
+//     a client);
+//   - minimal-lease: the least a lease with a compare-and-set Complete can
+//     do (minimalLease), on the same transport.
+//
+// floor-ratio and minimal-lease-ratio are oncemill's msgs/s over the
+// reference's: the median of the rounds' ratios, so a slow spell that
+// falls on a few rounds moves them little. Per variant (floor- and
+// minimal-lease- before the name for the references), per message:
+// client-µs/msg is this process's CPU during the variant's rounds
+// (getrusage, with a garbage collection after each round, so each variant
+// pays for its own garbage); server-µs/msg the Redis server's, read from
+// its process (/proc/PID/stat): the benchmark starts a server of its own
+// for this (startPrivateRedis), because a shared server's counts take in
+// every other client; round-trips/msg the writes on the client's
+// connections (writeCounter: one a command sent alone, one a pipelined
+// flush). ONCEMILL_BENCH_REDIS_SERVER names another server binary (a
+// valkey-server, for SET IFEQ). b.N is the number of messages. -short
+// runs two of the setups.
 //
 //	go test -run='^$' -bench=VersusSetNX -benchtime=20000x -count=3 ./store/redisstore
 func BenchmarkVersusSetNX(b *testing.B) {
-	for _, tt := range []struct {
+	srv := startPrivateRedis(b)
+	type setup struct {
 		n            int
 		autoPipeline bool
-	}{{1, false}, {4, false}, {16, false}, {4, true}, {16, true}} {
+	}
+	setups := []setup{{1, false}, {4, false}, {16, false}, {4, true}, {16, true}}
+	if testing.Short() { // a check that it runs: one of each transport
+		setups = []setup{{1, false}, {16, true}}
+	}
+	for _, tt := range setups {
 		b.Run(fmt.Sprintf("handlers=%d/autopipeline=%v", tt.n, tt.autoPipeline), func(b *testing.B) {
-			c := newClient(b, &redis.Options{PoolSize: tt.n})
+			var wc writeCounter
+			c := connect(b, srv.addr, &redis.Options{PoolSize: tt.n, Dialer: wc.dialer}, "")
 			prefix := testPrefix(b, c)
 			s := newStore(b, c, redisstore.Options{Prefix: prefix, AutoPipeline: tt.autoPipeline})
 			ctx := context.Background()
+			// via sends the references' commands: the transport oncemill
+			// uses, never a pipelined one beside an unpipelined one.
+			var via redis.Cmdable = c
+			if tt.autoPipeline {
+				pipe, err := c.AutoPipeline() // the store's: it asked first
+				if err != nil {
+					b.Fatal(err)
+				}
+				via = pipe
+			}
+			twoSetNX := func(i int) error {
+				key := prefix + ":floor:" + strconv.Itoa(i)
+				for _, k := range [2]string{key + ":1", key + ":2"} {
+					if ok, err := via.SetNX(ctx, k, "v", time.Minute).Result(); err != nil || !ok {
+						return fmt.Errorf("floor: SET NX %s = %v, %v", k, ok, err)
+					}
+				}
+				return nil
+			}
+			variants := []struct {
+				name string // the metrics' prefix
+				op   func(i int) error
+			}{
+				{"", func(i int) error { return beginComplete(ctx, s, "msg-"+strconv.Itoa(i)) }},
+				{"floor-", twoSetNX},
+				{"minimal-lease-", minimalLease(ctx, via, prefix+":min:")},
+			}
 			run := func(from, to int, op func(i int) error) time.Duration {
 				var (
 					next = int64(from)
@@ -279,78 +305,73 @@ func BenchmarkVersusSetNX(b *testing.B) {
 				wg.Wait()
 				return time.Since(start)
 			}
-			twoSetNX := func(c redis.Cmdable, tag string) func(i int) error {
-				return func(i int) error {
-					key := prefix + tag + strconv.Itoa(i)
-					if err := c.SetNX(ctx, key+":1", "v", time.Minute).Err(); err != nil {
-						return err
-					}
-					return c.SetNX(ctx, key+":2", "v", time.Minute).Err()
-				}
-			}
-			ops := []func(i int) error{
-				func(i int) error { return beginComplete(ctx, s, "msg-"+strconv.Itoa(i)) },
-				func(i int) error { return c.SetNX(ctx, prefix+":set:"+strconv.Itoa(i), "v", time.Minute).Err() },
-				twoSetNX(c, ":two:"),
-				minimalLease(ctx, c, prefix+":min:"),
-			}
-			if tt.autoPipeline {
-				// The same two SETs, and the minimal lease, through the
-				// store's pipeliner: go-redis keeps one per client, made
-				// with the store's options, and it ends with the client.
-				pipe, err := c.AutoPipeline()
+			cpu := func(read func() (time.Duration, error)) time.Duration {
+				d, err := read()
 				if err != nil {
 					b.Fatal(err)
 				}
-				ops[3] = minimalLease(ctx, pipe, prefix+":min:")
-				ops = append(ops, twoSetNX(pipe, ":piped:"))
+				return d
+			}
+			serverCPU := func() (time.Duration, error) {
+				_, d, err := testenv.PidCPU(srv.pid)
+				return d, err
+			}
+			// Warm up past the measured keys: the pool's connections, the
+			// pipeliner's, the scripts loaded.
+			for _, v := range variants {
+				run(b.N, b.N+4*tt.n, v.op)
 			}
 
 			const batch = 1000
-			var (
-				took      = make([]time.Duration, len(ops))
-				clientCPU = make([]time.Duration, len(ops))
-				redisCPU  = make([]time.Duration, len(ops))
-				serverUS  float64 // the server's CPU for oncemill's commands
-			)
-			_, cpuKnown := processCPU() // whether the platform tells
+			type costs struct {
+				took, client, server time.Duration
+				writes               int64
+				rounds               []time.Duration
+			}
+			spent := make([]costs, len(variants))
 			b.ResetTimer()
-			for from := 0; from < b.N; from += batch {
+			for from, round := 0, 0; from < b.N; from, round = from+batch, round+1 {
 				to := min(from+batch, b.N)
-				for k := range ops {
-					j := (from/batch + k) % len(ops) // the order rotates
-					before := readServerStats(b, c)
-					cpu0, _ := processCPU()
-					took[j] += run(from, to, ops[j])
-					cpu1, _ := processCPU()
-					after := readServerStats(b, c)
-					clientCPU[j] += cpu1 - cpu0
-					redisCPU[j] += after.cpu - before.cpu
-					if j == 0 {
-						serverUS += messageUsec(before.commands, after.commands)
-					}
+				for k := range variants {
+					j := (round + k) % len(variants) // the order rotates
+					w0, srv0, cli0 := wc.writes.Load(), cpu(serverCPU), cpu(testenv.ProcessCPU)
+					took := run(from, to, variants[j].op)
+					w1, srv1 := wc.writes.Load(), cpu(serverCPU)
+					runtime.GC()
+					cli1 := cpu(testenv.ProcessCPU)
+					v := &spent[j]
+					v.took += took
+					v.rounds = append(v.rounds, took)
+					v.client += cli1 - cli0
+					v.server += srv1 - srv0
+					v.writes += w1 - w0
 				}
 			}
 			b.StopTimer()
-			rate := func(j int) float64 { return float64(b.N) / took[j].Seconds() }
-			perMessage := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
-			// report gives op j's ratio to SET NX and its CPU per message.
-			report := func(j int, name string) {
-				b.ReportMetric(rate(j)/rate(1), name+"ratio")
-				if cpuKnown {
-					b.ReportMetric(perMessage(clientCPU[j]), name+"cpu-µs/msg")
+			// ratio is the median over the rounds of oncemill's rate over
+			// variant j's.
+			ratio := func(j int) float64 {
+				r := make([]float64, len(spent[0].rounds))
+				for i := range r {
+					r[i] = spent[j].rounds[i].Seconds() / spent[0].rounds[i].Seconds()
 				}
-				b.ReportMetric(perMessage(redisCPU[j]), name+"redis-cpu-µs/msg")
+				slices.Sort(r)
+				if len(r)%2 == 1 {
+					return r[len(r)/2]
+				}
+				return (r[len(r)/2-1] + r[len(r)/2]) / 2
 			}
-			b.ReportMetric(rate(0), "msgs/s")
-			b.ReportMetric(rate(1), "setnx/s")
-			report(0, "")
-			report(2, "two-setnx-")
-			report(3, "minimal-lease-")
-			if tt.autoPipeline {
-				report(4, "two-setnx-pipelined-")
+			us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(b.N) }
+			b.ReportMetric(float64(b.N)/spent[0].took.Seconds(), "msgs/s")
+			b.ReportMetric(float64(b.N)/spent[1].took.Seconds(), "floor-msgs/s")
+			b.ReportMetric(ratio(1), "floor-ratio")
+			b.ReportMetric(ratio(2), "minimal-lease-ratio")
+			for j, v := range spent {
+				name := variants[j].name
+				b.ReportMetric(us(v.client), name+"client-µs/msg")
+				b.ReportMetric(us(v.server), name+"server-µs/msg")
+				b.ReportMetric(float64(v.writes)/float64(b.N), name+"round-trips/msg")
 			}
-			b.ReportMetric(serverUS/float64(b.N), "server-µs/msg")
 		})
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -144,64 +142,4 @@ func runContract(t *testing.T, c redis.UniversalClient, autoPipeline bool) {
 		s := newTestStore(t, c, redisstore.Options{Prefix: testPrefix(t, c), AutoPipeline: autoPipeline})
 		return storetest.Harness{Store: s, Advance: func(d time.Duration) { redisstore.AdvanceClock(s, d) }, NativeExpiry: true}
 	})
-}
-
-// serverStats is what INFO commandstats and INFO cpu say so far: what each
-// command has cost, and the server process's CPU time (user and system,
-// its I/O included).
-type serverStats struct {
-	commands commandStats
-	cpu      time.Duration
-}
-
-// commandStats is INFO commandstats: what each command has cost so far.
-type commandStats map[string]struct{ calls, usec int64 }
-
-func readServerStats(tb testing.TB, c *redis.Client) serverStats {
-	tb.Helper()
-	info, err := c.Info(context.Background(), "commandstats", "cpu").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	stats := serverStats{commands: commandStats{}}
-	for _, line := range strings.Split(info, "\n") {
-		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok {
-			continue
-		}
-		switch name {
-		case "used_cpu_user", "used_cpu_sys":
-			sec, err := strconv.ParseFloat(fields, 64)
-			if err != nil {
-				tb.Fatalf("INFO cpu line %q: %v", line, err)
-			}
-			stats.cpu += time.Duration(sec * float64(time.Second))
-			continue
-		}
-		name, ok = strings.CutPrefix(name, "cmdstat_")
-		if !ok || !strings.HasPrefix(fields, "calls=") {
-			continue
-		}
-		var st struct{ calls, usec int64 }
-		for _, field := range strings.Split(fields, ",") {
-			k, v, _ := strings.Cut(field, "=")
-			var dst *int64
-			switch k {
-			case "calls":
-				dst = &st.calls
-			case "usec":
-				dst = &st.usec
-			default:
-				continue
-			}
-			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
-				tb.Fatalf("INFO commandstats line %q: %v", line, err)
-			}
-		}
-		stats.commands[name] = st
-	}
-	if stats.cpu == 0 {
-		tb.Fatalf("INFO cpu has no used_cpu_user or used_cpu_sys:\n%s", info)
-	}
-	return stats
 }
