@@ -1,12 +1,15 @@
 package redisstore_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -282,24 +285,30 @@ func BenchmarkVersusSetNX(b *testing.B) {
 				{"floor-", twoSetNX},
 				{"minimal-lease-", minimalLease(ctx, via, prefix+":min:")},
 			}
-			run := func(from, to int, op func(i int) error) time.Duration {
+			// run sends messages [from, to) through variant v. Its
+			// goroutines carry the label variant=<v's name> (oncemill for
+			// the store) for a CPU profile's -tagfocus.
+			run := func(from, to, v int) time.Duration {
 				var (
 					next = int64(from)
 					wg   sync.WaitGroup
 				)
+				labels := pprof.Labels("variant", cmp.Or(strings.TrimSuffix(variants[v].name, "-"), "oncemill"))
 				start := time.Now()
 				for range tt.n {
 					wg.Go(func() {
-						for {
-							i := int(atomic.AddInt64(&next, 1) - 1)
-							if i >= to {
-								return
+						pprof.Do(ctx, labels, func(context.Context) {
+							for {
+								i := int(atomic.AddInt64(&next, 1) - 1)
+								if i >= to {
+									return
+								}
+								if err := variants[v].op(i); err != nil {
+									b.Error(err)
+									return
+								}
 							}
-							if err := op(i); err != nil {
-								b.Error(err)
-								return
-							}
-						}
+						})
 					})
 				}
 				wg.Wait()
@@ -318,8 +327,8 @@ func BenchmarkVersusSetNX(b *testing.B) {
 			}
 			// Warm up past the measured keys: the pool's connections, the
 			// pipeliner's, the scripts loaded.
-			for _, v := range variants {
-				run(b.N, b.N+4*tt.n, v.op)
+			for v := range variants {
+				run(b.N, b.N+4*tt.n, v)
 			}
 
 			const batch = 1000
@@ -335,7 +344,7 @@ func BenchmarkVersusSetNX(b *testing.B) {
 				for k := range variants {
 					j := (round + k) % len(variants) // the order rotates
 					w0, srv0, cli0 := wc.writes.Load(), cpu(serverCPU), cpu(testenv.ProcessCPU)
-					took := run(from, to, variants[j].op)
+					took := run(from, to, j)
 					w1, srv1 := wc.writes.Load(), cpu(serverCPU)
 					runtime.GC()
 					cli1 := cpu(testenv.ProcessCPU)
