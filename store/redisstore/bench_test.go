@@ -22,7 +22,8 @@ import (
 	"github.com/oncemill/oncemill/store/redisstore"
 )
 
-// The benchmarks run against the real Redis (ONCEMILL_REDIS_ADDR). Compare
+// The benchmarks run against the real Redis (ONCEMILL_REDIS_ADDR), except
+// BenchmarkVersusSetNX, which starts a server of its own. Compare
 // them with redis-benchmark running SET NX EX at the same client count:
 //
 //	go test -run='^$' -bench=. -benchtime=100000x ./store/redisstore

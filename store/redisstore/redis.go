@@ -171,7 +171,7 @@ func (s *Store) Close() error {
 // defaultPipeAbove is how many calls must be under way before commands share
 // round trips. With few calls a command's own round trip is quicker: with 4
 // handlers a pipeliner cost throughput, with 16 it added 30-50%
-// (docs/benchmarks.md, BenchmarkVersusSetNX).
+// (BenchmarkVersusSetNX).
 const defaultPipeAbove = 4
 
 // commander sends commands: the client, or the AutoPipeliner.
