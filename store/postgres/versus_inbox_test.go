@@ -56,8 +56,8 @@ import (
 // sub-benchmark), the same for partitioned-deferred, each other oncemill
 // variant over the inbox, inbox/plain, every variant's msgs/s, and the
 // smallest table of the three at the end (rows-min); its log line adds each
-// variant's CPU a message, the client's and the server's, and the client's
-// writes (hostCPU), which say where a variant's time went.
+// variant's costs a message, measured on its pool (poolMeter): the client's
+// CPU and its own backends', round trips and commits.
 //
 // Run it once (about 7 minutes on a quiet VM, 2 of them filling the
 // tables; 20 minutes or more under load):
@@ -98,7 +98,8 @@ type retentionBench struct {
 	admin  *pgxpool.Pool
 	// Every variant's pool, sized for the most handlers; each sub-benchmark
 	// warms it to its own count.
-	pools map[string]*pgxpool.Pool
+	pools  map[string]*pgxpool.Pool
+	meters map[string]*poolMeter
 	// The variants, in the order of the first round.
 	variants []*versusVariant
 }
@@ -120,10 +121,10 @@ func newRetentionBench(b *testing.B) *retentionBench {
 	if testing.Short() {
 		rows = retentionRowsShort
 	}
-	env := &retentionBench{admin: testenv.Pool(b), pools: map[string]*pgxpool.Pool{}}
+	env := &retentionBench{admin: testenv.Pool(b), pools: map[string]*pgxpool.Pool{}, meters: map[string]*poolMeter{}}
 	env.schema = testenv.Schema(b, env.admin)
 	for _, name := range []string{"plain", "inbox", "delete", "partitioned"} {
-		env.pools[name] = testenv.Pool(b, func(c *pgxpool.Config) { c.MaxConns = 16 + 2 }) // and the cleaner
+		env.pools[name], env.meters[name] = meteredPool(b, 16+2) // and the cleaner
 	}
 	// The stores: rows purge a window after their claim, the cleaners run
 	// every inboxCleanupEvery once the tables are filled (the stores that
@@ -180,7 +181,7 @@ func newRetentionBench(b *testing.B) *retentionBench {
 		"partitioned-deferred": onceHandler(b, partStore, ident("partitioned-deferred_ledger"), true),
 	}
 	for _, name := range retentionVariants {
-		env.variants = append(env.variants, &versusVariant{name: name, handle: handlers[name], pool: env.pools[retentionPools[name]]})
+		env.variants = append(env.variants, &versusVariant{name: name, handle: handlers[name], pool: env.pools[retentionPools[name]], meter: env.meters[retentionPools[name]]})
 	}
 
 	// The hand-written cleaner, until the benchmark ends.
@@ -355,6 +356,43 @@ func inboxHandler(pool *pgxpool.Pool, inbox, ledger string) func(context.Context
 	}
 }
 
+// inbox2RTHandler is the hand-written inbox in two round trips, as a
+// consumer who runs the handler's statement before knowing the key is new
+// would write it: BEGIN, the inbox row and the business row in one batch,
+// then COMMIT, or ROLLBACK when the inbox row was there (which undoes the
+// business row).
+func inbox2RTHandler(pool *pgxpool.Pool, inbox, ledger string) func(context.Context, string) error {
+	claim := "INSERT INTO " + inbox + " (key, created_at) VALUES ($1, now()) ON CONFLICT DO NOTHING"
+	insert := "INSERT INTO " + ledger + " (key, amount) VALUES ($1, 100)"
+	return func(ctx context.Context, key string) error {
+		batch := &pgx.Batch{}
+		batch.BeginTx(pgx.TxOptions{})
+		batch.Queue(claim, key)
+		batch.Queue(insert, key)
+		br := pool.SendBatch(ctx, batch)
+		var tag pgconn.CommandTag
+		_, err := br.Exec()
+		if err == nil {
+			tag, err = br.Exec()
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		tx := br.Tx()
+		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("inbox: key %s seen twice", key) // the rollback undoes the business row
+		}
+		return tx.Commit(ctx)
+	}
+}
+
 // inboxCleaner is the inbox's hand-written cleanup: every
 // inboxCleanupEvery, DELETE the oldest 1,000 expired rows until none is
 // left.
@@ -415,19 +453,8 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 	}
 	variants := env.variants
 	for _, v := range variants {
-		v.times, v.cpu = nil, hostCPU{}
+		v.times, v.spent = nil, meterSpent{}
 		warm(b, v.pool, handlers)
-	}
-	readCPU := func() hostCPU {
-		h, _, err := readHostCPU()
-		if err != nil {
-			b.Fatal(err)
-		}
-		return h
-	}
-	_, servers, err := readHostCPU()
-	if err != nil {
-		b.Fatal(err)
 	}
 	type roundAt struct {
 		v     *versusVariant
@@ -440,9 +467,9 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		for j := range variants {
 			v := variants[(round+j)%len(variants)]
 			order = append(order, roundAt{v, len(v.times), time.Since(start)})
-			before := readCPU()
+			before := v.meter.read(b)
 			v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
-			v.cpu = v.cpu.plus(before, readCPU())
+			v.spent = v.spent.plus(before, v.meter.read(b))
 		}
 	}
 	rates := map[string]float64{}
@@ -499,10 +526,10 @@ func (env *retentionBench) run(b *testing.B, handlers int) {
 		}
 	}
 	// Where a message's time went: the client's CPU, the server's, and the
-	// client's writes, about one a round trip (hostCPU).
+	// round trips and commits of its pool (poolMeter).
 	cpu := ""
 	for _, v := range variants {
-		cpu += fmt.Sprintf(" %s: %s;", v.name, v.cpu.perMessage(len(v.times)*perRound, servers > 0))
+		cpu += fmt.Sprintf(" %s: %s;", v.name, v.spent.String(len(v.times)*perRound))
 	}
-	b.Logf("%s; smallest table %d rows; slowest/median/mean round%s; rounds over twice their median:%s; a message's CPU and writes:%s", line, rowsMin, slowest, slow, cpu)
+	b.Logf("%s; smallest table %d rows; slowest/median/mean round%s; rounds over twice their median:%s; a message's costs:%s", line, rowsMin, slowest, slow, cpu)
 }

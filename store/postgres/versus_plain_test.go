@@ -5,51 +5,67 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"runtime"
+	"runtime/pprof"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/testenv"
-	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
 // BenchmarkTransactionalVersusPlain compares the one-transaction mode with
-// the plain pgx transaction a hand-written consumer would use, in one run:
-// the handler inserts one business row through its transaction. Three
-// variants take turns in rounds of the same number of messages, the order
-// rotating each round so that none always runs first, each on a pool of its
-// own warmed to the handler count, starting from a freshly migrated, empty
-// records table and an empty inbox table, for versusRounds rounds: every
-// variant's tables end with the same number of rows (100k). It reports, per
-// handler count:
+// the hand-written code a consumer who accepts the same trade would write,
+// in one run: the handler inserts one business row through its
+// transaction. Five variants take turns in rounds of the same number of
+// messages, the order rotating each round so that none always runs first,
+// each on a pool of its own (meteredPool) warmed to the handler count, each
+// writing tables of its own that start empty and end with the same number of
+// rows (versusRounds × versusRound, and a few warming up):
 //
-//   - ratio: oncemill msgs/s over plain msgs/s, over the whole run;
-//   - ratio-first-q, ratio-last-q: the same over the first and the last
-//     quarter of the rounds (the second must not fall below the first: no
-//     plan or table-growth trap);
-//   - commits/msg: the transactions oncemill's pool ended (a COMMIT, or a
-//     statement outside a transaction), per oncemill message, counted on
-//     that pool's connections by a pgx tracer: nothing else running on the
-//     database counts;
-//   - round-trips/msg: the calls oncemill's pool made to PostgreSQL (each
-//     Exec, Query or Batch), per message;
-//   - msgs/s of each variant;
-//   - inbox-ratio: the hand-written inbox table a blog post teaches (BEGIN
-//     sent with INSERT .. ON CONFLICT DO NOTHING into a table shaped like
-//     the records table, the business row, COMMIT), over plain: what this
-//     design costs when written by hand, on the same machine in the same run.
+//   - plain: BEGIN, the INSERT, COMMIT (insertIn): no idempotency, the
+//     ceiling;
+//   - inbox: the hand-written inbox in three round trips (inboxHandler):
+//     BEGIN sent with INSERT .. ON CONFLICT DO NOTHING into a table keyed by
+//     the message (with the created_at index its cleanup needs), the INSERT,
+//     COMMIT;
+//   - inbox-2rt: the same in two round trips (inbox2RTHandler): BEGIN, the
+//     inbox row and the INSERT in one batch, then COMMIT, or ROLLBACK when
+//     the key was there: the trade of the deferred claim, the handler's
+//     statement run before the claim is known;
+//   - oncemill: receiver.NewTransactional, the claim decided up front (the
+//     builder's default);
+//   - oncemill-deferred: the same with WithDeferredClaim(true).
 //
-// The plain variant's own count must come to one commit per message, or the
-// benchmark fails: a check of the counter.
+// It reports, per handler count, throughput ratios as the median over the
+// rounds of the ratio of the two variants' rates in that round (a slow
+// spell of the machine that falls on a few rounds moves them little):
 //
-// Run it once (about 6 minutes):
+//   - oncemill/inbox: the up-front claim against the three-round-trip inbox;
+//   - deferred/inbox-2rt: the deferred claim against the two-round-trip
+//     inbox;
+//   - inbox/plain and inbox-2rt/inbox: what the hand-written inbox costs,
+//     and what its second form saves;
+//
+// and per variant, over its rounds: <variant>-msgs/s, and per message
+// <variant>-client-µs/msg (this process's CPU during the variant's rounds,
+// a garbage collection closing each round so that each variant pays for
+// its own garbage), <variant>-server-µs/msg (the CPU of the variant's own
+// backends, by their pids), <variant>-round-trips/msg and
+// <variant>-commits/msg (counted on the variant's own connections; see
+// poolMeter). Those costs move far less than throughput on a shared
+// machine. The plain variant must come to one commit per message, or the
+// benchmark fails: a check of the counter. Every goroutine of a variant's
+// rounds carries the pprof label variant=<name>, for a CPU profile's
+// -tagfocus.
+//
+// Run it once (about 6 minutes on a 2-core machine):
 //
 //	go test -run='^$' -bench=TransactionalVersusPlain -benchtime=1x -timeout=30m ./store/postgres
 //
@@ -66,23 +82,25 @@ func BenchmarkTransactionalVersusPlain(b *testing.B) {
 }
 
 const (
-	versusRounds      = 40    // rounds of every variant: 100k rows in each table
-	versusRound       = 2_500 // messages per variant and round
-	versusRoundsShort = 4
-	versusRoundShort  = 200
+	versusRounds      = 20    // rounds of every variant: 40k rows in each table
+	versusRound       = 2_000 // messages per variant and round
+	versusRoundsShort = 3
+	versusRoundShort  = 100
 )
 
-// versusVariant is one way of handling a message, with the pool it runs on
-// and the tracer counting that pool's statements.
+// versusPlainVariants are BenchmarkTransactionalVersusPlain's variants, in
+// the order of the first round; each name is also its tables' prefix.
+var versusPlainVariants = []string{"plain", "inbox", "inbox-2rt", "oncemill", "oncemill-deferred"}
+
+// versusVariant is one way of handling a message, with the pool it runs on,
+// that pool's meter, and what its rounds took and spent.
 type versusVariant struct {
 	name   string
 	handle func(context.Context, string) error
 	pool   *pgxpool.Pool
-	count  *statementCounter
+	meter  *poolMeter
 	times  []time.Duration
-	counts []statementCounts
-	// cpu is what the variant's rounds spent (BenchmarkPartitionedVersusInbox).
-	cpu hostCPU
+	spent  meterSpent
 }
 
 func versusPlain(b *testing.B, handlers int) {
@@ -91,151 +109,117 @@ func versusPlain(b *testing.B, handlers int) {
 	if testing.Short() {
 		rounds, perRound = versusRoundsShort, versusRoundShort
 	}
-	tracedPool := func() (*pgxpool.Pool, *statementCounter) {
-		c := &statementCounter{}
-		return testenv.Pool(b, func(cfg *pgxpool.Config) {
-			cfg.MaxConns = int32(handlers)
-			cfg.ConnConfig.Tracer = c
-		}), c
+	admin := testenv.Pool(b)
+	schema := testenv.Schema(b, admin)
+	ident := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	variants := make([]*versusVariant, len(versusPlainVariants))
+	byName := map[string]*versusVariant{}
+	for i, name := range versusPlainVariants {
+		pool, meter := meteredPool(b, handlers)
+		variants[i] = &versusVariant{name: name, pool: pool, meter: meter}
+		byName[name] = variants[i]
 	}
-	pool, poolCount := tracedPool()
-	plainPool, plainCount := tracedPool()
-	inboxPool, inboxCount := tracedPool()
-	schema := testenv.Schema(b, pool)
-	st := newStore(b, pool, postgres.Options{Schema: schema})
-	plainTable := pgx.Identifier{schema, "plain_ledger"}.Sanitize()
-	onceTable := pgx.Identifier{schema, "oncemill_ledger"}.Sanitize()
-	inboxTable := pgx.Identifier{schema, "inbox"}.Sanitize()
-	inboxLedger := pgx.Identifier{schema, "inbox_ledger"}.Sanitize()
-	for _, q := range []string{
-		"CREATE TABLE " + plainTable + " (key text PRIMARY KEY, amount int NOT NULL)",
-		"CREATE TABLE " + onceTable + " (key text PRIMARY KEY, amount int NOT NULL)",
-		"CREATE TABLE " + inboxTable + " (LIKE " + table(schema, "") + " INCLUDING ALL)",
-		"CREATE TABLE " + inboxLedger + " (key text PRIMARY KEY, amount int NOT NULL)",
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
+	// Each oncemill variant has a records table of its own.
+	onceStore := newStore(b, byName["oncemill"].pool, postgres.Options{Schema: schema, Table: "records_oncemill"})
+	deferredStore := newStore(b, byName["oncemill-deferred"].pool, postgres.Options{Schema: schema, Table: "records_deferred"})
+	for _, name := range versusPlainVariants {
+		if _, err := admin.Exec(ctx, "CREATE TABLE "+ident(name+"_ledger")+" (key text PRIMARY KEY, amount int NOT NULL)"); err != nil {
 			b.Fatal(err)
 		}
 	}
-	inboxClaim := "INSERT INTO " + inboxTable + ` (scope, key, fingerprint, status, token, attempt, created_at, updated_at, expires_at, purge_at)
-		VALUES ('bench', $1, '', 2, 1, 1, now(), now(), now() + interval '1 day', now() + interval '1 day') ON CONFLICT DO NOTHING`
-	inboxInsert := "INSERT INTO " + inboxLedger + " (key, amount) VALUES ($1, 100)"
-	inbox := func(ctx context.Context, key string) error {
-		batch := &pgx.Batch{}
-		batch.BeginTx(pgx.TxOptions{})
-		batch.Queue(inboxClaim, key)
-		br := inboxPool.SendBatch(ctx, batch)
-		_, err := br.Exec()
-		var tag pgconn.CommandTag
-		if err == nil {
-			tag, err = br.Exec()
+	for _, name := range []string{"inbox", "inbox-2rt"} {
+		for _, q := range []string{
+			"CREATE TABLE " + ident(name+"_keys") + " (key text PRIMARY KEY, created_at timestamptz NOT NULL)",
+			"CREATE INDEX ON " + ident(name+"_keys") + " (created_at)",
+		} {
+			if _, err := admin.Exec(ctx, q); err != nil {
+				b.Fatal(err)
+			}
 		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		tx := br.Tx()
-		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("inbox: key %s seen twice", key)
-		}
-		if _, err := tx.Exec(ctx, inboxInsert, key); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
 	}
-	plainInsert := "INSERT INTO " + plainTable + " (key, amount) VALUES ($1, 100)"
-	onceInsert := "INSERT INTO " + onceTable + " (key, amount) VALUES ($1, 100)"
-
-	r, err := receiver.NewTransactional(st).WithScope("bench").Build()
-	if err != nil {
-		b.Fatal(err)
-	}
-	once := r.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx, _ := postgres.TxFromContext(msg.Context())
-		_, err := tx.Exec(msg.Context(), onceInsert, msg.UUID)
-		return nil, err
-	})
-	plain := func(ctx context.Context, key string) error {
-		tx, err := plainPool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-		if _, err := tx.Exec(ctx, plainInsert, key); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
-	}
-	payload := []byte(`{"amount":100}`)
-	oncemill := func(_ context.Context, key string) error {
-		_, err := once(message.NewMessage(key, payload))
-		return err
-	}
-
-	variants := []*versusVariant{
-		{name: "plain", handle: plain, pool: plainPool, count: plainCount},
-		{name: "oncemill", handle: oncemill, pool: pool, count: poolCount},
-		{name: "inbox", handle: inbox, pool: inboxPool, count: inboxCount},
-	}
+	byName["plain"].handle = insertIn(byName["plain"].pool, ident("plain_ledger"))
+	byName["inbox"].handle = inboxHandler(byName["inbox"].pool, ident("inbox_keys"), ident("inbox_ledger"))
+	byName["inbox-2rt"].handle = inbox2RTHandler(byName["inbox-2rt"].pool, ident("inbox-2rt_keys"), ident("inbox-2rt_ledger"))
+	byName["oncemill"].handle = onceHandler(b, onceStore, ident("oncemill_ledger"), false)
+	byName["oncemill-deferred"].handle = onceHandler(b, deferredStore, ident("oncemill-deferred_ledger"), true)
+	// Each variant's connections, and its statements prepared on each of
+	// them, before the first round: warmUpPer messages a handler.
+	const warmUpPer = 10
 	for _, v := range variants {
 		warm(b, v.pool, handlers)
+		versusRoundRun(b, handlers, warmUpPer*handlers, v.handle)
 	}
+
 	for round := range rounds {
 		for j := range variants {
 			v := variants[(round+j)%len(variants)] // a different variant leads each round
-			before := v.count.load()
-			v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
-			v.counts = append(v.counts, v.count.load().minus(before))
+			before := v.meter.read(b)
+			// The round's goroutines inherit the label.
+			pprof.Do(ctx, pprof.Labels("variant", v.name), func(ctx context.Context) {
+				v.times = append(v.times, versusRoundRun(b, handlers, perRound, v.handle))
+			})
+			runtime.GC()
+			v.spent = v.spent.plus(before, v.meter.read(b))
 		}
 	}
-	plainV, onceV, inboxV := variants[0], variants[1], variants[2]
-	var rows int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table(schema, "")).Scan(&rows); err != nil {
-		b.Fatal(err)
+
+	for _, tbl := range []string{"records_oncemill", "records_deferred", "inbox_keys", "inbox-2rt_keys", "plain_ledger"} {
+		var rows int
+		if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+ident(tbl)).Scan(&rows); err != nil {
+			b.Fatal(err)
+		}
+		if want := rounds*perRound + warmUpPer*handlers; rows != want {
+			b.Fatalf("%s holds %d rows after %d messages", tbl, rows, want)
+		}
 	}
-	if want := rounds * perRound; rows != want {
-		b.Fatalf("the records table holds %d rows after %d messages", rows, want)
+	n := rounds * perRound
+	if _, _, _, commits := byName["plain"].spent.perMessage(n); commits != 1 {
+		b.Fatalf("the plain transaction counted %.3f commits per message, want 1: the counter is wrong", commits)
 	}
-	rate := func(ds []time.Duration) float64 {
+	rate := func(v *versusVariant) float64 {
 		var sum time.Duration
-		for _, d := range ds {
+		for _, d := range v.times {
 			sum += d
 		}
-		return float64(len(ds)*perRound) / sum.Seconds()
+		return float64(len(v.times)*perRound) / sum.Seconds()
 	}
-	perMsg := func(v *versusVariant) statementCounts {
-		var sum statementCounts
-		for _, c := range v.counts {
-			sum.commits += c.commits
-			sum.roundTrips += c.roundTrips
+	// ratio is the median over rounds [from, to) of a's rate over ref's.
+	ratio := func(a, ref string, from, to int) float64 {
+		r := make([]float64, 0, to-from)
+		for i := from; i < to; i++ {
+			r = append(r, byName[ref].times[i].Seconds()/byName[a].times[i].Seconds())
 		}
-		n := float64(len(v.counts) * perRound)
-		return statementCounts{commits: sum.commits / n, roundTrips: sum.roundTrips / n}
+		slices.Sort(r)
+		if len(r)%2 == 1 {
+			return r[len(r)/2]
+		}
+		return (r[len(r)/2-1] + r[len(r)/2]) / 2
 	}
-	if c := perMsg(plainV); c.commits != 1 {
-		b.Fatalf("the plain transaction counted %.3f commits per message, want 1: the counter is wrong", c.commits)
+	ratios := []struct{ metric, a, ref string }{
+		{"oncemill/inbox", "oncemill", "inbox"},
+		{"deferred/inbox-2rt", "oncemill-deferred", "inbox-2rt"},
+		{"inbox/plain", "inbox", "plain"},
+		{"inbox-2rt/inbox", "inbox-2rt", "inbox"},
 	}
 	q := max(rounds/4, 1)
-	ratio := rate(onceV.times) / rate(plainV.times)
-	first := rate(onceV.times[:q]) / rate(plainV.times[:q])
-	last := rate(onceV.times[rounds-q:]) / rate(plainV.times[rounds-q:])
-	inboxRatio := rate(inboxV.times) / rate(plainV.times)
-	oc := perMsg(onceV)
-	b.ReportMetric(ratio, "ratio")
-	b.ReportMetric(first, "ratio-first-q")
-	b.ReportMetric(last, "ratio-last-q")
-	b.ReportMetric(oc.commits, "commits/msg")
-	b.ReportMetric(oc.roundTrips, "round-trips/msg")
-	b.ReportMetric(rate(plainV.times), "plain-msgs/s")
-	b.ReportMetric(rate(onceV.times), "oncemill-msgs/s")
-	b.ReportMetric(rate(inboxV.times), "inbox-msgs/s")
-	b.ReportMetric(inboxRatio, "inbox-ratio")
-	b.Logf("handlers=%d: %d rounds of %d messages per variant; plain %.0f msgs/s, oncemill %.0f msgs/s, ratio %.3f (first quarter %.3f, last %.3f), %.3f commits and %.3f round trips per message, %d records; hand-written inbox %.0f msgs/s, %.3f of plain (%.3f commits, %.3f round trips per message)",
-		handlers, rounds, perRound, rate(plainV.times), rate(onceV.times), ratio, first, last, oc.commits, oc.roundTrips, rows,
-		rate(inboxV.times), inboxRatio, perMsg(inboxV).commits, perMsg(inboxV).roundTrips)
+	line := fmt.Sprintf("handlers=%d: %d rounds of %d messages per variant;", handlers, rounds, perRound)
+	for _, r := range ratios {
+		b.ReportMetric(ratio(r.a, r.ref, 0, rounds), r.metric)
+		line += fmt.Sprintf(" %s %.3f (first quarter %.3f, last %.3f);", r.metric, ratio(r.a, r.ref, 0, rounds),
+			ratio(r.a, r.ref, 0, q), ratio(r.a, r.ref, rounds-q, rounds))
+	}
+	for _, v := range variants {
+		client, server, rt, commits := v.spent.perMessage(n)
+		b.ReportMetric(rate(v), v.name+"-msgs/s")
+		b.ReportMetric(client, v.name+"-client-µs/msg")
+		if v.spent.serverRead {
+			b.ReportMetric(server, v.name+"-server-µs/msg")
+		}
+		b.ReportMetric(rt, v.name+"-round-trips/msg")
+		b.ReportMetric(commits, v.name+"-commits/msg")
+		line += fmt.Sprintf(" %s %.0f msgs/s, %s;", v.name, rate(v), v.spent.String(n))
+	}
+	b.Log(line)
 }
 
 // warm opens one connection per handler.
