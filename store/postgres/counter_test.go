@@ -72,8 +72,8 @@ func (c *statementCounter) TraceBatchEnd(_ context.Context, conn *pgx.Conn, data
 	}
 }
 
-// TestStatementCounter pins what BenchmarkTransactionalVersusPlain's
-// commits/msg and round-trips/msg count, on the real server.
+// TestStatementCounter pins what the benchmarks' commits/msg count
+// (poolMeter), on the real server.
 func TestStatementCounter(t *testing.T) {
 	c := &statementCounter{}
 	pool := testenv.Pool(t, func(cfg *pgxpool.Config) { cfg.MaxConns = 1; cfg.ConnConfig.Tracer = c })

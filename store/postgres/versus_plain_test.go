@@ -65,7 +65,7 @@ import (
 // rounds carries the pprof label variant=<name>, for a CPU profile's
 // -tagfocus.
 //
-// Run it once (about 6 minutes on a 2-core machine):
+// Run it once (about 3 minutes on a 2-core machine):
 //
 //	go test -run='^$' -bench=TransactionalVersusPlain -benchtime=1x -timeout=30m ./store/postgres
 //
