@@ -117,26 +117,31 @@ func quorumArgs(dropped string) amqp091.Table {
 // quorumQueues declares the queue the broker dead-letters to, and removes
 // the test's queues at the end.
 func quorumQueues(t *testing.T, dropped string, queues ...string) {
-	conn, err := amqp091.Dial(env.amqpURL)
-	must(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	must(t, err)
-	defer ch.Close()
-	_, err = ch.QueueDeclare(dropped, true, false, false, false, nil)
+	ch, closeConn := amqpChannel(t)
+	defer closeConn()
+	_, err := ch.QueueDeclare(dropped, true, false, false, false, nil)
 	must(t, err)
 	t.Cleanup(func() { amqpKind("", "", nil, nil).cleanup(t, append(queues, dropped)) })
+}
+
+// amqpChannel is a channel on a connection of its own; closing the
+// connection (close) closes both.
+func amqpChannel(t *testing.T) (ch *amqp091.Channel, close func()) {
+	conn, err := amqp091.Dial(env.amqpURL)
+	must(t, err)
+	ch, err = conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		t.Fatal(err)
+	}
+	return ch, func() { _ = conn.Close() }
 }
 
 // brokerDropped is the UUIDs of the messages in the broker's dead letter
 // queue, with the reasons RabbitMQ gives (x-first-death-reason).
 func brokerDropped(t *testing.T, queue string) map[string]string {
-	conn, err := amqp091.Dial(env.amqpURL)
-	must(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	must(t, err)
-	defer ch.Close()
+	ch, closeConn := amqpChannel(t)
+	defer closeConn()
 	out := map[string]string{}
 	for {
 		d, ok, err := ch.Get(queue, true)
