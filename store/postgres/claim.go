@@ -73,8 +73,8 @@ func scanClaim(rows pgx.Rows, scope, key string) (store.ClaimResult, error) {
 		dest             = []any{&decision, &rec.Fingerprint, &status, &rec.Token, &attempt, &takenOver,
 			&rec.Result, &kind, &rec.ErrorMessage, &rec.CreatedAt, &rec.UpdatedAt, &rec.ExpiresAt, &rec.MessageUUID, &retryAt, &retryIn}
 	)
-	if len(rows.FieldDescriptions()) > len(dest) {
-		dest = append(dest, nil) // the claim form's lock_timeout restore
+	for len(dest) < len(rows.FieldDescriptions()) {
+		dest = append(dest, nil) // a form's set_config: lock_timeout put back, a lease answered
 	}
 	if err := rows.Scan(dest...); err != nil {
 		return store.ClaimResult{}, err

@@ -105,8 +105,8 @@ func renderPartClaims(n names, from time.Time, current partition) partClaims {
 	}
 	r := func(sql string) string { return n.render(strings.ReplaceAll(sql, "{{LOOKUP_FROM}}", bound)) }
 	c := partClaims{
-		lease:    r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{IN_PROGRESS}}")),
-		tx:       r(strings.ReplaceAll(sqlPartClaim, "{{NEW_STATUS}}", "{{SUCCEEDED}}")),
+		lease:    r(strings.NewReplacer("{{NEW_STATUS}}", "{{IN_PROGRESS}}", "{{TAKEN}}", leaseTaken, "{{ANSWERED}}", leaseAnswered).Replace(sqlPartClaim)),
+		tx:       r(strings.NewReplacer("{{NEW_STATUS}}", "{{SUCCEEDED}}", "{{TAKEN}}", "", "{{ANSWERED}}", "").Replace(sqlPartClaim)),
 		new:      r(newTokenFromSequence.Replace(sqlPartClaimNew)),
 		deferred: r(deferredForm(sqlPartClaimNew)),
 		rollback: r(sqlPartRecordRollback),

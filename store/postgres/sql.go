@@ -171,7 +171,7 @@ WITH {{PRE}}up AS (
 	RETURNING o.fingerprint, o.token, o.attempt, o.taken_over, o.created_at, o.updated_at, o.expires_at
 )
 SELECT {{EXECUTE}}::int2, up.fingerprint, {{IN_PROGRESS}}::int2, up.token, up.attempt, up.taken_over,
-	NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at, $6::text, NULL::timestamptz, 0::int8{{POST}}
+	NULL::bytea, ''::text, ''::text, up.created_at, up.updated_at, up.expires_at, $6::text, NULL::timestamptz, 0::int8{{POST}}{{TAKEN}}
 FROM up{{JOIN}}
 UNION ALL
 SELECT
@@ -185,7 +185,7 @@ SELECT
 	END)::int2,
 	t.fingerprint, t.status, t.token, t.attempt, t.taken_over,
 	t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at, t.message_uuid,
-	t.retry_at, ` + retryIn("t") + `{{POST}}
+	t.retry_at, ` + retryIn("t") + `{{POST}}{{ANSWERED}}
 FROM {{TABLE}} t{{JOIN}}
 WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM up)`
 
@@ -205,6 +205,7 @@ func retryAtFrom(param string) string {
 var (
 	// beginForm is ClaimLease's: an in-progress row.
 	beginForm = strings.NewReplacer("{{PRE}}", "", "{{FROM}}", "", "{{POST}}", "", "{{JOIN}}", "",
+		"{{TAKEN}}", leaseTaken, "{{ANSWERED}}", leaseAnswered,
 		"{{NEW_STATUS}}", "{{IN_PROGRESS}}")
 	// asyncBeginForm is ClaimLease's with Options.AsyncBegin: the statement's own
 	// transaction commits without waiting for the WAL flush.
@@ -213,16 +214,33 @@ var (
 	asyncBeginForm = strings.NewReplacer(
 		"{{PRE}}", "async AS (SELECT set_config('synchronous_commit', 'off', true)), ",
 		"{{FROM}}", "FROM async", "{{POST}}", "", "{{JOIN}}", "",
+		"{{TAKEN}}", leaseTaken, "{{ANSWERED}}", leaseAnswered,
 		"{{NEW_STATUS}}", "{{IN_PROGRESS}}")
 	// claimForm is Claim's: the row in its final form, and a bound on the
 	// wait for a row another transaction holds. lock_timeout ($7, in
 	// milliseconds) is set before the upsert runs (the upsert reads the
 	// materialized CTE first) and put back to what it was in the same
 	// statement, so the handler's own statements keep the session's value.
+	// Its answers change nothing: the handler's transaction commits as the
+	// handler's settings say.
 	claimForm = strings.NewReplacer(
 		"{{PRE}}", "lt AS MATERIALIZED (SELECT current_setting('lock_timeout') AS prior, set_config('lock_timeout', ($7::int8)::text, true), pg_advisory_xact_lock({{CLAIM_LOCK}}, $8)), ",
 		"{{FROM}}", "FROM lt", "{{POST}}", ", set_config('lock_timeout', lt.prior, true)", "{{JOIN}}", " CROSS JOIN lt",
+		"{{TAKEN}}", "", "{{ANSWERED}}", "",
 		"{{NEW_STATUS}}", "{{SUCCEEDED}}")
+)
+
+// A lease claim that does not take the key (a replay, Held, Mismatch)
+// writes nothing but the row lock of its upsert or its FOR UPDATE; that
+// lock gives the statement's transaction an xid, and its commit would wait
+// for the WAL flush (and a synchronous standby) for nothing a crash could
+// lose. The answered branch of a lease claim turns synchronous_commit off
+// for its own transaction (leaseAnswered), the branch that takes the key
+// leaves it as it is (leaseTaken, the same column's NULL): so a replay
+// costs no flush, and a lease taken is as durable as the settings say.
+const (
+	leaseTaken    = ", NULL::text"
+	leaseAnswered = ", set_config('synchronous_commit', 'off', true)"
 )
 
 // sqlClaimNew is Claim's fast path, sent with BEGIN: a new key costs one

@@ -176,7 +176,7 @@ ins AS (
 	RETURNING fingerprint, token, attempt, taken_over, created_at, updated_at, expires_at),
 done AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
 SELECT {{EXECUTE}}::int2, d.fingerprint, {{IN_PROGRESS}}::int2, d.token, d.attempt, d.taken_over,
-	NULL::bytea, ''::text, ''::text, d.created_at, d.updated_at, d.expires_at, $6::text, NULL::timestamptz, 0::int8
+	NULL::bytea, ''::text, ''::text, d.created_at, d.updated_at, d.expires_at, $6::text, NULL::timestamptz, 0::int8{{TAKEN}}
 FROM done d
 UNION ALL
 SELECT
@@ -189,7 +189,7 @@ SELECT
 	END)::int2,
 	o.fingerprint, o.status, o.token, o.attempt, o.taken_over,
 	o.result, coalesce(o.error_kind, ''), coalesce(o.error_message, ''), o.created_at, o.updated_at, o.expires_at, o.message_uuid,
-	o.retry_at, ` + retryIn("o") + `
+	o.retry_at, ` + retryIn("o") + `{{ANSWERED}}
 FROM o
 WHERE NOT (o.free OR o.carry)`
 
