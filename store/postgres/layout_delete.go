@@ -27,20 +27,28 @@ func (s deleteLayout) claimLease(ctx context.Context, req store.LeaseRequest) (s
 
 // claimTx begins the transaction and claims the key in it: BEGIN and
 // sqlClaimNew in one round trip (pgx.Batch.BeginTx), which takes a new key
-// without waiting; for a key that has a row, or is held, sqlClaim decides
-// in a second round trip, waiting for the holder up to the claim's bound.
+// without waiting and answers a finished one; for a key that has a row in
+// any other state, or is held, sqlClaim decides in a second round trip,
+// waiting for the holder up to the claim's bound.
 func (s deleteLayout) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, h uint64) (store.ClaimResult, pgx.Tx, error) {
 	lock := claimLockKey(h)
 	b := &pgx.Batch{}
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.claimNew, newKeyArgs(true, &req, purge, lock)...)
 	br := conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return store.ClaimResult{}, nil, err
+	_, err := br.Exec()
+	var res store.ClaimResult
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			res, err = scanClaim(rows, req.Scope, req.Key)
+		}
 	}
-	res, tx, taken, err := takeNewKey(br, nil, req)
-	if taken || err != nil {
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	tx := br.Tx()
+	if res.Decision != 0 || err != nil {
 		return res, tx, err
 	}
 	res, err = claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,

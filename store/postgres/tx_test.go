@@ -656,3 +656,43 @@ func TestTransactionalDeadLetter(t *testing.T) {
 		t.Fatalf("%d ledger rows, want 0", n)
 	}
 }
+
+// In the DELETE layout a one-transaction replay costs what a hand-written
+// inbox's does: BEGIN with the claim, then ROLLBACK, two round trips; so
+// does a mismatch. A key another delivery holds goes on to the claim that
+// waits for it, a third round trip.
+func TestTransactionalReplayInTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	count := &statementCounter{}
+	pool := testenv.Pool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = count })
+	s := newStore(t, pool, postgres.Options{})
+	ctx := t.Context()
+	req := func(key, fp string) store.TxRequest {
+		return store.TxRequest{Scope: "rt", Key: key, Fingerprint: fp, SuccessTTL: time.Hour, Wait: 100 * time.Millisecond}
+	}
+	claim := func(r store.TxRequest, want store.Decision) (store.TxResult, statementCounts) {
+		t.Helper()
+		before := count.load()
+		res, err := s.ClaimInTx(ctx, r)
+		if err != nil || res.Decision != want {
+			t.Fatalf("claim of %q = %+v, %v; want %v", r.Key, res.ClaimResult, err, want)
+		}
+		return res, count.load().minus(before)
+	}
+	first, _ := claim(req("done", "fp"), store.DecisionExecute)
+	if err := first.Tx.Commit(ctx, []byte("result")); err != nil {
+		t.Fatal(err)
+	}
+	res, got := claim(req("done", "fp"), store.DecisionReplay)
+	if got.roundTrips != 2 || got.commits != 0 || string(res.Record.Result) != "result" {
+		t.Errorf("replay: %v round trips, %v commits, result %q; want 2, 0 and %q", got.roundTrips, got.commits, res.Record.Result, "result")
+	}
+	if _, got := claim(req("done", "other"), store.DecisionMismatch); got.roundTrips != 2 {
+		t.Errorf("mismatch: %v round trips, want 2", got.roundTrips)
+	}
+	holder, _ := claim(req("held", ""), store.DecisionExecute)
+	defer holder.Tx.Rollback(ctx) //nolint:errcheck // the test's end
+	if _, got := claim(req("held", ""), store.DecisionHeld); got.roundTrips != 3 {
+		t.Errorf("a held key: %v round trips, want 3", got.roundTrips)
+	}
+}
