@@ -162,6 +162,7 @@ func TestPlansUseIndexesWatermarks(t *testing.T) {
 		"wmClaim":        `('g', 't', 0, 42, 'uuid', 5000)`,
 		"wmClaimNew":     `('g', 't', 0, 42, 'uuid', 5000)`,
 		"wmCommitResult": `('g', 't', 0, '\x01'::bytea)`,
+		"wmCommitFast":   `('g', 't', 0, 42, 'uuid', '\x01'::bytea)`,
 		"wmRetryable":    `('g', 't', 0, 42, 2, 3000000)`,
 		"wmFailed":       `('g', 't', 0, 42, 2, 'uuid', 'cached', 'declined')`,
 		"wmLock":         `('g', 't', 0)`,

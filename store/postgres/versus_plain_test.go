@@ -177,23 +177,11 @@ func versusPlain(b *testing.B, handlers int) {
 		b.Fatalf("the plain transaction counted %.3f commits per message, want 1: the counter is wrong", commits)
 	}
 	rate := func(v *versusVariant) float64 {
-		var sum time.Duration
-		for _, d := range v.times {
-			sum += d
-		}
-		return float64(len(v.times)*perRound) / sum.Seconds()
+		return float64(len(v.times)*perRound) / sumDurations(v.times).Seconds()
 	}
 	// ratio is the median over rounds [from, to) of a's rate over ref's.
 	ratio := func(a, ref string, from, to int) float64 {
-		r := make([]float64, 0, to-from)
-		for i := from; i < to; i++ {
-			r = append(r, byName[ref].times[i].Seconds()/byName[a].times[i].Seconds())
-		}
-		slices.Sort(r)
-		if len(r)%2 == 1 {
-			return r[len(r)/2]
-		}
-		return (r[len(r)/2-1] + r[len(r)/2]) / 2
+		return medianRatio(byName[a].times[from:to], byName[ref].times[from:to])
 	}
 	ratios := []struct{ metric, a, ref string }{
 		{"oncemill/inbox", "oncemill", "inbox"},
@@ -220,6 +208,29 @@ func versusPlain(b *testing.B, handlers int) {
 		line += fmt.Sprintf(" %s %.0f msgs/s, %s;", v.name, rate(v), v.spent.String(n))
 	}
 	b.Log(line)
+}
+
+// medianRatio is the median over rounds of a's rate over ref's, a[i] and
+// ref[i] being what round i took each: a slow spell of the machine that
+// falls on a few rounds moves it little.
+func medianRatio(a, ref []time.Duration) float64 {
+	r := make([]float64, len(a))
+	for i := range a {
+		r[i] = ref[i].Seconds() / a[i].Seconds()
+	}
+	slices.Sort(r)
+	if len(r)%2 == 1 {
+		return r[len(r)/2]
+	}
+	return (r[len(r)/2-1] + r[len(r)/2]) / 2
+}
+
+func sumDurations(ds []time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return sum
 }
 
 // warm opens one connection per handler.

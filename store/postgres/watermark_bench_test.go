@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/testenv"
@@ -21,26 +24,34 @@ import (
 )
 
 // BenchmarkWatermarkVersusPlain compares the watermark mode on Kafka with
-// the plain pgx transaction a hand-written consumer would use, and with
-// oncemill's key mode (receiver.NewTransactional on the DELETE layout,
-// keyed by message UUID), in one run, the method of
+// the hand-written code that does the same work, in one run, the method of
 // BenchmarkTransactionalVersusPlain: each handler inserts one business row
-// through its transaction; the three variants take turns in rounds of the
-// same number of messages, the order rotating each round, each on a pool of
-// its own warmed to the partition count, from freshly made tables. Each
-// partition has its own handler goroutine, which delivers its partition's
-// offsets in order, as a Watermill Kafka subscriber does. It reports, per
-// partition count:
+// through its transaction; the variants take turns in rounds of the same
+// number of messages, the order rotating each round, each on a pool of its
+// own (meteredPool) warmed to the partition count, writing tables of its
+// own that start empty. Each partition has its own handler goroutine, which
+// delivers its partition's offsets in order, as a Watermill Kafka
+// subscriber does. The variants:
 //
-//   - watermark/plain and watermark/keymode: the watermark mode's msgs/s
-//     over the other two's, over the whole run;
-//   - commits/msg and round-trips/msg of the watermark mode, counted on its
-//     pool's connections;
-//   - wm-rows: the rows of the watermark table at the end (one per
-//     partition), and wm-bytes its total size, after every message;
-//   - msgs/s of each variant.
+//   - plain: BEGIN, the INSERT, COMMIT: no offset tracked, the ceiling;
+//   - keymode: receiver.NewTransactional on the DELETE layout, keyed by
+//     message UUID;
+//   - floor: the hand-written watermark in the watermark mode's two round
+//     trips (floorHandler): BEGIN with the INSERT, then a guarded UPDATE of
+//     the partition's row sent with COMMIT;
+//   - watermark: receiver.NewTransactional with WithKafkaWatermark.
 //
-// Run it once (about 6 minutes):
+// It reports, per partition count, throughput ratios as the median over
+// the rounds of the two variants' rates in that round: watermark/floor,
+// watermark/plain and watermark/keymode; and per variant, over its rounds,
+// <variant>-msgs/s and per message <variant>-client-µs/msg,
+// <variant>-server-µs/msg, <variant>-round-trips/msg and
+// <variant>-commits/msg (see BenchmarkTransactionalVersusPlain); wm-rows,
+// the rows of the watermark table at the end (one per partition), and
+// wm-bytes its total size. Every goroutine of a variant's rounds carries the
+// pprof label variant=<name>, for a CPU profile's -tagfocus.
+//
+// Run it once (about 3 minutes on a 2-core machine):
 //
 //	go test -run='^$' -bench=WatermarkVersusPlain -benchtime=1x -timeout=30m ./store/postgres
 //
@@ -56,15 +67,20 @@ func BenchmarkWatermarkVersusPlain(b *testing.B) {
 	}
 }
 
+// wmVariants are BenchmarkWatermarkVersusPlain's variants, in the order of
+// the first round; each name is also its ledger's prefix.
+var wmVariants = []string{"plain", "keymode", "floor", "watermark"}
+
 // wmVariant is one way of handling a message at (partition, offset), with
-// the pool it runs on and the tracer counting that pool's statements.
+// the pool it runs on, that pool's meter, and what its rounds took and
+// spent.
 type wmVariant struct {
 	name   string
 	handle func(ctx context.Context, partition int, offset int64, key string) error
 	pool   *pgxpool.Pool
-	count  *statementCounter
+	meter  *poolMeter
 	times  []time.Duration
-	counts []statementCounts
+	spent  meterSpent
 }
 
 func watermarkVersusPlain(b *testing.B, partitions int) {
@@ -74,40 +90,35 @@ func watermarkVersusPlain(b *testing.B, partitions int) {
 		rounds, perRound = versusRoundsShort, versusRoundShort
 	}
 	perRound -= perRound % partitions
-	tracedPool := func() (*pgxpool.Pool, *statementCounter) {
-		c := &statementCounter{}
-		return testenv.Pool(b, func(cfg *pgxpool.Config) {
-			cfg.MaxConns = int32(partitions)
-			cfg.ConnConfig.Tracer = c
-		}), c
+	admin := testenv.Pool(b)
+	schema := testenv.Schema(b, admin)
+	ident := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	variants := make([]*wmVariant, len(wmVariants))
+	byName := map[string]*wmVariant{}
+	for i, name := range wmVariants {
+		pool, meter := meteredPool(b, partitions)
+		variants[i] = &wmVariant{name: name, pool: pool, meter: meter}
+		byName[name] = variants[i]
 	}
-	plainPool, plainCount := tracedPool()
-	keyPool, keyCount := tracedPool()
-	wmPool, wmCount := tracedPool()
-	schema := testenv.Schema(b, plainPool)
-	keySt := newStore(b, keyPool, postgres.Options{Schema: schema})
-	wmSt := newStore(b, wmPool, postgres.Options{Schema: schema, Table: "wm_records"})
-	tables := map[string]string{}
-	for _, name := range []string{"plain", "keymode", "watermark"} {
-		tables[name] = pgx.Identifier{schema, name + "_ledger"}.Sanitize()
-		if _, err := plainPool.Exec(ctx, "CREATE TABLE "+tables[name]+" (key text PRIMARY KEY, amount int NOT NULL)"); err != nil {
+	keySt := newStore(b, byName["keymode"].pool, postgres.Options{Schema: schema})
+	wmSt := newStore(b, byName["watermark"].pool, postgres.Options{Schema: schema, Table: "wm_records"})
+	for _, name := range wmVariants {
+		if _, err := admin.Exec(ctx, "CREATE TABLE "+ident(name+"_ledger")+" (key text PRIMARY KEY, amount int NOT NULL)"); err != nil {
 			b.Fatal(err)
 		}
 	}
-	insert := func(name string) string { return "INSERT INTO " + tables[name] + " (key, amount) VALUES ($1, 100)" }
-	plainInsert, keyInsert, wmInsert := insert("plain"), insert("keymode"), insert("watermark")
-
-	plain := func(ctx context.Context, _ int, _ int64, key string) error {
-		tx, err := plainPool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a no-op after Commit
-		if _, err := tx.Exec(ctx, plainInsert, key); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
+	floorTable := ident("floor_watermarks")
+	if _, err := admin.Exec(ctx, "CREATE TABLE "+floorTable+` (group_id text, topic text, partition int4, next_offset int8 NOT NULL,
+		PRIMARY KEY (group_id, topic, partition))`); err != nil {
+		b.Fatal(err)
 	}
+	if _, err := admin.Exec(ctx, "INSERT INTO "+floorTable+" SELECT 'bench', 'orders', p, 0 FROM generate_series(0, $1::int - 1) AS p", partitions); err != nil {
+		b.Fatal(err)
+	}
+
+	plain := insertIn(byName["plain"].pool, ident("plain_ledger"))
+	byName["plain"].handle = func(ctx context.Context, _ int, _ int64, key string) error { return plain(ctx, key) }
+	byName["floor"].handle = floorHandler(byName["floor"].pool, floorTable, ident("floor_ledger"))
 	handler := func(sql string) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			tx, _ := postgres.TxFromContext(msg.Context())
@@ -115,11 +126,14 @@ func watermarkVersusPlain(b *testing.B, partitions int) {
 			return nil, err
 		}
 	}
+	insert := func(name string) string {
+		return "INSERT INTO " + ident(name+"_ledger") + " (key, amount) VALUES ($1, 100)"
+	}
 	keyR, err := receiver.NewTransactional(keySt).WithScope("bench").Build()
 	if err != nil {
 		b.Fatal(err)
 	}
-	keyH := keyR.Middleware(handler(keyInsert))
+	keyH := keyR.Middleware(handler(insert("keymode")))
 	wmR, err := receiver.NewTransactional(wmSt).WithKafkaWatermark(pipeline.KafkaWatermark{
 		Group:    "bench",
 		Position: wmPosition,
@@ -130,13 +144,13 @@ func watermarkVersusPlain(b *testing.B, partitions int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	wmH := wmR.Middleware(handler(wmInsert))
+	wmH := wmR.Middleware(handler(insert("watermark")))
 	payload := []byte(`{"amount":100}`)
-	keymode := func(_ context.Context, _ int, _ int64, key string) error {
+	byName["keymode"].handle = func(_ context.Context, _ int, _ int64, key string) error {
 		_, err := keyH(message.NewMessage(key, payload))
 		return err
 	}
-	watermark := func(_ context.Context, partition int, offset int64, key string) error {
+	byName["watermark"].handle = func(_ context.Context, partition int, offset int64, key string) error {
 		msg := message.NewMessage(key, payload)
 		msg.Metadata.Set("partition", strconv.Itoa(partition))
 		msg.Metadata.Set("offset", strconv.FormatInt(offset, 10))
@@ -144,77 +158,120 @@ func watermarkVersusPlain(b *testing.B, partitions int) {
 		return err
 	}
 
-	variants := []*wmVariant{
-		{name: "plain", handle: plain, pool: plainPool, count: plainCount},
-		{name: "keymode", handle: keymode, pool: keyPool, count: keyCount},
-		{name: "watermark", handle: watermark, pool: wmPool, count: wmCount},
-	}
+	// Each variant's connections, and its statements prepared on each of
+	// them, before the first round: warmUpPer offsets a partition.
+	const warmUpPer = 10
 	for _, v := range variants {
 		warm(b, v.pool, partitions)
+		wmRoundRun(b, partitions, warmUpPer, 0, v.handle)
 	}
-	var offset int64 // the partitions' next offset: each gets perRound/partitions a round
+	offset := int64(warmUpPer) // the partitions' next offset: each gets perRound/partitions a round
 	for round := range rounds {
 		for j := range variants {
 			v := variants[(round+j)%len(variants)]
-			before := v.count.load()
-			v.times = append(v.times, wmRoundRun(b, partitions, perRound/partitions, offset, v.handle))
-			v.counts = append(v.counts, v.count.load().minus(before))
+			before := v.meter.read(b)
+			pprof.Do(ctx, pprof.Labels("variant", v.name), func(context.Context) {
+				v.times = append(v.times, wmRoundRun(b, partitions, perRound/partitions, offset, v.handle))
+			})
+			runtime.GC()
+			v.spent = v.spent.plus(before, v.meter.read(b))
 		}
 		offset += int64(perRound / partitions)
 	}
-	plainV, keyV, wmV := variants[0], variants[1], variants[2]
-	total := rounds * perRound
-	for name, t := range tables {
-		var n int
-		if err := plainPool.QueryRow(ctx, "SELECT count(*) FROM "+t).Scan(&n); err != nil {
+	n := rounds * perRound
+	for _, name := range wmVariants {
+		var rows int
+		if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+ident(name+"_ledger")).Scan(&rows); err != nil {
 			b.Fatal(err)
 		}
-		if n != total {
-			b.Fatalf("%s: the ledger holds %d rows after %d messages", name, n, total)
+		if want := n + warmUpPer*partitions; rows != want {
+			b.Fatalf("%s: the ledger holds %d rows after %d messages", name, rows, want)
 		}
 	}
-	wmTable := pgx.Identifier{schema, "wm_records_watermarks"}.Sanitize()
+	var floorBehind int
+	if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+floorTable+" WHERE next_offset <> $1", offset).Scan(&floorBehind); err != nil || floorBehind != 0 {
+		b.Fatalf("%d partitions of the floor's watermarks are not at offset %d (%v)", floorBehind, offset, err)
+	}
+	wmTable := ident("wm_records_watermarks")
 	var wmRows int
 	var wmBytes int64
-	if err := plainPool.QueryRow(ctx, "SELECT count(*), pg_total_relation_size($1) FROM "+wmTable, wmTable).Scan(&wmRows, &wmBytes); err != nil {
+	if err := admin.QueryRow(ctx, "SELECT count(*), pg_total_relation_size($1) FROM "+wmTable, wmTable).Scan(&wmRows, &wmBytes); err != nil {
 		b.Fatal(err)
 	}
 	if wmRows != partitions {
-		b.Fatalf("the watermark table holds %d rows after %d messages on %d partitions", wmRows, total, partitions)
+		b.Fatalf("the watermark table holds %d rows after %d messages on %d partitions", wmRows, n, partitions)
 	}
-	rate := func(ds []time.Duration) float64 {
-		var sum time.Duration
-		for _, d := range ds {
-			sum += d
+	if _, _, _, commits := byName["plain"].spent.perMessage(n); commits != 1 {
+		b.Fatalf("the plain transaction counted %.3f commits per message, want 1: the counter is wrong", commits)
+	}
+	line := fmt.Sprintf("partitions=%d: %d rounds of %d messages per variant;", partitions, rounds, perRound)
+	for _, ref := range []string{"floor", "plain", "keymode"} {
+		r := medianRatio(byName["watermark"].times, byName[ref].times)
+		b.ReportMetric(r, "watermark/"+ref)
+		line += fmt.Sprintf(" watermark/%s %.3f;", ref, r)
+	}
+	for _, v := range variants {
+		client, server, rt, commits := v.spent.perMessage(n)
+		rate := float64(n) / sumDurations(v.times).Seconds()
+		b.ReportMetric(rate, v.name+"-msgs/s")
+		b.ReportMetric(client, v.name+"-client-µs/msg")
+		if v.spent.serverRead {
+			b.ReportMetric(server, v.name+"-server-µs/msg")
 		}
-		return float64(len(ds)*perRound) / sum.Seconds()
+		b.ReportMetric(rt, v.name+"-round-trips/msg")
+		b.ReportMetric(commits, v.name+"-commits/msg")
+		line += fmt.Sprintf(" %s %.0f msgs/s, %s;", v.name, rate, v.spent.String(n))
 	}
-	perMsg := func(v *wmVariant) statementCounts {
-		var sum statementCounts
-		for _, c := range v.counts {
-			sum.commits += c.commits
-			sum.roundTrips += c.roundTrips
-		}
-		n := float64(len(v.counts) * perRound)
-		return statementCounts{commits: sum.commits / n, roundTrips: sum.roundTrips / n}
-	}
-	if c := perMsg(plainV); c.commits != 1 {
-		b.Fatalf("the plain transaction counted %.3f commits per message, want 1: the counter is wrong", c.commits)
-	}
-	vsPlain := rate(wmV.times) / rate(plainV.times)
-	vsKey := rate(wmV.times) / rate(keyV.times)
-	wc := perMsg(wmV)
-	b.ReportMetric(vsPlain, "watermark/plain")
-	b.ReportMetric(vsKey, "watermark/keymode")
-	b.ReportMetric(wc.commits, "commits/msg")
-	b.ReportMetric(wc.roundTrips, "round-trips/msg")
 	b.ReportMetric(float64(wmRows), "wm-rows")
 	b.ReportMetric(float64(wmBytes), "wm-bytes")
-	b.ReportMetric(rate(plainV.times), "plain-msgs/s")
-	b.ReportMetric(rate(keyV.times), "keymode-msgs/s")
-	b.ReportMetric(rate(wmV.times), "watermark-msgs/s")
-	b.Logf("partitions=%d: %d rounds of %d messages per variant; plain %.0f msgs/s, key mode %.0f msgs/s, watermark %.0f msgs/s: %.3f of plain, %.3f of the key mode; %.3f commits and %.3f round trips per message; watermark table %d rows, %d bytes",
-		partitions, rounds, perRound, rate(plainV.times), rate(keyV.times), rate(wmV.times), vsPlain, vsKey, wc.commits, wc.roundTrips, wmRows, wmBytes)
+	b.Log(line + fmt.Sprintf(" watermark table %d rows, %d bytes", wmRows, wmBytes))
+}
+
+// floorHandler is the hand-written watermark, as cheap as pgx allows, in
+// the watermark mode's fast path's two round trips: BEGIN and the business
+// row in one, then the partition's row moved past the offset, only if it is
+// still at or below it, sent with COMMIT. A guard that fails divides by
+// zero, which aborts the transaction, so the COMMIT after it commits
+// nothing.
+func floorHandler(pool *pgxpool.Pool, watermarks, ledger string) func(context.Context, int, int64, string) error {
+	insert := "INSERT INTO " + ledger + " (key, amount) VALUES ($1, 100)"
+	guard := "WITH up AS (UPDATE " + watermarks + " SET next_offset = $4::int8 + 1" +
+		" WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset <= $4::int8 RETURNING 1) SELECT 1 / count(*) FROM up"
+	return func(ctx context.Context, partition int, offset int64, key string) (err error) {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil && conn.Conn().PgConn().TxStatus() != 'I' {
+				_, _ = conn.Exec(context.WithoutCancel(ctx), "rollback") // err says what went wrong
+			}
+			conn.Release()
+		}()
+		batch := &pgx.Batch{}
+		batch.Queue("begin")
+		batch.Queue(insert, key)
+		if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		batch = &pgx.Batch{}
+		batch.Queue(guard, "bench", "orders", partition, offset)
+		batch.Queue("commit")
+		br := conn.SendBatch(ctx, batch)
+		var one int
+		err = br.QueryRow().Scan(&one)
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("floor: partition %d offset %d: %s", partition, offset, tag)
+		}
+		return err
+	}
 }
 
 // wmRoundRun runs one round of a variant: one goroutine per partition

@@ -310,6 +310,58 @@ func TestWatermarkFastPathStaleCache(t *testing.T) {
 	}
 }
 
+// The fast path's commit defers to the row when another owner counted an
+// attempt of the offset after this process's last commit: the commit finds
+// an attempt counted (and here a pause), nothing commits, the store says so
+// with store.ErrLeaseLost, and the pessimistic claim decides from the row:
+// held back by the pause, then the second attempt.
+func TestWatermarkFastPathDefersToAttempts(t *testing.T) {
+	t.Parallel()
+	f := newWMFast(t, postgres.Options{})
+	ctx := t.Context()
+	const pause = time.Minute
+	commitAt(t, f.w, 0) // this process knows watermark 1
+	rollBackAt(t, f.watermarks(t), 1, 1, store.Completion{Status: store.StatusRetryable, TTL: time.Hour, RetryAfter: pause})
+
+	res := claimAt(t, f.w, 1)
+	if res.Decision != store.DecisionExecute {
+		t.Fatalf("decision %v: the fast path executes", res.Decision)
+	}
+	if err := res.Tx.Commit(ctx, nil); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("commit over another owner's attempt: %v, want store.ErrLeaseLost", err)
+	}
+	if n := f.next(t); n != 1 || f.retryAt(t) == nil {
+		t.Fatalf("the fast commit moved the watermark to %d past the pause", n)
+	}
+	heldAt(t, f.w, 1, 1, pause)
+	f.passPause(t, pause)
+	res = claimAt(t, f.w, 1)
+	if res.Decision != store.DecisionExecute || res.Claim.Attempt != 2 {
+		t.Fatalf("after the pause: %v at attempt %d, want execute at attempt 2", res.Decision, res.Claim.Attempt)
+	}
+	if err := res.Tx.Commit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if ws, err := f.st.Watermarks(ctx, "g", "t"); err != nil || ws[0].Next != 2 || ws[0].AttemptOffset != 1 || ws[0].Attempts != 2 {
+		t.Fatalf("after the second attempt: %+v, %v", ws, err)
+	}
+	// The fast path again: the row as a first attempt leaves it.
+	res = claimAt(t, f.w, 2)
+	if res.Claim.Attempt != 1 {
+		t.Fatalf("offset 2: attempt %d, want 1", res.Claim.Attempt)
+	}
+	if err := res.Tx.Commit(ctx, []byte("out")); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := f.st.Watermarks(ctx, "g", "t")
+	if err != nil || ws[0].Next != 3 || ws[0].LastOffset != 2 || ws[0].AttemptOffset != 2 || ws[0].Attempts != 1 || ws[0].LastStatus != store.StatusSucceeded {
+		t.Fatalf("after the fast commit of offset 2: %+v, %v", ws, err)
+	}
+	if res := claimAt(t, f.w, 2); res.Decision != store.DecisionReplay || string(res.Record.Result) != "out" || res.Record.Attempt != 1 {
+		t.Fatalf("offset 2's redelivery: %v, %+v; want its produced messages replayed at attempt 1", res.Decision, res.Record)
+	}
+}
+
 // Only the offset right after the process's own commit takes the fast
 // path: one further on (a gap, or offsets another owner handled before a
 // rebalance brought the partition back) is claimed the pessimistic way, in

@@ -14,13 +14,15 @@ import (
 // claim of the next offset sends nothing: the handler's transaction
 // begins with its first statement, BEGIN and statement in one round trip
 // (lazytx), and the commit does the claim's work, in COMMIT's round trip,
-// with sqlWatermarkCommitFast, which advances the watermark if it is still
-// at or below the offset, and otherwise fails, which aborts the
-// transaction, so the COMMIT pipelined after it commits nothing. Two owners
-// of a partition are then ordered at the commit, by the row's lock, rather
-// than at the claim: the second finds the watermark moved, rolls back, and
-// its delivery is answered from the row (errWatermarkMoved: the stage
-// claims again, the pessimistic way, and replays).
+// with sqlWatermarkCommitFast, which advances the watermark if the row is
+// still what a clean commit of an earlier offset left (the watermark at or
+// below the offset, no attempt of it counted), and otherwise fails, which
+// aborts the transaction, so the COMMIT pipelined after it commits nothing.
+// Two owners of a partition are then ordered at the commit, by the row's
+// lock, rather than at the claim: the second finds the watermark moved (or
+// an attempt counted), rolls back, and its delivery is decided from the row
+// (errWatermarkMoved: the stage claims again, the pessimistic way, and
+// replays, holds back or runs again).
 //
 // Everything but a clean commit forgets the partition (a claim takes the
 // entry out): a failure, a rollback, a duplicate, an offset below the

@@ -42,12 +42,15 @@ type Mode struct {
 	// cache holds the watermarks this process committed last, for the fast
 	// path (fast.go).
 	cache wmCache
+	// group is cfg.Group as a statement's argument, boxed once rather
+	// than at each commit.
+	group any
 }
 
 var _ store.Transactional = (*Mode)(nil)
 
 // New returns the mode for cfg.Group.
-func New(cfg Config) *Mode { return &Mode{cfg: cfg} }
+func New(cfg Config) *Mode { return &Mode{cfg: cfg, group: cfg.Group} }
 
 // Limits implements store.Transactional: the store's.
 func (m *Mode) Limits() store.Limits { return m.cfg.Limits }

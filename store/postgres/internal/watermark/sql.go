@@ -30,11 +30,12 @@ import "strings"
 // offset ($5: its message UUID), unless the offset is below the watermark
 // ({{DUP}}) or the row holds its next attempt back ({{KEEP}}, which is
 // {{DUP}} or wmHeld): then every column keeps its value but duplicate,
-// set for a duplicate only (wmReturning tells the answers apart). The SET expressions read the row as it was
-// before the statement. The claims store no result ({{RESULT}} NULL: the
-// commit does) and clear retry_at when they execute (wmClearRetry); the
-// fast path's commit (fast.go) uses it with {{DUP}} and {{KEEP}} false,
-// storing its produced messages.
+// set for a duplicate only (wmReturning tells the answers apart). The SET
+// expressions read the row as it was before the statement. The claims store
+// no result ({{RESULT}} NULL: the commit does) and clear retry_at when they
+// execute (wmClearRetry). The fast path's commit (sqlWatermarkCommitFast)
+// writes what an executing claim of a first attempt would, with a guard in
+// place of the CASEs: a change here is a change there.
 const wmSet = `
 		duplicate = {{DUP}},
 		next_offset = CASE WHEN {{KEEP}} THEN w.next_offset ELSE $4::int8 + 1 END,
@@ -207,31 +208,37 @@ SELECT next_offset FROM {{WATERMARKS}} WHERE group_id = $1 AND topic = $2 AND pa
 // sqlWatermarkCommitFast is the fast path's claim, sent with COMMIT: $1
 // group, $2 topic, $3 partition, $4 offset, $5 message UUID, $6 produced
 // messages. It moves the watermark past the offset and records it as the
-// last one with the claims' SET list (wmSet, as a non-duplicate), if the
-// watermark is still at or below the offset, waiting for the row's lock if
-// another owner holds it; it returns the row's new token. If the watermark moved
-// past the offset, no row is updated and the statement fails casting
-// wmMovedMarker to a number (SQLSTATE 22P02, the marker in the message):
-// the error aborts the transaction on the server. One plain statement
-// rather than a PL/pgSQL function that raises a code of its own: the
-// function's call cost 1-4% of the benchmark's throughput.
+// last one, as an executing claim with its first attempt would, if the
+// row is what a clean commit of an earlier offset left: the watermark at
+// or below the offset, the last outcome a success, and no attempt of the
+// offset counted (attempt_offset below it: no retryable failure, no pause,
+// no move to it). It waits for the row's lock if another owner holds it,
+// and returns the row's new token. Anything else updates no row, and the
+// statement fails casting wmMovedMarker to a number (SQLSTATE 22P02, the
+// marker in the message): the error aborts the transaction on the server,
+// and the stage claims again the pessimistic way, which decides from the
+// row. One plain statement rather than a PL/pgSQL function that raises a
+// code of its own: the function's call cost 1-4% of the benchmark's
+// throughput.
 //
-// It neither reads nor writes retry_at (wmHeld). It runs only after this
-// process's clean commit of the previous offset, and decides at the commit,
-// after the handler ran: a pause could not hold it back, only waste the
-// attempt. Leaving retry_at is correct: the statement moves the watermark
-// past attempt_offset ($4 both), and a retry_at counts only for a claim of
-// attempt_offset at or above the watermark, which then is a duplicate;
-// every statement that leaves attempt_offset at or above the watermark
+// Under that guard it sets only what differs from the row after an
+// executing claim (wmSet), so no CASE: last_status is already a success,
+// and then last_error_kind and last_error_message are NULL (no statement
+// writes a success with them set); attempts is 1 and attempt_offset the
+// offset, as a first attempt's; duplicate and contended are scratch every
+// claim sets before it reads them. It leaves retry_at, which only holds
+// back a claim of attempt_offset at or above the watermark (wmHeld): the
+// statement moves attempt_offset to the offset and the watermark past it,
+// and every statement that leaves attempt_offset at or above the watermark
 // writes retry_at (sqlWatermarkRetryable, sqlMoveWatermark; a new row has
 // none).
-// Another owner's pause of this offset (two rebalances between this
-// process's commit and this claim) is the one it does not keep.
 const sqlWatermarkCommitFast = `
 WITH up AS (
-	UPDATE {{WATERMARKS}} AS w SET` + wmSet + `
-	WHERE w.group_id = $1 AND w.topic = $2 AND w.partition = $3 AND w.next_offset <= $4::int8
-	RETURNING w.token
+	UPDATE {{WATERMARKS}} SET next_offset = $4::int8 + 1, last_offset = $4::int8, last_result = $6::bytea,
+		last_message_uuid = $5::text, attempt_offset = $4::int8, attempts = 1, token = token + 1, updated_at = now()
+	WHERE group_id = $1 AND topic = $2 AND partition = $3
+		AND next_offset <= $4::int8 AND attempt_offset < $4::int8 AND last_status = {{SUCCEEDED}}
+	RETURNING token
 )
 SELECT coalesce((SELECT token::text FROM up), '` + wmMovedMarker + `')::int8`
 
@@ -257,7 +264,7 @@ func NewStatements(render func(string) string) Statements {
 		claim:        r(strings.NewReplacer("{{DUP}}", wmDup, "{{KEEP}}", wmKeep, "{{CONTENDED}}", wmContended, "{{RESULT}}", "NULL").Replace(sqlWatermarkClaim)),
 		claimNew:     r(strings.NewReplacer("{{DUP}}", wmDup, "{{KEEP}}", wmKeep, "{{CONTENDED}}", "true", "{{RESULT}}", "NULL").Replace(sqlWatermarkClaimNew)),
 		commitResult: r(sqlWatermarkCommitResult),
-		commitFast:   r(strings.NewReplacer("{{DUP}}", "false", "{{KEEP}}", "false", "{{CONTENDED}}", "false", "{{RESULT}}", "$6::bytea").Replace(sqlWatermarkCommitFast)),
+		commitFast:   r(sqlWatermarkCommitFast),
 		retryable:    r(sqlWatermarkRetryable),
 		failed:       r(sqlWatermarkFailed),
 		List:         r(sqlWatermarks),
@@ -271,7 +278,7 @@ func NewStatements(render func(string) string) Statements {
 // delete, by name, for the tests of their plans.
 func (q Statements) ByName() map[string]string {
 	return map[string]string{
-		"wmClaim": q.claim, "wmClaimNew": q.claimNew, "wmCommitResult": q.commitResult, "wmRetryable": q.retryable, "wmFailed": q.failed,
+		"wmClaim": q.claim, "wmClaimNew": q.claimNew, "wmCommitResult": q.commitResult, "wmCommitFast": q.commitFast, "wmRetryable": q.retryable, "wmFailed": q.failed,
 		"wmLock": q.Lock, "wmMove": q.Move, "wmDelete": q.Delete,
 	}
 }
