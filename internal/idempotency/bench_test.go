@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"runtime/metrics"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/oncemill/oncemill/internal/idempotency"
+	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -41,10 +43,15 @@ func benchStage(b *testing.B) *idempotency.Leased {
 
 // BenchmarkRouterThroughput runs the same router on gochannel bare, with
 // oncemill as the builder makes it (idempotency and a delivery span), with
-// Watermill's Deduplicator, with oncemill with every option (full-chain), and
-// with the idempotency stage alone, in one process. The five routers take
-// turns (takeTurns), and the ratios are reported directly. Every message is unique, so oncemill executes each one
-// and stores its record: this is its full cost.
+// Watermill's Deduplicator, with oncemill with every option (full-chain),
+// with the idempotency stage alone, and with a middleware that only calls
+// the handler (passthrough/bare: how far apart two routers doing the same
+// work land, the resolution of oncemill/bare), in one process. The routers
+// take turns (takeTurns), and the ratios are reported directly. Every
+// message is unique, so oncemill executes each one and stores its record:
+// this is its full cost. docs/benchmarks.md runs it as
+//
+//	go test -run='^$' -bench='RouterThroughput$' -benchtime=40000x -count=3 ./internal/idempotency
 func BenchmarkRouterThroughput(b *testing.B) {
 	dedup := &middleware.Deduplicator{KeyFactory: func(m *message.Message) (string, error) { return m.UUID, nil }}
 	routers := []*benchedRouter{
@@ -53,6 +60,7 @@ func BenchmarkRouterThroughput(b *testing.B) {
 		startBenchedRouter(b, "deduplicator", dedup.Middleware),
 		startBenchedRouter(b, "full-chain", benchReceiver(b, true).Middleware),
 		startBenchedRouter(b, "stage-alone", benchStage(b).Middleware),
+		startBenchedRouter(b, "passthrough", passthrough),
 	}
 	b.ReportAllocs()
 	takeTurns(b, routers)
@@ -105,7 +113,7 @@ func cpuWork(d time.Duration) func() {
 // routers land on this machine, the resolution of any ratio measured here.
 // "stage-nop-store" is the idempotency stage over a store that keeps nothing
 // (every ClaimLease executes): the stage's own work. "stage-memory-store" is the
-// stage as BenchmarkRouterThroughput runs it. docs/benchmarks.md runs it as
+// stage as BenchmarkRouterThroughput runs it. Run it as
 //
 //	go test -run='^$' -bench=RouterOverhead -count=3 ./internal/idempotency
 func BenchmarkRouterOverhead(b *testing.B) {
@@ -123,7 +131,10 @@ func BenchmarkRouterOverhead(b *testing.B) {
 
 // takeTurns runs b.N messages through each router in batches of 1,000, the
 // order rotating each round, so that a noisy machine slows all of them
-// alike, and reports each rate and its ratio to the first router's.
+// alike, and reports each rate and its ratio to the first router's, and
+// what a message cost the process during the router's turns: CPU time (its
+// garbage collector's included) and heap allocations. The costs move far
+// less than the rates on a shared machine.
 func takeTurns(b *testing.B, routers []*benchedRouter) {
 	const batch = 1000
 	b.ResetTimer()
@@ -136,6 +147,8 @@ func takeTurns(b *testing.B, routers []*benchedRouter) {
 	base := routers[0]
 	for _, r := range routers {
 		b.ReportMetric(r.rate(), r.name+"-msgs/s")
+		b.ReportMetric(float64(r.cpu.Microseconds())/float64(r.sent), r.name+"-cpu-µs/msg")
+		b.ReportMetric(float64(r.allocs)/float64(r.sent), r.name+"-allocs/msg")
 		if r != base {
 			b.ReportMetric(r.rate()/base.rate(), r.name+"/"+base.name)
 		}
@@ -197,6 +210,8 @@ type benchedRouter struct {
 	reached chan struct{}
 	elapsed time.Duration
 	sent    int
+	cpu     time.Duration // the process's CPU time during the turns
+	allocs  uint64        // the process's heap allocations during the turns
 }
 
 // startBenchedRouter starts a router on its own gochannel, with mw (if any)
@@ -234,6 +249,7 @@ func startBenchedRouter(b *testing.B, name string, mw message.HandlerMiddleware,
 // producer would, and waits until the handler has seen them all.
 func (r *benchedRouter) run(b *testing.B, n int) {
 	r.target.Store(r.handled.Load() + int64(n))
+	cpu, allocs := processCPU(b), heapAllocs()
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		if err := r.pubSub.Publish("in", message.NewMessage(watermill.NewUUID(), benchPayload)); err != nil {
@@ -242,7 +258,25 @@ func (r *benchedRouter) run(b *testing.B, n int) {
 	}
 	<-r.reached
 	r.elapsed += time.Since(start)
+	r.cpu += processCPU(b) - cpu
+	r.allocs += heapAllocs() - allocs
 	r.sent += n
+}
+
+func processCPU(b *testing.B) time.Duration {
+	t, err := testenv.ProcessCPU()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return t
+}
+
+// heapAllocs is the number of heap objects the process has allocated so
+// far; unlike runtime.ReadMemStats, reading it does not stop the world.
+func heapAllocs() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 func (r *benchedRouter) rate() float64 { return float64(r.sent) / r.elapsed.Seconds() }

@@ -172,6 +172,15 @@ func (s *Leased) finish(ctx context.Context, e *execution, out store.Completion)
 	if err == nil || isFinal(err) {
 		return err
 	}
+	return s.finishLater(ctx, e, out, err)
+}
+
+// finishLater is finish's retries after a first Complete failed with err.
+// Not inlined: its backoff and timeout would take finish's stack frame, on
+// the deepest path of every delivery.
+//
+//go:noinline
+func (s *Leased) finishLater(ctx context.Context, e *execution, out store.Completion, err error) error {
 	held := e.heldFor()
 	if held <= 0 {
 		return err

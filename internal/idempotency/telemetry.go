@@ -260,6 +260,7 @@ func (t *telemetry) metering() bool { return t.idleMP == nil || otel.GetMeterPro
 // The span ends however the chain returns, a panic included.
 func (t *telemetry) wrap(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		growStack(0) // the router goroutine's stack grows here, not deep in the store call (stack.go)
 		if !t.tracing() {
 			return h(msg)
 		}
