@@ -239,25 +239,37 @@ func minimalLease(ctx context.Context, c redis.Cmdable, prefix string) func(i in
 // connections (writeCounter: one a command sent alone, one a pipelined
 // flush). ONCEMILL_BENCH_REDIS_SERVER names another server binary (a
 // valkey-server, for SET IFEQ). b.N is the number of messages. -short
-// runs two of the setups.
+// runs two of the setups. The wait=1 setups run the store with
+// Options.WaitReplicas 1 on a private primary with one replica of its own
+// (server-µs/msg is the primary's); the references there do not wait.
 //
 //	go test -run='^$' -bench=VersusSetNX -benchtime=20000x -count=3 ./store/redisstore
 func BenchmarkVersusSetNX(b *testing.B) {
-	srv := startPrivateRedis(b)
+	plain := startPrivateRedis(b)
+	pair := startReplicated(b) // the wait=1 setups'
 	type setup struct {
 		n            int
 		autoPipeline bool
+		wait         int
 	}
-	setups := []setup{{1, false}, {4, false}, {16, false}, {4, true}, {16, true}}
+	setups := []setup{{1, false, 0}, {4, false, 0}, {16, false, 0}, {4, true, 0}, {16, true, 0}, {1, false, 1}, {16, false, 1}}
 	if testing.Short() { // a check that it runs: one of each transport
-		setups = []setup{{1, false}, {16, true}}
+		setups = []setup{{1, false, 0}, {16, true, 0}, {16, false, 1}}
 	}
 	for _, tt := range setups {
-		b.Run(fmt.Sprintf("handlers=%d/autopipeline=%v", tt.n, tt.autoPipeline), func(b *testing.B) {
+		name := fmt.Sprintf("handlers=%d/autopipeline=%v", tt.n, tt.autoPipeline)
+		if tt.wait > 0 {
+			name += fmt.Sprintf("/wait=%d", tt.wait)
+		}
+		b.Run(name, func(b *testing.B) {
+			srv := plain
+			if tt.wait > 0 {
+				srv = pair.primary
+			}
 			var wc writeCounter
 			c := connect(b, srv.addr, &redis.Options{PoolSize: tt.n, Dialer: wc.dialer}, "")
 			prefix := testPrefix(b, c)
-			s := newStore(b, c, redisstore.Options{Prefix: prefix, AutoPipeline: tt.autoPipeline})
+			s := newStore(b, c, redisstore.Options{Prefix: prefix, AutoPipeline: tt.autoPipeline, WaitReplicas: tt.wait})
 			ctx := context.Background()
 			// via sends the references' commands: the transport oncemill
 			// uses, never a pipelined one beside an unpipelined one.

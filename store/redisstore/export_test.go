@@ -63,7 +63,7 @@ func SetIfEqRefused(s *Store) bool { return s.noSetIfEq.Load() }
 func ScriptName(sha string) string {
 	for name, script := range map[string]*redis.Script{
 		"claim": claimScript, "finish": finishScript, "setIfEq": setIfEqScript, "extend": extendScript,
-		"delete": deleteScript, "get": getScript, "migrate": migrateScript,
+		"delete": deleteScript, "get": getScript, "migrate": migrateScript, "abandon": abandonScript,
 	} {
 		if script.Hash() == sha {
 			return name + " script"

@@ -28,8 +28,9 @@ type privateRedis struct {
 
 // startPrivateRedis starts one, from ONCEMILL_BENCH_REDIS_SERVER (a
 // redis-server or valkey-server binary) or the redis-server on PATH, and
-// stops it when the benchmark ends. No server to start fails the benchmark.
-func startPrivateRedis(tb testing.TB) privateRedis {
+// stops it when the benchmark ends, with args added to its command line. No
+// server to start fails the benchmark.
+func startPrivateRedis(tb testing.TB, args ...string) privateRedis {
 	tb.Helper()
 	bin, err := exec.LookPath(cmp.Or(os.Getenv("ONCEMILL_BENCH_REDIS_SERVER"), "redis-server"))
 	if err != nil {
@@ -44,8 +45,8 @@ func startPrivateRedis(tb testing.TB) privateRedis {
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(port)
 		log := filepath.Join(dir, strconv.Itoa(port)+".log")
-		cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", log)
+		cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", log}, args...)...)
 		if err := cmd.Start(); err != nil {
 			tb.Fatalf("starting %s: %v", bin, err)
 		}

@@ -54,6 +54,26 @@ type Options struct {
 	// own AutoPipeline callers; the first to ask decides its options, and it
 	// ends with the client. Not available on a *redis.Ring.
 	AutoPipeline bool
+	// WaitReplicas, when above 0, makes every write of a claim, Complete,
+	// Release and Extend wait for that many replicas to acknowledge it
+	// (Redis's WAIT, sent in the same round trip on the same connection),
+	// so that a failover to one of them keeps the record. Fewer within
+	// WaitTimeout fail the call with an error wrapping ErrNotReplicated,
+	// which the lease mode retries like any store failure: never a silent
+	// success. A claim that fails so gives its lease back first (a new
+	// record is removed, a takeover left expired), so the redelivery of
+	// the same message is not held back; if even that cannot be written,
+	// the lease runs out by itself. A replay or Get is never failed by it:
+	// the WAIT after a duplicate's SET NX, which wrote nothing, is ignored.
+	// 0, the default, sends no WAIT. It needs a *redis.Client (also from
+	// redis.NewFailoverClient) or *redis.ClusterClient, and cannot be used
+	// with AutoPipeline. See docs/redis.md for what WAIT does and does not
+	// guarantee.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT (default 1s when WaitReplicas is set;
+	// it must be below the client's ReadTimeout). WAIT's own 0, "forever",
+	// is never sent.
+	WaitTimeout time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -116,6 +136,10 @@ type Store struct {
 	maxKeyLen      int
 	maxResultBytes int
 	closed         atomic.Bool
+	// waitReplicas and waitTimeout are Options.WaitReplicas and
+	// WaitTimeout: with waitReplicas 0 no WAIT is sent.
+	waitReplicas int
+	waitTimeout  time.Duration
 }
 
 var (
@@ -131,6 +155,9 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	}
 	opts, err := opts.withDefaults()
 	if err != nil {
+		return nil, err
+	}
+	if opts, err = opts.waitDefaults(client); err != nil {
 		return nil, err
 	}
 	var pipe *redis.AutoPipeliner
@@ -151,6 +178,8 @@ func New(client redis.UniversalClient, opts Options) (*Store, error) {
 		prefix:         opts.Prefix,
 		maxKeyLen:      opts.MaxKeyLen,
 		maxResultBytes: opts.MaxResultBytes,
+		waitReplicas:   opts.WaitReplicas,
+		waitTimeout:    opts.WaitTimeout,
 	}, nil
 }
 
@@ -280,10 +309,14 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 			// the round trip of a duplicate, but go-redis takes the nil
 			// reply it gives every new key down its error path, 23
 			// allocations more (BenchmarkNewKeyReply): new keys come first.
-			set, err := c.SetNX(ctx, key, value, time.Duration(px)*time.Millisecond).Result()
+			setNX := redis.NewBoolCmd(ctx, "set", key, value, "px", px, "nx")
+			acked := s.process(ctx, c, key, setNX)
+			set, err := setNX.Result()
 			switch {
 			case err != nil:
 				return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
+			case set && acked != nil:
+				return store.ClaimResult{}, fail("begin", req.Scope, req.Key, s.claimFailed(ctx, key, value, true, tail, acked))
 			case set:
 				return s.execute(&fresh, value, false), nil
 			}
@@ -322,13 +355,27 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 			next.Fingerprint = old.Fingerprint
 		}
 		nextValue := encode(&next)
-		reply, err := claimScript.Run(ctx, c, []string{key},
-			old.Token, string(statusLetter(old.Status)), old.tail.Milliseconds(), nextValue, px).Result()
+		var (
+			reply any
+			acked error
+		)
+		if s.waitReplicas == 0 {
+			reply, err = claimScript.Run(ctx, c, []string{key},
+				old.Token, string(statusLetter(old.Status)), old.tail.Milliseconds(), nextValue, px).Result()
+		} else {
+			var cmd *redis.Cmd
+			cmd, acked = s.eval(ctx, c, claimScript, key,
+				old.Token, string(statusLetter(old.Status)), old.tail.Milliseconds(), nextValue, px)
+			reply, err = cmd.Result()
+		}
 		if err != nil {
 			return store.ClaimResult{}, fail("begin", req.Scope, req.Key, err)
 		}
 		switch reply := reply.(type) {
 		case int64:
+			if reply == 1 && acked != nil {
+				return store.ClaimResult{}, fail("begin", req.Scope, req.Key, s.claimFailed(ctx, key, nextValue, false, tail, acked))
+			}
 			if reply == 1 {
 				return s.execute(&next, nextValue, old.Status == store.StatusInProgress), nil
 			}
@@ -439,19 +486,30 @@ func (s *Store) finish(ctx context.Context, op string, lease store.Claim, next *
 	keep, ok := leaseStable(lease)
 	value := unstable(next, len(keep)) // room for keep: the script takes value alone
 	if ok && px > 0 {
-		done, err := s.setIfEq(ctx, key, append(value, keep...), lease.Version, px)
+		done, acked, err := s.setIfEq(ctx, key, append(value, keep...), lease.Version, px)
 		switch {
+		case done && acked != nil:
+			return fail(op, lease.Scope, lease.Key, acked)
 		case done:
 			return nil
 		case err != nil && !isWrongType(err):
 			return fail(op, lease.Scope, lease.Key, err)
 		}
 	}
-	code, err := s.run(ctx, finishScript, key, leaseHead(lease.Token), value, px).Int64()
-	if err != nil {
-		return fail(op, lease.Scope, lease.Key, err)
+	// With WAIT, a lease this lease already finished (an earlier try
+	// whose WAIT failed) is touched, so that WAIT covers it again.
+	finished := ""
+	if s.waitReplicas > 0 {
+		finished = string(statusLetter(next.Status))
 	}
-	if code == codeLeaseLost {
+	cmd, acked := s.runWritten(ctx, finishScript, key, leaseHead(lease.Token), value, px, finished)
+	code, err := cmd.Int64()
+	switch {
+	case err != nil:
+		return fail(op, lease.Scope, lease.Key, err)
+	case (code == codeOK || code == codeFinished) && acked != nil:
+		return fail(op, lease.Scope, lease.Key, acked)
+	case code == codeLeaseLost, code == codeFinished:
 		return leaseLost(op, lease, "not the current lease")
 	}
 	return nil
@@ -460,22 +518,29 @@ func (s *Store) finish(ctx context.Context, op string, lease store.Claim, next *
 // setIfEq sets key to value for px ms if it holds old, and reports whether
 // it did: SET ... IFEQ, or setIfEqScript on a server without it, which the
 // first refusal tells.
-func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old string, px int64) (bool, error) {
+// With Options.WaitReplicas, acked is WAIT's verdict on the write (process).
+func (s *Store) setIfEq(ctx context.Context, key string, value []byte, old string, px int64) (done bool, acked, err error) {
 	c := s.enter()
 	defer s.leave()
 	if !s.noSetIfEq.Load() {
 		cmd := redis.NewStatusCmd(ctx, "set", key, value, "ifeq", old, "px", px)
-		err := c.Process(ctx, cmd)
+		acked := s.process(ctx, c, key, cmd)
+		err := cmd.Err()
 		switch {
 		case errors.Is(err, redis.Nil):
-			return false, nil
+			return false, nil, nil
 		case !isSyntaxError(err):
-			return err == nil, err
+			return err == nil, acked, err
 		}
 		s.noSetIfEq.Store(true)
 	}
-	n, err := setIfEqScript.Run(ctx, c, []string{key}, old, value, px).Int64()
-	return n == 1, err
+	if s.waitReplicas == 0 {
+		n, err := setIfEqScript.Run(ctx, c, []string{key}, old, value, px).Int64()
+		return n == 1, nil, err
+	}
+	cmd, acked := s.eval(ctx, c, setIfEqScript, key, old, value, px)
+	n, err := cmd.Int64()
+	return n == 1, acked, err
 }
 
 // Release implements store.Store. With out.TTL <= 0 the record is removed.
@@ -528,12 +593,17 @@ func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) 
 	}
 	now := time.Now()
 	d = min(d, maxDuration)
-	code, err := s.run(ctx, extendScript, keysFor(s.prefix, lease.Scope, lease.Key),
-		leaseHead(lease.Token), millis(d), now.Add(d).UnixMicro(), now.UnixMicro()).Int64()
+	cmd, acked := s.runWritten(ctx, extendScript, keysFor(s.prefix, lease.Scope, lease.Key),
+		leaseHead(lease.Token), millis(d), now.Add(d).UnixMicro(), now.UnixMicro())
+	code, err := cmd.Int64()
 	if err != nil {
 		return store.Claim{}, fail("extend", lease.Scope, lease.Key, err)
 	}
 	switch code {
+	case codeOK:
+		if acked != nil {
+			return store.Claim{}, fail("extend", lease.Scope, lease.Key, acked)
+		}
 	case codeExpired:
 		return store.Claim{}, leaseLost("extend", lease, "lease expired")
 	case codeLeaseLost:

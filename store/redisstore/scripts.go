@@ -21,6 +21,9 @@ const (
 	codeLeaseLost = 6
 	codeExpired   = 7
 	codeOK        = 8
+	// codeFinished: finishSrc found the record already finished by the
+	// lease, with the status asked for, and touched it for WAIT.
+	codeFinished = 9
 )
 
 // claimSrc takes a key that ClaimLease found held by an in-progress or released
@@ -54,10 +57,24 @@ var claimScript = redis.NewScript(claimSrc)
 // finishSrc ends a lease: Complete and Release. KEYS[1] the record.
 // ARGV[1] the head of the lease's record ("1|p|<token>|"), ARGV[2] the new
 // value up to its stable part, ARGV[3] its PX in ms, or 0 to remove the
-// record. Reply: codeOK or codeLeaseLost.
+// record, ARGV[4] "" or, with WAIT, the new status letter. Reply: codeOK or
+// codeLeaseLost; with ARGV[4], codeFinished when the record is already the
+// lease's, finished with that status (an earlier try whose WAIT failed):
+// its TTL is set again, a write that the WAIT after the script then covers
+// (WAIT waits for the connection's last write, and a script that writes
+// nothing gives it none).
 const finishSrc = `
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 6 end
+if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then
+  if v and ARGV[4] ~= '' and string.sub(v, 1, #ARGV[1]) == '1|' .. ARGV[4] .. string.sub(ARGV[1], 4) then
+    local t = redis.call('PTTL', KEYS[1])
+    if t > 0 then
+      redis.call('PEXPIRE', KEYS[1], t)
+      return 9
+    end
+  end
+  return 6
+end
 if ARGV[3] == '0' then
   redis.call('DEL', KEYS[1])
   return 8
@@ -96,6 +113,22 @@ return 8
 `
 
 var extendScript = redis.NewScript(extendSrc)
+
+// abandonSrc gives back a lease whose claim WAIT did not confirm. KEYS[1]
+// the record, ARGV[1] the value the claim wrote, ARGV[2] 0 to remove it, or
+// its tail in ms: the lease is left expired (PTTL at its tail), for the
+// next claim to take over. Reply: 1 done, 0 the record is another now.
+const abandonSrc = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '0' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+`
+
+var abandonScript = redis.NewScript(abandonSrc)
 
 // deleteSrc: KEYS[1] the record. ARGV[1] the token. Reply:
 // codeOK deleted, codeLeaseLost another token, 5 no record.

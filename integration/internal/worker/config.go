@@ -37,6 +37,8 @@ type Config struct {
 	PostgresDSN       string
 	LedgerPostgresDSN string // PostgreSQL of --ledger=postgres; empty: PostgresDSN
 	RedisAddr         string
+	RedisSentinel     string // comma-separated Sentinels; set: RedisAddr is not used
+	RedisMaster       string // the primary's name at RedisSentinel
 	KafkaBrokers      string // comma-separated
 	AMQPURL           string
 	SQSEndpoint       string
@@ -48,6 +50,10 @@ type Config struct {
 	Scope         string // oncemill key space and ledger scope
 	PGSchema      string // schema of the records and ledger tables
 	RedisPrefix   string // prefix of the records and ledger keys
+
+	// Redis store settings.
+	RedisWaitReplicas int           // redisstore.Options.WaitReplicas
+	RedisWaitTimeout  time.Duration // redisstore.Options.WaitTimeout
 
 	// Broker settings.
 	KafkaPartitions      int           // partitions of each topic the worker creates
@@ -82,6 +88,8 @@ func DefaultConfig() Config {
 		PostgresDSN:       Env("ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test"),
 		LedgerPostgresDSN: Env("ONCEMILL_LEDGER_POSTGRES_DSN", ""),
 		RedisAddr:         Env("ONCEMILL_REDIS_ADDR", "127.0.0.1:6379"),
+		RedisSentinel:     Env("ONCEMILL_REDIS_SENTINEL", ""),
+		RedisMaster:       "mymaster",
 		KafkaBrokers:      Env("ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092"),
 		AMQPURL:           Env("ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		SQSEndpoint:       Env("ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566"),
@@ -139,6 +147,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PostgresDSN, "postgres-dsn", c.PostgresDSN, "PostgreSQL for --store=postgres [$ONCEMILL_POSTGRES_DSN]")
 	fs.StringVar(&c.LedgerPostgresDSN, "ledger-postgres-dsn", c.LedgerPostgresDSN, "PostgreSQL for --ledger=postgres; empty: --postgres-dsn [$ONCEMILL_LEDGER_POSTGRES_DSN]")
 	fs.StringVar(&c.RedisAddr, "redis-addr", c.RedisAddr, "Redis for --store=redis [$ONCEMILL_REDIS_ADDR]")
+	fs.StringVar(&c.RedisSentinel, "redis-sentinel", c.RedisSentinel, "comma-separated Sentinels for --store=redis: the worker follows the primary they name through failovers (go-redis's failover client) instead of --redis-addr [$ONCEMILL_REDIS_SENTINEL]")
+	fs.StringVar(&c.RedisMaster, "redis-master", c.RedisMaster, "the primary's name at --redis-sentinel")
+	fs.IntVar(&c.RedisWaitReplicas, "redis-wait-replicas", c.RedisWaitReplicas, "--store=redis: replicas that must acknowledge each record write (WAIT) before it counts; 0: no WAIT")
+	fs.DurationVar(&c.RedisWaitTimeout, "redis-wait-timeout", c.RedisWaitTimeout, "the bound of each WAIT of --redis-wait-replicas; 0: the store's default (1s)")
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka brokers for --broker=kafka [$ONCEMILL_KAFKA_BROKERS]")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ for --broker=amqp [$ONCEMILL_AMQP_URL]")
 	fs.StringVar(&c.SQSEndpoint, "sqs-endpoint", c.SQSEndpoint, "SQS endpoint for --broker=sqs (region us-east-1, static credentials) [$ONCEMILL_SQS_ENDPOINT]")
@@ -227,6 +239,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--sqs-visibility-timeout=%v: SQS takes whole seconds, at least 1s", c.SQSVisibilityTimeout)
 	case c.SQSWorkers < 1:
 		return fmt.Errorf("--sqs-workers=%d: run at least one receiver", c.SQSWorkers)
+	case c.RedisWaitReplicas < 0:
+		return fmt.Errorf("--redis-wait-replicas=%d: use 0 for no WAIT", c.RedisWaitReplicas)
+	case c.RedisSentinel != "" && c.RedisMaster == "":
+		return errors.New("--redis-master is empty: name the primary that --redis-sentinel monitors")
 	case c.DrainTimeout <= 0:
 		return fmt.Errorf("--drain-timeout=%v: must be above zero", c.DrainTimeout)
 	case c.Scope == "":

@@ -163,12 +163,22 @@ func openRedis(ctx context.Context, cfg Config) (*Stores, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	// Enough connections that no handler's heartbeat queues behind others.
-	client := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, PoolSize: 2*concurrency(cfg) + 10})
+	pool := 2*concurrency(cfg) + 10
+	client, where := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, PoolSize: pool}), cfg.RedisAddr
+	if cfg.RedisSentinel != "" {
+		// The failover client asks the Sentinels for the primary, and
+		// again when it fails over: no restart.
+		client = redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: cfg.RedisMaster, SentinelAddrs: strings.Split(cfg.RedisSentinel, ","), PoolSize: pool,
+		})
+		where = cfg.RedisMaster + " at Sentinel " + cfg.RedisSentinel
+	}
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("redis (%s) does not answer: %w", cfg.RedisAddr, err)
+		return nil, fmt.Errorf("redis (%s) does not answer: %w", where, err)
 	}
-	st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.RedisPrefix})
+	st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.RedisPrefix,
+		WaitReplicas: cfg.RedisWaitReplicas, WaitTimeout: cfg.RedisWaitTimeout})
 	if err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis store: %w", err)
