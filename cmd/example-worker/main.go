@@ -217,6 +217,11 @@ func openPostgres(ctx context.Context, cfg config) (*stores, error) {
 	if !strings.Contains(cfg.postgresDSN, "pool_max_conns") {
 		pc.MaxConns = int32(cfg.partitions + 4) // each handler holds one for its transaction
 	}
+	if pc.ConnConfig.ConnectTimeout == 0 {
+		// A host that is gone fails a connect, not hangs it: a multi-host
+		// string then tries the next (a failover).
+		pc.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err

@@ -88,6 +88,11 @@ func openPostgres(ctx context.Context, cfg Config) (*Stores, error) {
 		// says otherwise.
 		poolCfg.MaxConns = int32(concurrency(cfg) + 4)
 	}
+	if poolCfg.ConnConfig.ConnectTimeout == 0 {
+		// A connection to a host that is gone fails, not hangs: with a
+		// multi-host string (a failover) the next host is tried after it.
+		poolCfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres (%s): %w", where, err)
