@@ -17,7 +17,7 @@ import (
 	"github.com/oncemill/oncemill/integration/internal/pgpair"
 )
 
-// TestPostgresFailover is issue 47's PostgreSQL must-show: three workers
+// TestPostgresFailover kills a PostgreSQL primary under three workers
 // of the rig in the one-transaction mode (and, on Kafka, the watermark
 // mode) over a PostgreSQL primary with a streaming standby of its own
 // (internal/pgpair) that gets the WAL failoverReplicationLatency late, the
@@ -62,7 +62,7 @@ const (
 	failoverDupShare = 0.3
 	failoverWorkers  = 3
 	// failoverResume bounds the time from the kill to the first message
-	// processed on the new primary (issue 47).
+	// processed on the new primary, a Redis one included.
 	failoverResume = 30 * time.Second
 	// failoverPromoteAfter is how long after the kill the standby is
 	// promoted: the time a failover manager takes to decide, shortened.

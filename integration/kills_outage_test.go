@@ -21,7 +21,7 @@ import (
 	"github.com/oncemill/oncemill/pipeline"
 )
 
-// TestKillsAndOutageDeadLetterNothing is issue 45's first must-show: the
+// TestKillsAndOutageDeadLetterNothing: the
 // pause between attempts belongs to the store, so a message handed to
 // another consumer by a kill, a rebalance or a requeue still waits it out,
 // and the default five attempts span the schedule (3, 6, 12, 24 s)

@@ -29,7 +29,7 @@ import (
 	"github.com/oncemill/oncemill/store/redisstore"
 )
 
-// TestQuorumQueueDeliveryLimit is issue 45 item 5. RabbitMQ 4 gives a
+// TestQuorumQueueDeliveryLimit: RabbitMQ 4 gives a
 // quorum queue a delivery limit of 20 by default, and drops (or
 // dead-letters) a message delivered past it; every nack spends one
 // delivery: a retryable failure's, a held key's, a store failure's. The

@@ -11,10 +11,10 @@ import (
 	"github.com/oncemill/oncemill/integration/internal/sentinel"
 )
 
-// TestRedisFailover is issue 47's Redis must-show: the lease mode with its
+// TestRedisFailover kills the Redis primary under the lease mode, with its
 // records in Redis and the ledger, the handler's effect, in PostgreSQL
 // (--ledger=postgres), three workers on RabbitMQ following the primary
-// through go-redis's failover client (--redis-sentinel), failoverPayments
+// through go-redis's failover client (--redis-sentinel), failoverMessages
 // payments and a duplicate of 30% of them; the primary is SIGKILLed in the
 // middle, and Sentinel promotes one of its two replicas. With
 // --redis-wait-replicas=1 no payment may be lost or charged twice; without
@@ -29,11 +29,8 @@ func TestRedisFailover(t *testing.T) {
 }
 
 const (
-	failoverPayments   = 3000
-	failoverDuplicates = 0.3
 	failoverPublishFor = 20 * time.Second
 	failoverKillAt     = 10 * time.Second // after the first payment
-	failoverResume     = 30 * time.Second
 	failoverLiveness   = 90 * time.Second
 )
 
@@ -67,13 +64,13 @@ func runRedisFailover(t *testing.T, wait int) {
 
 	// The payments, and a duplicate (the same message again) of 30% of
 	// them, 50 payments later.
-	total := failoverPayments + int(failoverPayments*failoverDuplicates)
+	total := failoverMessages + int(failoverMessages*failoverDupShare)
 	published := make(chan struct{})
 	begin := time.Now()
 	go func() {
 		defer close(published)
 		const batches = 200
-		per := failoverPayments / batches
+		per := failoverMessages / batches
 		tick := time.NewTicker(failoverPublishFor / batches)
 		defer tick.Stop()
 		publish := func(m *message.Message) bool {
@@ -172,7 +169,7 @@ func runRedisFailover(t *testing.T, wait int) {
 	}
 	counts := h.ledger()
 	var lost, doubled []string
-	for i := range failoverPayments {
+	for i := range failoverMessages {
 		id := fmt.Sprintf("p-%d", i)
 		switch n := counts[id]; {
 		case n == 0:
@@ -182,7 +179,7 @@ func runRedisFailover(t *testing.T, wait int) {
 		}
 	}
 	t.Logf("WAIT %d: %d payments, %d messages; deliveries %v; first payment processed %v after the kill; lost %d, doubled %d %v, dead-lettered %d",
-		wait, failoverPayments, total, byOutcome, firstAfter.Round(time.Millisecond), len(lost), len(doubled), doubled, len(dead.received()))
+		wait, failoverMessages, total, byOutcome, firstAfter.Round(time.Millisecond), len(lost), len(doubled), doubled, len(dead.received()))
 	if len(lost) > 0 {
 		t.Errorf("%d payments have no charge (lost), e.g. %s", len(lost), strings.Join(lost[:min(5, len(lost))], ", "))
 	}
