@@ -31,6 +31,13 @@ func WithPartitionWidth(o Options, w time.Duration) Options {
 	return o
 }
 
+// WithBetweenBatches returns o with f run between two batches of a DELETE
+// layout's cleanup pass, after its rest.
+func WithBetweenBatches(o Options, f func()) Options {
+	o.betweenBatches = f
+	return o
+}
+
 // CleanupLockKey is the advisory lock key of the store's cleaner.
 func (s *Store) CleanupLockKey() int64 { return s.cleanupKey }
 

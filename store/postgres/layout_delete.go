@@ -109,6 +109,9 @@ func (s deleteLayout) clean(ctx context.Context, leader *pgxpool.Conn) (removed 
 		// so a large backlog leaves the database to the handlers most of
 		// the time (Options.CleanupDuty).
 		s.cleanupRest(ctx, time.Since(start))
+		if s.opts.betweenBatches != nil {
+			s.opts.betweenBatches()
+		}
 	}
 }
 

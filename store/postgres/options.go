@@ -144,6 +144,11 @@ type Options struct {
 	// for the benchmarks only (export_test.go, WithPartitionWidth), which
 	// must span several retentions in minutes.
 	width time.Duration
+	// betweenBatches, when set, runs between two batches of a DELETE
+	// layout's pass, after the rest: for the benchmarks only
+	// (export_test.go, WithBetweenBatches), which hold the pass there for
+	// the quiet windows they compare the cleanup's with.
+	betweenBatches func()
 }
 
 // withDefaults validates o and fills in the defaults. Every error says what
