@@ -25,11 +25,19 @@ import (
 // of scope, claimed at lower, expired and past their purge time.
 func fillOld(tb testing.TB, pool *pgxpool.Pool, schema, name, scope string, lower time.Time, n int) {
 	tb.Helper()
-	addPartition(tb, pool, schema, name, lower, lower.Add(time.Hour))
-	run(tb, pool, `INSERT INTO `+table(schema, partitionedTable)+` (scope, key, status, token, attempt,
+	fillPartition(tb, pool, schema, partitionedTable, name, scope, lower, n, dbNow(tb, pool).Add(-time.Minute))
+}
+
+// fillPartition creates the partition name of schema.tbl for [lower,
+// lower+1h) holding n rows of scope, claimed at lower, expired and past
+// their purge time at goes.
+func fillPartition(tb testing.TB, pool *pgxpool.Pool, schema, tbl, name, scope string, lower time.Time, n int, goes time.Time) {
+	tb.Helper()
+	addPartitionOf(tb, pool, schema, tbl, name, lower, lower.Add(time.Hour))
+	run(tb, pool, `INSERT INTO `+table(schema, tbl)+` (scope, key, status, token, attempt,
 		created_at, updated_at, expires_at, purge_at, claimed_at, result)
-		SELECT $1, 'old-' || i, 2, i, 1, $2, $2, now() - interval '1 minute', now() - interval '1 minute', $2, '\x00112233445566778899'
-		FROM generate_series(1, $3) i`, scope, lower, n)
+		SELECT $1, 'old-' || i, 2, i, 1, $2, $2, $4, $4, $2, '\x00112233445566778899'
+		FROM generate_series(1, $3) i`, scope, lower, n, goes)
 }
 
 // While the store's own cleaner drops partitions of 20k rows each, 8

@@ -82,8 +82,14 @@ func dropAllPartitions(tb testing.TB, pool *pgxpool.Pool, schema string) {
 // addPartition creates the partition name for [lower, upper).
 func addPartition(tb testing.TB, pool *pgxpool.Pool, schema, name string, lower, upper time.Time) {
 	tb.Helper()
+	addPartitionOf(tb, pool, schema, partitionedTable, name, lower, upper)
+}
+
+// addPartitionOf creates the partition name of schema.tbl for [lower, upper).
+func addPartitionOf(tb testing.TB, pool *pgxpool.Pool, schema, tbl, name string, lower, upper time.Time) {
+	tb.Helper()
 	run(tb, pool, fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')",
-		pgx.Identifier{schema, name}.Sanitize(), table(schema, partitionedTable),
+		pgx.Identifier{schema, name}.Sanitize(), table(schema, tbl),
 		lower.UTC().Format(time.RFC3339Nano), upper.UTC().Format(time.RFC3339Nano)))
 	run(tb, pool, "CREATE UNIQUE INDEX ON "+pgx.Identifier{schema, name}.Sanitize()+" (scope, key)") // as the store's partitions have
 }
