@@ -41,8 +41,8 @@ func claimStatement(ctx context.Context, q querier, sql string, args ...any) (st
 	return scanClaim(rows, args[0].(string), args[1].(string))
 }
 
-// batchClaim reads the results of a batch's lock statement and the claim
-// after it.
+// batchClaim reads the results of a batch's first statement (a lock, or
+// BEGIN) and the claim after it.
 func batchClaim(br pgx.BatchResults, scope, key string) (store.ClaimResult, error) {
 	if _, err := br.Exec(); err != nil {
 		return store.ClaimResult{}, err

@@ -36,14 +36,7 @@ func (s deleteLayout) claimTx(ctx context.Context, conn *pgxpool.Conn, req store
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.claimNew, newKeyArgs(true, &req, purge, lock)...)
 	br := conn.SendBatch(ctx, b)
-	_, err := br.Exec()
-	var res store.ClaimResult
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			res, err = scanClaim(rows, req.Scope, req.Key)
-		}
-	}
+	res, err := batchClaim(br, req.Scope, req.Key)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
