@@ -49,19 +49,7 @@ var storeKinds = []storeKind{
 			return []string{"--store=postgres", "--postgres-dsn=" + env.postgresDSN, "--postgres-schema=" + ns}
 		},
 		ledger: func(t *testing.T, ns, scope string) map[string]int {
-			out := map[string]int{}
-			rows, err := pgPool(t).Query(context.Background(),
-				fmt.Sprintf(`SELECT payment_id, count(*) FROM %s WHERE scope = $1 GROUP BY payment_id`, pgx.Identifier{ns, "oncemill_ledger"}.Sanitize()), scope)
-			if err != nil {
-				t.Fatalf("reading the ledger table: %v", err)
-			}
-			var id string
-			var n int
-			_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil })
-			if err != nil {
-				t.Fatalf("reading the ledger table: %v", err)
-			}
-			return out
+			return ledgerCounts(t, pgPool(t), ns, scope)
 		},
 		cleanup: func(t *testing.T, ns string) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
