@@ -1,0 +1,145 @@
+package mysql
+
+import (
+	"database/sql"
+	"errors"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/oncemill/oncemill/internal/configerr"
+)
+
+// Defaults and bounds of Options.
+const (
+	defaultTable            = "oncemill_records"
+	defaultMaxKeyLen        = 512
+	defaultMaxResultBytes   = 1 << 20
+	defaultCleanupInterval  = time.Minute
+	defaultCleanupBatch     = 500
+	defaultCleanupDuty      = 0.5
+	defaultStatementTimeout = 5 * time.Second
+
+	// maxKeyLenLimit is the width of the key column: scope and key
+	// together (2,048 bytes) fit InnoDB's 3,072-byte index entry.
+	maxKeyLenLimit = 1024
+	// maxResultBytesLimit stays under the server's default
+	// max_allowed_packet (16 MiB on MariaDB 10.11 and 64 MiB on MySQL 8),
+	// which bounds one statement's parameters.
+	maxResultBytesLimit = 15 << 20
+	maxTableLen         = 48 // leaves room for the suffix of the version table
+	maxCleanupBatch     = 100_000
+)
+
+// identRE is what Table must match: a lower-case identifier that needs no
+// quoting on any server. The name is quoted anyway.
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// Options configure a Store. The zero value is ready to use.
+type Options struct {
+	// Table is the records table (default "oncemill_records") in the
+	// connection's database. Lower-case letters, digits and underscores,
+	// not starting with a digit, at most 48 characters: Migrate derives
+	// the name of its version table from it.
+	Table string
+
+	// MaxKeyLen is the longest key in bytes that a claim accepts (default
+	// 512, at most 1024). Longer keys are refused with
+	// store.ErrInvalidRequest; the idempotency stage hashes them first
+	// (keygen.StorableKey).
+	MaxKeyLen int
+	// MaxResultBytes bounds Completion.Result (default 1 MiB, at most
+	// 15 MiB, below the server's default max_allowed_packet). Keep it at
+	// least policy.MaxResultBytes.
+	MaxResultBytes int
+
+	// CleanupInterval is how often the background cleaner removes expired
+	// records (default 1m; zero means the default; negative turns it off).
+	// One cleaner runs at a time across every worker sharing the table.
+	CleanupInterval time.Duration
+	// CleanupBatch is how many rows one batch deletes (default 500). A
+	// pass loops batches until no expired row is left.
+	CleanupBatch int
+	// CleanupDuty is the share of a pass's time spent deleting, above 0
+	// and at most 1 (default 0.5): after each full batch the pass rests so
+	// that a backlog does not take the server away from the handlers.
+	CleanupDuty float64
+
+	// StatementTimeout bounds every operation of the store (default 5s):
+	// acquiring a connection and its statements' round trips, or a
+	// one-transaction claim's round trips on top of its wait for the key.
+	// Past it the operation fails with context.DeadlineExceeded and the
+	// driver closes the connection it was using.
+	StatementTimeout time.Duration
+
+	// TxOptions begin the handler's transaction in the one-transaction
+	// mode (default: the server's default isolation, read-write).
+	TxOptions sql.TxOptions
+
+	// Logger receives errors of the background cleaner (default: discard).
+	Logger *slog.Logger
+}
+
+// withDefaults validates o and fills in the defaults. Every error says what
+// to change.
+func (o Options) withDefaults() (Options, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, configerr.New("mysql.Options", strings.TrimPrefix(format, "Options."), args...))
+	}
+	if o.Table == "" {
+		o.Table = defaultTable
+	}
+	switch {
+	case !identRE.MatchString(o.Table):
+		bad("Options.Table %q is not a plain identifier; use lower-case letters, digits and underscores, starting with a letter or underscore (for example %q)", o.Table, defaultTable)
+	case len(o.Table) > maxTableLen:
+		bad("Options.Table %q is %d characters; use at most %d", o.Table, len(o.Table), maxTableLen)
+	}
+	switch {
+	case o.MaxKeyLen == 0:
+		o.MaxKeyLen = defaultMaxKeyLen
+	case o.MaxKeyLen < 0 || o.MaxKeyLen > maxKeyLenLimit:
+		bad("Options.MaxKeyLen is %d; use 1 to %d bytes, or 0 for the default %d (longer keys are hashed by the idempotency stage)", o.MaxKeyLen, maxKeyLenLimit, defaultMaxKeyLen)
+	}
+	switch {
+	case o.MaxResultBytes == 0:
+		o.MaxResultBytes = defaultMaxResultBytes
+	case o.MaxResultBytes < 0 || o.MaxResultBytes > maxResultBytesLimit:
+		bad("Options.MaxResultBytes is %d; use 1 to %d bytes, or 0 for the default %d", o.MaxResultBytes, maxResultBytesLimit, defaultMaxResultBytes)
+	}
+	if o.CleanupInterval == 0 {
+		o.CleanupInterval = defaultCleanupInterval
+	}
+	switch {
+	case o.CleanupBatch == 0:
+		o.CleanupBatch = defaultCleanupBatch
+	case o.CleanupBatch < 0 || o.CleanupBatch > maxCleanupBatch:
+		bad("Options.CleanupBatch is %d; use 1 to %d rows, or 0 for the default %d (small batches keep row locks short)", o.CleanupBatch, maxCleanupBatch, defaultCleanupBatch)
+	}
+	switch {
+	case o.CleanupDuty == 0:
+		o.CleanupDuty = defaultCleanupDuty
+	case !(o.CleanupDuty > 0 && o.CleanupDuty <= 1):
+		bad("Options.CleanupDuty is %v; use a share above 0 and at most 1, or 0 for the default %v", o.CleanupDuty, defaultCleanupDuty)
+	}
+	switch {
+	case o.StatementTimeout == 0:
+		o.StatementTimeout = defaultStatementTimeout
+	case o.StatementTimeout < time.Millisecond:
+		bad("Options.StatementTimeout is %v; use 1ms or more, or 0 for the default %v", o.StatementTimeout, defaultStatementTimeout)
+	}
+	if o.TxOptions.ReadOnly {
+		bad("Options.TxOptions.ReadOnly is set; the handler's transaction writes the record: leave it false")
+	}
+	switch o.TxOptions.Isolation {
+	case sql.LevelDefault, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable:
+	default:
+		bad("Options.TxOptions.Isolation is %v; use sql.LevelDefault, LevelReadCommitted, LevelRepeatableRead or LevelSerializable", o.TxOptions.Isolation)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o, errors.Join(errs...)
+}
