@@ -74,18 +74,19 @@ func (s *Store) Limits() store.Limits {
 	return store.Limits{MaxKeyLen: s.opts.MaxKeyLen, MaxResultBytes: s.opts.MaxResultBytes}
 }
 
-// Close refuses new operations, waits for those under way (each is bounded
-// by Options.StatementTimeout), stops the background cleaner and waits for
-// it. Afterwards every operation returns store.ErrClosed; a one-transaction
+// Close stops the background cleaner and waits for it, refuses new
+// operations, and waits for those under way (each is bounded by
+// Options.StatementTimeout). Afterwards every operation returns store.ErrClosed; a one-transaction
 // claim taken before Close can still commit or roll back. Close is
 // idempotent and does not close the pool.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.gate.close()
+		// The cleaner first: its pass would fail on the closed gate.
 		if s.stopCleaner != nil {
 			s.stopCleaner()
 			<-s.cleanerDone
 		}
+		s.gate.close()
 	})
 	return nil
 }
