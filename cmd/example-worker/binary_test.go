@@ -148,6 +148,9 @@ func TestRunbookFindsTheDemosRecords(t *testing.T) {
 			return []string{"ONCEMILL_STORE=postgres", "ONCEMILL_POSTGRES_DSN=" + testenv.PostgresDSN(),
 				"ONCEMILL_POSTGRES_SCHEMA=" + testenv.Schema(t, testenv.Pool(t))}
 		},
+		"mysql": func(t *testing.T) []string {
+			return []string{"ONCEMILL_STORE=mysql", "ONCEMILL_MYSQL_DSN=" + testenv.MariaDBDatabase(t)}
+		},
 		// The worker lets go of the file when it exits, and the CLI opens it.
 		"file": func(t *testing.T) []string {
 			return []string{"ONCEMILL_STORE=file", "ONCEMILL_FILE_PATH=" + filepath.Join(t.TempDir(), "oncemill.db")}

@@ -19,6 +19,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -67,6 +68,7 @@ import (
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/filestore"
 	"github.com/oncemill/oncemill/store/memory"
+	"github.com/oncemill/oncemill/store/mysql"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
 )
@@ -144,7 +146,7 @@ func (w *worker) newReceiver(onEvent func(pipeline.Event)) (*receiver.Receiver, 
 // payment_id of the scope, ping is the readiness probe.
 type stores struct {
 	store  store.Store
-	tx     store.Transactional // postgres: the one-transaction mode
+	tx     store.Transactional // postgres, mysql: the one-transaction mode
 	charge func(ctx context.Context, paymentID, uuid string, c store.Claim) error
 	counts func(ctx context.Context) (map[string]int, error)
 	ping   func(context.Context) error
@@ -159,6 +161,8 @@ func openStore(ctx context.Context, cfg config) (*stores, error) {
 	switch cfg.store {
 	case "postgres":
 		return openPostgres(ctx, cfg)
+	case "mysql":
+		return openMySQL(ctx, cfg)
 	case "redis":
 		// host:port, or a redis:// or rediss:// URL with a password and a
 		// database, as cmd/oncemill reads the same variable.
@@ -256,6 +260,55 @@ func openPostgres(ctx context.Context, cfg config) (*stores, error) {
 	}, nil
 }
 
+// openMySQL keeps the ledger in a table beside the records, in the DSN's
+// database.
+func openMySQL(ctx context.Context, cfg config) (*stores, error) {
+	db, err := sql.Open("mysql", cfg.mysqlDSN)
+	if err != nil {
+		return nil, fmt.Errorf("--mysql-dsn: %w", err)
+	}
+	db.SetMaxOpenConns(cfg.partitions + 4) // each handler holds one for its transaction
+	st, err := mysql.New(db, mysql.Options{})
+	if err == nil {
+		err = st.Migrate(ctx)
+	}
+	// No unique constraint, on purpose: a second charge is a second row.
+	if err == nil {
+		_, err = db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS oncemill_ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY,
+	scope VARCHAR(255) NOT NULL, payment_id VARCHAR(255) NOT NULL, message_uuid VARCHAR(255) NOT NULL,
+	fencing_token BIGINT NOT NULL, attempt INT NOT NULL, charged_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))`)
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("mysql: %w", err)
+	}
+	return &stores{store: st, tx: st, ping: db.PingContext, close: func() { _ = st.Close(); _ = db.Close() },
+		charge: func(ctx context.Context, id, uuid string, c store.Claim) error {
+			tx, _ := mysql.TxFromContext(ctx) // the receiver's transaction, which holds the record
+			_, err := tx.ExecContext(ctx, `INSERT INTO oncemill_ledger (scope, payment_id, message_uuid, fencing_token, attempt) VALUES (?, ?, ?, ?, ?)`,
+				cfg.scope, id, uuid, c.Token, c.Attempt)
+			return err
+		},
+		counts: func(ctx context.Context) (map[string]int, error) {
+			rows, err := db.QueryContext(ctx, `SELECT payment_id, COUNT(*) FROM oncemill_ledger WHERE scope = ? GROUP BY payment_id`, cfg.scope)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			out := map[string]int{}
+			for rows.Next() {
+				var id string
+				var n int
+				if err := rows.Scan(&id, &n); err != nil {
+					return nil, err
+				}
+				out[id] = n
+			}
+			return out, rows.Err()
+		},
+	}, nil
+}
+
 // drainTimeout bounds the drain on SIGTERM; docker-compose.yml's
 // stop_grace_period (40 s) is above it.
 const drainTimeout = 30 * time.Second
@@ -263,7 +316,7 @@ const drainTimeout = 30 * time.Second
 // config is what the flags say.
 type config struct {
 	mode, broker, store, httpAddr, otlpEndpoint, scope, topicPrefix, group string
-	postgresDSN, postgresSchema, redisAddr, redisPrefix                    string
+	postgresDSN, postgresSchema, mysqlDSN, redisAddr, redisPrefix          string
 	filePath                                                               string
 	kafkaBrokers, amqpURL, sqsEndpoint                                     string
 	partitions, count                                                      int
@@ -279,7 +332,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	fs.StringVar(&c.mode, "mode", "run", "run (the demo), produce (publish the demo's workload) or consume (the deployable worker)")
 	fs.StringVar(&c.broker, "broker", "gochannel", "gochannel (run mode only), kafka, amqp or sqs")
-	fs.StringVar(&c.store, "store", "memory", "memory, file (one worker process; --file-path), postgres (the one-transaction mode) or redis")
+	fs.StringVar(&c.store, "store", "memory", "memory, file (one worker process; --file-path), postgres or mysql (the one-transaction mode), or redis")
 	env(&c.httpAddr, "http-addr", "ONCEMILL_HTTP_ADDR", ":8080", "consume mode: address of /metrics, /healthz and /readyz")
 	env(&c.otlpEndpoint, "otlp-endpoint", "ONCEMILL_OTLP_ENDPOINT", "", "OTLP/HTTP endpoint for traces, e.g. http://jaeger:4318")
 	env(&c.scope, "scope", "ONCEMILL_SCOPE", "payments", "oncemill scope and ledger scope (run mode: payment IDs fresh per run, so runs on a shared store replay none of each other's)")
@@ -287,6 +340,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	env(&c.group, "consumer-group", "ONCEMILL_CONSUMER_GROUP", "oncemill-worker", "Kafka: each topic is read by the consumer group <group>-<topic>")
 	env(&c.postgresDSN, "postgres-dsn", "ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL")
 	env(&c.postgresSchema, "postgres-schema", "ONCEMILL_POSTGRES_SCHEMA", "public", "schema of the records and ledger tables (public: the library's default and the oncemill CLI's)")
+	env(&c.mysqlDSN, "mysql-dsn", "ONCEMILL_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test", "MySQL or MariaDB: a go-sql-driver DSN, user:password@tcp(host:port)/database")
 	env(&c.redisAddr, "redis-addr", "ONCEMILL_REDIS_ADDR", "127.0.0.1:6379", "Redis: host:port, or a redis:// or rediss:// URL with password and database")
 	env(&c.redisPrefix, "redis-prefix", "ONCEMILL_REDIS_PREFIX", "oncemill", "prefix of the records keys")
 	env(&c.filePath, "file-path", "ONCEMILL_FILE_PATH", "oncemill.db", "file of the file store, held by one process at a time")
@@ -300,7 +354,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 		return c, err
 	}
 	for name, v := range map[string]string{"mode": c.mode + "|run|produce|consume",
-		"broker": c.broker + "|gochannel|kafka|amqp|sqs", "store": c.store + "|memory|file|postgres|redis"} {
+		"broker": c.broker + "|gochannel|kafka|amqp|sqs", "store": c.store + "|memory|file|postgres|mysql|redis"} {
 		if allowed := strings.Split(v, "|"); !slices.Contains(allowed[1:], allowed[0]) {
 			return c, fmt.Errorf("--%s=%q is not available; choose one of: %s", name, allowed[0], strings.Join(allowed[1:], ", "))
 		}

@@ -84,7 +84,7 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{[]string{"--count=0"}, "--count=0"},
 		{[]string{"--broker=nats"}, `--broker="nats" is not available; choose one of: gochannel, kafka, amqp, sqs`},
-		{[]string{"--store=mysql"}, `--store="mysql" is not available; choose one of: memory, file, postgres, redis`},
+		{[]string{"--store=sqlite"}, `--store="sqlite" is not available; choose one of: memory, file, postgres, mysql, redis`},
 		{[]string{"--mode=serve"}, `--mode="serve" is not available`},
 		{[]string{"--mode=consume"}, "--mode=consume with --broker=gochannel"},
 		{[]string{"--mode=produce"}, "--mode=produce with --broker=gochannel"},

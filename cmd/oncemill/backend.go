@@ -6,6 +6,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -15,12 +16,14 @@ import (
 	"strings"
 	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/filestore"
+	"github.com/oncemill/oncemill/store/mysql"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/tiered"
@@ -79,6 +82,8 @@ func (a *app) open() (*backend, error) {
 	case "postgres":
 		b, _, err := openPostgres(ctx, a.g)
 		return b, err
+	case "mysql":
+		return openMySQL(ctx, a.g)
 	case "redis":
 		return openRedis(ctx, a.g)
 	case "tiered":
@@ -86,7 +91,7 @@ func (a *app) open() (*backend, error) {
 	case "file":
 		return openFile(a.g)
 	}
-	return nil, usage("--store=%q: use postgres, redis, tiered or file", a.g.Store)
+	return nil, usage("--store=%q: use postgres, mysql, redis, tiered or file", a.g.Store)
 }
 
 // fileLockWait bounds the wait for the file store's lock: a worker holds
@@ -206,6 +211,69 @@ func openPostgres(ctx context.Context, g *globals) (*backend, *postgres.Store, e
 		},
 		close: func() { _ = st.Close(); pool.Close() },
 	}, st, nil
+}
+
+// openMySQL opens the MySQL or MariaDB store of --mysql-dsn and
+// --mysql-table. Its record times are the server's UTC_TIMESTAMP(6).
+func openMySQL(ctx context.Context, g *globals) (*backend, error) {
+	cfg, err := mysqldriver.ParseDSN(g.MySQLDSN)
+	if err != nil {
+		return nil, fmt.Errorf("--mysql-dsn: %w", err)
+	}
+	where := cfg.Addr + "/" + cfg.DBName // the DSN without its password
+	db, err := sql.Open("mysql", g.MySQLDSN)
+	if err != nil {
+		return nil, fmt.Errorf("--mysql-dsn %s: %w", where, err)
+	}
+	db.SetMaxOpenConns(2) // one command, one statement at a time
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("MySQL at %s is unreachable: %w", where, err)
+	}
+	st, err := mysql.New(db, mysql.Options{
+		Table:           g.MySQLTable,
+		CleanupInterval: -1, // the workers clean; this tool only looks and deletes what it is told
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	target := cfg.DBName + "." + g.MySQLTable
+	return &backend{
+		admin: st,
+		where: "mysql " + target + " at " + where,
+		now: func(ctx context.Context) (time.Time, error) {
+			var us int64
+			if err := db.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))").Scan(&us); err != nil {
+				return time.Time{}, fmt.Errorf("reading the server clock: %w", err)
+			}
+			return time.UnixMicro(us), nil
+		},
+		ready: func(ctx context.Context) error {
+			v, err := st.AppliedVersion(ctx)
+			if err == nil && v == 0 {
+				return notFound("no oncemill records table %s at %s: pass the database and table your workers use "+
+					"with --mysql-dsn and --mysql-table (ONCEMILL_MYSQL_DSN, ONCEMILL_MYSQL_TABLE), or create it there with \"oncemill migrate\"", target, where)
+			}
+			return err
+		},
+		migrate: func(ctx context.Context) (migration, error) {
+			m := migration{Store: "mysql", Target: target}
+			var err error
+			if m.From, err = st.AppliedVersion(ctx); err != nil {
+				return m, err
+			}
+			if err := st.Migrate(ctx); err != nil {
+				return m, err
+			}
+			if m.To, err = st.AppliedVersion(ctx); err != nil {
+				return m, err
+			}
+			m.Changed = m.From != m.To
+			return m, nil
+		},
+		close: func() { _ = st.Close(); _ = db.Close() },
+	}, nil
 }
 
 func openRedis(ctx context.Context, g *globals) (*backend, error) {

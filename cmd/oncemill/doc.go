@@ -3,7 +3,7 @@
 // stuck or failed key so that its next delivery runs the handler again,
 // deletes records in bulk, and creates the PostgreSQL schema.
 //
-//	oncemill --store=postgres|redis|tiered|file [connection flags] [--json] <command> [flags]
+//	oncemill --store=postgres|mysql|redis|tiered|file [connection flags] [--json] <command> [flags]
 //
 //	inspect --scope S --key K [--messages]  one record: status, attempt, fencing token,
 //	                                    lease expiry, time left, result size, cached error,
@@ -29,7 +29,8 @@
 // --postgres-dsn (ONCEMILL_POSTGRES_DSN), --postgres-schema
 // (ONCEMILL_POSTGRES_SCHEMA; empty by default, which is the library's
 // default schema, public, as postgres.Options{} has it), --postgres-table
-// (ONCEMILL_POSTGRES_TABLE), --redis-addr (ONCEMILL_REDIS_ADDR: host:port
+// (ONCEMILL_POSTGRES_TABLE), --mysql-dsn (ONCEMILL_MYSQL_DSN, a
+// go-sql-driver DSN) and --mysql-table (ONCEMILL_MYSQL_TABLE), --redis-addr (ONCEMILL_REDIS_ADDR: host:port
 // or a redis:// URL), --redis-prefix (ONCEMILL_REDIS_PREFIX) and
 // --file-path (ONCEMILL_FILE_PATH). A flag wins over its variable. A file
 // store is opened by one process at a time: with its worker running, every
@@ -37,7 +38,7 @@
 //
 // Every command works through store.Admin (Get, List, Delete),
 // so it behaves the same on every store. Record times are compared with
-// the store's clock: PostgreSQL's now(), or for Redis and the file store,
+// the store's clock: PostgreSQL's now(), MySQL's UTC_TIMESTAMP(6), or for Redis and the file store,
 // whose record times are the workers' clocks, this machine's.
 //
 // release and purge delete a record only under the fencing token they read

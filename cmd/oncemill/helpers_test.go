@@ -19,6 +19,7 @@ import (
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/filestore"
+	"github.com/oncemill/oncemill/store/mysql"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
 	"github.com/oncemill/oncemill/store/tiered"
@@ -57,7 +58,7 @@ type fixture struct {
 // postgres-partitioned is PostgreSQL's partitioned layout
 // (postgres.LayoutPartitioned), which the CLI reaches with
 // --postgres-layout=partitioned.
-var storeNames = []string{"postgres", "postgres-partitioned", "redis", "tiered", "file"}
+var storeNames = []string{"postgres", "postgres-partitioned", "mysql", "redis", "tiered", "file"}
 
 func newFixture(t *testing.T, name string) *fixture {
 	t.Helper()
@@ -66,6 +67,8 @@ func newFixture(t *testing.T, name string) *fixture {
 		return newPostgresFixture(t, postgres.LayoutDelete)
 	case "postgres-partitioned":
 		return newPostgresFixture(t, postgres.LayoutPartitioned)
+	case "mysql":
+		return newMySQLFixture(t)
 	case "redis":
 		return newRedisFixture(t)
 	case "tiered":
@@ -119,6 +122,35 @@ func newPostgresFixture(t *testing.T, layout postgres.Layout) *fixture {
 				" SET updated_at = updated_at - $3 * interval '1 microsecond' WHERE scope = $1 AND key = $2", scope, key, d.Microseconds())
 			if err != nil || tag.RowsAffected() != 1 {
 				t.Fatalf("ageing %s/%s by %v: %v (%d rows)", scope, key, d, err, tag.RowsAffected())
+			}
+		},
+	}
+}
+
+// newMySQLFixture is a migrated MySQL store in a database of the test's
+// own on the local MariaDB.
+func newMySQLFixture(t *testing.T) *fixture {
+	t.Helper()
+	dsn := testenv.MariaDBDatabase(t)
+	db := testenv.MariaDB(t, dsn)
+	st, err := mysql.New(db, mysql.Options{CleanupInterval: -1})
+	if err != nil {
+		t.Fatalf("mysql.New: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if err := st.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return &fixture{
+		name:  "mysql",
+		st:    st,
+		flags: []string{"--store=mysql", "--mysql-dsn=" + dsn, "--mysql-table=oncemill_records"},
+		age: func(t *testing.T, scope, key string, d time.Duration) {
+			t.Helper()
+			res, err := db.ExecContext(t.Context(), "UPDATE oncemill_records SET updated_at = updated_at - INTERVAL ? MICROSECOND WHERE scope = ? AND `key` = ?",
+				d.Microseconds(), scope, key)
+			if n, _ := res.RowsAffected(); err != nil || n != 1 {
+				t.Fatalf("ageing %s/%s by %v: %v (%d rows)", scope, key, d, err, n)
 			}
 		},
 	}

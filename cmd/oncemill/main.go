@@ -42,19 +42,21 @@ type cli struct {
 	Stats   statsCmd   `cmd:"" help:"Count records by scope and status; the expired backlog, the oldest in-progress lease and the cleanup lag; a partitioned PostgreSQL table's partitions and their rows. Reads every record."`
 	Release releaseCmd `cmd:"" help:"Free a stuck or failed key so that its next delivery runs the handler again. Fenced by the token it shows; asks first."`
 	Purge   purgeCmd   `cmd:"" help:"Delete records by scope, status or age, in batches. A dry run unless --dry-run=false."`
-	Migrate migrateCmd `cmd:"" help:"Create or upgrade the store's schema (PostgreSQL); idempotent."`
+	Migrate migrateCmd `cmd:"" help:"Create or upgrade the store's schema (PostgreSQL, MySQL); idempotent."`
 
 	Watermark watermarkCmd `cmd:"" help:"Show, move or delete the Kafka watermarks of the watermark mode (PostgreSQL): one row per consumer group, topic and partition."`
 }
 
 // globals are the flags every command takes: which store, and how to print.
 type globals struct {
-	Store string `enum:"postgres,redis,tiered,file" required:"" env:"ONCEMILL_STORE" placeholder:"postgres|redis|tiered|file" help:"The store that holds the records: postgres, redis, tiered (PostgreSQL with its Redis cache: uses the postgres and redis flags) or file (store/filestore: stop the worker that holds the file first)."`
+	Store string `enum:"postgres,mysql,redis,tiered,file" required:"" env:"ONCEMILL_STORE" placeholder:"postgres|mysql|redis|tiered|file" help:"The store that holds the records: postgres, mysql (MySQL or MariaDB), redis, tiered (PostgreSQL with its Redis cache: uses the postgres and redis flags) or file (store/filestore: stop the worker that holds the file first)."`
 
 	PostgresDSN    string `name:"postgres-dsn" env:"ONCEMILL_POSTGRES_DSN" default:"postgres://postgres@127.0.0.1:5432/test" placeholder:"URL" help:"PostgreSQL for --store=postgres (default ${default})."`
 	PostgresSchema string `env:"ONCEMILL_POSTGRES_SCHEMA" placeholder:"NAME" help:"Schema of the records table (default: the library's, public, what postgres.Options{} uses; pass your workers' postgres.Options.Schema if they set one)."`
 	PostgresTable  string `env:"ONCEMILL_POSTGRES_TABLE" default:"oncemill_records" placeholder:"NAME" help:"The records table (default ${default})."`
 	PostgresLayout string `enum:"delete,partitioned" env:"ONCEMILL_POSTGRES_LAYOUT" default:"delete" placeholder:"delete|partitioned" help:"The table's layout, your workers' postgres.Options.Layout: delete (LayoutDelete, default) or partitioned (LayoutPartitioned). migrate creates or converts the table to it."`
+	MySQLDSN       string `name:"mysql-dsn" env:"ONCEMILL_MYSQL_DSN" default:"root@tcp(127.0.0.1:3306)/test" placeholder:"DSN" help:"MySQL or MariaDB for --store=mysql: a go-sql-driver DSN, user:password@tcp(host:port)/database (default ${default})."`
+	MySQLTable     string `name:"mysql-table" env:"ONCEMILL_MYSQL_TABLE" default:"oncemill_records" placeholder:"NAME" help:"For --store=mysql: the records table in the DSN's database, your workers' mysql.Options.Table (default ${default})."`
 	RedisAddr      string `env:"ONCEMILL_REDIS_ADDR" default:"127.0.0.1:6379" placeholder:"ADDR" help:"Redis for --store=redis: host:port, or a redis:// or rediss:// URL with password and database (default ${default})."`
 	RedisPrefix    string `env:"ONCEMILL_REDIS_PREFIX" default:"oncemill" placeholder:"PREFIX" help:"Prefix of the record keys in Redis (default ${default})."`
 	TieredPrefix   string `env:"ONCEMILL_TIERED_PREFIX" default:"oncemill-tiered" placeholder:"PREFIX" help:"For --store=tiered: the prefix of its Redis cache and invalidations (default ${default})."`

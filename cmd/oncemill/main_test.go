@@ -478,6 +478,23 @@ func TestMigrate(t *testing.T) {
 		}
 		runCLI(t, nil, append(flags, "list")...).mustCode(t, exitOK)
 	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		flags := []string{"--store=mysql", "--mysql-dsn=" + testenv.MariaDBDatabase(t)}
+		r := runCLI(t, nil, append(flags, "list")...).mustCode(t, exitNotFound)
+		if !strings.Contains(r.stderr, `"oncemill migrate"`) || !strings.Contains(r.stderr, "--mysql-table") {
+			t.Errorf("list before migrate: %q", r.stderr)
+		}
+		m := jsonObject[migration](t, runCLI(t, nil, append(flags, "--json", "migrate")...).mustCode(t, exitOK))
+		if !m.Changed || m.From != 0 || m.To == 0 {
+			t.Errorf("first migrate: %+v, want from 0 to the schema version", m)
+		}
+		m = jsonObject[migration](t, runCLI(t, nil, append(flags, "--json", "migrate")...).mustCode(t, exitOK))
+		if m.Changed || m.From != m.To || m.To == 0 {
+			t.Errorf("second migrate: %+v, want no change", m)
+		}
+		runCLI(t, nil, append(flags, "list")...).mustCode(t, exitOK)
+	})
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		fx := newRedisFixture(t)
