@@ -44,9 +44,16 @@ var errDeferredLost = errors.New("a deferred claim met the key's record")
 // deadlock: each means another transaction changed the key meanwhile.
 const maxClaimRuns = 10
 
-// execer runs a statement: the pool, or a transaction.
+// execer runs a statement: the pool, a connection or a transaction.
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// querier runs statements in a transaction: a *sql.Tx, or a *sql.Conn in
+// a transaction of the store's own (shortTx).
+type querier interface {
+	execer
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // insert runs the claim's first statement with its lock wait bounded to
@@ -72,7 +79,7 @@ func (c *claim) inserted(token int64) store.ClaimResult {
 
 // takeLocked reads the row the claim's first statement locked in tx,
 // decides, and takes the key when the decision is Execute.
-func (s *Store) takeLocked(ctx context.Context, tx *sql.Tx, c *claim) (store.ClaimResult, error) {
+func (s *Store) takeLocked(ctx context.Context, tx querier, c *claim) (store.ClaimResult, error) {
 	var now int64
 	rec, err := scanRecord(tx.QueryRowContext(ctx, s.sql.claimRead, c.scope, c.key), &now)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -38,11 +38,19 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 }
 
 func (s *Store) deleteBatch(ctx context.Context, limit int) (int, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	conn, err := s.shortTx(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	n, err := s.deleteOn(ctx, conn, limit)
+	if err != nil || n == 0 {
+		_ = endShort(ctx, conn, false)
+		return 0, err
+	}
+	return n, endShort(ctx, conn, true)
+}
+
+func (s *Store) deleteOn(ctx context.Context, tx *sql.Conn, limit int) (int, error) {
 	rows, err := tx.QueryContext(ctx, s.sql.cleanupPick, limit)
 	if err != nil {
 		return 0, err
@@ -67,10 +75,7 @@ func (s *Store) deleteBatch(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	deleted, err := res.RowsAffected()
-	if err != nil {
-		return 0, err
-	}
-	return int(deleted), tx.Commit()
+	return int(deleted), err
 }
 
 // cleanerPass is what the cleaner does each interval: batches until none

@@ -55,22 +55,18 @@ func (s *Store) claimLease(ctx context.Context, c *claim, wait int64) (store.Cla
 	if err != nil || token > 0 {
 		return c.inserted(token), err
 	}
-	tx, err := s.db.BeginTx(ctx, nil)
+	conn, err := s.shortTx(ctx)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	// Again in the transaction, so that it holds the row's lock (or takes
 	// the key, when the row went meanwhile).
-	var res store.ClaimResult
-	if token, err = s.insert(ctx, tx, c, wait); err != nil {
-		return store.ClaimResult{}, err
-	} else if token > 0 {
-		res = c.inserted(token)
-	} else if res, err = s.takeLocked(ctx, tx, c); err != nil {
+	res, err := s.claimIn(ctx, conn, c, wait)
+	if err != nil {
+		_ = endShort(ctx, conn, false)
 		return store.ClaimResult{}, err
 	}
-	return res, tx.Commit()
+	return res, endShort(ctx, conn, true)
 }
 
 // Complete implements store.Store.

@@ -87,13 +87,13 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 			}
 			err = ctx.Err() // the claim's bound ran out as it returned
 		case err == nil:
-			t.end()
+			t.end(ctx)
 			if res.Decision == 0 {
 				return store.TxResult{}, unknownStatus("claim", &c)
 			}
 			return store.TxResult{ClaimResult: res, Contended: contended}, nil
 		}
-		t.end()
+		t.end(ctx)
 		switch {
 		case errNumber(err) == errLockWaitTimeout && !contended:
 			contended = true
@@ -108,7 +108,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 }
 
 // claimIn runs the claim's statements in tx.
-func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, c *claim, wait int64) (store.ClaimResult, error) {
+func (s *Store) claimIn(ctx context.Context, tx querier, c *claim, wait int64) (store.ClaimResult, error) {
 	token, err := s.insert(ctx, tx, c, wait)
 	if err != nil || token > 0 {
 		return c.inserted(token), err
@@ -160,6 +160,9 @@ func (s *Store) begin(ctx context.Context) (*claimTx, error) {
 	if err != nil {
 		t.unbind()
 		cancel()
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr // the claim's bound, which canceled txCtx
+		}
 		return nil, err
 	}
 	t.tx = tx
@@ -176,11 +179,26 @@ func (t *claimTx) claimed(ctx context.Context) bool {
 }
 
 // end rolls back and lets go of the transaction's context.
-func (t *claimTx) end() {
+func (t *claimTx) end(ctx context.Context) {
 	t.ended = true
-	_ = t.tx.Rollback()
 	t.unbind()
+	_ = t.finish(ctx, "ROLLBACK")
 	t.cancel()
+}
+
+// finish sends stmt, COMMIT or ROLLBACK, as a statement bounded by
+// Options.StatementTimeout, so that the driver closes the connection when
+// the server stalls (database/sql's Tx.Commit and Rollback take no
+// context); Tx.Rollback then only gives the connection back, at the cost
+// of a round trip.
+func (t *claimTx) finish(ctx context.Context, stmt string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
+	defer cancel()
+	_, err := t.tx.ExecContext(ctx, stmt)
+	if rerr := t.tx.Rollback(); err == nil && rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+		err = rerr
+	}
+	return err
 }
 
 // Context implements store.Tx: ctx carrying the handler's *sql.Tx.
@@ -196,19 +214,17 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 	t.ended = true
 	defer t.cancel()
 	if t.lost {
-		_ = t.tx.Rollback()
+		_ = t.finish(ctx, "ROLLBACK")
 		return t.lostErr("commit")
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
-	defer cancel()
-	t.unbind = context.AfterFunc(ctx, t.cancel)
-	defer t.unbind()
 	if len(result) > t.s.opts.MaxResultBytes {
-		_ = t.tx.Rollback()
+		_ = t.finish(ctx, "ROLLBACK")
 		return invalid("commit", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(result), t.s.opts.MaxResultBytes)
 	}
 	if result != nil || time.Since(t.rec.started) > t.rec.ttl/expirySlackDivisor {
-		res, err := t.tx.ExecContext(ctx, t.s.sql.commitResult, result, us(t.rec.ttl), t.rec.scope, t.rec.key, t.rec.token)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
+		res, err := t.tx.ExecContext(uctx, t.s.sql.commitResult, result, us(t.rec.ttl), t.rec.scope, t.rec.key, t.rec.token)
+		cancel()
 		if err == nil {
 			if n, _ := res.RowsAffected(); n == 0 {
 				// The claim's row is not the transaction's any more: a
@@ -217,24 +233,24 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 			}
 		}
 		if err != nil {
-			_ = t.tx.Rollback()
+			_ = t.finish(ctx, "ROLLBACK")
 			return wrap("commit", err)
 		}
 	}
-	if err := t.tx.Commit(); err != nil {
+	if err := t.finish(ctx, "COMMIT"); err != nil {
 		return wrap("commit", err)
 	}
 	return nil
 }
 
-// Rollback implements store.Tx.
-func (t *claimTx) Rollback(context.Context) error {
+// Rollback implements store.Tx, within Options.StatementTimeout.
+func (t *claimTx) Rollback(ctx context.Context) error {
 	if t.ended {
 		return nil
 	}
 	t.ended = true
 	defer t.cancel()
-	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+	if err := t.finish(ctx, "ROLLBACK"); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return wrap("rollback", err)
 	}
 	if t.lost {
@@ -287,11 +303,19 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 }
 
 func (s *Store) recordRollback(ctx context.Context, lease store.Claim, fp string, out store.Completion) (bool, error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+	conn, err := s.shortTx(ctx)
 	if err != nil {
 		return false, err
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	recorded, err := s.recordOn(ctx, conn, lease, fp, out)
+	if err != nil || !recorded {
+		_ = endShort(ctx, conn, false)
+		return false, err
+	}
+	return true, endShort(ctx, conn, true)
+}
+
+func (s *Store) recordOn(ctx context.Context, tx querier, lease store.Claim, fp string, out store.Completion) (bool, error) {
 	attempt := lease.Attempt - int(uncounted(out))
 	token := lease.Token
 	var now int64
@@ -322,8 +346,5 @@ func (s *Store) recordRollback(ctx context.Context, lease store.Claim, fp string
 			fp, int16(out.Status), token, attempt, kind, msg, uuid, created, us(out.TTL), us(out.TTL), us(out.RetryAfter), us(out.RetryAfter),
 			lease.Scope, lease.Key)
 	}
-	if err != nil {
-		return false, err
-	}
-	return true, tx.Commit()
+	return err == nil, err
 }
