@@ -5,7 +5,7 @@
 // the handler's own transaction, and the handler's business writes and the
 // record of its success commit together.
 //
-//	db, _ := sql.Open("mysql", "user:pass@tcp(host:3306)/app")
+//	db, _ := sql.Open("mysql", "user:pass@tcp(host:3306)/app") // this package registers the driver
 //	st, err := mysql.New(db, mysql.Options{})
 //	...
 //	err = st.Migrate(ctx) // idempotent, safe from many workers at once
@@ -41,9 +41,9 @@
 // The one-transaction mode (store.Transactional): ClaimInTx begins the
 // handler's transaction (Options.TxOptions) and inserts the record in its
 // final, succeeded form; the uncommitted row is the lease. A concurrent
-// claim of the key waits on its row lock for TxRequest.Wait, rounded up to
-// whole seconds (innodb_lock_wait_timeout for that one statement, by SET
-// STATEMENT), then replays what the first committed, takes the key when
+// claim of the key waits on its row lock for TxRequest.Wait, to the
+// nearest second (innodb_lock_wait_timeout for that one statement, by SET
+// STATEMENT; none below half a second), then replays what the first committed, takes the key when
 // it rolled back, or answers Held, contended. Commit commits, preceded by
 // an update storing the produced messages when there are some. A
 // rolled-back attempt is recorded by RecordRollback in a transaction of
@@ -52,7 +52,10 @@
 // # Bounds and errors
 //
 // Every operation is bounded by Options.StatementTimeout: past it, it fails
-// with context.DeadlineExceeded and the driver closes its connection. A
+// with context.DeadlineExceeded and the driver closes its connection.
+// database/sql's Tx.Commit and Rollback take no context, so COMMIT and
+// ROLLBACK go as statements under one (conn.go); the handler's *sql.Tx is
+// then given back with a ROLLBACK that has nothing to undo, a round trip. A
 // lock wait past innodb_lock_wait_timeout (1205) or a deadlock (1213)
 // outside a claim is a retryable store failure; a claim reruns after a
 // deadlock. Close waits for the operations under way.
