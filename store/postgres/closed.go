@@ -12,90 +12,126 @@ import (
 )
 
 // What the cleaner's leader does with the partitions whose range has
-// ended: it reads each one once after the pass's barrier, and that one
-// read serves both ends of a partition's life. The first read, when the
-// partition's key filter is due, reads its keys into the filter and, from
-// the same rows, the time its last row may go (partNext); the partition
-// is not read again before then, when a read without the keys decides the
-// drop. A partition whose rows may all go by the first read is dropped
-// then, without a filter. Before, the drop's first read came apart from
-// the filter's, right as the range ended: a scan of the whole partition
-// that found, as it nearly always does then, rows that live for a
-// retention more.
+// ended: it reads each one once, after the pass's barrier, when its key
+// filter is due (filterDelay after its range ends), for its keys and, from
+// the same rows, the time its last row may go (partNext) and their count.
+// From then on no write changes a row of it in place (every write of a
+// row claimed filterDelay ago moves it: partFresh, partMove), so that time
+// is final: the partition is dropped when it comes, without another read,
+// at the cost of its DETACH and DROP. One whose rows may all go by the
+// read is dropped then. partNext is in the leader's memory: a leader that
+// does not hold it (after a restart, or a change of leader) reads the
+// partition once more, without its keys, and goes by that read.
 
 // closedRead is what one read of a closed partition found.
 type closedRead struct {
 	// last is when its last row may go (it is past its purge time and
-	// expired) and a claim moves it out (its claimed_at is one width ago,
-	// which every row's is by the partition's end plus a width).
+	// expired, and aged: a write that takes it moves it out).
 	last time.Time
 	rows int
 	// filter is the partition's key filter, when the read was for it.
 	filter *blobloom.Filter
 }
 
-// closedDue is whether the closed partition p is read by a pass at now,
-// and whether for its key filter (have: the partitions that have one).
-// Not before its filter is due (filterDelay after its range ends); then
-// while it has none, and once it has one, when partNext has come.
-func (s *partitionedLayout) closedDue(p partition, now time.Time, have map[string]bool) (due, forFilter bool) {
+// closedNext is when a read partition may go (last) and how many rows the
+// read found in it, which its drop reports: a row moved out since is
+// counted among them, as dropPartition says.
+type closedNext struct {
+	last time.Time
+	rows int
+}
+
+// closedStep is what a pass does with a closed partition.
+type closedStep int
+
+const (
+	closedWait       closedStep = iota // nothing yet
+	closedReadFilter                   // read it for its key filter
+	closedReadDrop                     // read it for its drop time alone (partNext unknown)
+	closedDrop                         // drop it, unread: partNext has come
+)
+
+// closedDue is what a pass at now does with the closed partition p (have:
+// the partitions that have a key filter). Nothing before its filter is
+// due (filterDelay after its range ends); then a read while it has none;
+// once it has one, a drop when partNext has come, or a read when this
+// leader does not know partNext.
+func (s *partitionedLayout) closedDue(p partition, now time.Time, have map[string]bool) closedStep {
+	next, known := s.partNext[p.name]
 	switch {
 	case p.upper.Add(s.filterDelay()).After(now):
-		return false, false
+		return closedWait
 	case !have[p.name]:
-		return true, true
+		return closedReadFilter
+	case !known:
+		return closedReadDrop
+	case next.last.After(now):
+		return closedWait
 	default:
-		return !s.partNext[p.name].After(now), false
+		return closedDrop
 	}
 }
 
-// retireClosed reads, after one barrier for the pass, every partition of
-// parts (in the table, listed at now) that closedDue names; drops those
-// whose rows may all go (dropPartition's steps 3 to 5), remembers for the
-// others when to read them again (partNext), and builds and stores the key
-// filters it read the keys of. It returns how many rows went with the
-// partitions it dropped, their names, and the filters it built (for
-// loadKeyFilters), which it adds to have.
+// retireClosed does, for every partition of parts (in the table, listed
+// at now), what closedDue says: it reads those due for a read, after one
+// barrier for them all, drops those whose rows may all go (by this read or
+// an earlier one: dropPartition's steps 3 to 5), remembers for the others
+// when they may (partNext), and builds and stores the key filters it read
+// the keys of. It returns how many rows went with the partitions it
+// dropped, their names, and the filters it built (for loadKeyFilters),
+// which it adds to have.
 func (s *partitionedLayout) retireClosed(ctx context.Context, now time.Time, parts []partition, have map[string]bool) (removed int, gone map[string]bool, built map[string]keyFilter, err error) {
 	gone, built = map[string]bool{}, map[string]keyFilter{}
-	type dueRead struct {
+	type dueStep struct {
 		partition
-		forFilter bool
+		step closedStep
 	}
-	var due []dueRead
+	var due []dueStep
+	reads, listed := false, make(map[string]bool, len(parts))
 	for _, p := range parts {
-		if ok, forFilter := s.closedDue(p, now, have); ok {
-			due = append(due, dueRead{p, forFilter})
+		listed[p.name] = true
+		if step := s.closedDue(p, now, have); step != closedWait {
+			due = append(due, dueStep{p, step})
+			reads = reads || step != closedDrop
 		}
 	}
-	if len(due) == 0 {
-		return 0, gone, built, nil
+	for name := range s.partNext {
+		if !listed[name] {
+			delete(s.partNext, name) // dropped by another leader
+		}
 	}
-	if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
-		return 0, gone, built, err // the next pass tries again
+	if reads { // a drop unread needs none (dropPartition, 3)
+		if ok, err := s.awaitOlderTransactions(ctx, now); !ok {
+			return 0, gone, built, err // the next pass tries again
+		}
 	}
 	for _, d := range due {
-		r, err := s.readClosed(ctx, d.partition, d.forFilter)
-		if err != nil {
-			return removed, gone, built, err
-		}
-		if r.last.After(now) {
-			s.partNext[d.name] = r.last
-			if r.filter != nil {
-				if err := s.storeKeyFilter(ctx, d.partition, r.filter, r.rows); err != nil {
-					return removed, gone, built, err
-				}
-				have[d.name], built[d.name] = true, keyFilter{partition: d.partition, filter: r.filter}
+		next := s.partNext[d.name]
+		if d.step != closedDrop {
+			r, err := s.readClosed(ctx, d.partition, d.step == closedReadFilter)
+			if err != nil {
+				return removed, gone, built, err
 			}
-			continue
+			next = closedNext{last: r.last, rows: r.rows}
+			if r.last.After(now) {
+				s.partNext[d.name] = next
+				if r.filter != nil {
+					if err := s.storeKeyFilter(ctx, d.partition, r.filter, r.rows); err != nil {
+						return removed, gone, built, err
+					}
+					have[d.name], built[d.name] = true, keyFilter{partition: d.partition, filter: r.filter}
+				}
+				continue
+			}
 		}
-		n, err := s.dropPartition(ctx, d.partition, r.rows)
+		n, err := s.dropPartition(ctx, d.partition, next.rows)
 		if err != nil {
 			return removed, gone, built, err
 		}
 		removed += n
 		gone[d.name] = true
 		delete(s.partNext, d.name)
+		delete(have, d.name) // dropDetached deleted its filter
 	}
 	return removed, gone, built, nil
 }
@@ -120,13 +156,14 @@ const partitionReadPages = 32
 // The read comes after the pass's barrier (retireClosed), once every
 // transaction older than the pass has ended: a transaction that put a row
 // in the partition read the clock before its range ended, and so before
-// the pass began, so the read sees every key the partition will ever hold.
-// filterDelay guards against what the barrier cannot see: a server clock
-// set back. The keys' hashes are kept (8 bytes a key) until the filter is
+// the pass began, so the read sees every key the partition will ever hold,
+// and every row as it stays until it goes (dropPartition, 2). filterDelay
+// guards against what the barrier cannot see: a server clock set back.
+// The keys' hashes are kept (8 bytes a key) until the filter is
 // built, so that it is sized for the keys it holds without a count(*)
 // first.
 func (s *partitionedLayout) readClosed(ctx context.Context, p partition, forFilter bool) (closedRead, error) {
-	r := closedRead{last: p.upper.Add(s.width)}
+	r := closedRead{last: p.upper.Add(s.filterDelay())}
 	fail := func(err error) (closedRead, error) {
 		return closedRead{}, wrap("reading partition "+p.name, err)
 	}

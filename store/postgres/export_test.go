@@ -61,6 +61,7 @@ func (s *Store) PartitionedStatements() map[string]string {
 	}
 	return map[string]string{
 		"partClaimLease": q.lease, "partClaimNew": q.new, "partClaimTx": q.tx, "partRecordRollback": q.rollback,
+		"partCompleteMove": s.sql.completeMove, "partReleaseMove": s.sql.releaseMove, "partExtendMove": s.sql.extendMove,
 	}
 }
 

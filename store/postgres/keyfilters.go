@@ -99,7 +99,11 @@ func (s *partitionedLayout) storeKeyFilter(ctx context.Context, p partition, f *
 
 // filterNames lists the partitions that have a filter.
 func (s *partitionedLayout) filterNames(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.pool.Query(ctx, "SELECT partition FROM "+s.names.keyFilterTable)
+	return collectFilterNames(s.pool.Query(ctx, "SELECT partition FROM "+s.names.keyFilterTable))
+}
+
+// collectFilterNames reads the rows of filterNames's statement.
+func collectFilterNames(rows pgx.Rows, err error) (map[string]bool, error) {
 	if err != nil {
 		return nil, wrap("listing key filters", err)
 	}

@@ -31,11 +31,7 @@ func newPartitioned(s *Store) *partitionedLayout {
 	if async {
 		asyncSQL = ", set_config('synchronous_commit', 'off', true)"
 	}
-	// Complete and Release refuse a row past its purge time and expired,
-	// which the upkeep may drop with its partition (partLive).
-	s.sql.complete = n.render(sqlComplete + partLive)
-	s.sql.release = n.render(sqlRelease + partLive)
-	return &partitionedLayout{
+	l := &partitionedLayout{
 		Store: s,
 		part: partStatements{
 			lockLease:    n.render(strings.ReplaceAll(sqlPartLockLease, "{{ASYNC}}", asyncSQL)),
@@ -46,8 +42,20 @@ func newPartitioned(s *Store) *partitionedLayout {
 		},
 		width:        cmp.Or(s.opts.width, partitionWidth(s.opts.Retention)),
 		partitionKey: lockKey("partitions", n),
-		partNext:     map[string]time.Time{},
+		partNext:     map[string]closedNext{},
 	}
+	// Complete and Release refuse a row past its purge time and expired,
+	// which the upkeep may drop with its partition (partLive). In place,
+	// they and Extend write only a row claimed within filterDelay; an older
+	// one they move (partFresh, partMove).
+	aged := strings.NewReplacer("{{AGED}}", fmt.Sprint(micros(l.filterDelay())))
+	s.sql.complete = n.render(aged.Replace(sqlComplete + partLive + partFresh))
+	s.sql.release = n.render(aged.Replace(sqlRelease + partLive + partFresh))
+	s.sql.extend = n.render(aged.Replace(sqlPartExtend))
+	s.sql.completeMove = n.render(sqlPartCompleteMove)
+	s.sql.releaseMove = n.render(sqlPartReleaseMove)
+	s.sql.extendMove = n.render(sqlPartExtendMove)
+	return l
 }
 
 // claimLease is ClaimLease's statement: BEGIN, the key's advisory lock,
@@ -62,7 +70,7 @@ func (s *partitionedLayout) claimLease(ctx context.Context, req store.LeaseReque
 	h := keyHash(req.Scope, req.Key)
 	b.Queue(s.part.lockLease, claimLockKey(h))
 	b.Queue(s.keyFilters.Load().claimsFor(h, &s.part.everywhere).lease, req.Scope, req.Key, req.Fingerprint,
-		micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID, micros(s.width))
+		micros(req.LeaseDuration), micros(req.LeaseDuration+req.Retain), req.MessageUUID, micros(s.filterDelay()))
 	b.Queue("commit")
 	br := s.pool.SendBatch(ctx, b)
 	_, err := br.Exec()
@@ -120,7 +128,7 @@ func (s *partitionedLayout) claimTx(ctx context.Context, conn *pgxpool.Conn, req
 	if taken || err != nil {
 		return res, tx, err
 	}
-	args := []any{req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.width)}
+	args := []any{req.Scope, req.Key, req.Fingerprint, micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, micros(s.filterDelay())}
 	if !oneStatement {
 		res, err = claimStatement(ctx, tx, claims.tx, args...)
 		return res, tx, err
@@ -170,7 +178,7 @@ func (s *partitionedLayout) recordRollback(ctx context.Context, lease store.Clai
 		}
 		return tx.QueryRow(ctx, s.keyFilters.Load().claimsFor(h, &s.part.everywhere).rollback, lease.Scope, lease.Key, fingerprint, int16(out.Status), lease.Token, int32(lease.Attempt)-uncounted(out),
 			micros(out.TTL), pgerr.StorableText(string(out.ErrorKind), pgerr.MaxErrorKindLen), pgerr.StorableText(out.ErrorMessage, pgerr.MaxErrorMessageLen), micros(out.TTL),
-			micros(s.width), pgerr.StorableText(lease.MessageUUID, pgerr.MaxMessageUUIDLen), micros(out.RetryAfter)).Scan(&n)
+			micros(s.filterDelay()), pgerr.StorableText(lease.MessageUUID, pgerr.MaxMessageUUIDLen), micros(out.RetryAfter)).Scan(&n)
 	})
 	return n, err
 }
@@ -317,13 +325,13 @@ func (s *partitionedLayout) migrate(ctx context.Context, version int) error {
 // drops those whose rows may, deletes the filters of partitions that are
 // gone, loads the key filters its own claims use from what it read and
 // did, and returns how many rows went. A pass with nothing to do sends two
-// statements (the list, the names of the filters) where each step used to
-// read the catalog again: every statement of a pass takes CPU from the
-// claims on the same server.
+// statements (the list, the names of the filters), in one round trip, where
+// each step used to read the catalog again: every statement of a pass
+// takes CPU from the claims on the same server.
 func (s *partitionedLayout) partitionUpkeep(ctx context.Context) (int, error) {
-	now, parts, err := s.listPartitions(ctx, s.pool)
+	now, parts, have, err := s.listWithFilters(ctx)
 	if err != nil {
-		return 0, wrap("partition upkeep: listing partitions", err)
+		return 0, err
 	}
 	attached := inTable(parts)
 	if n := len(attached); n == 0 || attached[n-1].upper.Before(now.Add(s.partitionsAhead()/2)) {
@@ -333,10 +341,6 @@ func (s *partitionedLayout) partitionUpkeep(ctx context.Context) (int, error) {
 		if now, parts, err = s.ensurePartitions(ctx); err != nil {
 			return 0, err
 		}
-	}
-	have, err := s.filterNames(ctx)
-	if err != nil {
-		return 0, err
 	}
 	removed, gone, err := s.finishDrops(ctx, parts)
 	if err != nil {

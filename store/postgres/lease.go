@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,8 +65,14 @@ func (s *Store) Complete(ctx context.Context, lease store.Claim, out store.Compl
 		return err
 	}
 	defer s.gate.Leave(cancel)
-	tag, err := s.pool.Exec(ctx, s.sql.complete, lease.Scope, lease.Key, lease.Token,
-		int16(out.Status), out.Result, string(out.ErrorKind), out.ErrorMessage, micros(out.TTL))
+	args := []any{lease.Scope, lease.Key, lease.Token, int16(out.Status), out.Result, string(out.ErrorKind), out.ErrorMessage, micros(out.TTL)}
+	tag, err := s.pool.Exec(ctx, s.sql.complete, args...)
+	if err == nil && tag.RowsAffected() == 0 && s.sql.completeMove != "" {
+		err = s.moveLease(ctx, lease, func(lock int32) (err error) {
+			tag, err = s.pool.Exec(ctx, s.sql.completeMove, append(args, lock)...)
+			return err
+		})
+	}
 	if err != nil {
 		return wrap("complete", err)
 	}
@@ -117,8 +124,14 @@ func (s *Store) Release(ctx context.Context, lease store.Claim, out store.Comple
 	if out.TTL <= 0 {
 		tag, err = s.pool.Exec(ctx, s.sql.releaseDelete, lease.Scope, lease.Key, lease.Token)
 	} else {
-		tag, err = s.pool.Exec(ctx, s.sql.release, lease.Scope, lease.Key, lease.Token, micros(out.TTL),
-			uncounted(out), micros(out.RetryAfter))
+		args := []any{lease.Scope, lease.Key, lease.Token, micros(out.TTL), uncounted(out), micros(out.RetryAfter)}
+		tag, err = s.pool.Exec(ctx, s.sql.release, args...)
+		if err == nil && tag.RowsAffected() == 0 && s.sql.releaseMove != "" {
+			err = s.moveLease(ctx, lease, func(lock int32) (err error) {
+				tag, err = s.pool.Exec(ctx, s.sql.releaseMove, append(args, lock)...)
+				return err
+			})
+		}
 	}
 	if err != nil {
 		return wrap("release", err)
@@ -145,7 +158,13 @@ func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) 
 	defer s.gate.Leave(cancel)
 	var attempt int32
 	var expires time.Time
-	err = s.pool.QueryRow(ctx, s.sql.extend, lease.Scope, lease.Key, lease.Token, micros(d)).Scan(&attempt, &expires)
+	args := []any{lease.Scope, lease.Key, lease.Token, micros(d)}
+	err = s.pool.QueryRow(ctx, s.sql.extend, args...).Scan(&attempt, &expires)
+	if errors.Is(err, pgx.ErrNoRows) && s.sql.extendMove != "" {
+		err = s.moveLease(ctx, lease, func(lock int32) error {
+			return s.pool.QueryRow(ctx, s.sql.extendMove, append(args, lock)...).Scan(&attempt, &expires)
+		})
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Claim{}, fmt.Errorf("oncemill: postgres: extend %q/%q with token %d: the lease was taken over, finished, or expired: %w",
 			lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
@@ -156,6 +175,23 @@ func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) 
 	lease.Attempt = int(attempt)
 	lease.ExpiresAt = expires
 	return lease, nil
+}
+
+// moveLease runs move, the partitioned layout's form of a Complete,
+// Release or Extend (partMove) whose in-place form found no row: the
+// lease's row was claimed filterDelay ago or more, or the lease was lost.
+// move is given the key's lock. The row goes to the partition of now,
+// which a worker whose cleaner has not run for a while may have to create
+// first (mend).
+func (s *Store) moveLease(ctx context.Context, lease store.Claim, move func(lock int32) error) error {
+	lock := claimLockKey(keyHash(lease.Scope, lease.Key))
+	var m mends
+	for {
+		err := move(lock)
+		if again, merr := s.layout.mend(ctx, err, &m); merr != nil || !again {
+			return cmp.Or(merr, err)
+		}
+	}
 }
 
 // uncounted is what a release takes off the lease's attempt count: 1 when

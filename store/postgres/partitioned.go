@@ -21,8 +21,8 @@ type partitionedLayout struct {
 	width        time.Duration
 	partitionKey int64
 	// partNext is when each partition read by the cleaner may be dropped
-	// at the earliest (guarded by cleanupMu).
-	partNext map[string]time.Time
+	// at the earliest, and its rows (guarded by cleanupMu: closed.go).
+	partNext map[string]closedNext
 	// keyFilters is what claims consult (keyfilters.go); nil until the
 	// cleaner first loads the filters.
 	keyFilters atomic.Pointer[keyFilters]

@@ -43,7 +43,27 @@ func (s *Store) qualified(name string) string {
 // detaching, then the tables the upkeep detached and has not dropped yet
 // (found by detachedMarker).
 func (s *Store) listPartitions(ctx context.Context, q querier) (time.Time, []partition, error) {
-	rows, err := q.Query(ctx, sqlPartitions, s.names.table, s.opts.Schema, s.detachedMarker())
+	return scanPartitions(q.Query(ctx, sqlPartitions, s.names.table, s.opts.Schema, s.detachedMarker()))
+}
+
+// listWithFilters is listPartitions and filterNames in one round trip: a
+// pass of the cleaner's leader starts with both.
+func (s *partitionedLayout) listWithFilters(ctx context.Context) (time.Time, []partition, map[string]bool, error) {
+	b := &pgx.Batch{}
+	b.Queue(sqlPartitions, s.names.table, s.opts.Schema, s.detachedMarker())
+	b.Queue("SELECT partition FROM " + s.names.keyFilterTable)
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	now, parts, err := scanPartitions(br.Query())
+	if err != nil {
+		return time.Time{}, nil, nil, wrap("partition upkeep: listing partitions", err)
+	}
+	have, err := collectFilterNames(br.Query())
+	return now, parts, have, err
+}
+
+// scanPartitions reads the rows of sqlPartitions.
+func scanPartitions(rows pgx.Rows, err error) (time.Time, []partition, error) {
 	if err != nil {
 		return time.Time{}, nil, err
 	}
@@ -161,7 +181,7 @@ func (s *partitionedLayout) partitionDDLError(op string, err error) error {
 }
 
 // dropPartition drops the partition p, whose rows (rows of them, read after
-// the pass's barrier: retireClosed) are all past their purge time and
+// a pass's barrier: retireClosed) are all past their purge time and
 // expired, without blocking a claim, and returns rows.
 //
 // A claim never waits for it: no lock it takes conflicts with the locks
@@ -186,23 +206,32 @@ func (s *partitionedLayout) partitionDDLError(op string, err error) error {
 //     transaction that began before T holds a lock on the table or a
 //     partition. Every statement of the store on a row takes those locks as
 //     it starts, and holds them until its transaction ends.
-//  2. Read the partition once (readClosed): the time its last row may go,
-//     greatest(purge_at, expires_at), the latest over its rows, or the
-//     time every row has aged, the partition's upper bound plus one width
-//     (every claimed_at is before the bound), if later. Every write of a
-//     transaction that began before T has committed or rolled back by now
-//     (1), so it is in what this reads. If that time is after T, the
-//     partition stays, and is not read again before then (partNext).
-//  3. Otherwise every row is expired and past its purge time as of T, and
-//     what a transaction that began at T or later can do to one of them is:
-//     a claim or RecordRollback that takes it moves it out (deletes it here
-//     and inserts it into the current partition), as the row is aged for a
-//     statement_timestamp() of T or later (sqlPartClaim); Complete and
-//     Release refuse it, as they refuse any row past its purge time and
-//     expired (partLive: what the DELETE layout's cleanup may have removed
-//     already); Extend refuses an expired lease; a delete deletes. None of
-//     them can make a row of the partition live again, so whatever the
-//     detach hides from a claim was free to go.
+//  2. Read the partition once (readClosed), when its key filter is due:
+//     the time its last row may go, greatest(purge_at, expires_at), the
+//     latest over its rows, and their count. Every write of a transaction
+//     that began before T has committed or rolled back by now (1), so it is
+//     in what this reads; one that began at T or later changes no row of
+//     the partition in place: each is aged for its statement_timestamp()
+//     (claimed filterDelay ago or more, every claimed_at being before the
+//     bound), and a claim, RecordRollback, Complete, Release or Extend of an
+//     aged row deletes it here and inserts it into the current partition
+//     (sqlPartClaim, partMove). So that time is final: if it is after T,
+//     the partition stays, and a pass at a later T past that time drops it
+//     unread (partNext).
+//  3. At a T past that time (the read's, or a later pass's), every row is
+//     expired and past its purge time, and what a transaction that began
+//     at T or later can do to one of them is: a claim or RecordRollback
+//     that takes it moves it out; Complete and Release refuse it, as they
+//     refuse any row past its purge time and expired (partLive: what the
+//     DELETE layout's cleanup may have removed already); Extend refuses an
+//     expired lease; a delete deletes. None of them can make a row of the
+//     partition live again, so whatever the detach hides from a claim was
+//     free to go. The later pass waits for no older transaction: a
+//     statement that still sees the partition holds a lock the detach
+//     waits for (4), and one that runs after the mark judges a row by its
+//     transaction's now(), which for each statement of the store is its
+//     own start or one round trip before it (a claim opens its
+//     transaction), so it is past T as well.
 //  4. DETACH … CONCURRENTLY. A claim that began before the partition was
 //     marked detaching may still move a row out of it: the detach waits for
 //     that claim's transaction, and the row it inserted into the current
@@ -214,16 +243,22 @@ func (s *partitionedLayout) partitionDDLError(op string, err error) error {
 //     began at T or later, is refused (3), whether it sees the partition or
 //     not: the lease was lost.
 //  5. DROP TABLE of the detached table. Its rows are counted by the read
-//     of 2, so that the drop reads nothing (a claim that moved a row out
+//     of 2, so that the drop reads nothing (a write that moved a row out
 //     between the two leaves it counted among the dropped).
 //
 // No lock is taken before the read: the barrier, not a lock, makes it
 // final.
 func (s *partitionedLayout) dropPartition(ctx context.Context, p partition, rows int) (int, error) {
 	// The mark first: if this pass ends after the detach, the next one
-	// finds the table by it.
-	comment := fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker())
-	if _, err := s.pool.Exec(ctx, comment); err != nil {
+	// finds the table by it. Its commit need not wait for the WAL flush:
+	// the detach's, after it, flushes it too, and before that the
+	// partition is still attached.
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	b.Queue("SET LOCAL synchronous_commit = off")
+	b.Queue(fmt.Sprintf("COMMENT ON TABLE %s IS '%s'", s.qualified(p.name), s.detachedMarker()))
+	b.Queue("commit")
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return 0, s.partitionDDLError("marking partition "+p.name, err)
 	}
 	if err := s.detach(ctx, p, "CONCURRENTLY"); err != nil {
@@ -295,14 +330,18 @@ func (s *partitionedLayout) detach(ctx context.Context, p partition, mode string
 	return nil
 }
 
-// dropDetached drops the detached table p, in one round trip. Nothing else
-// reaches a detached table, so its lock is not waited for (a lock_timeout
-// guards against a stray session).
+// dropDetached drops the detached table p and its key filter, in one
+// round trip. Nothing else reaches a detached table, so its lock is not
+// waited for (a lock_timeout guards against a stray session). The commit
+// does not wait for the WAL flush: a crash that loses it leaves the table
+// marked (detachedMarker), and the next pass drops it (finishDrops).
 func (s *partitionedLayout) dropDetached(ctx context.Context, p partition) error {
 	b := &pgx.Batch{}
 	b.Queue("begin")
 	b.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", s.opts.StatementTimeout.Milliseconds()))
+	b.Queue("SET LOCAL synchronous_commit = off")
 	b.Queue("DROP TABLE " + s.qualified(p.name))
+	b.Queue("DELETE FROM "+s.names.keyFilterTable+" WHERE partition = $1", p.name)
 	b.Queue("commit")
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return s.partitionDDLError("dropping partition "+p.name, err)

@@ -118,6 +118,14 @@ var statementLabels = []struct {
 	{regexp.MustCompile(`(?s)^WITH gone AS \(\s*DELETE`), "DELETE batch"},
 }
 
+// dropStatement is the label of the batch that drops a detached partition
+// with its key filter (dropDetached).
+const dropStatement = "DROP TABLE + filter: delete"
+
+// listStatement is the label of the batch that starts a pass of the
+// partitioned layout (listWithFilters).
+const listStatement = "list partitions + filter: names"
+
 // taken returns how many of each statement the passes sent since the last
 // call, and forgets them.
 func (p *passStatements) taken() map[string]int {

@@ -119,6 +119,9 @@ func TestPlansUseIndexesPartitioned(t *testing.T) {
 		"partClaimNew":       `('s', 'k', 'fp', 1000000, 2000000, 'uuid')`,
 		"partClaimTx":        `('s', 'k', 'fp', 1000000, 2000000, 'uuid', 60000000)`,
 		"partRecordRollback": `('s', 'k', 'fp', 4, 7, 1, 1000000, '', '', 2000000, 60000000, 'uuid', 60000000)`,
+		"partCompleteMove":   `('s', 'k', 7, 2, '\x01'::bytea, '', '', 1000000, 42)`,
+		"partReleaseMove":    `('s', 'k', 7, 1000000, 0, 60000000, 42)`,
+		"partExtendMove":     `('s', 'k', 7, 1000000, 42)`,
 	}
 	for name, sql := range s.Statements() {
 		switch name {

@@ -481,6 +481,10 @@ VALUES ($1::text, $2::text, $3::text, {{SUCCEEDED}}, CASE WHEN pg_try_advisory_x
 type statements struct {
 	begin, claimNew, claimDeferred, claim, commitResult, recordRollback, complete, extend, release, releaseDelete,
 	get, list, del, cleanupBatch, cleanupLag string
+	// completeMove, releaseMove and extendMove are the partitioned
+	// layout's second form of Complete, Release and Extend, for a row the
+	// first did not find (partMove); "" in the DELETE layout.
+	completeMove, releaseMove, extendMove string
 }
 
 func newStatements(n names, async bool) statements {

@@ -17,9 +17,10 @@ import "strings"
 // key, and a constant bound lets PostgreSQL leave them out of the plan,
 // which then neither opens nor locks them, where a parameter would keep
 // every partition in a cached generic plan.
-// Complete, Extend, Release, Get, List, Delete and the one-transaction
-// commit are the DELETE layout's: they name the row by (scope, key, token),
-// which matches one row in one partition.
+// Get, List, Delete and the one-transaction commit are the DELETE
+// layout's: they name the row by (scope, key, token), which matches one row
+// in one partition. Complete, Release and Extend are too, for a row claimed
+// within filterDelay; an older row they move (partMove).
 
 // sqlReadCommitted holds in a transaction at read committed, which every
 // claim of the one-transaction mode checks along with the key's lock: its
@@ -52,9 +53,10 @@ SELECT set_config('lock_timeout', p.prior, true), p.read_committed FROM p CROSS 
 // partLookup is the key's row (at most one, across every partition from
 // {{LOOKUP_FROM}} on: partClaims), locked, with what a claim may do with it: take it afresh (free), carry
 // its attempt count on (carry: the rules of sqlClaim, a held-back retryable
-// row left out), and whether it is
-// older than one partition width (aged: a claim that takes it moves it to
-// the current partition, $W). $1 scope, $2 key, $3 fingerprint.
+// row left out), and whether it was claimed filterDelay ago or more (aged,
+// $W in microseconds: a claim that takes it moves it to the current
+// partition, so that no write changes a row of a partition in place once
+// the cleaner may have read it, partMove). $1 scope, $2 key, $3 fingerprint.
 const partLookup = `o AS MATERIALIZED (
 	SELECT t.*,
 		(t.status <> {{IN_PROGRESS}} AND t.expires_at <= now()) AS free,
@@ -130,8 +132,8 @@ RETURNING token`
 
 // sqlPartClaim takes the key after sqlPartLockLease or sqlPartLockTx, with
 // the decisions of sqlClaim: a new key is inserted in the current
-// partition; a row it takes is updated in place, or, when it is older than
-// one partition width ($7, microseconds), deleted and inserted again in the
+// partition; a row it takes is updated in place, or, when it is aged ($7,
+// filterDelay in microseconds), deleted and inserted again in the
 // current partition, carrying its token and attempt count, so that an old
 // partition is not kept alive by the keys claimed again after it; a row it
 // does not take is returned with the decision. Parameters as sqlClaim's:
@@ -197,7 +199,7 @@ WHERE NOT (o.free OR o.carry)`
 // was taken without waiting (RecordRollback gives up when another claim
 // holds it): it writes where a claim could take the key, moving an aged
 // row like sqlPartClaim, and returns how many rows it wrote (0 or 1).
-// Parameters as sqlRecordRollback's, but $11 is the partition width (the
+// Parameters as sqlRecordRollback's, but $11 is filterDelay (aged; the
 // lock was taken before); $13 the pause before the next attempt (retry_at).
 var sqlPartRecordRollback = `
 WITH ` + strings.ReplaceAll(partLookup, "$W", "$11") + `,
@@ -326,9 +328,7 @@ SELECT EXISTS (
 // sqlPartitionLive is the time the last row of a partition ({{PART}}) may
 // go (it is past its purge time and expired), NULL when it is empty, and
 // how many rows it holds, over the pages [$1, $2) (a TID range scan:
-// readClosed reads a partition a chunk at a time). When a claim moves a
-// row out (its claimed_at one width ago) is not read: every claimed_at is
-// before the partition's upper bound, which readClosed goes by.
+// readClosed reads a partition a chunk at a time).
 const sqlPartitionLive = `SELECT max(greatest(purge_at, expires_at)), count(*) FROM {{PART}} WHERE ctid >= $1::tid AND ctid < $2::tid`
 
 // sqlPartitionKeys is, for every row of a partition ({{PART}}) in the pages
@@ -347,6 +347,62 @@ const sqlPartitionPages = `SELECT pg_relation_size($1::regclass) / current_setti
 // of a partition being dropped live again (dropPartition).
 const partLive = `
 	AND (expires_at > now() OR purge_at > now())`
+
+// partFresh is what the partitioned layout adds to the in-place Complete,
+// Release and Extend: the row was claimed less than filterDelay ago
+// ({{AGED}}, microseconds). An older row may be in a closed partition whose
+// drop time the cleaner has read (closedRead.last): it is moved instead
+// (partMove), so no write pushes that time out after the read. Most
+// handlers finish within filterDelay (a minute): one HOT update, as in the
+// DELETE layout.
+const partFresh = `
+	AND claimed_at > statement_timestamp() - {{AGED}}::int8 * interval '1 microsecond'`
+
+// sqlPartExtend is sqlExtend for a row partFresh holds.
+const sqlPartExtend = `
+UPDATE {{TABLE}} SET
+	expires_at = now() + $4::int8 * interval '1 microsecond',
+	updated_at = now()
+WHERE scope = $1 AND key = $2 AND token = $3 AND status = {{IN_PROGRESS}} AND expires_at > now()` + partFresh + `
+RETURNING attempt, expires_at`
+
+// partMove is Complete, Release or Extend of a lease's row, sent after the
+// in-place form touched no row (partFresh): the row, wherever it is, is
+// deleted and inserted again in the current partition ({{SET}}: the
+// columns the write changes; the others are copied), with claimed_at the
+// clock. It takes the key's advisory lock ($L) first, as a claim does, so
+// that a claim's lookup, after its own lock, sees the row in one partition
+// or the other (sql_partitioned.go); the DELETE re-checks the newest
+// version of a row a claim changed before the lock was granted. No row:
+// the lease was lost. {{WHERE}} and {{RETURNING}} are the write's own.
+const partMove = `
+WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock({{CLAIM_LOCK}}, $L::int4)),
+d AS (
+	DELETE FROM {{TABLE}} t USING l
+	WHERE t.scope = $1 AND t.key = $2 AND t.token = $3 AND t.status = {{IN_PROGRESS}}{{WHERE}}
+	RETURNING t.*)
+INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over, result, error_kind, error_message,
+	created_at, updated_at, expires_at, purge_at, message_uuid, claimed_at, retry_at)
+SELECT scope, key, fingerprint, {{STATUS}}, token, {{ATTEMPT}}, taken_over, {{RESULT}},
+	created_at, now(), {{EXPIRES}}, purge_at, message_uuid, clock_timestamp(), {{RETRY_AT}}
+FROM d{{RETURNING}}`
+
+// The forms of partMove.
+var (
+	// sqlPartCompleteMove is Complete's: parameters as sqlComplete's, $9 the lock.
+	sqlPartCompleteMove = strings.NewReplacer("$L", "$9", "{{WHERE}}", " AND (t.expires_at > now() OR t.purge_at > now())",
+		"{{STATUS}}", "$4::int2", "{{ATTEMPT}}", "attempt", "{{RESULT}}", "$5::bytea, nullif($6::text, ''), nullif($7::text, '')",
+		"{{EXPIRES}}", "now() + $8::int8 * interval '1 microsecond'", "{{RETRY_AT}}", "retry_at", "{{RETURNING}}", "").Replace(partMove)
+	// sqlPartReleaseMove is Release's: parameters as sqlRelease's, $7 the lock.
+	sqlPartReleaseMove = strings.NewReplacer("$L", "$7", "{{WHERE}}", " AND (t.expires_at > now() OR t.purge_at > now())",
+		"{{STATUS}}", "{{RETRYABLE}}", "{{ATTEMPT}}", "attempt - $5::int4", "{{RESULT}}", "result, error_kind, error_message",
+		"{{EXPIRES}}", "now() + $4::int8 * interval '1 microsecond'", "{{RETRY_AT}}", retryAtFrom("$6"), "{{RETURNING}}", "").Replace(partMove)
+	// sqlPartExtendMove is Extend's: parameters as sqlExtend's, $5 the lock.
+	sqlPartExtendMove = strings.NewReplacer("$L", "$5", "{{WHERE}}", " AND t.expires_at > now()",
+		"{{STATUS}}", "status", "{{ATTEMPT}}", "attempt", "{{RESULT}}", "result, error_kind, error_message",
+		"{{EXPIRES}}", "now() + $4::int8 * interval '1 microsecond'", "{{RETRY_AT}}", "retry_at",
+		"{{RETURNING}}", "\nRETURNING attempt, expires_at").Replace(partMove)
+)
 
 // sqlPartClaimNewCurrentDeferred is sqlPartClaimNewCurrent's deferred form:
 // claimed_at is the clock read after the key's lock ($6) was taken, NULL
