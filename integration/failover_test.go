@@ -145,22 +145,11 @@ func runFailover(t *testing.T, bk brokerKind, watermark, sync bool) failoverRun 
 		return n, err
 	}
 
-	args := []string{}
-	if bk.name == "kafka" {
-		args = append(args, fmt.Sprintf("--kafka-partitions=%d", failoverWorkers))
-	}
+	var args []string
 	if watermark {
 		args = append(args, "--kafka-watermark")
 	}
-	workers := make([]*worker, failoverWorkers)
-	for i := range workers {
-		workers[i] = h.start(fmt.Sprintf("worker-%d", i), args...)
-	}
-	if bk.name == "kafka" {
-		group := h.ns + "-" + h.payments()
-		eventually(t, limit, func() bool { return kafkaGroupReady(t, group, failoverWorkers) },
-			func() string { return "consumer group " + group + " has not assigned partitions to every worker" })
-	}
+	workers := startFailoverWorkers(t, h, args...)
 	dead := h.observe(h.deadLetters())
 
 	// The messages: unique payments and duplicates of them, shuffled. A
