@@ -19,14 +19,16 @@ import (
 
 // TestPostgresFailover kills a PostgreSQL primary under three workers
 // of the rig in the one-transaction mode (and, on Kafka, the watermark
-// mode) over a PostgreSQL primary with a streaming standby of its own
-// (internal/pgpair) that gets the WAL failoverReplicationLatency late, the
-// ledger in the same database. The workers connect through the multi-host
-// connection string with target_session_attrs=read-write. In the middle of
-// 3,000 messages, 30% of them duplicates, the WAL on its way is cut, the
-// primary killed (pg_ctl -m immediate) and the standby promoted
-// failoverPromoteAfter later; the workers must reach it without a
-// restart, within failoverResume of the kill, and nothing may be cached
+// mode; and the tiered store, its local and Redis caches in front of the
+// one-transaction mode, with the synchronous standby) over a PostgreSQL
+// primary with a streaming standby of its own (internal/pgpair) that gets
+// the WAL failoverReplicationLatency late, the ledger in the same
+// database. The workers connect through the multi-host connection string
+// with target_session_attrs=read-write. In the middle of 3,000 messages,
+// 30% of them duplicates, the WAL on its way is cut, the primary killed
+// (pg_ctl -m immediate) and the standby promoted failoverPromoteAfter
+// later; the workers must reach it without a restart, within
+// failoverResume of the kill, and nothing may be cached
 // or dead-lettered.
 //
 // With a synchronous standby nothing acked is lost: every payment is
@@ -38,12 +40,15 @@ import (
 func TestPostgresFailover(t *testing.T) {
 	t.Parallel()
 	for _, sync := range []bool{true, false} {
-		for _, c := range []struct{ mode, broker string }{{"one-transaction", "kafka"}, {"one-transaction", "amqp-v3"}, {"watermark", "kafka"}} {
+		for _, c := range []struct{ mode, broker string }{{"one-transaction", "kafka"}, {"one-transaction", "amqp-v3"}, {"watermark", "kafka"}, {"tiered", "kafka"}, {"tiered", "amqp-v3"}} {
+			if c.mode == "tiered" && !sync {
+				continue // its truth is the one-transaction mode's: the async losses are those
+			}
 			repl := map[bool]string{true: "sync", false: "async"}[sync]
 			// One run at a time: each is two servers and three workers,
 			// beside the rest of the suite.
 			t.Run(repl+"/"+c.mode+"/"+c.broker, func(t *testing.T) {
-				r := runFailover(t, brokerKindNamed(t, c.broker), c.mode == "watermark", sync)
+				r := runFailover(t, brokerKindNamed(t, c.broker), c.mode, sync)
 				t.Logf("%s standby, %s mode, %s: %s", repl, c.mode, c.broker, r)
 				// A failover is a store failure: never cached, never dead-lettered.
 				if r.dead > 0 || r.outcomes["cached_failure"] > 0 {
@@ -91,18 +96,26 @@ func (r failoverRun) String() string {
 }
 
 // pairStore is the one-transaction store kind over a pair: the records
-// and the ledger in the database the multi-host string reaches.
-func pairStore(t *testing.T, p *pgpair.Pair, pool func() *pgxpool.Pool) storeKind {
+// and the ledger in the database the multi-host string reaches; with
+// tiered, behind the tiered store's caches, in the machine's Redis.
+func pairStore(t *testing.T, p *pgpair.Pair, pool func() *pgxpool.Pool, tiered bool) storeKind {
 	pg := storeKindNamed(t, "postgres")
+	cleanup := func(*testing.T, string) {} // the pair goes with its directory
+	if tiered {
+		cleanup = storeKindNamed(t, "redis").cleanup
+	}
 	return storeKind{
 		name: "postgres-pair",
 		workerArgs: func(ns string) []string {
+			if tiered {
+				return []string{"--store=tiered", "--postgres-dsn=" + p.DSN(), "--postgres-schema=" + ns, "--redis-addr=" + env.redisAddr, "--redis-prefix=" + ns}
+			}
 			return []string{"--store=postgres", "--postgres-dsn=" + p.DSN(), "--postgres-schema=" + ns}
 		},
 		ledger: func(t *testing.T, ns, scope string) map[string]int {
 			return ledgerCounts(t, pool(), ns, scope)
 		},
-		cleanup: func(*testing.T, string) {}, // the pair goes with its directory
+		cleanup: cleanup,
 		layout:  pg.layout,
 	}
 }
@@ -125,7 +138,10 @@ func ledgerCounts(t *testing.T, pool *pgxpool.Pool, ns, scope string) map[string
 	return out
 }
 
-func runFailover(t *testing.T, bk brokerKind, watermark, sync bool) failoverRun {
+// runFailover runs mode (one-transaction, watermark or tiered) through a
+// failover of a sync or async pair.
+func runFailover(t *testing.T, bk brokerKind, mode string, sync bool) failoverRun {
+	watermark := mode == "watermark"
 	p := pgpair.Start(t, pgpair.Options{Sync: sync, Latency: failoverReplicationLatency})
 	// Reads of the ledger go to one server at a time: the primary until
 	// the kill, then the promoted standby.
@@ -137,7 +153,7 @@ func runFailover(t *testing.T, bk brokerKind, watermark, sync bool) failoverRun 
 		return pool
 	}
 	current.Store(openPool(p.PrimaryDSN(pgpair.Database)))
-	h := newHarness(t, bk, pairStore(t, p, current.Load))
+	h := newHarness(t, bk, pairStore(t, p, current.Load, mode == "tiered"))
 	table := pgx.Identifier{h.ns, "oncemill_ledger"}.Sanitize()
 	rowsOn := func(pool *pgxpool.Pool) (int, error) {
 		var n int
@@ -145,22 +161,11 @@ func runFailover(t *testing.T, bk brokerKind, watermark, sync bool) failoverRun 
 		return n, err
 	}
 
-	args := []string{}
-	if bk.name == "kafka" {
-		args = append(args, fmt.Sprintf("--kafka-partitions=%d", failoverWorkers))
-	}
+	var args []string
 	if watermark {
 		args = append(args, "--kafka-watermark")
 	}
-	workers := make([]*worker, failoverWorkers)
-	for i := range workers {
-		workers[i] = h.start(fmt.Sprintf("worker-%d", i), args...)
-	}
-	if bk.name == "kafka" {
-		group := h.ns + "-" + h.payments()
-		eventually(t, limit, func() bool { return kafkaGroupReady(t, group, failoverWorkers) },
-			func() string { return "consumer group " + group + " has not assigned partitions to every worker" })
-	}
+	workers := startFailoverWorkers(t, h, args...)
 	dead := h.observe(h.deadLetters())
 
 	// The messages: unique payments and duplicates of them, shuffled. A

@@ -167,28 +167,13 @@ func runKillsAndOutage(t *testing.T, bk brokerKind) {
 
 	// The payments, killsPayments/killsPublishFor a second, round robin
 	// over the topics.
+	msgs := payments(t, killsPayments)
 	uuids := make([]string, killsPayments) // payment i's message
-	published := make(chan struct{})
+	for i, m := range msgs {
+		uuids[i] = m.UUID
+	}
 	begin := time.Now()
-	go func() {
-		defer close(published)
-		const batches = 300
-		per := killsPayments / batches
-		tick := time.NewTicker(killsPublishFor / batches)
-		defer tick.Stop()
-		for b := range batches {
-			for j := range per {
-				i := b*per + j
-				m := newCommand(t, fmt.Sprintf("p-%d", i), 1500, "", 1)
-				uuids[i] = m.UUID
-				if err := h.pub.Publish(topics[i%killsTopics], m); err != nil {
-					t.Errorf("publish payment %d: %v", i, err)
-					return
-				}
-			}
-			<-tick.C
-		}
-	}()
+	published := h.publishPaced(msgs, 300, killsPublishFor, func(i int) string { return topics[i%killsTopics] }, nil)
 
 	// The cut, in the middle of the flow.
 	var cutAt, healAt atomic.Pointer[time.Time]

@@ -2,29 +2,42 @@ package integration
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/oncemill/oncemill/integration/internal/sentinel"
 )
 
 // TestRedisFailover kills the Redis primary under the lease mode, with its
 // records in Redis and the ledger, the handler's effect, in PostgreSQL
-// (--ledger=postgres), three workers on RabbitMQ following the primary
-// through go-redis's failover client (--redis-sentinel), failoverMessages
-// payments and a duplicate of 30% of them; the primary is SIGKILLed in the
-// middle, and Sentinel promotes one of its two replicas. With
-// --redis-wait-replicas=1 no payment may be lost or charged twice; without
-// WAIT, a completion the primary acknowledged but no replica had yet is
-// lost, and a duplicate of it after the failover charges again: those
+// (--ledger=postgres), three workers on Kafka and on RabbitMQ following
+// the primary through go-redis's failover client (--redis-sentinel),
+// failoverMessages payments and a duplicate of 30% of them; the primary is
+// SIGKILLed in the middle, and Sentinel promotes one of its two replicas,
+// which get the primary's writes failoverRedisLatency late.
+// Once the new primary is up, the payments the workers finished in the
+// last failoverResendWindow before the kill are published again: a
+// success record the old primary acknowledged but no replica had yet is
+// gone, and its duplicate is charged again.
+//
+// With --redis-wait-replicas=1 no payment may be lost or charged twice;
+// without WAIT none may be lost (the charge is in PostgreSQL), and the
 // doubles are counted and logged. Every worker must process a payment
-// within 30 s of the kill, without a restart.
+// within failoverResume of the kill, without a restart.
 func TestRedisFailover(t *testing.T) {
-	for _, wait := range []int{1, 0} {
-		t.Run(fmt.Sprintf("wait=%d", wait), func(t *testing.T) { runRedisFailover(t, wait) })
+	for _, broker := range []string{"kafka", "amqp-v3"} {
+		for _, wait := range []int{1, 0} {
+			t.Run(fmt.Sprintf("%s/wait=%d", broker, wait), func(t *testing.T) {
+				runRedisFailover(t, brokerKindNamed(t, broker), wait)
+			})
+		}
 	}
 }
 
@@ -32,10 +45,39 @@ const (
 	failoverPublishFor = 20 * time.Second
 	failoverKillAt     = 10 * time.Second // after the first payment
 	failoverLiveness   = 90 * time.Second
+	failoverBatches    = 200 // of payments, one every failoverPublishFor/failoverBatches
+	// failoverResendWindow and failoverResend choose the payments published
+	// again after the failover: up to failoverResend of those finished in
+	// the window before the kill, the latest first.
+	failoverResendWindow = time.Second
+	failoverResend       = 100
+	// failoverRedisLatency delays the replication stream to each replica,
+	// as failoverReplicationLatency does PostgreSQL's.
+	failoverRedisLatency = 20 * time.Millisecond
 )
 
-func runRedisFailover(t *testing.T, wait int) {
-	g := sentinel.Start(t, 2)
+// startFailoverWorkers starts failoverWorkers workers with args; on Kafka
+// each consumes a partition of its own, and it waits until the group has
+// assigned them.
+func startFailoverWorkers(t *testing.T, h *harness, args ...string) []*worker {
+	t.Helper()
+	if h.broker.name == "kafka" {
+		args = append(args, fmt.Sprintf("--kafka-partitions=%d", failoverWorkers))
+	}
+	workers := make([]*worker, failoverWorkers)
+	for i := range workers {
+		workers[i] = h.start(fmt.Sprintf("worker-%d", i), args...)
+	}
+	if h.broker.name == "kafka" {
+		group := h.ns + "-" + h.payments()
+		eventually(t, limit, func() bool { return kafkaGroupReady(t, group, failoverWorkers) },
+			func() string { return "consumer group " + group + " has not assigned partitions to every worker" })
+	}
+	return workers
+}
+
+func runRedisFailover(t *testing.T, bk brokerKind, wait int) {
+	g := sentinel.Start(t, 2, failoverRedisLatency)
 	ledgerKind := storeKindNamed(t, "postgres")
 	sk := storeKind{
 		name: "redis-sentinel",
@@ -49,71 +91,70 @@ func runRedisFailover(t *testing.T, wait int) {
 		ledger:  ledgerKind.ledger,
 		cleanup: ledgerKind.cleanup, // the records go with the servers
 	}
-	h := newHarness(t, brokerKindNamed(t, "amqp-v3"), sk)
+	h := newHarness(t, bk, sk)
 	// A lease longer than the failover: a completion that fails during it
 	// is tried again while the lease is held, and recorded on the new
 	// primary, rather than given up on.
-	args := []string{"--ledger=postgres", "--ledger-postgres-dsn=" + env.postgresDSN, "--postgres-schema=" + h.ns, "--lease=10s"}
-	workers := make([]*worker, 3)
-	for i := range workers {
-		workers[i] = h.start(fmt.Sprintf("worker-%d", i), args...)
-	}
+	workers := startFailoverWorkers(t, h, "--ledger=postgres", "--ledger-postgres-dsn="+env.postgresDSN, "--postgres-schema="+h.ns, "--lease=10s")
 	dead := h.observe(h.deadLetters())
 	old, err := g.Primary(t.Context())
 	must(t, err)
 
 	// The payments, and a duplicate (the same message again) of 30% of
 	// them, 50 payments later.
+	msgs := payments(t, failoverMessages)
+	byUUID := map[string]*message.Message{}
+	for _, m := range msgs {
+		byUUID[m.UUID] = m
+	}
+	var dups []commandMsg
+	then := func(i int) []*message.Message {
+		if i%10 < 3 {
+			dups = append(dups, commandMsg{at: i + 50, m: msgs[i]})
+		}
+		var out []*message.Message
+		for len(dups) > 0 && (dups[0].at <= i || i == len(msgs)-1) {
+			out = append(out, again(dups[0].m))
+			dups = dups[1:]
+		}
+		return out
+	}
 	total := failoverMessages + int(failoverMessages*failoverDupShare)
-	published := make(chan struct{})
 	begin := time.Now()
-	go func() {
-		defer close(published)
-		const batches = 200
-		per := failoverMessages / batches
-		tick := time.NewTicker(failoverPublishFor / batches)
-		defer tick.Stop()
-		publish := func(m *message.Message) bool {
-			if err := h.pub.Publish(h.payments(), m); err != nil {
-				t.Errorf("publish: %v", err)
-				return false
-			}
-			return true
-		}
-		var dups []commandMsg
-		for b := range batches {
-			for j := range per {
-				i := b*per + j
-				m := newCommand(t, fmt.Sprintf("p-%d", i), 1500, "", 1)
-				if !publish(m) {
-					return
-				}
-				if i%10 < 3 {
-					dups = append(dups, commandMsg{at: i + 50, m: m})
-				}
-				for len(dups) > 0 && dups[0].at <= i {
-					if !publish(again(dups[0].m)) {
-						return
-					}
-					dups = dups[1:]
-				}
-			}
-			<-tick.C
-		}
-		for _, d := range dups {
-			if !publish(again(d.m)) {
-				return
-			}
-		}
-	}()
+	published := h.publishPaced(msgs, failoverBatches, failoverPublishFor, func(int) string { return h.payments() }, then)
 
-	time.Sleep(time.Until(begin.Add(failoverKillAt)))
+	// The kill somewhere in a batch's processing, not on the tick that
+	// publishes the next, when every earlier batch is long finished.
+	time.Sleep(time.Until(begin.Add(failoverKillAt + rand.N(failoverPublishFor/failoverBatches))))
 	g.Server(old).Kill()
 	kill := time.Now()
 	promoted := g.WaitFailover(t, old, failoverResume)
 	t.Logf("primary %s killed %v after the first payment; Sentinel promoted %s %v after the kill",
 		old, kill.Sub(begin).Round(time.Millisecond), promoted, time.Since(kill).Round(time.Millisecond))
 	<-published
+
+	// The payments finished just before the kill, again, on the new primary.
+	var before []killsEvent
+	for _, w := range workers {
+		for _, ev := range workerEvents(t, w) {
+			if ev.Outcome == "executed" && !ev.Time.After(kill) && kill.Sub(ev.Time) < failoverResendWindow {
+				before = append(before, ev)
+			}
+		}
+	}
+	slices.SortFunc(before, func(a, b killsEvent) int { return b.Time.Compare(a.Time) })
+	resent := map[string]bool{}
+	for _, ev := range before {
+		if m := byUUID[ev.MessageUUID]; m != nil && !resent[m.UUID] && len(resent) < failoverResend {
+			resent[m.UUID] = true
+			h.publish(again(m))
+		}
+	}
+	total += len(resent)
+	var lastBefore time.Duration
+	if len(before) > 0 {
+		lastBefore = kill.Sub(before[0].Time)
+	}
 
 	// Until every delivery is decided: executed or replayed, once for each
 	// message published.
@@ -142,8 +183,56 @@ func runRedisFailover(t *testing.T, wait int) {
 	for _, w := range workers {
 		w.kill()
 	}
+	firstAfter := resumeOf(t, workers, kill)
 
-	// Each worker resumed after the kill, without a restart.
+	byOutcome := map[string]int{}
+	for _, ev := range events {
+		byOutcome[ev.Outcome]++
+	}
+	counts := h.ledger()
+	var lost, doubled []string
+	doubledResent := 0
+	for i, m := range msgs {
+		id := fmt.Sprintf("p-%d", i)
+		switch n := counts[id]; {
+		case n == 0:
+			lost = append(lost, id)
+		case n > 1:
+			doubled = append(doubled, id)
+			if resent[m.UUID] {
+				doubledResent++
+			}
+		}
+	}
+	t.Logf("%s, WAIT %d: %d payments, %d messages (%d sent again after the failover, the latest finished %v before the kill); deliveries %v; first payment processed on the new primary %v after the kill; lost %d, doubled %d (%d of them sent again) %v, dead-lettered %d",
+		bk.name, wait, failoverMessages, total, len(resent), lastBefore.Round(time.Millisecond), byOutcome, firstAfter.Round(time.Millisecond), len(lost), len(doubled), doubledResent, doubled, len(dead.received()))
+	for _, id := range doubled[:min(2, len(doubled))] {
+		i, _ := strconv.Atoi(strings.TrimPrefix(id, "p-"))
+		t.Logf("%s (times from the kill): %s; ledger %s", id, timelineOf(events, msgs[i].UUID, kill),
+			ledgerRows(t, pgx.Identifier{h.ns, "oncemill_ledger"}.Sanitize(), id))
+	}
+	if sw := g.Switches(); len(sw) != 1 {
+		t.Logf("Sentinel's log has %d switches and aborts, not one: %s", len(sw), strings.Join(sw, "; "))
+	}
+	if len(resent) == 0 {
+		t.Errorf("no payment finished in the %v before the kill: the kill did not fall in the flow", failoverResendWindow)
+	}
+	if len(lost) > 0 {
+		t.Errorf("%d payments have no charge (lost), e.g. %s", len(lost), strings.Join(lost[:min(5, len(lost))], ", "))
+	}
+	if wait > 0 && len(doubled) > 0 {
+		t.Errorf("with WAIT %d, %d payments charged more than once, e.g. %s", wait, len(doubled), strings.Join(doubled[:min(5, len(doubled))], ", "))
+	}
+	if wait > 0 && len(dead.received()) > 0 {
+		t.Errorf("with WAIT %d, %d messages dead-lettered", wait, len(dead.received()))
+	}
+}
+
+// resumeOf is the time from the kill to the first payment a worker
+// executed after it, the earliest of the workers'; each worker must have
+// executed one within failoverResume, without a restart.
+func resumeOf(t *testing.T, workers []*worker, kill time.Time) time.Duration {
+	t.Helper()
 	var firstAfter time.Duration
 	for _, w := range workers {
 		var first time.Time
@@ -162,33 +251,7 @@ func runRedisFailover(t *testing.T, wait int) {
 			firstAfter = first.Sub(kill)
 		}
 	}
-
-	byOutcome := map[string]int{}
-	for _, ev := range events {
-		byOutcome[ev.Outcome]++
-	}
-	counts := h.ledger()
-	var lost, doubled []string
-	for i := range failoverMessages {
-		id := fmt.Sprintf("p-%d", i)
-		switch n := counts[id]; {
-		case n == 0:
-			lost = append(lost, id)
-		case n > 1:
-			doubled = append(doubled, id)
-		}
-	}
-	t.Logf("WAIT %d: %d payments, %d messages; deliveries %v; first payment processed %v after the kill; lost %d, doubled %d %v, dead-lettered %d",
-		wait, failoverMessages, total, byOutcome, firstAfter.Round(time.Millisecond), len(lost), len(doubled), doubled, len(dead.received()))
-	if len(lost) > 0 {
-		t.Errorf("%d payments have no charge (lost), e.g. %s", len(lost), strings.Join(lost[:min(5, len(lost))], ", "))
-	}
-	if wait > 0 && len(doubled) > 0 {
-		t.Errorf("with WAIT %d, %d payments charged more than once, e.g. %s", wait, len(doubled), strings.Join(doubled[:min(5, len(doubled))], ", "))
-	}
-	if wait > 0 && len(dead.received()) > 0 {
-		t.Errorf("with WAIT %d, %d messages dead-lettered", wait, len(dead.received()))
-	}
+	return firstAfter
 }
 
 // commandMsg is a message to publish again at payment at.

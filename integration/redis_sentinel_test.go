@@ -27,7 +27,7 @@ const failoverWait = 500 * time.Millisecond
 // Complete returned nil is on the new primary; the failover client goes on
 // without a new client.
 func TestRedisSentinelStore(t *testing.T) {
-	g := sentinel.Start(t, 2)
+	g := sentinel.Start(t, 2, 0)
 	ctx := t.Context()
 	fo := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinel.MasterName, SentinelAddrs: []string{g.Sentinel.Addr}})
 	t.Cleanup(func() { fo.Close() })

@@ -81,7 +81,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--lease=0s"}, "--lease=0s"},
 		{[]string{"--timeout=-1s"}, "--timeout=-1s"},
 		{[]string{"--broker=nats"}, `--broker="nats" is not available; choose one of: gochannel, kafka, amqp, sqs`},
-		{[]string{"--store=mysql"}, `--store="mysql" is not available; choose one of: memory, postgres, redis`},
+		{[]string{"--store=mysql"}, `--store="mysql" is not available; choose one of: memory, postgres, redis, tiered`},
 		{[]string{"--mode=serve"}, `--mode="serve" is not available`},
 		{[]string{"--mode=consume"}, "--mode=consume with --broker=gochannel"},
 		{[]string{"--mode=produce"}, "--mode=produce with --broker=gochannel"},

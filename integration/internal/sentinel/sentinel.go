@@ -21,7 +21,10 @@ import (
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"github.com/rs/zerolog"
 )
 
 // MasterName is the name Sentinel monitors the primary under.
@@ -38,6 +41,9 @@ type Server struct {
 	Pid    int
 	cmd    *exec.Cmd
 	exited chan struct{}
+	// links are the replication proxies from the primary to its replicas,
+	// cut by Kill with it.
+	links []*toxiproxy.Proxy
 }
 
 // Group is a primary with replicas and one Sentinel.
@@ -45,11 +51,15 @@ type Group struct {
 	Sentinel *Server
 	// Servers are the primary first, then the replicas, as started.
 	Servers []*Server
+	dir     string
 }
 
 // Start starts a primary, replicas replicas of it, and a Sentinel with
 // quorum 1 that takes the primary for down after 1s without an answer.
-func Start(t testing.TB, replicas int) *Group {
+// With a latency, each replica reaches the primary through a proxy that
+// delays the replication stream by it, as a network between them would:
+// killing the primary then loses the writes on their way.
+func Start(t testing.TB, replicas int, latency time.Duration) *Group {
 	t.Helper()
 	bin, err := exec.LookPath(cmp.Or(os.Getenv("ONCEMILL_REDIS_SERVER"), "redis-server"))
 	if err != nil {
@@ -57,15 +67,21 @@ func Start(t testing.TB, replicas int) *Group {
 	}
 	killLeftovers(t)
 	dir := t.TempDir()
-	g := &Group{}
+	g := &Group{dir: dir}
 	// Diskless sync at once: a replica is in sync in milliseconds.
 	diskless := []string{"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"}
 	primary := start(t, bin, dir, "primary", func(int) []string { return diskless })
 	g.Servers = append(g.Servers, primary)
 	_, pport, _ := net.SplitHostPort(primary.Addr)
 	for i := range replicas {
+		host, port := "127.0.0.1", pport
+		if latency > 0 {
+			link := replicationLink(t, primary.Addr, latency)
+			primary.links = append(primary.links, link)
+			host, port, _ = net.SplitHostPort(link.Listen)
+		}
 		g.Servers = append(g.Servers, start(t, bin, dir, fmt.Sprintf("replica-%d", i), func(int) []string {
-			return append([]string{"--replicaof", "127.0.0.1", pport}, diskless...)
+			return append([]string{"--replicaof", host, port}, diskless...)
 		}))
 	}
 	WaitReplicas(t, primary.Addr, replicas, 20*time.Second)
@@ -97,6 +113,23 @@ func Start(t testing.TB, replicas int) *Group {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return g
+}
+
+// replicationLink is a proxy to the primary at addr that delays what the
+// primary sends by latency.
+func replicationLink(t testing.TB, addr string, latency time.Duration) *toxiproxy.Proxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, "replication", "127.0.0.1:0", addr)
+	if err := p.Start(); err != nil {
+		t.Fatalf("sentinel: starting a replication proxy: %v", err)
+	}
+	t.Cleanup(p.Stop)
+	toxic := fmt.Sprintf(`{"name":"latency","type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":%d}}`, latency.Milliseconds())
+	if _, err := p.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
+		t.Fatalf("sentinel: adding the replication latency: %v", err)
+	}
+	return p
 }
 
 // start starts one server named name, with the flags args gives for its
@@ -170,8 +203,12 @@ func waitPing(s *Server) error {
 }
 
 // Kill ends s with SIGKILL, at once, as a crashed host ends, and waits for
-// it to exit. Killing a dead server does nothing.
+// it to exit; what its replication links hold is lost with it. Killing a
+// dead server does nothing.
 func (s *Server) Kill() {
+	for _, l := range s.links {
+		l.Stop()
+	}
 	_ = s.cmd.Process.Signal(syscall.SIGKILL)
 	<-s.exited
 }
@@ -225,6 +262,20 @@ func (g *Group) Primary(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return net.JoinHostPort(a[0], a[1]), nil
+}
+
+// Switches are the lines of Sentinel's log that name a new primary
+// (+switch-master) or give a failover up (-failover-abort-*): more than
+// one switch is a second failover.
+func (g *Group) Switches() []string {
+	var out []string
+	data, _ := os.ReadFile(filepath.Join(g.dir, "sentinel.log"))
+	for line := range strings.Lines(string(data)) {
+		if strings.Contains(line, "+switch-master") || strings.Contains(line, "-failover-abort") {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return out
 }
 
 // Server is the server at addr.

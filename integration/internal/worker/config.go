@@ -122,7 +122,7 @@ func Env(name, def string) string {
 // The names --broker, --store, --ledger, --mode, --log-level, --log-format and --key accept.
 var (
 	brokerNames = []string{"gochannel", "kafka", "amqp", "sqs"}
-	storeNames  = []string{"memory", "postgres", "redis"}
+	storeNames  = []string{"memory", "postgres", "redis", "tiered"}
 	ledgerNames = []string{"store", "postgres"}
 	modeNames   = []string{"run", "produce", "consume"}
 	logLevels   = []string{"off", "error", "info", "debug", "trace"}
@@ -134,7 +134,7 @@ var (
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Mode, "mode", c.Mode, "run (the demo: producer and consumer in one process, then the summary line), produce (publish the demo workload and exit) or consume (the deployable worker, until SIGTERM)")
 	fs.StringVar(&c.Broker, "broker", c.Broker, "message broker: "+strings.Join(brokerNames, ", "))
-	fs.StringVar(&c.Store, "store", c.Store, "idempotency store: "+strings.Join(storeNames, ", ")+" (postgres: the one-transaction mode)")
+	fs.StringVar(&c.Store, "store", c.Store, "idempotency store: "+strings.Join(storeNames, ", ")+" (postgres, tiered: the one-transaction mode; tiered: postgres behind a local and a Redis cache, at --redis-addr or --redis-sentinel)")
 	fs.StringVar(&c.Ledger, "ledger", c.Ledger, "where the handler books its charges: store (beside the records: in memory, in the postgres store's transaction, in a Redis hash) or postgres (a table in --postgres-schema at --ledger-postgres-dsn, apart from a memory or redis store: the lease mode's effect outside the record, checked on attempt 2 and later)")
 	fs.IntVar(&c.Partitions, "partitions", c.Partitions, "router handlers, each on its own topic: payments-0, payments-1, ... (after --topic-prefix)")
 	fs.DurationVar(&c.Lease, "lease", c.Lease, "oncemill lease; the heartbeat is lease/3 and a duplicate waits up to 3x lease for a running one")
@@ -265,8 +265,8 @@ func (c Config) Validate() error {
 		}
 	}
 	switch {
-	case c.Ledger == "postgres" && c.Store == "postgres":
-		return errors.New("--ledger=postgres with --store=postgres: the postgres store books its ledger in PostgreSQL already, in the record's transaction; use --ledger=store")
+	case c.Ledger == "postgres" && (c.Store == "postgres" || c.Store == "tiered"):
+		return fmt.Errorf("--ledger=postgres with --store=%s: the store books its ledger in PostgreSQL already, in the record's transaction; use --ledger=store", c.Store)
 	case c.KafkaWatermark && (c.Broker != "kafka" || c.Store != "postgres"):
 		return fmt.Errorf("--kafka-watermark with --broker=%s --store=%s: the watermark mode needs --broker=kafka and --store=postgres", c.Broker, c.Store)
 	case c.Mode == "consume" && c.Broker == "gochannel":

@@ -19,13 +19,14 @@ import (
 	"github.com/oncemill/oncemill/store/memory"
 	"github.com/oncemill/oncemill/store/postgres"
 	"github.com/oncemill/oncemill/store/redisstore"
+	"github.com/oncemill/oncemill/store/tiered"
 )
 
 // Stores is an open store and the ledger beside it.
 type Stores struct {
 	Store store.Store
 	Admin store.Admin // for the readiness probe
-	// Tx is the store of the one-transaction mode (postgres only): the
+	// Tx is the store of the one-transaction mode (postgres, tiered): the
 	// handler's ledger write and oncemill's record commit together.
 	Tx     store.Transactional
 	Ledger Ledger
@@ -68,6 +69,9 @@ func openStore(ctx context.Context, cfg Config, log *slog.Logger) (*Stores, erro
 	case "redis":
 		useRedisLogger(log)
 		return openRedis(ctx, cfg)
+	case "tiered":
+		useRedisLogger(log)
+		return openTiered(ctx, cfg)
 	}
 	return nil, fmt.Errorf("--store=%q is not built in", cfg.Store)
 }
@@ -164,23 +168,34 @@ func openLedgerPostgres(ctx context.Context, cfg Config, log *slog.Logger) (Ledg
 	return led, pool.Close, nil
 }
 
-func openRedis(ctx context.Context, cfg Config) (*Stores, error) {
+// newRedisClient connects to --redis-addr, or to the primary that
+// --redis-sentinel names. ctxTimeouts lets a context's deadline bound each
+// call: the tiered store requires it, to bound a cache tier that stalls.
+func newRedisClient(ctx context.Context, cfg Config, ctxTimeouts bool) (*redis.Client, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	// Enough connections that no handler's heartbeat queues behind others.
 	pool := 2*concurrency(cfg) + 10
-	client, where := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, PoolSize: pool}), cfg.RedisAddr
+	client, where := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, PoolSize: pool, ContextTimeoutEnabled: ctxTimeouts}), cfg.RedisAddr
 	if cfg.RedisSentinel != "" {
 		// The failover client asks the Sentinels for the primary, and
 		// again when it fails over: no restart.
 		client = redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: cfg.RedisMaster, SentinelAddrs: strings.Split(cfg.RedisSentinel, ","), PoolSize: pool,
+			MasterName: cfg.RedisMaster, SentinelAddrs: strings.Split(cfg.RedisSentinel, ","), PoolSize: pool, ContextTimeoutEnabled: ctxTimeouts,
 		})
 		where = cfg.RedisMaster + " at Sentinel " + cfg.RedisSentinel
 	}
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("redis (%s) does not answer: %w", where, err)
+	}
+	return client, nil
+}
+
+func openRedis(ctx context.Context, cfg Config) (*Stores, error) {
+	client, err := newRedisClient(ctx, cfg, false)
+	if err != nil {
+		return nil, err
 	}
 	st, err := redisstore.New(client, redisstore.Options{Prefix: cfg.RedisPrefix,
 		WaitReplicas: cfg.RedisWaitReplicas, WaitTimeout: cfg.RedisWaitTimeout})
@@ -195,6 +210,31 @@ func openRedis(ctx context.Context, cfg Config) (*Stores, error) {
 		Shared: true,
 		Close:  func() { _ = st.Close(); _ = client.Close() },
 	}, nil
+}
+
+// openTiered is the postgres store, one-transaction mode and ledger
+// included, behind the tiered store's local and Redis caches.
+func openTiered(ctx context.Context, cfg Config) (*Stores, error) {
+	ss, err := openPostgres(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := newRedisClient(ctx, cfg, true)
+	if err != nil {
+		ss.Close()
+		return nil, err
+	}
+	pg := ss.Store.(*postgres.Store)
+	st, err := tiered.New(pg, client, tiered.Options{Prefix: cfg.RedisPrefix})
+	if err != nil {
+		_ = client.Close()
+		ss.Close()
+		return nil, fmt.Errorf("tiered store: %w", err)
+	}
+	closePG := ss.Close
+	ss.Store, ss.Admin, ss.Tx = st, st, st
+	ss.Close = func() { _ = st.Close(); _ = client.Close(); closePG() }
+	return ss, nil
 }
 
 // concurrency is how many deliveries the worker handles at once, at most:
