@@ -1,8 +1,8 @@
 package integration
 
-// How each Watermill adapter redelivers, as docs/kafka.md, docs/amqp.md and
-// docs/sqs.md describe it. Each test runs one worker and reads the order of
-// its deliveries from its log.
+// How each Watermill adapter redelivers, as docs/kafka.md, docs/amqp.md,
+// docs/sqs.md and docs/nats.md describe it. Each test runs one worker and
+// reads the order of its deliveries from its log.
 
 import (
 	"context"
@@ -24,12 +24,15 @@ import (
 // requeues it at once at the head of the queue, so with one consumer and a
 // prefetch of 1 it also comes back first. SQS does not delete it; it
 // returns after the visibility timeout, and the next message goes first.
+// JetStream, with the worker's MaxAckPending of 1, holds B back until A is
+// acked or nacked, and redelivers a nacked A first.
 func TestNackedMessageRedeliveryOrder(t *testing.T) {
 	want := map[string][]string{
 		"kafka":   {"A released", "A executed", "B executed"},
 		"amqp-v2": {"A released", "A executed", "B executed"},
 		"amqp-v3": {"A released", "A executed", "B executed"},
 		"sqs":     {"A released", "B executed", "A executed"},
+		"nats":    {"A released", "A executed", "B executed"},
 	}
 	for _, b := range brokerKinds {
 		t.Run(b.name, func(t *testing.T) {

@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +18,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/nats-io/nats.go"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	rig "github.com/oncemill/oncemill/integration/internal/worker"
 )
 
 // brokerKind is one broker as the tests and the workers reach it.
@@ -39,6 +44,9 @@ type brokerKind struct {
 const (
 	kafkaSessionTimeout = 2 * time.Second
 	sqsVisibility       = time.Second
+	// natsAckWait is above the 3 s (+20%) pause of scenario 4's transient
+	// error, so the message comes back once, after the nack.
+	natsAckWait = 5 * time.Second
 )
 
 var brokerKinds = []brokerKind{
@@ -114,6 +122,76 @@ var brokerKinds = []brokerKind{
 			}
 		},
 	},
+	natsKind(),
+}
+
+// natsKind is NATS JetStream through watermill-nats v2 (pkg/nats), with
+// the worker's own stream and durable-consumer setup.
+func natsKind() brokerKind {
+	return brokerKind{
+		name: "nats",
+		workerArgs: func() []string {
+			return []string{"--broker=nats", "--nats-url=" + env.natsURL, "--nats-ack-wait=" + natsAckWait.String()}
+		},
+		publisher: func(t *testing.T) message.Publisher { return natsPublisher(t) },
+		subscriber: func(t *testing.T, group string) message.Subscriber {
+			return natsSubscriber(t, group, natsAckWait)
+		},
+		cleanup: func(t *testing.T, topics []string) {
+			js := natsJS(t)
+			for _, name := range topics {
+				if err := js.DeleteStream(name); err != nil && !errors.Is(err, nats.ErrStreamNotFound) {
+					t.Logf("deleting stream %s: %v", name, err)
+				}
+			}
+		},
+	}
+}
+
+// natsPublisher is the worker's publisher; it creates each topic's stream
+// before its first publish (natsStreams).
+func natsPublisher(t *testing.T) message.Publisher {
+	pub, err := rig.NewNATSPublisher(env.natsURL, logger())
+	must(t, err)
+	return &natsStreams{Publisher: pub, js: natsJS(t), made: map[string]bool{}}
+}
+
+// natsSubscriber is the worker's subscriber of a consumer group, with
+// AckWait ackWait.
+func natsSubscriber(t *testing.T, group string, ackWait time.Duration) message.Subscriber {
+	sub, err := rig.NewNATSSubscriber(rig.NATSSettings{URL: env.natsURL, AckWait: ackWait, MaxDeliver: -1, MaxAckPending: 1}, group, logger())
+	must(t, err)
+	return sub
+}
+
+type natsStreams struct {
+	message.Publisher
+	js   nats.JetStreamManager
+	mu   sync.Mutex
+	made map[string]bool
+}
+
+func (p *natsStreams) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	if !p.made[topic] {
+		if err := rig.EnsureNATSStream(p.js, topic); err != nil {
+			p.mu.Unlock()
+			return err
+		}
+		p.made[topic] = true
+	}
+	p.mu.Unlock()
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// natsJS is a JetStream manager on a connection of the test's own.
+func natsJS(t *testing.T) nats.JetStreamContext {
+	nc, err := nats.Connect(env.natsURL, nats.Timeout(5*time.Second))
+	must(t, err)
+	t.Cleanup(nc.Close)
+	js, err := nc.JetStream()
+	must(t, err)
+	return js
 }
 
 // amqpKind is RabbitMQ through a watermill-amqp major: v3 as the example

@@ -14,8 +14,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	rig "github.com/oncemill/oncemill/integration/internal/worker"
 	"github.com/oncemill/oncemill/keygen"
 	"github.com/oncemill/oncemill/keygen/kafkakeys"
+	"github.com/oncemill/oncemill/keygen/natskeys"
 	"github.com/oncemill/oncemill/keygen/sqskeys"
 	"github.com/oncemill/oncemill/pipeline"
 	"github.com/oncemill/oncemill/policy"
@@ -159,5 +161,29 @@ func TestSQSMessageIDKeys(t *testing.T) {
 		default:
 			t.Fatalf("deliveries of %s: %v; want one run, or a release and a second attempt of the same key", id, got[id])
 		}
+	}
+}
+
+// Keyed by the JetStream stream sequence (natskeys.Unmarshaler keeps it),
+// through the worker's durable consumer and a router: the message
+// JetStream redelivers after a Nak keeps its sequence, so the redelivery is
+// that key's second attempt; the same message published twice is stored
+// twice, at two sequences, and runs twice.
+func TestNATSSequenceKeys(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, brokerKindNamed(t, "nats"), storeKinds[1])
+	topic := h.ns + "-sequences"
+	t.Cleanup(func() { h.broker.cleanup(t, []string{topic}) })
+	sub, err := rig.NewNATSSubscriber(rig.NATSSettings{URL: env.natsURL, AckWait: natsAckWait, MaxDeliver: -1, MaxAckPending: 1,
+		Unmarshaler: natskeys.Unmarshaler{}}, h.ns+"-sequences", logger())
+	must(t, err)
+	paid := message.NewMessage(watermill.NewUUID(), []byte(`{"payment_id":"p-1"}`))
+	h.publishTo(topic, paid, again(paid)) // the producer sends it twice
+	run := startKeyRun(t, sub, topic, natskeys.Sequence())
+
+	got := run.byKey(t, 3)
+	first, second := topic+"/1", topic+"/2"
+	if strings.Join(got[first], " ") != "released@1 executed@2" || strings.Join(got[second], " ") != "executed@1" || len(got) != 2 {
+		t.Fatalf("deliveries by key: %v; want %s released then executed at attempt 2, and %s executed once", got, first, second)
 	}
 }

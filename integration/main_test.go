@@ -22,6 +22,7 @@ var env struct {
 	amqpURL     string
 	kafkaAddr   string
 	sqsEndpoint string
+	natsURL     string
 }
 
 func TestMain(m *testing.M) {
@@ -38,6 +39,7 @@ func runTests(m *testing.M) int {
 	env.postgresDSN = getenv("ONCEMILL_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/test")
 	env.redisAddr = getenv("ONCEMILL_REDIS_ADDR", "127.0.0.1:6379")
 	env.amqpURL = getenv("ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	env.natsURL = getenv("ONCEMILL_NATS_URL", "nats://127.0.0.1:4222")
 
 	if err := checkServices(); err != nil {
 		fmt.Fprintf(os.Stderr, "integration: FAIL: %v\n", err)
@@ -77,8 +79,8 @@ func runTests(m *testing.M) int {
 	defer sqs.stop()
 	env.sqsEndpoint = sqs.endpoint
 
-	fmt.Fprintf(os.Stderr, "integration: postgres %s, redis %s, rabbitmq %s, kafka (kfake) %s, sqs (%s) %s; set up in %v\n",
-		redact(env.postgresDSN), env.redisAddr, redact(env.amqpURL), env.kafkaAddr, sqs.origin, env.sqsEndpoint, time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "integration: postgres %s, redis %s, rabbitmq %s, nats %s, kafka (kfake) %s, sqs (%s) %s; set up in %v\n",
+		redact(env.postgresDSN), env.redisAddr, redact(env.amqpURL), redact(env.natsURL), env.kafkaAddr, sqs.origin, env.sqsEndpoint, time.Since(start).Round(time.Millisecond))
 	return m.Run()
 }
 

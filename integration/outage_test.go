@@ -140,10 +140,10 @@ const (
 )
 
 // outageBrokers are the brokers of the outage and poison tests: Kafka, one
-// AMQP client (v3, the example worker's) and SQS.
+// AMQP client (v3, the example worker's), SQS and NATS JetStream.
 func outageBrokers(t *testing.T) []brokerKind {
 	var out []brokerKind
-	for _, name := range []string{"kafka", "amqp-v3", "sqs"} {
+	for _, name := range []string{"kafka", "amqp-v3", "sqs", "nats"} {
 		found := false
 		for _, b := range brokerKinds {
 			if b.name == name {
@@ -482,8 +482,9 @@ func proxiedPool(t *testing.T, p *toxiproxy.Proxy, maxConns int32, connectTimeou
 }
 
 // outagePublisher and outageSubscriber are the broker kind's own, except
-// that SQS queues get the visibility timeout vis, and the Kafka consumer
-// group the short session timeout of the scenarios.
+// that SQS queues get the visibility timeout vis, JetStream consumers an
+// AckWait of vis, and the Kafka consumer group the short session timeout
+// of the scenarios.
 func outagePublisher(t *testing.T, bk brokerKind, vis time.Duration) message.Publisher {
 	var pub message.Publisher
 	if bk.name == "sqs" {
@@ -506,6 +507,8 @@ func outageSubscriber(t *testing.T, bk brokerKind, group string, vis time.Durati
 		s, err := wsqs.NewSubscriber(wsqs.SubscriberConfig{AWSConfig: cfg, OptFns: opts, QueueConfigAttributes: sqsAttrs(vis)}, logger())
 		must(t, err)
 		sub = s
+	case "nats":
+		sub = natsSubscriber(t, group, vis)
 	case "kafka":
 		c := kafka.DefaultSaramaSubscriberConfig()
 		c.Version = sarama.V2_8_0_0

@@ -196,7 +196,7 @@ func runPoison(t *testing.T, bk brokerKind, p policy.Policy, withDeadLetter bool
 	r := &poisonRun{charges: map[string]int{}, chargedAt: map[string]time.Time{}}
 	logs, logger := testenv.NewLogs()
 	b := receiver.New(st).WithScope("poison").WithPolicy(p).WithLogger(logger).
-		WithMessagingSystem(map[string]attribute.KeyValue{"kafka": semconv.MessagingSystemKafka, "amqp-v3": semconv.MessagingSystemRabbitMQ, "sqs": semconv.MessagingSystemAWSSQS}[bk.name]).
+		WithMessagingSystem(map[string]attribute.KeyValue{"kafka": semconv.MessagingSystemKafka, "amqp-v3": semconv.MessagingSystemRabbitMQ, "sqs": semconv.MessagingSystemAWSSQS, "nats": semconv.MessagingSystemKey.String("nats")}[bk.name]).
 		WithEventHandler(func(e pipeline.Event) {
 			if e.MessageUUID != poison || !e.Exhausted {
 				return

@@ -174,8 +174,11 @@ func permanentErrorDeadLetteredOnce(t *testing.T, h *harness) {
 func twoWorkersRacingDuplicates(t *testing.T, h *harness) {
 	const n = 12
 	extra := []string{"--gateway-latency=100ms"}
-	if h.broker.name == "kafka" {
+	switch h.broker.name {
+	case "kafka":
 		extra = append(extra, "--kafka-partitions=4") // the two workers share them
+	case "nats":
+		extra = append(extra, "--nats-max-ack-pending=2") // one in flight per worker
 	}
 	w1 := h.startSoak("worker-1", extra...)
 	w2 := h.startSoak("worker-2", extra...)

@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 )
 
-// checkServices fails when PostgreSQL, Redis or RabbitMQ does not answer.
+// checkServices fails when PostgreSQL, Redis, RabbitMQ or NATS (with
+// JetStream) does not answer.
 // They are the machine's own services; nothing here starts them, and no
 // test is skipped without them.
 func checkServices() error {
@@ -37,7 +39,27 @@ func checkServices() error {
 	} else {
 		_ = conn.Close()
 	}
+
+	if err := natsAnswers(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("NATS with JetStream at %s does not answer (%w); start it with: start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log", redact(env.natsURL), err))
+	}
 	return errors.Join(errs...)
+}
+
+// natsAnswers connects and asks JetStream for the account's limits, which
+// fails unless the server runs with JetStream.
+func natsAnswers(ctx context.Context) error {
+	nc, err := nats.Connect(env.natsURL, nats.Timeout(5*time.Second))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := nc.JetStream(nats.Context(ctx))
+	if err != nil {
+		return err
+	}
+	_, err = js.AccountInfo()
+	return err
 }
 
 // redact hides the password of a URL-shaped address.

@@ -199,7 +199,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--inflight=1"}, "--inflight=1"},
 		{[]string{"--overlap=-1ms"}, "--overlap=-1ms"},
 		{[]string{"--gateway-latency=-1ms"}, "--gateway-latency=-1ms"},
-		{[]string{"--broker=nats"}, `--broker="nats" is not available; choose one of: gochannel, kafka, amqp, sqs`},
+		{[]string{"--broker=pulsar"}, `--broker="pulsar" is not available; choose one of: gochannel, kafka, amqp, sqs, nats`},
 		{[]string{"--mode=consume"}, "--mode=consume with --broker=gochannel"},
 		{[]string{"--amqp-client=v1"}, `--amqp-client="v1"`},
 		{[]string{"--key=offset"}, `--key="offset"`},

@@ -1,7 +1,7 @@
 package worker
 
 // The broker: where commands are published and consumed. Each kind is one
-// file (gochannel here, kafka.go, amqp.go, sqs.go).
+// file (gochannel here, kafka.go, amqp.go, sqs.go, nats.go).
 
 import (
 	"context"
@@ -64,6 +64,8 @@ func NewBroker(cfg Config, logger watermill.LoggerAdapter) (*Broker, error) {
 		return newAMQP(cfg, logger)
 	case "sqs":
 		return newSQS(cfg, logger)
+	case "nats":
+		return newNATS(cfg, logger)
 	}
 	return nil, fmt.Errorf("--broker=%q is not built in", cfg.Broker)
 }

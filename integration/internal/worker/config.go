@@ -42,6 +42,7 @@ type Config struct {
 	KafkaBrokers      string // comma-separated
 	AMQPURL           string
 	SQSEndpoint       string
+	NATSURL           string
 	OTLPEndpoint      string // OTLP/HTTP traces endpoint; empty: no traces exported
 
 	// Names, so deployments and test runs do not collide.
@@ -61,6 +62,9 @@ type Config struct {
 	KafkaWatermark       bool          // the watermark mode of the one-transaction receiver (postgres on kafka)
 	SQSVisibilityTimeout time.Duration // of the queues the worker creates
 	SQSWorkers           int           // concurrent receivers per queue
+	NATSAckWait          time.Duration // JetStream consumers' AckWait
+	NATSMaxDeliver       int           // JetStream consumers' MaxDeliver; -1: no cap
+	NATSMaxAckPending    int           // JetStream consumers' MaxAckPending
 
 	// The deployable worker.
 	HTTPAddr     string        // /metrics, /healthz, /readyz; empty: off
@@ -93,6 +97,7 @@ func DefaultConfig() Config {
 		KafkaBrokers:      Env("ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092"),
 		AMQPURL:           Env("ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		SQSEndpoint:       Env("ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566"),
+		NATSURL:           Env("ONCEMILL_NATS_URL", "nats://127.0.0.1:4222"),
 		OTLPEndpoint:      Env("ONCEMILL_OTLP_ENDPOINT", ""),
 
 		TopicPrefix:   Env("ONCEMILL_TOPIC_PREFIX", ""),
@@ -105,6 +110,9 @@ func DefaultConfig() Config {
 		KafkaSessionTimeout:  10 * time.Second,
 		SQSVisibilityTimeout: 30 * time.Second,
 		SQSWorkers:           4,
+		NATSAckWait:          time.Minute,
+		NATSMaxDeliver:       -1,
+		NATSMaxAckPending:    1,
 
 		HTTPAddr:     Env("ONCEMILL_HTTP_ADDR", ""),
 		DrainTimeout: 30 * time.Second,
@@ -121,7 +129,7 @@ func Env(name, def string) string {
 
 // The names --broker, --store, --ledger, --mode, --log-level, --log-format and --key accept.
 var (
-	brokerNames = []string{"gochannel", "kafka", "amqp", "sqs"}
+	brokerNames = []string{"gochannel", "kafka", "amqp", "sqs", "nats"}
 	storeNames  = []string{"memory", "postgres", "redis", "tiered"}
 	ledgerNames = []string{"store", "postgres"}
 	modeNames   = []string{"run", "produce", "consume"}
@@ -154,9 +162,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.KafkaBrokers, "kafka-brokers", c.KafkaBrokers, "comma-separated Kafka brokers for --broker=kafka [$ONCEMILL_KAFKA_BROKERS]")
 	fs.StringVar(&c.AMQPURL, "amqp-url", c.AMQPURL, "RabbitMQ for --broker=amqp [$ONCEMILL_AMQP_URL]")
 	fs.StringVar(&c.SQSEndpoint, "sqs-endpoint", c.SQSEndpoint, "SQS endpoint for --broker=sqs (region us-east-1, static credentials) [$ONCEMILL_SQS_ENDPOINT]")
+	fs.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "NATS with JetStream for --broker=nats [$ONCEMILL_NATS_URL]")
 	fs.StringVar(&c.OTLPEndpoint, "otlp-endpoint", c.OTLPEndpoint, "OTLP/HTTP endpoint for traces, e.g. http://jaeger:4318; empty: none [$ONCEMILL_OTLP_ENDPOINT]")
 	fs.StringVar(&c.TopicPrefix, "topic-prefix", c.TopicPrefix, "prefix of every topic and queue: payments-<i>, settlements, dead-letters (run mode on a real broker: a fresh one per run unless set) [$ONCEMILL_TOPIC_PREFIX]")
-	fs.StringVar(&c.ConsumerGroup, "consumer-group", c.ConsumerGroup, "Kafka consumer group; each topic is consumed by <group>-<topic> [$ONCEMILL_CONSUMER_GROUP]")
+	fs.StringVar(&c.ConsumerGroup, "consumer-group", c.ConsumerGroup, "Kafka consumer group (NATS: durable consumer); each topic is consumed by <group>-<topic> [$ONCEMILL_CONSUMER_GROUP]")
 	fs.StringVar(&c.Scope, "scope", c.Scope, "oncemill scope (key space) and ledger scope (run mode on a shared store: a fresh one per run) [$ONCEMILL_SCOPE]")
 	fs.StringVar(&c.PGSchema, "postgres-schema", c.PGSchema, "schema of the records and ledger tables [$ONCEMILL_POSTGRES_SCHEMA]")
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", c.RedisPrefix, "prefix of the records and ledger keys [$ONCEMILL_REDIS_PREFIX]")
@@ -165,6 +174,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.KafkaSessionTimeout, "kafka-session-timeout", c.KafkaSessionTimeout, "Kafka consumer group session timeout: how long a crashed worker's partitions wait before another takes them (below 30s)")
 	fs.DurationVar(&c.SQSVisibilityTimeout, "sqs-visibility-timeout", c.SQSVisibilityTimeout, "VisibilityTimeout of the SQS queues the worker creates: when a nacked or unacked message comes back (whole seconds)")
 	fs.IntVar(&c.SQSWorkers, "sqs-workers", c.SQSWorkers, "concurrent receivers per SQS queue")
+	fs.DurationVar(&c.NATSAckWait, "nats-ack-wait", c.NATSAckWait, "AckWait of the JetStream consumers: when an unacked delivery (a crash, a slow handler) comes back; above the longest attempt pause plus the handler")
+	fs.IntVar(&c.NATSMaxDeliver, "nats-max-deliver", c.NATSMaxDeliver, "MaxDeliver of the JetStream consumers: deliveries of a message before JetStream stops delivering it; -1: no cap")
+	fs.IntVar(&c.NATSMaxAckPending, "nats-max-ack-pending", c.NATSMaxAckPending, "MaxAckPending of the JetStream consumers: deliveries of one consumer waiting for their ack at once, across its workers")
 	fs.StringVar(&c.HTTPAddr, "http-addr", c.HTTPAddr, "address of /metrics, /healthz and /readyz; empty: off (consume mode: :8080 unless set) [$ONCEMILL_HTTP_ADDR]")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "on SIGTERM, how long to wait for messages in flight before exiting")
 }
@@ -239,6 +251,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--sqs-visibility-timeout=%v: SQS takes whole seconds, at least 1s", c.SQSVisibilityTimeout)
 	case c.SQSWorkers < 1:
 		return fmt.Errorf("--sqs-workers=%d: run at least one receiver", c.SQSWorkers)
+	case c.NATSAckWait < time.Second:
+		return fmt.Errorf("--nats-ack-wait=%v: at least 1s, above the longest attempt pause plus the handler", c.NATSAckWait)
+	case c.NATSMaxDeliver == 0 || c.NATSMaxDeliver < -1:
+		return fmt.Errorf("--nats-max-deliver=%d: a positive cap, or -1 for none", c.NATSMaxDeliver)
+	case c.NATSMaxAckPending < 1:
+		return fmt.Errorf("--nats-max-ack-pending=%d: allow at least one delivery in flight", c.NATSMaxAckPending)
 	case c.RedisWaitReplicas < 0:
 		return fmt.Errorf("--redis-wait-replicas=%d: use 0 for no WAIT", c.RedisWaitReplicas)
 	case c.RedisSentinel != "" && c.RedisMaster == "":
@@ -270,9 +288,9 @@ func (c Config) Validate() error {
 	case c.KafkaWatermark && (c.Broker != "kafka" || c.Store != "postgres"):
 		return fmt.Errorf("--kafka-watermark with --broker=%s --store=%s: the watermark mode needs --broker=kafka and --store=postgres", c.Broker, c.Store)
 	case c.Mode == "consume" && c.Broker == "gochannel":
-		return errors.New("--mode=consume with --broker=gochannel: gochannel lives in one process, so nothing could reach this worker; choose kafka, amqp or sqs")
+		return errors.New("--mode=consume with --broker=gochannel: gochannel lives in one process, so nothing could reach this worker; choose kafka, amqp, sqs or nats")
 	case c.Mode == "produce" && c.Broker == "gochannel":
-		return errors.New("--mode=produce with --broker=gochannel: gochannel lives in one process, so no worker could read what is produced; choose kafka, amqp or sqs")
+		return errors.New("--mode=produce with --broker=gochannel: gochannel lives in one process, so no worker could read what is produced; choose kafka, amqp, sqs or nats")
 	}
 	return nil
 }
@@ -285,4 +303,9 @@ func OneOf(flag, v string, allowed []string) error {
 		}
 	}
 	return fmt.Errorf("--%s=%q is not available; choose one of: %s", flag, v, strings.Join(allowed, ", "))
+}
+
+// NATS is the JetStream consumers' settings of c.
+func (c Config) NATS() NATSSettings {
+	return NATSSettings{URL: c.NATSURL, AckWait: c.NATSAckWait, MaxDeliver: c.NATSMaxDeliver, MaxAckPending: c.NATSMaxAckPending}
 }

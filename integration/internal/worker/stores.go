@@ -248,6 +248,8 @@ func concurrency(cfg Config) int {
 		return cfg.Partitions * cfg.SQSWorkers
 	case "kafka":
 		return cfg.Partitions * cfg.KafkaPartitions
+	case "nats":
+		return cfg.Partitions * cfg.NATSMaxAckPending
 	}
 	return cfg.Partitions
 }

@@ -49,7 +49,7 @@ var V = 1
 // surfaceBound is the most names the library exports: the count. A change
 // that adds exports removes as many, or raises it and gives its reason in
 // the change.
-const surfaceBound = 280
+const surfaceBound = 283
 
 // The library's surface stays within surfaceBound.
 func TestLibrarySurfaceWithinBound(t *testing.T) {
