@@ -25,11 +25,11 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, invalid("delete expired", "limit is %d, must be positive", limit)
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "delete expired", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "delete expired", 0)
 	if err != nil {
 		return 0, err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	n, err := s.deleteBatch(ctx, limit)
 	if err != nil {
 		return 0, wrap("delete expired", err)

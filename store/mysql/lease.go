@@ -24,11 +24,11 @@ func (s *Store) ClaimLease(ctx context.Context, req store.LeaseRequest) (store.C
 	if err := s.checkNewID("begin", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.ClaimResult{}, err
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "begin", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "begin", 0)
 	if err != nil {
 		return store.ClaimResult{}, err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	c := claim{scope: req.Scope, key: req.Key, fingerprint: req.Fingerprint,
 		messageUUID: storable(req.MessageUUID, maxMessageUUIDLen), status: store.StatusInProgress,
 		ttl: req.LeaseDuration, purge: max(req.LeaseDuration, req.Retain)}
@@ -80,11 +80,11 @@ func (s *Store) Complete(ctx context.Context, lease store.Claim, out store.Compl
 	if len(out.Result) > s.opts.MaxResultBytes {
 		return invalid("complete", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(out.Result), s.opts.MaxResultBytes)
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "complete", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "complete", 0)
 	if err != nil {
 		return err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	result := out.Result
 	if result == nil && out.Status == store.StatusSucceeded {
 		result = []byte{} // a success without a result stores an empty one
@@ -105,11 +105,11 @@ func (s *Store) Release(ctx context.Context, lease store.Claim, out store.Comple
 	if err := checkID("release", lease.Scope, lease.Key); err != nil {
 		return err
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "release", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "release", 0)
 	if err != nil {
 		return err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	if out.TTL <= 0 {
 		return s.leaseExec(ctx, "release", lease, s.sql.releaseDelete, lease.Scope, lease.Key, lease.Token)
 	}
@@ -141,11 +141,11 @@ func (s *Store) Extend(ctx context.Context, lease store.Claim, d time.Duration) 
 	if err := checkID("extend", lease.Scope, lease.Key); err != nil {
 		return store.Claim{}, err
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "extend", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "extend", 0)
 	if err != nil {
 		return store.Claim{}, err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	res, err := s.db.ExecContext(ctx, s.sql.extend, us(d), lease.Scope, lease.Key, lease.Token)
 	if err != nil {
 		return store.Claim{}, wrap("extend", err)

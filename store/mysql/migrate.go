@@ -96,11 +96,11 @@ const migrateLockWait = 60 // seconds
 func (s *Store) Migrate(ctx context.Context) error { return s.migrate(ctx, schemaVersion) }
 
 func (s *Store) migrate(ctx context.Context, version int) error {
-	ctx, cancel, err := s.gate.enter(ctx, "migrate", migrateLockWait*time.Second)
+	ctx, cancel, err := s.gate.Enter(ctx, "migrate", migrateLockWait*time.Second)
 	if err != nil {
 		return err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return wrap("migrate", err)
@@ -148,11 +148,11 @@ func (s *Store) migrate(ctx context.Context, version int) error {
 // AppliedVersion is the newest schema version Migrate has applied to the
 // store's table: 0 before the first Migrate.
 func (s *Store) AppliedVersion(ctx context.Context) (int, error) {
-	ctx, cancel, err := s.gate.enter(ctx, "applied version", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "applied version", 0)
 	if err != nil {
 		return 0, err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	var n int
 	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?`, s.names.versionsName).Scan(&n); err != nil {
 		return 0, wrap("applied version", err)

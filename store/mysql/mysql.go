@@ -14,6 +14,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/gate"
 )
 
 // Store is a store.Store on a MySQL or MariaDB table, shared by every
@@ -26,7 +27,7 @@ type Store struct {
 	opts  Options
 	names names
 	sql   statements
-	gate  gate
+	gate  gate.Gate
 
 	closeOnce   sync.Once
 	stopCleaner context.CancelFunc
@@ -58,7 +59,7 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 		return nil, err
 	}
 	n := newNames(opts.Table)
-	s := &Store{db: db, opts: opts, names: n, sql: newStatements(n, leaseWait(opts.StatementTimeout)), gate: gate{timeout: opts.StatementTimeout}}
+	s := &Store{db: db, opts: opts, names: n, sql: newStatements(n, leaseWait(opts.StatementTimeout)), gate: gate.Gate{Store: "mysql", Timeout: opts.StatementTimeout}}
 	if opts.CleanupInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopCleaner = cancel
@@ -86,7 +87,7 @@ func (s *Store) Close() error {
 			s.stopCleaner()
 			<-s.cleanerDone
 		}
-		s.gate.close()
+		s.gate.Close()
 	})
 	return nil
 }

@@ -52,11 +52,11 @@ func (s *Store) Get(ctx context.Context, scope, key string) (store.Record, error
 	if err := checkID("get", scope, key); err != nil {
 		return store.Record{}, err
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "get", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "get", 0)
 	if err != nil {
 		return store.Record{}, err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	rec, err := scanRecord(s.db.QueryRowContext(ctx, s.sql.get, scope, key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Record{}, fmt.Errorf("oncemill: mysql: get %q/%q: %w", scope, key, store.ErrNotFound)
@@ -72,11 +72,11 @@ func (s *Store) Delete(ctx context.Context, scope, key string, token int64) erro
 	if err := checkID("delete", scope, key); err != nil {
 		return err
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "delete", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "delete", 0)
 	if err != nil {
 		return err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	res, err := s.db.ExecContext(ctx, s.sql.del, scope, key, token)
 	if err != nil {
 		return wrap("delete", err)
@@ -101,11 +101,11 @@ func (s *Store) List(ctx context.Context, req store.ListRequest) (store.ListPage
 	if err != nil {
 		return store.ListPage{}, fmt.Errorf("oncemill: mysql: list: %w", err)
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "list", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "list", 0)
 	if err != nil {
 		return store.ListPage{}, err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	before := int64(-1) // no bound
 	if !req.UpdatedBefore.IsZero() {
 		before = req.UpdatedBefore.UnixMicro()

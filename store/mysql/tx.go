@@ -49,11 +49,11 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 	if err := s.checkNewID("claim", req.Scope, req.Key, req.Fingerprint); err != nil {
 		return store.TxResult{}, err
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "claim", max(req.Wait, time.Duration(waitSecs(req.Wait))*time.Second))
+	ctx, cancel, err := s.gate.Enter(ctx, "claim", max(req.Wait, time.Duration(waitSecs(req.Wait))*time.Second))
 	if err != nil {
 		return store.TxResult{}, err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	c := claim{scope: req.Scope, key: req.Key, fingerprint: req.Fingerprint,
 		messageUUID: storable(req.MessageUUID, maxMessageUUIDLen), status: store.StatusSucceeded,
 		ttl: claimTTL(req.SuccessTTL), purge: max(claimTTL(req.SuccessTTL), req.Retain), deferred: req.Deferrable}
@@ -283,11 +283,11 @@ func (s *Store) RecordRollback(ctx context.Context, lease store.Claim, fingerpri
 	if err := s.checkNewID("record rollback", lease.Scope, lease.Key, fingerprint); err != nil {
 		return err
 	}
-	ctx, cancel, err := s.gate.enter(ctx, "record rollback", 0)
+	ctx, cancel, err := s.gate.Enter(ctx, "record rollback", 0)
 	if err != nil {
 		return err
 	}
-	defer s.gate.leave(cancel)
+	defer s.gate.Leave(cancel)
 	for runs := 1; ; runs++ {
 		recorded, err := s.recordRollback(ctx, lease, fingerprint, out)
 		switch {

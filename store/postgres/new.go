@@ -6,8 +6,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/store/internal/gate"
 	"github.com/oncemill/oncemill/store/postgres/internal/claimtx"
-	"github.com/oncemill/oncemill/store/postgres/internal/gate"
 )
 
 // New returns a store over pool configured by opts. It does no I/O: call
@@ -31,7 +31,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 		opts:         opts,
 		names:        n,
 		sql:          newStatements(n, opts.AsyncBegin),
-		gate:         gate.Gate{Timeout: opts.StatementTimeout},
+		gate:         gate.Gate{Store: "postgres", Timeout: opts.StatementTimeout},
 		cleanupKey:   lockKey("cleanup", n),
 		claimRetries: 10,
 	}

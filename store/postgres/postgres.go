@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/gate"
 	"github.com/oncemill/oncemill/store/postgres/internal/claimtx"
-	"github.com/oncemill/oncemill/store/postgres/internal/gate"
 	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
 )
 

@@ -11,9 +11,11 @@ import (
 	"github.com/oncemill/oncemill/store"
 )
 
-// Gate admits operations (Enter) until Close. The zero value with Timeout
-// set is ready to use.
+// Gate admits operations (Enter) until Close. The zero value with Store
+// and Timeout set is ready to use.
 type Gate struct {
+	// Store names the store in errors ("postgres").
+	Store string
 	// Timeout bounds every operation (Options.StatementTimeout).
 	Timeout time.Duration
 
@@ -29,7 +31,7 @@ func (g *Gate) Enter(ctx context.Context, op string, extra time.Duration) (conte
 	g.mu.RLock()
 	if g.closed {
 		g.mu.RUnlock()
-		return ctx, nil, fmt.Errorf("oncemill: postgres: %s: %w", op, store.ErrClosed)
+		return ctx, nil, fmt.Errorf("oncemill: %s: %s: %w", g.Store, op, store.ErrClosed)
 	}
 	g.inflight.Add(1)
 	g.mu.RUnlock()

@@ -13,8 +13,8 @@ import (
 
 	"github.com/oncemill/oncemill/internal/kafkapos"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/gate"
 	"github.com/oncemill/oncemill/store/internal/requests"
-	"github.com/oncemill/oncemill/store/postgres/internal/gate"
 	"github.com/oncemill/oncemill/store/postgres/internal/guardtx"
 	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
 )
