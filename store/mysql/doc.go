@@ -1,4 +1,4 @@
-// Package mysql is a store on a MySQL 8 or MariaDB 10.11 table
+// Package mysql is a store on a MariaDB 10.11 table
 // (github.com/go-sql-driver/mysql through database/sql, the driver of
 // Watermill's SQL Pub/Sub), shared by every worker that points at it. In
 // the one-transaction mode the key is claimed by the first statement of
@@ -72,8 +72,8 @@
 //
 // # MySQL 8
 //
-// The statements are MariaDB 10.11's, which this repository tests. MySQL 8
-// has no SET STATEMENT: it takes the hint /*+
-// SET_VAR(innodb_lock_wait_timeout=N) */ instead, and its lowest wait is one
-// second (lockWait in sql.go is the one place to change).
+// The statements are MariaDB 10.11's, which this repository tests, and
+// Migrate refuses a MySQL server, naming its version. MySQL 8 has no SET
+// STATEMENT: it takes the hint /*+ SET_VAR(innodb_lock_wait_timeout=N) */
+// instead, and its lowest wait is one second (lockWait in sql.go).
 package mysql

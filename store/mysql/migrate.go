@@ -106,6 +106,13 @@ func (s *Store) migrate(ctx context.Context, version int) error {
 		return wrap("migrate", err)
 	}
 	defer conn.Close()
+	var server string
+	if err := conn.QueryRowContext(ctx, "SELECT VERSION()").Scan(&server); err != nil {
+		return wrap("migrate: reading the server's version", err)
+	}
+	if err := supportedServer(server); err != nil {
+		return err
+	}
 	var locked sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(CONCAT('oncemill:migrate:', LEFT(SHA1(DATABASE()), 40)), ?)", migrateLockWait).Scan(&locked); err != nil {
 		return wrap("migrate: taking the migration lock", err)
@@ -165,4 +172,16 @@ func (s *Store) AppliedVersion(ctx context.Context) (int, error) {
 		return 0, wrap("applied version", err)
 	}
 	return v, nil
+}
+
+// supportedServer refuses a server whose statements this store does not
+// speak: its lock-wait bound is MariaDB's SET STATEMENT (lockWait), which
+// MySQL 8 rejects as a syntax error at the first duplicate's claim, so it
+// is refused here, at Migrate, where a deployment starts.
+func supportedServer(version string) error {
+	if !strings.Contains(version, "MariaDB") {
+		return fmt.Errorf("oncemill: mysql: migrate: the server is MySQL %s; this store runs on MariaDB (tested on 10.11) "+
+			"(its lock-wait bound is MariaDB's SET STATEMENT)", version)
+	}
+	return nil
 }
