@@ -29,7 +29,8 @@ func startReplicated(tb testing.TB) replicated {
 	return replicated{primary: p, replica: r}
 }
 
-// waitInSync waits until the primary at addr has n replicas online.
+// waitInSync waits until the primary at addr has n replicas online and
+// acknowledging writes.
 func waitInSync(tb testing.TB, addr string, n int) {
 	tb.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr})
@@ -37,8 +38,13 @@ func waitInSync(tb testing.TB, addr string, n int) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		info, err := c.Info(context.Background(), "replication").Result()
+		// Online is not yet acknowledging: a diskless replica may still be
+		// loading what it was sent, and answers the primary's GETACK only
+		// then, so a WAIT of the test's own could time out. Wait for one.
 		if err == nil && strings.Count(info, "state=online") >= n {
-			return
+			if acked, err := c.Do(context.Background(), "WAIT", n, 1000).Int(); err == nil && acked >= n {
+				return
+			}
 		}
 		if time.Now().After(deadline) {
 			tb.Fatalf("%s has not %d replica(s) online after 20s: %v\n%s", addr, n, err, info)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/integration/internal/pgpair"
@@ -30,6 +31,12 @@ func TestFailover(t *testing.T) {
 			if _, err := pool.Exec(ctx, "INSERT INTO t VALUES (1)"); err != nil {
 				t.Fatal(err)
 			}
+			// An asynchronous standby may not have the table yet, and
+			// would then rightly lack it after the promotion: the test is of
+			// the pool finding the new primary, so it waits for the table.
+			if !sync {
+				waitForTable(t, p.StandbyDSN(pgpair.Database))
+			}
 			lag := p.KillPrimary()
 			t.Logf("%+v", lag)
 			if _, err := pool.Exec(ctx, "INSERT INTO t VALUES (2)"); err == nil {
@@ -52,5 +59,27 @@ func TestFailover(t *testing.T) {
 				t.Errorf("count %d (%v), want 2: the rows before and after the failover", n, err)
 			}
 		})
+	}
+}
+
+// waitForTable waits, up to 10 s, until the server at dsn has table t.
+func waitForTable(t *testing.T, dsn string) {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var there bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass('t') IS NOT NULL").Scan(&there); err != nil {
+			t.Fatal(err)
+		}
+		if there {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the standby has not replayed CREATE TABLE t after 10 s")
+		}
 	}
 }
