@@ -5,71 +5,28 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"path"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/oncemill/oncemill/store/internal/migrations"
 )
 
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-// migration is one embedded SQL file, migrations/NNNN_name.sql: statements
-// that each end with a semicolon at the end of a line (the driver sends
-// one statement at a time).
-type migration struct {
-	version    int
-	name       string
-	statements []string
-}
-
 // schemaVersion is the newest schema version Migrate applies.
-var schemaVersion = len(mustMigrations())
+var schemaVersion = len(migrations.Must(migrationFS, "mysql"))
 
-func mustMigrations() []migration {
-	ms, err := loadMigrations(migrationFS)
-	if err != nil {
-		panic(err)
-	}
-	return ms
-}
-
-func loadMigrations(fsys fs.FS) ([]migration, error) {
-	files, err := fs.Glob(fsys, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, f := range files {
-		num, name, ok := strings.Cut(strings.TrimSuffix(path.Base(f), ".sql"), "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("oncemill: mysql: migration file %s is not named NNNN_name.sql", f)
-		}
-		b, err := fs.ReadFile(fsys, f)
-		if err != nil {
-			return nil, err
-		}
-		m := migration{version: v, name: name}
-		for _, st := range strings.SplitAfter(string(b), ";\n") {
-			if st = strings.TrimSpace(stripComments(st)); st != "" {
-				m.statements = append(m.statements, st)
-			}
-		}
-		ms = append(ms, m)
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("oncemill: mysql: migrations are not numbered 1, 2, 3...: found %d at position %d", m.version, i+1)
+// splitStatements splits a migration's SQL into its statements, each ending with
+// a semicolon at the end of a line: the driver sends one at a time.
+func splitStatements(text string) []string {
+	var sts []string
+	for _, st := range strings.SplitAfter(text, ";\n") {
+		if st = strings.TrimSpace(stripComments(st)); st != "" {
+			sts = append(sts, st)
 		}
 	}
-	if len(ms) == 0 {
-		return nil, fmt.Errorf("oncemill: mysql: no embedded migrations")
-	}
-	return ms, nil
+	return sts
 }
 
 // stripComments drops the lines of s that are "--" comments.
@@ -136,17 +93,17 @@ func (s *Store) migrate(ctx context.Context, version int) error {
 	if current > schemaVersion {
 		return fmt.Errorf("oncemill: mysql: migrate: table %s is at schema version %d, newer than this build's %d; upgrade oncemill", s.names.table, current, schemaVersion)
 	}
-	for _, m := range mustMigrations() {
-		if m.version <= current || m.version > version {
+	for _, m := range migrations.Must(migrationFS, "mysql") {
+		if m.Version <= current || m.Version > version {
 			continue
 		}
-		for _, st := range m.statements {
+		for _, st := range splitStatements(m.SQL) {
 			if _, err := conn.ExecContext(ctx, s.names.render(st)); err != nil {
-				return wrap(fmt.Sprintf("migrate: applying version %d (%s)", m.version, m.name), err)
+				return wrap(fmt.Sprintf("migrate: applying version %d (%s)", m.Version, m.Name), err)
 			}
 		}
-		if _, err := conn.ExecContext(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))`), m.version, m.name); err != nil {
-			return wrap(fmt.Sprintf("migrate: recording version %d", m.version), err)
+		if _, err := conn.ExecContext(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))`), m.Version, m.Name); err != nil {
+			return wrap(fmt.Sprintf("migrate: recording version %d", m.Version), err)
 		}
 	}
 	return nil

@@ -4,72 +4,19 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"path"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncemill/oncemill/store/internal/migrations"
 	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
 )
 
 //go:embed migrations/*.sql migrations/partitioned/*.sql
 var migrationFS embed.FS
 
-// migration is one embedded SQL file, migrations/NNNN_name.sql.
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
 // schemaVersion is the newest schema version Migrate applies (AppliedVersion
 // reports it after a Migrate).
-var schemaVersion = func() int {
-	ms := mustMigrations()
-	return ms[len(ms)-1].version
-}()
-
-func mustMigrations() []migration {
-	ms, err := loadMigrations(migrationFS)
-	if err != nil {
-		panic(err)
-	}
-	return ms
-}
-
-func loadMigrations(fsys fs.FS) ([]migration, error) {
-	files, err := fs.Glob(fsys, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var ms []migration
-	for _, f := range files {
-		base := strings.TrimSuffix(path.Base(f), ".sql")
-		num, name, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("oncemill: postgres: migration file %s is not named NNNN_name.sql", f)
-		}
-		b, err := fs.ReadFile(fsys, f)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: name, sql: string(b)})
-	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
-	for i, m := range ms {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("oncemill: postgres: migrations are not numbered 1, 2, 3...: found %d at position %d", m.version, i+1)
-		}
-	}
-	if len(ms) == 0 {
-		return nil, fmt.Errorf("oncemill: postgres: no embedded migrations")
-	}
-	return ms, nil
-}
+var schemaVersion = len(migrations.Must(migrationFS, "postgres"))
 
 // Migrate creates or upgrades the schema, the records table, its token
 // sequence and cleanup index, and records each applied version in the table
@@ -156,15 +103,15 @@ func (s *Store) migrateTables(ctx context.Context, version int, layout func(tx p
 	if current, err = layout(tx, kind, current); err != nil {
 		return "", err
 	}
-	for _, m := range mustMigrations() {
-		if m.version <= current || m.version > version {
+	for _, m := range migrations.Must(migrationFS, "postgres") {
+		if m.Version <= current || m.Version > version {
 			continue
 		}
-		if _, err := tx.Exec(ctx, s.names.render(m.sql), pgx.QueryExecModeSimpleProtocol); err != nil {
-			return "", fmt.Errorf("oncemill: postgres: migrate: applying version %d (%s): %w", m.version, m.name, err)
+		if _, err := tx.Exec(ctx, s.names.render(m.SQL), pgx.QueryExecModeSimpleProtocol); err != nil {
+			return "", fmt.Errorf("oncemill: postgres: migrate: applying version %d (%s): %w", m.Version, m.Name, err)
 		}
-		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), m.version, m.name); err != nil {
-			return "", fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", m.version, err)
+		if _, err := tx.Exec(ctx, s.names.render(`INSERT INTO {{VERSIONS}} (version, name) VALUES ($1, $2)`), m.Version, m.Name); err != nil {
+			return "", fmt.Errorf("oncemill: postgres: migrate: recording version %d: %w", m.Version, err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
