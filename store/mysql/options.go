@@ -70,7 +70,9 @@ type Options struct {
 	// acquiring a connection and its statements' round trips, or a
 	// one-transaction claim's round trips on top of its wait for the key.
 	// Past it the operation fails with context.DeadlineExceeded and the
-	// driver closes the connection it was using.
+	// driver closes the connection it was using; a one-transaction COMMIT
+	// or ROLLBACK, which database/sql sends without a context, leaves its
+	// connection to come back to the pool when the server answers.
 	StatementTimeout time.Duration
 
 	// TxOptions begin the handler's transaction in the one-transaction
