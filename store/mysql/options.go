@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/oncemill/oncemill/internal/configerr"
 )
 
@@ -79,6 +81,9 @@ type Options struct {
 	// mode (default: the server's default isolation, read-write).
 	TxOptions sql.TxOptions
 
+	// MeterProvider provides the store's metrics, the PostgreSQL store's
+	// cleanup lag and deleted records (default otel.GetMeterProvider()).
+	MeterProvider metric.MeterProvider
 	// Logger receives errors of the background cleaner (default: discard).
 	Logger *slog.Logger
 }
