@@ -22,6 +22,7 @@ import (
 	"github.com/oncemill/oncemill/policy"
 	"github.com/oncemill/oncemill/receiver"
 	"github.com/oncemill/oncemill/store/memory"
+	"github.com/oncemill/oncemill/store/mysql"
 	"github.com/oncemill/oncemill/store/postgres"
 )
 
@@ -37,7 +38,8 @@ type exported map[string]map[string]map[string]bool
 // exportedSeries runs a receiver over the PostgreSQL store, exporting
 // through the real OpenTelemetry Prometheus exporter, drives a delivery
 // into every decision and failure path the dashboard and rules name, and
-// returns what the exporter exposes.
+// returns what the exporter exposes. A MySQL store exports beside it: the
+// store metrics are the same series for both.
 func exportedSeries(t *testing.T) exported {
 	t.Helper()
 	ctx := t.Context()
@@ -155,6 +157,17 @@ func exportedSeries(t *testing.T) exported {
 	if _, err := st.DeleteExpired(ctx, 100); err != nil {
 		t.Fatal(err)
 	}
+	my, err := mysql.New(testenv.MariaDB(t, testenv.MariaDBDatabase(t)), mysql.Options{MeterProvider: mp, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { my.Close() })
+	if err := my.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := my.DeleteExpired(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
 
 	families, err := reg.Gather()
 	if err != nil {
@@ -167,7 +180,13 @@ func exportedSeries(t *testing.T) exported {
 			}
 		}
 	}
-	return seriesOf(families)
+	series := seriesOf(families)
+	for _, name := range []string{"oncemill_store_cleanup_lag_seconds", "oncemill_store_cleanup_deleted_total"} {
+		if tables := series[name]["oncemill_store_table"]; len(tables) != 2 || !tables["oncemill_records"] {
+			t.Fatalf("%s has the tables %v, want the PostgreSQL store's and the MySQL store's (oncemill_records)", name, keys(tables))
+		}
+	}
+	return series
 }
 
 // seriesOf lists the series a scrape of families yields, as Prometheus

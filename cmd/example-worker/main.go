@@ -44,6 +44,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsqs "github.com/ThreeDotsLabs/watermill-aws/sqs"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -51,6 +52,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	goredis "github.com/redis/go-redis/v9"
@@ -318,9 +320,9 @@ type config struct {
 	mode, broker, store, httpAddr, otlpEndpoint, scope, topicPrefix, group string
 	postgresDSN, postgresSchema, mysqlDSN, redisAddr, redisPrefix          string
 	filePath                                                               string
-	kafkaBrokers, amqpURL, sqsEndpoint                                     string
+	kafkaBrokers, amqpURL, sqsEndpoint, natsURL                            string
 	partitions, count                                                      int
-	sqsVisibility                                                          time.Duration
+	sqsVisibility, natsAckWait                                             time.Duration
 }
 
 func parseFlags(args []string, out io.Writer) (config, error) {
@@ -331,7 +333,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 		fs.StringVar(p, name, cmp.Or(os.Getenv(variable), def), usage+" [$"+variable+"]")
 	}
 	fs.StringVar(&c.mode, "mode", "run", "run (the demo), produce (publish the demo's workload) or consume (the deployable worker)")
-	fs.StringVar(&c.broker, "broker", "gochannel", "gochannel (run mode only), kafka, amqp or sqs")
+	fs.StringVar(&c.broker, "broker", "gochannel", "gochannel (run mode only), kafka, amqp, sqs or nats (JetStream)")
 	fs.StringVar(&c.store, "store", "memory", "memory, file (one worker process; --file-path), postgres or mysql (the one-transaction mode), or redis")
 	env(&c.httpAddr, "http-addr", "ONCEMILL_HTTP_ADDR", ":8080", "consume mode: address of /metrics, /healthz and /readyz")
 	env(&c.otlpEndpoint, "otlp-endpoint", "ONCEMILL_OTLP_ENDPOINT", "", "OTLP/HTTP endpoint for traces, e.g. http://jaeger:4318")
@@ -347,14 +349,16 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	env(&c.kafkaBrokers, "kafka-brokers", "ONCEMILL_KAFKA_BROKERS", "127.0.0.1:9092", "comma-separated Kafka brokers")
 	env(&c.amqpURL, "amqp-url", "ONCEMILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ")
 	env(&c.sqsEndpoint, "sqs-endpoint", "ONCEMILL_SQS_ENDPOINT", "http://127.0.0.1:4566", "SQS (region us-east-1, static credentials)")
+	env(&c.natsURL, "nats-url", "ONCEMILL_NATS_URL", "nats://127.0.0.1:4222", "NATS with JetStream")
 	fs.IntVar(&c.partitions, "partitions", 8, "router handlers, each on its own topic: payments-0, payments-1, ...")
 	fs.IntVar(&c.count, "count", 10000, "payment commands to publish (run and produce modes)")
 	fs.DurationVar(&c.sqsVisibility, "sqs-visibility-timeout", 30*time.Second, "SQS: when a nacked message comes back (whole seconds)")
+	fs.DurationVar(&c.natsAckWait, "nats-ack-wait", 30*time.Second, "NATS: the consumers' AckWait, when JetStream delivers an unacked message again")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	for name, v := range map[string]string{"mode": c.mode + "|run|produce|consume",
-		"broker": c.broker + "|gochannel|kafka|amqp|sqs", "store": c.store + "|memory|file|postgres|mysql|redis"} {
+		"broker": c.broker + "|gochannel|kafka|amqp|sqs|nats", "store": c.store + "|memory|file|postgres|mysql|redis"} {
 		if allowed := strings.Split(v, "|"); !slices.Contains(allowed[1:], allowed[0]) {
 			return c, fmt.Errorf("--%s=%q is not available; choose one of: %s", name, allowed[0], strings.Join(allowed[1:], ", "))
 		}
@@ -365,7 +369,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	case c.count < 1 || c.partitions < 1:
 		return c, fmt.Errorf("--count=%d --partitions=%d: each must be at least 1", c.count, c.partitions)
 	case c.mode != "run" && c.broker == "gochannel":
-		return c, fmt.Errorf("--mode=%s with --broker=gochannel: gochannel lives in one process; choose kafka, amqp or sqs", c.mode)
+		return c, fmt.Errorf("--mode=%s with --broker=gochannel: gochannel lives in one process; choose kafka, amqp, sqs or nats", c.mode)
 	}
 	return c, nil
 }
@@ -536,6 +540,13 @@ func (w *worker) openBroker() (b *broker, err error) {
 			return wsqs.NewSubscriber(wsqs.SubscriberConfig{AWSConfig: awsCfg, OptFns: endpoint, QueueConfigAttributes: queue, ConsumeWorkers: 4}, logger)
 		}}
 		b.pub, err = wsqs.NewPublisher(wsqs.PublisherConfig{AWSConfig: awsCfg, OptFns: endpoint, CreateQueueConfig: queue}, logger)
+	case "nats":
+		// A stream per topic; a durable consumer per router handler,
+		// <group>-<topic>, shared by the workers (nats.go).
+		b = &broker{system: semconv.MessagingSystemKey.String("nats"), sub: func(group string) (message.Subscriber, error) {
+			return newNATSSubscriber(cfg.natsURL, group, cfg.natsAckWait, logger)
+		}}
+		b.pub, err = newNATSPublisher(cfg.natsURL, logger)
 	}
 	// Create the topics before anything is published: RabbitMQ drops a
 	// message sent to no queue, and a Kafka consumer group needs its topic.
@@ -557,6 +568,104 @@ func (w *worker) openBroker() (b *broker, err error) {
 		return nil, fmt.Errorf("%s: %w", cfg.broker, err)
 	}
 	return b, nil
+}
+
+// NATS JetStream through watermill-nats v2: each topic is a stream of one
+// subject (both named after the topic), each router handler's consumer
+// group a durable push consumer with a deliver group, which the workers of
+// a deployment share (competing consumers). docs/nats.md says how AckWait
+// and MaxDeliver meet oncemill's attempts.
+
+// newNATSPublisher publishes to JetStream, each Publish waiting for the
+// stream's ack. Without Nats-Msg-Id (watermill-nats's TrackMsgId): the
+// stream would drop a UUID published again within its window, and the
+// demo sends duplicates on purpose.
+func newNATSPublisher(url string, logger watermill.LoggerAdapter) (message.Publisher, error) {
+	return wnats.NewPublisher(wnats.PublisherConfig{URL: url, NatsOptions: []nats.Option{nats.Timeout(5 * time.Second)}}, logger)
+}
+
+// natsSubscriber subscribes a consumer group. It creates the stream and
+// the durable consumer of a topic before watermill-nats subscribes: a
+// consumer nats.go creates, it deletes when the subscription ends, and the
+// group's position with it. ManualAck: else nats.go acks every message
+// once watermill-nats's callback returns, also one it gave up on without
+// the router's ack.
+type natsSubscriber struct {
+	*wnats.Subscriber
+	nc      *nats.Conn
+	js      nats.JetStreamContext
+	durable string
+	ackWait time.Duration
+}
+
+func newNATSSubscriber(url, group string, ackWait time.Duration, logger watermill.LoggerAdapter) (message.Subscriber, error) {
+	durable := strings.NewReplacer(".", "_", "*", "_", ">", "_", " ", "_").Replace(group) // what JetStream takes as a name
+	sub, err := wnats.NewSubscriber(wnats.SubscriberConfig{
+		URL:              url,
+		QueueGroupPrefix: durable,
+		NatsOptions:      []nats.Option{nats.Timeout(5 * time.Second)},
+		AckWaitTimeout:   ackWait, // watermill-nats's own wait for the router's ack
+		CloseTimeout:     10 * time.Second,
+		JetStream: wnats.JetStreamConfig{
+			SubscribeOptions:  []nats.SubOpt{nats.ManualAck()},
+			DurablePrefix:     durable,
+			DurableCalculator: func(prefix, _ string) string { return prefix },
+		},
+	}, logger)
+	if err != nil {
+		return nil, err
+	}
+	n := &natsSubscriber{Subscriber: sub, durable: durable, ackWait: ackWait}
+	if n.nc, err = nats.Connect(url, nats.Timeout(5*time.Second)); err == nil {
+		if n.js, err = n.nc.JetStream(); err != nil {
+			n.nc.Close()
+		}
+	}
+	if err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// SubscribeInitialize creates the stream of topic if it is missing: a
+// publish to a subject without a stream fails.
+func (n *natsSubscriber) SubscribeInitialize(topic string) error {
+	if _, err := n.js.StreamInfo(topic); !errors.Is(err, nats.ErrStreamNotFound) {
+		return err
+	}
+	_, err := n.js.AddStream(&nats.StreamConfig{Name: topic, Subjects: []string{topic}, Storage: nats.FileStorage})
+	if errors.Is(err, nats.ErrStreamNameAlreadyInUse) {
+		return nil // another worker's, meanwhile
+	}
+	return err
+}
+
+func (n *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := n.SubscribeInitialize(topic); err != nil {
+		return nil, err
+	}
+	_, err := n.js.AddConsumer(topic, &nats.ConsumerConfig{
+		Durable:        n.durable,
+		DeliverSubject: "oncemill.deliver." + topic + "." + n.durable, // one per stream and consumer
+		DeliverGroup:   n.durable,
+		DeliverPolicy:  nats.DeliverAllPolicy,
+		AckPolicy:      nats.AckExplicitPolicy,
+		AckWait:        n.ackWait,
+		MaxDeliver:     -1,   // oncemill's policy bounds the attempts
+		MaxAckPending:  1000, // deliveries waiting for their ack, across the group's workers
+		FilterSubject:  topic,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("durable consumer %s on %s (an existing one with other settings is not changed): %w", n.durable, topic, err)
+	}
+	return n.Subscriber.Subscribe(ctx, topic)
+}
+
+func (n *natsSubscriber) Close() error {
+	err := n.Subscriber.Close()
+	n.nc.Close()
+	return err
 }
 
 // router runs the handler behind oncemill's receiver on every payments

@@ -83,7 +83,7 @@ func TestParseFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--count=0"}, "--count=0"},
-		{[]string{"--broker=nats"}, `--broker="nats" is not available; choose one of: gochannel, kafka, amqp, sqs`},
+		{[]string{"--broker=pulsar"}, `--broker="pulsar" is not available; choose one of: gochannel, kafka, amqp, sqs, nats`},
 		{[]string{"--store=sqlite"}, `--store="sqlite" is not available; choose one of: memory, file, postgres, mysql, redis`},
 		{[]string{"--mode=serve"}, `--mode="serve" is not available`},
 		{[]string{"--mode=consume"}, "--mode=consume with --broker=gochannel"},

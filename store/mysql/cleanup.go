@@ -34,6 +34,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return 0, wrap("delete expired", err)
 	}
+	s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
 	return n, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncemill/oncemill/internal/teltest"
 	"github.com/oncemill/oncemill/internal/testenv"
 	"github.com/oncemill/oncemill/store"
 	"github.com/oncemill/oncemill/store/mysql"
@@ -136,5 +137,44 @@ func TestBackgroundCleanerStopsOnClose(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("a second Close: %v", err)
+	}
+}
+
+// The store exports the PostgreSQL store's cleanup metrics, by the same
+// names: the lag of the oldest removable record, and the records removed.
+func TestCleanupLagMetric(t *testing.T) {
+	t.Parallel()
+	db := testDB(t)
+	k := teltest.New(t)
+	s := newStore(t, db, mysql.Options{MeterProvider: k.MeterProvider})
+	observe := func() (lag float64, deleted int64) {
+		t.Helper()
+		ms := k.Metrics(t)
+		lag = -1
+		for table, v := range teltest.Gauge[float64](t, ms, "oncemill.store.cleanup.lag", "oncemill.store.table") {
+			if table != mysql.DefaultTable {
+				t.Errorf("oncemill.store.cleanup.lag for table %q, want %q", table, mysql.DefaultTable)
+			}
+			lag = v
+		}
+		return lag, teltest.Sums(t, ms, "oncemill.store.cleanup.deleted", "oncemill.store.table")[mysql.DefaultTable]
+	}
+
+	if lag, _ := observe(); lag != 0 {
+		t.Fatalf("lag with an empty table = %v, want 0", lag)
+	}
+	expired(t, db, s, "s", 3) // purgeable since about 119 s, by the server clock
+	if lag, _ := observe(); lag < 115 || lag > 180 {
+		t.Fatalf("lag after the records' purge time passed 119 s ago = %.0fs, want about 119 s", lag)
+	}
+	if removed, _, err := s.CleanupPass(t.Context()); err != nil || removed != 3 {
+		t.Fatalf("CleanupPass = %d, %v", removed, err)
+	}
+	if lag, deleted := observe(); lag != 0 || deleted != 3 {
+		t.Fatalf("after cleanup: lag %v, deleted %d; want 0 and 3", lag, deleted)
+	}
+	s.Close()
+	if lag, _ := observe(); lag != -1 {
+		t.Fatalf("a closed store reported a lag of %v; want no observation", lag)
 	}
 }

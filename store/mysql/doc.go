@@ -53,9 +53,10 @@
 //
 // Every operation is bounded by Options.StatementTimeout: past it, it fails
 // with context.DeadlineExceeded and the driver closes its connection.
-// database/sql's Tx.Commit and Rollback take no context, so COMMIT and
-// ROLLBACK go as statements under one (conn.go); the handler's *sql.Tx is
-// then given back with a ROLLBACK that has nothing to undo, a round trip. A
+// database/sql's Tx.Commit and Rollback take no context: the store's own
+// short transactions send COMMIT and ROLLBACK as statements under one
+// (conn.go); the handler's *sql.Tx ends with Tx.Commit or Rollback, its one
+// statement, which the store waits for at most the bound (tx.go finish). A
 // lock wait past innodb_lock_wait_timeout (1205) or a deadlock (1213)
 // outside a claim is a retryable store failure; a claim reruns after a
 // deadlock. Close waits for the operations under way.

@@ -23,3 +23,6 @@ func (s *Store) CleanupLock() string { return s.names.cleanupLock }
 
 // WaitSecs is a wait as innodb_lock_wait_timeout takes it.
 func WaitSecs(d time.Duration) int64 { return waitSecs(d) }
+
+// CleanupLag is what the oncemill.store.cleanup.lag gauge reports.
+func (s *Store) CleanupLag(ctx context.Context) (time.Duration, error) { return s.cleanupLag(ctx) }

@@ -33,6 +33,7 @@ type Store struct {
 	stopCleaner context.CancelFunc
 	cleanerDone chan struct{}
 	cleanupMu   sync.Mutex // one pass at a time within this process
+	telemetry   *telemetry
 }
 
 var (
@@ -60,6 +61,9 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	}
 	n := newNames(opts.Table)
 	s := &Store{db: db, opts: opts, names: n, sql: newStatements(n, leaseWait(opts.StatementTimeout)), gate: gate.Gate{Store: "mysql", Timeout: opts.StatementTimeout}}
+	if s.telemetry, err = newTelemetry(opts.MeterProvider, opts.Table, s.cleanupLag, s.gate.Closed, opts.Logger); err != nil {
+		return nil, err
+	}
 	if opts.CleanupInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopCleaner = cancel
@@ -88,6 +92,7 @@ func (s *Store) Close() error {
 			<-s.cleanerDone
 		}
 		s.gate.Close()
+		s.telemetry.close()
 	})
 	return nil
 }

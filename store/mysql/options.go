@@ -8,18 +8,16 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/store/internal/sqloptions"
 )
 
 // Defaults and bounds of Options.
 const (
-	defaultTable            = "oncemill_records"
-	defaultMaxKeyLen        = 512
-	defaultMaxResultBytes   = 1 << 20
-	defaultCleanupInterval  = time.Minute
-	defaultCleanupBatch     = 500
-	defaultCleanupDuty      = 0.5
-	defaultStatementTimeout = 5 * time.Second
+	defaultTable           = "oncemill_records"
+	defaultCleanupInterval = time.Minute
 
 	// maxKeyLenLimit is the width of the key column: scope and key
 	// together (2,048 bytes) fit InnoDB's 3,072-byte index entry.
@@ -29,7 +27,6 @@ const (
 	// which bounds one statement's parameters.
 	maxResultBytesLimit = 15 << 20
 	maxTableLen         = 48 // leaves room for the suffix of the version table
-	maxCleanupBatch     = 100_000
 )
 
 // identRE is what Table must match: a lower-case identifier that needs no
@@ -70,13 +67,18 @@ type Options struct {
 	// acquiring a connection and its statements' round trips, or a
 	// one-transaction claim's round trips on top of its wait for the key.
 	// Past it the operation fails with context.DeadlineExceeded and the
-	// driver closes the connection it was using.
+	// driver closes the connection it was using; a one-transaction COMMIT
+	// or ROLLBACK, which database/sql sends without a context, leaves its
+	// connection to come back to the pool when the server answers.
 	StatementTimeout time.Duration
 
 	// TxOptions begin the handler's transaction in the one-transaction
 	// mode (default: the server's default isolation, read-write).
 	TxOptions sql.TxOptions
 
+	// MeterProvider provides the store's metrics, the PostgreSQL store's
+	// cleanup lag and deleted records (default otel.GetMeterProvider()).
+	MeterProvider metric.MeterProvider
 	// Logger receives errors of the background cleaner (default: discard).
 	Logger *slog.Logger
 }
@@ -97,38 +99,12 @@ func (o Options) withDefaults() (Options, error) {
 	case len(o.Table) > maxTableLen:
 		bad("Options.Table %q is %d characters; use at most %d", o.Table, len(o.Table), maxTableLen)
 	}
-	switch {
-	case o.MaxKeyLen == 0:
-		o.MaxKeyLen = defaultMaxKeyLen
-	case o.MaxKeyLen < 0 || o.MaxKeyLen > maxKeyLenLimit:
-		bad("Options.MaxKeyLen is %d; use 1 to %d bytes, or 0 for the default %d (longer keys are hashed by the idempotency stage)", o.MaxKeyLen, maxKeyLenLimit, defaultMaxKeyLen)
-	}
-	switch {
-	case o.MaxResultBytes == 0:
-		o.MaxResultBytes = defaultMaxResultBytes
-	case o.MaxResultBytes < 0 || o.MaxResultBytes > maxResultBytesLimit:
-		bad("Options.MaxResultBytes is %d; use 1 to %d bytes, or 0 for the default %d", o.MaxResultBytes, maxResultBytesLimit, defaultMaxResultBytes)
-	}
+	errs = append(errs, sqloptions.Check("mysql.Options", sqloptions.Shared{
+		MaxKeyLen: &o.MaxKeyLen, MaxResultBytes: &o.MaxResultBytes, CleanupBatch: &o.CleanupBatch,
+		CleanupDuty: &o.CleanupDuty, StatementTimeout: &o.StatementTimeout,
+	}, sqloptions.Limits{MaxKeyLen: maxKeyLenLimit, MaxResultBytes: maxResultBytesLimit})...)
 	if o.CleanupInterval == 0 {
 		o.CleanupInterval = defaultCleanupInterval
-	}
-	switch {
-	case o.CleanupBatch == 0:
-		o.CleanupBatch = defaultCleanupBatch
-	case o.CleanupBatch < 0 || o.CleanupBatch > maxCleanupBatch:
-		bad("Options.CleanupBatch is %d; use 1 to %d rows, or 0 for the default %d (small batches keep row locks short)", o.CleanupBatch, maxCleanupBatch, defaultCleanupBatch)
-	}
-	switch {
-	case o.CleanupDuty == 0:
-		o.CleanupDuty = defaultCleanupDuty
-	case !(o.CleanupDuty > 0 && o.CleanupDuty <= 1):
-		bad("Options.CleanupDuty is %v; use a share above 0 and at most 1, or 0 for the default %v", o.CleanupDuty, defaultCleanupDuty)
-	}
-	switch {
-	case o.StatementTimeout == 0:
-		o.StatementTimeout = defaultStatementTimeout
-	case o.StatementTimeout < time.Millisecond:
-		bad("Options.StatementTimeout is %v; use 1ms or more, or 0 for the default %v", o.StatementTimeout, defaultStatementTimeout)
 	}
 	if o.TxOptions.ReadOnly {
 		bad("Options.TxOptions.ReadOnly is set; the handler's transaction writes the record: leave it false")

@@ -172,10 +172,14 @@ const purgeable = `purge_at <= {{NOW}} AND expires_at <= {{NOW}}`
 // waited for, nor made to wait.
 const sqlCleanupPick = "SELECT scope, `key` FROM {{TABLE}} WHERE " + purgeable + " ORDER BY purge_at LIMIT ? FOR UPDATE SKIP LOCKED"
 
+// sqlCleanupLag is how long ago, in microseconds, the oldest row cleanup
+// may remove was due to go (its purge time, on the purge_at index), or 0.
+const sqlCleanupLag = "SELECT COALESCE(TIMESTAMPDIFF(MICROSECOND, (SELECT purge_at FROM {{TABLE}} WHERE " + purgeable + " ORDER BY purge_at LIMIT 1), {{NOW}}), 0)"
+
 // statements are the rendered statements of one table.
 type statements struct {
 	claimInsert, claimRead, claimTake, recordRead, recordInsert, recordUpdate, commitResult,
-	complete, extend, release, releaseDelete, get, list, del, exists, cleanupPick string
+	complete, extend, release, releaseDelete, get, list, del, exists, cleanupPick, cleanupLag string
 }
 
 // newStatements renders the statements of the table n names; the lease's
@@ -199,6 +203,7 @@ func newStatements(n names, leaseWait int64) statements {
 		del:           n.render(sqlDelete),
 		exists:        n.render(sqlExists),
 		cleanupPick:   n.render(sqlCleanupPick),
+		cleanupLag:    n.render(sqlCleanupLag),
 	}
 }
 

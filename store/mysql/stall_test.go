@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,4 +93,41 @@ func TestStalledServerFailsOperationsWithinTheirBound(t *testing.T) {
 		close(closed)
 	}()
 	<-closed // the test binary's -timeout is the guard
+}
+
+// A Commit whose answer comes after Options.StatementTimeout returns at
+// the bound; the COMMIT it sent still lands, and its connection comes back
+// to the pool when the answer arrives.
+func TestLateCommitReturnsAtItsBoundAndGivesBackItsConnection(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.MariaDBDatabase(t)
+	newStore(t, testenv.MariaDB(t, dsn), mysql.Options{}) // migrated
+	p, db := proxied(t, dsn, 2)
+	const bound = 500 * time.Millisecond
+	s, err := mysql.New(db, mysql.Options{StatementTimeout: bound, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	claimed, err := s.ClaimInTx(ctx, store.TxRequest{Key: "late", SuccessTTL: time.Hour, Wait: time.Second})
+	if err != nil || claimed.Decision != store.DecisionExecute {
+		t.Fatalf("Claim = %v, %v", claimed.Decision, err)
+	}
+	if _, err := p.Toxics.AddToxicJson(strings.NewReader(`{"name":"late","type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":2000}}`)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = claimed.Tx.Commit(ctx, nil)
+	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took > bound+2*time.Second {
+		t.Fatalf("Commit with a 2 s answer = %v after %v; want context.DeadlineExceeded near %v", err, took, bound)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the connection back in the pool", func() bool { st := db.Stats(); return st.InUse == 0 && st.Idle > 0 })
+	if err := p.Toxics.RemoveToxic(ctx, "late"); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Get(ctx, "", "late")
+	if err != nil || rec.Status != store.StatusSucceeded {
+		t.Fatalf("Get after the late commit = %+v, %v; want the committed record", rec, err)
+	}
 }

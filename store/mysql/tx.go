@@ -87,13 +87,13 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 			}
 			err = ctx.Err() // the claim's bound ran out as it returned
 		case err == nil:
-			t.end(ctx)
+			t.end()
 			if res.Decision == 0 {
 				return store.TxResult{}, unknownStatus("claim", &c)
 			}
 			return store.TxResult{ClaimResult: res, Contended: contended}, nil
 		}
-		t.end(ctx)
+		t.end()
 		switch {
 		case errNumber(err) == errLockWaitTimeout && !contended:
 			contended = true
@@ -130,9 +130,10 @@ type claimTx struct {
 	s  *Store
 	tx *sql.Tx
 	// cancel ends the transaction's context: the driver then closes the
-	// connection and database/sql rolls the transaction back. bound runs
-	// it when the operation under way (the claim, the commit) outlives its
-	// context; unbind stops that.
+	// connection and database/sql rolls the transaction back. The claim's
+	// context runs it when the claim outlives its bound (begin); unbind
+	// stops that once the claim returns, and finish runs it when the
+	// transaction has ended.
 	cancel context.CancelFunc
 	unbind func() bool
 	rec    committed
@@ -179,26 +180,41 @@ func (t *claimTx) claimed(ctx context.Context) bool {
 }
 
 // end rolls back and lets go of the transaction's context.
-func (t *claimTx) end(ctx context.Context) {
+func (t *claimTx) end() {
 	t.ended = true
 	t.unbind()
-	_ = t.finish(ctx, "ROLLBACK")
-	t.cancel()
+	_ = t.finish(false)
 }
 
-// finish sends stmt, COMMIT or ROLLBACK, as a statement bounded by
-// Options.StatementTimeout, so that the driver closes the connection when
-// the server stalls (database/sql's Tx.Commit and Rollback take no
-// context); Tx.Rollback then only gives the connection back, at the cost
-// of a round trip.
-func (t *claimTx) finish(ctx context.Context, stmt string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.s.opts.StatementTimeout)
-	defer cancel()
-	_, err := t.tx.ExecContext(ctx, stmt)
-	if rerr := t.tx.Rollback(); err == nil && rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-		err = rerr
+// finish ends the transaction by database/sql's Tx.Commit (commit) or
+// Rollback, the one statement a transaction ends with, and then lets go
+// of its context. Neither takes a context: they run on a goroutine of
+// their own, and finish waits for it at most Options.StatementTimeout, so
+// that a stalled server holds no caller longer. The goroutine, and the
+// connection, are given back when the server answers or the connection
+// fails. (COMMIT sent as a statement would be bounded by the driver, but
+// database/sql would then send a ROLLBACK to give the connection back: a
+// second round trip a message.)
+func (t *claimTx) finish(commit bool) error {
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		if commit {
+			err = t.tx.Commit()
+		} else {
+			err = t.tx.Rollback()
+		}
+		t.cancel()
+		done <- err
+	}()
+	timer := time.NewTimer(t.s.opts.StatementTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		return fmt.Errorf("no answer from the server within Options.StatementTimeout %v: %w", t.s.opts.StatementTimeout, context.DeadlineExceeded)
 	}
-	return err
 }
 
 // Context implements store.Tx: ctx carrying the handler's *sql.Tx.
@@ -212,13 +228,12 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 		return fmt.Errorf("oncemill: mysql: commit: %w", sql.ErrTxDone)
 	}
 	t.ended = true
-	defer t.cancel()
 	if t.lost {
-		_ = t.finish(ctx, "ROLLBACK")
+		_ = t.finish(false)
 		return t.lostErr("commit")
 	}
 	if len(result) > t.s.opts.MaxResultBytes {
-		_ = t.finish(ctx, "ROLLBACK")
+		_ = t.finish(false)
 		return invalid("commit", "result is %d bytes, more than MaxResultBytes %d; raise Options.MaxResultBytes or lower policy.MaxResultBytes", len(result), t.s.opts.MaxResultBytes)
 	}
 	if result != nil || time.Since(t.rec.started) > t.rec.ttl/expirySlackDivisor {
@@ -233,11 +248,11 @@ func (t *claimTx) Commit(ctx context.Context, result []byte) error {
 			}
 		}
 		if err != nil {
-			_ = t.finish(ctx, "ROLLBACK")
+			_ = t.finish(false)
 			return wrap("commit", err)
 		}
 	}
-	if err := t.finish(ctx, "COMMIT"); err != nil {
+	if err := t.finish(true); err != nil {
 		return wrap("commit", err)
 	}
 	return nil
@@ -249,8 +264,7 @@ func (t *claimTx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	t.ended = true
-	defer t.cancel()
-	if err := t.finish(ctx, "ROLLBACK"); err != nil && !errors.Is(err, sql.ErrTxDone) {
+	if err := t.finish(false); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return wrap("rollback", err)
 	}
 	if t.lost {

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/store/internal/sqloptions"
 )
 
 // Layout is how a Store lays out its records table: Options.Layout.
@@ -35,15 +36,10 @@ const setPartitioned = "set Options.Layout = postgres.LayoutPartitioned"
 
 // Defaults and bounds of Options.
 const (
-	defaultSchema           = "public"
-	defaultTable            = "oncemill_records"
-	defaultMaxKeyLen        = 512
-	defaultMaxResultBytes   = 1 << 20
-	defaultCleanupInterval  = time.Minute
-	defaultCleanupBatch     = 500
-	defaultCleanupDuty      = 0.5
-	defaultStatementTimeout = 5 * time.Second
-	defaultRetention        = 24 * time.Hour
+	defaultSchema          = "public"
+	defaultTable           = "oncemill_records"
+	defaultCleanupInterval = time.Minute
+	defaultRetention       = 24 * time.Hour
 
 	// maxKeyLenLimit bounds Options.MaxKeyLen: scope and key together must
 	// fit in one B-tree entry of the primary key (about 2,700 bytes).
@@ -52,7 +48,6 @@ const (
 	// the whole result; larger outputs belong in a table of their own.
 	maxResultBytesLimit = 64 << 20
 	maxTableLen         = 48 // leaves room for the suffixes of derived names
-	maxCleanupBatch     = 100_000
 )
 
 // identRE is what Schema and Table must match: a lower-case SQL identifier
@@ -176,38 +171,12 @@ func (o Options) withDefaults() (Options, error) {
 		errs = append(errs, err)
 	}
 
-	switch {
-	case o.MaxKeyLen == 0:
-		o.MaxKeyLen = defaultMaxKeyLen
-	case o.MaxKeyLen < 0 || o.MaxKeyLen > maxKeyLenLimit:
-		bad("Options.MaxKeyLen is %d; use 1 to %d bytes, or 0 for the default %d (longer keys are hashed by the idempotency stage)", o.MaxKeyLen, maxKeyLenLimit, defaultMaxKeyLen)
-	}
-	switch {
-	case o.MaxResultBytes == 0:
-		o.MaxResultBytes = defaultMaxResultBytes
-	case o.MaxResultBytes < 0 || o.MaxResultBytes > maxResultBytesLimit:
-		bad("Options.MaxResultBytes is %d; use 1 to %d bytes, or 0 for the default %d", o.MaxResultBytes, maxResultBytesLimit, defaultMaxResultBytes)
-	}
+	errs = append(errs, sqloptions.Check("postgres.Options", sqloptions.Shared{
+		MaxKeyLen: &o.MaxKeyLen, MaxResultBytes: &o.MaxResultBytes, CleanupBatch: &o.CleanupBatch,
+		CleanupDuty: &o.CleanupDuty, StatementTimeout: &o.StatementTimeout,
+	}, sqloptions.Limits{MaxKeyLen: maxKeyLenLimit, MaxResultBytes: maxResultBytesLimit})...)
 	if o.CleanupInterval == 0 {
 		o.CleanupInterval = defaultCleanupInterval
-	}
-	switch {
-	case o.CleanupBatch == 0:
-		o.CleanupBatch = defaultCleanupBatch
-	case o.CleanupBatch < 0 || o.CleanupBatch > maxCleanupBatch:
-		bad("Options.CleanupBatch is %d; use 1 to %d rows, or 0 for the default %d (small batches keep row locks short)", o.CleanupBatch, maxCleanupBatch, defaultCleanupBatch)
-	}
-	switch {
-	case o.CleanupDuty == 0:
-		o.CleanupDuty = defaultCleanupDuty
-	case !(o.CleanupDuty > 0 && o.CleanupDuty <= 1):
-		bad("Options.CleanupDuty is %v; use a share above 0 and at most 1, or 0 for the default %v", o.CleanupDuty, defaultCleanupDuty)
-	}
-	switch {
-	case o.StatementTimeout == 0:
-		o.StatementTimeout = defaultStatementTimeout
-	case o.StatementTimeout < time.Millisecond:
-		bad("Options.StatementTimeout is %v; use 1ms or more, or 0 for the default %v", o.StatementTimeout, defaultStatementTimeout)
 	}
 	if o.TxOptions.BeginQuery != "" || o.TxOptions.CommitQuery != "" {
 		bad("Options.TxOptions sets BeginQuery or CommitQuery; oncemill writes its own BEGIN and COMMIT: set IsoLevel, AccessMode and DeferrableMode only")
