@@ -8,8 +8,10 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/postgres/internal/claimtx"
 )
 
 // What the claims of both modes and both layouts share: reading a claim's
@@ -109,6 +111,30 @@ func scanClaim(rows pgx.Rows, scope, key string) (store.ClaimResult, error) {
 		res.RetryIn = max(time.Duration(retryIn)*time.Microsecond, time.Microsecond)
 	}
 	return res, nil
+}
+
+// batchInserted reads the results of a batch of BEGIN and an insert of a
+// new key's record (sqlClaimNew), and closes the batch: whether the insert
+// took the key.
+func batchInserted(br pgx.BatchResults) (bool, error) {
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err == nil && tag.RowsAffected() == 1, err
+}
+
+// newKeyClaim is the claim of req's key by an insert of its record, which
+// only takes a key that has no row: its token is claimtx.Token, as a
+// deferred claim's (a later claim of the key takes the greater of the
+// sequence's next and the row's token plus one), so the insert need not
+// return it.
+func newKeyClaim(req *store.TxRequest) store.ClaimResult {
+	return store.ClaimResult{Decision: store.DecisionExecute, Claim: store.Claim{Scope: req.Scope, Key: req.Key, Token: claimtx.Token, Attempt: 1, MessageUUID: req.MessageUUID}}
 }
 
 // newKeyArgs are the arguments of an insert of a new key's record: $6 the

@@ -27,8 +27,8 @@ func (s deleteLayout) claimLease(ctx context.Context, req store.LeaseRequest) (s
 
 // claimTx begins the transaction and claims the key in it: BEGIN and
 // sqlClaimNew in one round trip (pgx.Batch.BeginTx), which takes a new key
-// without waiting and answers a finished one; for a key that has a row in
-// any other state, or is held, sqlClaim decides in a second round trip,
+// without waiting, an insert as small as a hand-written inbox's; for a key
+// that has a row, or is held, sqlClaim decides in a second round trip,
 // waiting for the holder up to the claim's bound.
 func (s deleteLayout) claimTx(ctx context.Context, conn *pgxpool.Conn, req store.TxRequest, purge time.Duration, waitMS int64, h uint64) (store.ClaimResult, pgx.Tx, error) {
 	lock := claimLockKey(h)
@@ -36,15 +36,15 @@ func (s deleteLayout) claimTx(ctx context.Context, conn *pgxpool.Conn, req store
 	b.BeginTx(s.opts.TxOptions)
 	b.Queue(s.sql.claimNew, newKeyArgs(true, &req, purge, lock)...)
 	br := conn.SendBatch(ctx, b)
-	res, err := batchClaim(br, req.Scope, req.Key)
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	taken, err := batchInserted(br)
 	tx := br.Tx()
-	if res.Decision != 0 || err != nil {
-		return res, tx, err
+	switch {
+	case err != nil:
+		return store.ClaimResult{}, tx, err
+	case taken:
+		return newKeyClaim(&req), tx, nil
 	}
-	res, err = claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
+	res, err := claimStatement(ctx, tx, s.sql.claim, req.Scope, req.Key, req.Fingerprint,
 		micros(claimTTL(req.SuccessTTL)), micros(purge), req.MessageUUID, waitMS, lock)
 	return res, tx, err
 }

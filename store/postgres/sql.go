@@ -244,38 +244,26 @@ const (
 )
 
 // sqlClaimNew is Claim's fast path, sent with BEGIN: a new key costs one
-// plain insert of the record in its final form. It never waits: it first
+// plain insert of the record in its final form, the statement of a
+// hand-written inbox with the record's columns. It never waits: it first
 // takes the key's advisory lock ($6, in a space of the table's own) without
 // waiting, which every claim of the key holds until its transaction ends,
 // so that no other claim of the key can be in flight when it inserts. It
-// answers as sqlClaim does: Execute with the row it inserted; Replay or
-// Mismatch for a key whose committed row is finished and live, which no
-// claim may take or change (a replay then costs BEGIN, this and ROLLBACK,
-// as in a hand-written inbox); nothing when the key is held or its row is
-// in any other state: the claim then goes on with sqlClaim's claimForm in
-// the same transaction, which waits for the lock and decides. $7 is the
-// message UUID. The token is {{NEW_TOKEN}}, the sequence's next (a deferred
-// claim has a form of its own, sqlClaimNewDeferred).
+// inserts a row, or none when the key is held or has a row: the claim then
+// goes on with sqlClaim's claimForm in the same transaction, which waits
+// for the lock and decides (a replay then costs BEGIN with this, the
+// claim, and ROLLBACK). $7 is the message UUID. The token is {{NEW_TOKEN}},
+// claimtx.Token: known before the statement runs, it need not be returned,
+// and the caller reads the insert's row count alone. Returning the row, or
+// answering a replay in the same statement (a CTE and a UNION), cost every
+// new key more on the server than a duplicate's third round trip costs it.
 const sqlClaimNew = `
-WITH ins AS (
-	INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
-		expires_at, purge_at, created_at, updated_at, message_uuid)
-	SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
-		now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text
-	WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6)
-	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING token, created_at, updated_at, expires_at
-)
-SELECT {{EXECUTE}}::int2, $3::text, {{IN_PROGRESS}}::int2, ins.token, 1, false,
-	NULL::bytea, ''::text, ''::text, ins.created_at, ins.updated_at, ins.expires_at, $7::text, NULL::timestamptz, 0::int8
-FROM ins
-UNION ALL
-SELECT (CASE WHEN $3 <> '' AND t.fingerprint <> '' AND $3 <> t.fingerprint THEN {{MISMATCH}} ELSE {{REPLAY}} END)::int2,
-	t.fingerprint, t.status, t.token, t.attempt, t.taken_over,
-	t.result, coalesce(t.error_kind, ''), coalesce(t.error_message, ''), t.created_at, t.updated_at, t.expires_at, t.message_uuid,
-	t.retry_at, 0::int8
-FROM {{TABLE}} t
-WHERE t.scope = $1 AND t.key = $2 AND t.status IN ({{SUCCEEDED}}, {{FAILED}}) AND t.expires_at > now() AND NOT EXISTS (SELECT 1 FROM ins)`
+INSERT INTO {{TABLE}} (scope, key, fingerprint, status, token, attempt, taken_over,
+	expires_at, purge_at, created_at, updated_at, message_uuid)
+SELECT $1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
+	now() + $4::int8 * interval '1 microsecond', now() + $5::int8 * interval '1 microsecond', now(), now(), $7::text
+WHERE pg_try_advisory_xact_lock({{CLAIM_LOCK}}, $6)
+ON CONFLICT (scope, key) DO NOTHING`
 
 // sqlCommitResult, sent with COMMIT in one round trip, stores the produced
 // messages of a one-transaction success and counts its expiry from now
@@ -450,8 +438,9 @@ SELECT coalesce(extract(epoch FROM now() - (
 // when they do not take the key (SQLSTATE 22P02).
 const deferredMarker = "oncemill: the key is held or has a record"
 
-// newTokenFromSequence gives a claim decided up front the sequence's next
-// token, and deferredTokenLiteral a deferred claim its token.
+// newTokenFromSequence gives a claim of the partitioned layout decided up
+// front the sequence's next token, and deferredTokenLiteral a deferred
+// claim, and the DELETE layout's sqlClaimNew, claimtx.Token.
 var (
 	newTokenFromSequence = strings.NewReplacer("{{NEW_TOKEN}}", "nextval({{SEQ_LITERAL}})")
 	deferredTokenLiteral = strings.NewReplacer("{{NEW_TOKEN}}", fmt.Sprint(claimtx.Token))
@@ -495,7 +484,7 @@ func newStatements(n names, async bool) statements {
 	q := statements{
 		// The forms leave placeholders of their own, which render fills in.
 		begin:          n.render(begin.Replace(sqlClaim)),
-		claimNew:       n.render(newTokenFromSequence.Replace(sqlClaimNew)),
+		claimNew:       n.render(deferredTokenLiteral.Replace(sqlClaimNew)),
 		claimDeferred:  n.render(deferredTokenLiteral.Replace(sqlClaimNewDeferred)),
 		claim:          n.render(claimForm.Replace(sqlClaim)),
 		commitResult:   n.render(sqlCommitResult),

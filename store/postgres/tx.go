@@ -105,8 +105,7 @@ func (s *Store) ClaimInTx(ctx context.Context, req store.TxRequest) (store.TxRes
 func (s *Store) claimDeferred(conn *pgxpool.Conn, req *store.TxRequest, purge time.Duration, started time.Time, h uint64) store.TxResult {
 	c, opts := s.layout.deferredClaim(req, purge, h)
 	t := claimtx.NewDeferred(&s.txc, conn, opts, s.claimedRecord(req, started), c)
-	claim := store.Claim{Scope: req.Scope, Key: req.Key, Token: claimtx.Token, Attempt: 1, MessageUUID: req.MessageUUID}
-	return store.TxResult{ClaimResult: store.ClaimResult{Decision: store.DecisionExecute, Claim: claim}, Tx: t}
+	return store.TxResult{ClaimResult: newKeyClaim(req), Tx: t}
 }
 
 // claimedRecord is what a claim's Commit writes of req's record.
