@@ -24,14 +24,16 @@ func (s *Store) List(_ context.Context, req store.ListRequest) (store.ListPage, 
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for _, rec := range sh.records {
-			for ; rec != nil; rec = rec.next {
-				if req.After != "" && cmp.Or(cmp.Compare(rec.scope, afterScope), cmp.Compare(rec.key, afterKey)) <= 0 {
-					continue
-				}
-				if r := s.snapshot(rec); requests.Matches(req, r) {
-					found = append(found, r)
-				}
+		for j := range sh.slots {
+			rec := &sh.slots[j]
+			if !rec.used {
+				continue
+			}
+			if req.After != "" && cmp.Or(cmp.Compare(string(sh.field(rec, textScope)), afterScope), cmp.Compare(string(sh.field(rec, textKey)), afterKey)) <= 0 {
+				continue
+			}
+			if r := s.snapshot(sh, rec); requests.Matches(req, r) {
+				found = append(found, r)
 			}
 		}
 		sh.mu.Unlock()

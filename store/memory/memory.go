@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +61,8 @@ func (o Options) withDefaults() (Options, error) {
 		o.MaxKeyLen = defaultMaxKeyLen
 	case o.MaxKeyLen < 0:
 		return o, configerr.New("memory.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
+	case o.MaxKeyLen > maxTextLen:
+		o.MaxKeyLen = maxTextLen
 	}
 	return o, nil
 }
@@ -88,26 +92,37 @@ var (
 // same shard, so the shard's token counter gives every key strictly rising
 // fencing tokens, even across Delete and expiry.
 //
+// Nothing a shard holds per record contains a pointer: the records sit in
+// one slice (slots), their strings and results in one byte slice (text),
+// and the index maps a hash to a slot number. The garbage collector, which
+// would otherwise trace every record of a large store on every cycle,
+// sees three objects per shard, none of which it has to scan; and a new
+// record costs no allocation of its own.
+//
 // Records are found by the same 64-bit hash that picked the shard, so a key's
 // strings are hashed once per operation; keys whose hashes collide chain
 // through record.next.
 type shard struct {
-	mu      sync.Mutex
-	records map[uint64]*record
-	token   int64
+	mu    sync.Mutex
+	index map[uint64]int32 // a hash's first record on its chain, by slot
+	slots []record
+	free  int32 // the first unused slot, chained through record.next; -1: none
+	text  []byte
+	waste int // bytes of text no record refers to any more
+	token int64
 	// Keeps the locks of neighbouring shards off one cache line pair.
-	_ [128 - 24]byte
+	_ [128 - 88]byte
 }
 
 // record is the stored state of one key. Times are nanoseconds since the
-// store's base instant, by its clock: plain integers keep the record free of
-// time.Location pointers that the garbage collector would trace in every
-// record of a large store. For an in-progress record expires equals
-// leaseExpires.
+// store's base instant, by its clock. For an in-progress record expires
+// equals leaseExpires. Its strings and result are in the shard's text, from
+// off, in the order of the text* field numbers.
 type record struct {
-	scope, key   string
-	next         *record
-	fingerprint  string
+	hash         uint64
+	next         int32 // the next slot on the hash chain, or of the free list; -1: none
+	used         bool
+	hasResult    bool // the result is not nil (it may be empty)
 	status       store.Status
 	token        int64
 	attempt      int
@@ -116,15 +131,29 @@ type record struct {
 	// purge is when the sweeper may remove the record once it has also
 	// expired: set when it is claimed, from LeaseRequest.Retain, so that an
 	// expired lease keeps its attempt count that long.
-	purge        int64
-	retryAt      int64 // a retryable record's next attempt (Completion.RetryAfter); 0: none
-	created      int64
-	updated      int64
-	result       []byte
-	errorKind    store.ErrorKind
-	errorMessage string
-	messageUUID  string // the last claimer's
+	purge   int64
+	retryAt int64 // a retryable record's next attempt (Completion.RetryAfter); 0: none
+	created int64
+	updated int64
+	off     int
+	lens    [textFields]uint32
 }
+
+// The fields of a record's text, in order.
+const (
+	textScope = iota
+	textKey
+	textFingerprint
+	textMessageUUID // the last claimer's
+	textErrorKind
+	textErrorMessage
+	textResult
+	textFields
+)
+
+// maxTextLen bounds each string and the result a record holds
+// (record.lens), and is the store's Limits.MaxResultBytes.
+const maxTextLen = int(min(math.MaxUint32, math.MaxInt))
 
 // New returns a store configured by opts, with its sweeper running unless
 // opts.CleanupInterval is negative.
@@ -142,7 +171,8 @@ func New(opts Options) (*Store, error) {
 		maxKeyLen: opts.MaxKeyLen,
 	}
 	for i := range s.shards {
-		s.shards[i].records = make(map[uint64]*record)
+		s.shards[i].index = make(map[uint64]int32)
+		s.shards[i].free = -1
 	}
 	if opts.CleanupInterval > 0 {
 		s.stop = make(chan struct{})
@@ -153,8 +183,10 @@ func New(opts Options) (*Store, error) {
 }
 
 // Limits implements store.Store: keys of at most Options.MaxKeyLen bytes,
-// results of any size (they stay in this process).
-func (s *Store) Limits() store.Limits { return store.Limits{MaxKeyLen: s.maxKeyLen} }
+// results of up to 4 GiB (they stay in this process).
+func (s *Store) Limits() store.Limits {
+	return store.Limits{MaxKeyLen: s.maxKeyLen, MaxResultBytes: maxTextLen}
+}
 
 // Close stops the sweeper and waits for it to exit. Afterwards every
 // operation returns store.ErrClosed. Close is idempotent.
@@ -201,33 +233,70 @@ func seededHash(seed maphash.Seed) func(scope, key string) uint64 {
 	return func(scope, key string) uint64 { return maphash.Comparable(seed, [2]string{scope, key}) }
 }
 
+// lookup returns the slot of the record of (scope, key), or -1. sh.mu
+// is held.
+func (sh *shard) lookup(h uint64, scope, key string) int32 {
+	i, ok := sh.index[h]
+	if !ok {
+		return -1
+	}
+	for ; i >= 0; i = sh.slots[i].next {
+		if sh.is(&sh.slots[i], scope, key) {
+			return i
+		}
+	}
+	return -1
+}
+
 // find returns the record of (scope, key), or nil. sh.mu is held.
 func (sh *shard) find(h uint64, scope, key string) *record {
-	for r := sh.records[h]; r != nil; r = r.next {
-		if r.key == key && r.scope == scope {
-			return r
-		}
+	if i := sh.lookup(h, scope, key); i >= 0 {
+		return &sh.slots[i]
 	}
 	return nil
 }
 
-// remove unlinks rec from its hash chain. sh.mu is held.
-func (sh *shard) remove(h uint64, rec *record) {
-	head := sh.records[h]
-	if head == rec {
-		if rec.next == nil {
-			delete(sh.records, h)
+// add makes an empty record of hash h, at the head of its chain. It may
+// move the slots: a record pointer taken before it is stale. sh.mu is held.
+func (sh *shard) add(h uint64) *record {
+	next, ok := sh.index[h]
+	if !ok {
+		next = -1
+	}
+	i := sh.free
+	if i >= 0 {
+		sh.free = sh.slots[i].next
+	} else {
+		i = int32(len(sh.slots))
+		sh.slots = append(sh.slots, record{})
+	}
+	sh.slots[i] = record{hash: h, next: next, used: true}
+	sh.index[h] = i
+	return &sh.slots[i]
+}
+
+// remove unlinks the record in slot i from its hash chain and frees the
+// slot. sh.mu is held.
+func (sh *shard) remove(i int32) {
+	rec := &sh.slots[i]
+	if head := sh.index[rec.hash]; head == i {
+		if rec.next < 0 {
+			delete(sh.index, rec.hash)
 		} else {
-			sh.records[h] = rec.next
+			sh.index[rec.hash] = rec.next
 		}
-		return
-	}
-	for r := head; r != nil; r = r.next {
-		if r.next == rec {
-			r.next = rec.next
-			return
+	} else {
+		for j := head; j >= 0; j = sh.slots[j].next {
+			if sh.slots[j].next == i {
+				sh.slots[j].next = rec.next
+				break
+			}
 		}
 	}
+	sh.waste += rec.textLen()
+	*rec = record{next: sh.free}
+	sh.free = i
+	sh.compactIfWasteful()
 }
 
 func (s *Store) checkOpen(op string) error {
@@ -256,46 +325,50 @@ func (s *Store) ClaimLease(_ context.Context, req store.LeaseRequest) (store.Cla
 
 	rec := sh.find(h, req.Scope, req.Key)
 	if rec == nil {
-		rec = &record{scope: req.Scope, key: req.Key, next: sh.records[h]}
-		sh.records[h] = rec
+		rec = sh.add(h)
+		sh.restart(rec, req, now)
+		return s.execute(sh, rec, req, now, 1, false), nil
 	}
 	live := now < rec.expires
 	if !live && rec.status != store.StatusInProgress {
-		// Absent, or finished or released and expired: the key is free.
-		rec.restart(req.Fingerprint, now)
+		// Finished or released and expired: the key is free.
+		sh.restart(rec, req, now)
 		return s.execute(sh, rec, req, now, 1, false), nil
 	}
 
 	// The record is live, or an expired lease whose attempt count the new
 	// delivery carries on: either way it must be the same payload.
-	if req.Fingerprint != "" && rec.fingerprint != "" && req.Fingerprint != rec.fingerprint {
-		return s.found(store.DecisionMismatch, rec), nil
+	if req.Fingerprint != "" && rec.lens[textFingerprint] != 0 && string(sh.field(rec, textFingerprint)) != req.Fingerprint {
+		return s.found(store.DecisionMismatch, sh, rec, req), nil
 	}
 	switch rec.status {
 	case store.StatusInProgress:
 		if live {
-			return s.found(store.DecisionHeld, rec), nil
+			return s.found(store.DecisionHeld, sh, rec, req), nil
 		}
+		sh.claimText(rec, req.Fingerprint, req.MessageUUID)
 		return s.execute(sh, rec, req, now, rec.attempt+1, true), nil
 	case store.StatusRetryable:
 		if now < rec.retryAt {
-			res := s.found(store.DecisionHeld, rec)
+			res := s.found(store.DecisionHeld, sh, rec, req)
 			res.RetryIn = time.Duration(rec.retryAt - now)
 			return res, nil
 		}
+		sh.claimText(rec, req.Fingerprint, req.MessageUUID)
 		return s.execute(sh, rec, req, now, rec.attempt+1, false), nil
 	default: // succeeded or failed
-		return s.found(store.DecisionReplay, rec), nil
+		return s.found(store.DecisionReplay, sh, rec, req), nil
 	}
 }
 
-// restart makes rec a new record of its key, as if it had never been seen.
-// Not inlined: a record literal would take ClaimLease's stack frame, on the
-// deepest path of every delivery.
+// restart makes rec a new record of req's key, as if it had never been
+// seen. Not inlined: a record literal would take ClaimLease's stack frame,
+// on the deepest path of every delivery. sh.mu is held.
 //
 //go:noinline
-func (rec *record) restart(fingerprint string, now int64) {
-	*rec = record{scope: rec.scope, key: rec.key, next: rec.next, fingerprint: fingerprint, created: now}
+func (sh *shard) restart(rec *record, req store.LeaseRequest, now int64) {
+	*rec = record{hash: rec.hash, next: rec.next, used: true, off: rec.off, lens: rec.lens, created: now}
+	sh.newText(rec, req.Scope, req.Key, req.Fingerprint, req.MessageUUID)
 }
 
 // checkBegin refuses what ClaimLease cannot serve. Kept out of ClaimLease so the hot
@@ -304,6 +377,9 @@ func (s *Store) checkBegin(req store.LeaseRequest) error {
 	if err := requests.ValidateLease(req); err != nil {
 		return fmt.Errorf("oncemill: memory: begin: %w", err)
 	}
+	if len(req.Fingerprint) > maxTextLen || len(req.MessageUUID) > maxTextLen || len(req.Scope) > maxTextLen {
+		return fmt.Errorf("oncemill: memory: begin: fingerprint or message UUID longer than %d bytes: %w", maxTextLen, store.ErrInvalidRequest)
+	}
 	if len(req.Key) > s.maxKeyLen {
 		return fmt.Errorf("oncemill: memory: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",
 			len(req.Key), s.maxKeyLen, store.ErrInvalidRequest)
@@ -311,24 +387,22 @@ func (s *Store) checkBegin(req store.LeaseRequest) error {
 	return s.checkOpen("begin")
 }
 
-// found answers ClaimLease with a copy of the existing record. sh.mu is held.
+// found answers ClaimLease with a copy of the existing record, req's. sh.mu
+// is held.
 //
 //go:noinline
-func (s *Store) found(d store.Decision, rec *record) store.ClaimResult {
-	r := s.snapshot(rec)
+func (s *Store) found(d store.Decision, sh *shard, rec *record, req store.LeaseRequest) store.ClaimResult {
+	r := s.snapshotOf(sh, rec, req.Scope, req.Key, req.Fingerprint, req.MessageUUID)
 	return store.ClaimResult{Decision: d, Record: &r}
 }
 
-// execute hands rec to the caller under a new lease. sh.mu is held.
+// execute hands rec to the caller under a new lease; its text is req's
+// already. sh.mu is held.
 func (s *Store) execute(sh *shard, rec *record, req store.LeaseRequest, now int64, attempt int, takeover bool) store.ClaimResult {
 	sh.token++
 	rec.status = store.StatusInProgress
 	rec.token = sh.token
 	rec.attempt = attempt
-	if req.Fingerprint != "" {
-		rec.fingerprint = req.Fingerprint
-	}
-	rec.messageUUID = req.MessageUUID
 	rec.leaseExpires = now + int64(req.LeaseDuration)
 	rec.expires = rec.leaseExpires
 	rec.purge = rec.leaseExpires + int64(req.Retain)
@@ -338,12 +412,12 @@ func (s *Store) execute(sh *shard, rec *record, req store.LeaseRequest, now int6
 		Decision: store.DecisionExecute,
 		Takeover: takeover,
 		Claim: store.Claim{
-			Scope:       rec.scope,
-			Key:         rec.key,
+			Scope:       req.Scope,
+			Key:         req.Key,
 			Token:       rec.token,
 			Attempt:     attempt,
 			ExpiresAt:   s.at(rec.leaseExpires),
-			MessageUUID: rec.messageUUID,
+			MessageUUID: req.MessageUUID,
 		},
 	}
 }
@@ -354,12 +428,12 @@ func (s *Store) execute(sh *shard, rec *record, req store.LeaseRequest, now int6
 // A lease whose expiry has passed still holds its record until someone takes
 // it over (or the record is swept): finishing late is safe, because the
 // token proves nobody else ran the key since.
-func (sh *shard) holder(op string, h uint64, lease store.Claim) (*record, error) {
-	rec := sh.find(h, lease.Scope, lease.Key)
-	if rec == nil || rec.status != store.StatusInProgress || rec.token != lease.Token {
-		return nil, fmt.Errorf("oncemill: memory: %s %q/%q with token %d: %w", op, lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
+func (sh *shard) holder(op string, h uint64, lease store.Claim) (int32, error) {
+	i := sh.lookup(h, lease.Scope, lease.Key)
+	if i < 0 || sh.slots[i].status != store.StatusInProgress || sh.slots[i].token != lease.Token {
+		return -1, fmt.Errorf("oncemill: memory: %s %q/%q with token %d: %w", op, lease.Scope, lease.Key, lease.Token, store.ErrLeaseLost)
 	}
-	return rec, nil
+	return i, nil
 }
 
 // Complete implements store.Store.
@@ -373,22 +447,23 @@ func (s *Store) Complete(_ context.Context, lease store.Claim, out store.Complet
 	if err := s.checkOpen("complete"); err != nil {
 		return err
 	}
+	if len(out.Result) > maxTextLen || len(out.ErrorMessage) > maxTextLen || len(out.ErrorKind) > maxTextLen {
+		return fmt.Errorf("oncemill: memory: complete: result or error longer than %d bytes: %w", maxTextLen, store.ErrInvalidRequest)
+	}
 
-	// Copy before taking the lock: the caller may reuse its slice.
-	result := bytes.Clone(out.Result)
 	sh, h := s.locate(lease.Scope, lease.Key)
 	now := s.clock()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec, err := sh.holder("complete", h, lease)
+	i, err := sh.holder("complete", h, lease)
 	if err != nil {
 		return err
 	}
+	rec := &sh.slots[i]
+	// The text keeps a copy: the caller may reuse its slice.
+	sh.outcomeText(rec, string(out.ErrorKind), out.ErrorMessage, out.Result)
 	rec.status = out.Status
-	rec.result = result
-	rec.errorKind = out.ErrorKind
-	rec.errorMessage = out.ErrorMessage
 	rec.leaseExpires = 0
 	rec.expires = now + int64(out.TTL)
 	rec.updated = now
@@ -412,14 +487,15 @@ func (s *Store) Release(_ context.Context, lease store.Claim, out store.Completi
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec, err := sh.holder("release", h, lease)
+	i, err := sh.holder("release", h, lease)
 	if err != nil {
 		return err
 	}
 	if out.TTL <= 0 {
-		sh.remove(h, rec)
+		sh.remove(i)
 		return nil
 	}
+	rec := &sh.slots[i]
 	rec.status = store.StatusRetryable
 	if out.Uncounted {
 		rec.attempt--
@@ -450,10 +526,11 @@ func (s *Store) Extend(_ context.Context, lease store.Claim, d time.Duration) (s
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	rec, err := sh.holder("extend", h, lease)
+	i, err := sh.holder("extend", h, lease)
 	if err != nil {
 		return store.Claim{}, err
 	}
+	rec := &sh.slots[i]
 	// Unlike Complete, Extend refuses an expired lease: the holder has been
 	// running unprotected and must not pretend otherwise.
 	if now >= rec.leaseExpires {
@@ -463,12 +540,12 @@ func (s *Store) Extend(_ context.Context, lease store.Claim, d time.Duration) (s
 	rec.expires = rec.leaseExpires
 	rec.updated = now
 	return store.Claim{
-		Scope:       rec.scope,
-		Key:         rec.key,
+		Scope:       lease.Scope,
+		Key:         lease.Key,
 		Token:       rec.token,
 		Attempt:     rec.attempt,
 		ExpiresAt:   s.at(rec.leaseExpires),
-		MessageUUID: rec.messageUUID,
+		MessageUUID: string(sh.field(rec, textMessageUUID)),
 	}, nil
 }
 
@@ -491,7 +568,7 @@ func (s *Store) Get(_ context.Context, scope, key string) (store.Record, error) 
 	if rec == nil || now >= rec.expires {
 		return store.Record{}, fmt.Errorf("oncemill: memory: get %q/%q: %w", scope, key, store.ErrNotFound)
 	}
-	return s.snapshot(rec), nil
+	return s.snapshotOf(sh, rec, scope, key, "", ""), nil
 }
 
 // Delete implements store.Admin: it removes the record only under token.
@@ -505,14 +582,14 @@ func (s *Store) Delete(_ context.Context, scope, key string, token int64) error 
 	sh, h := s.locate(scope, key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	rec := sh.find(h, scope, key)
+	i := sh.lookup(h, scope, key)
 	switch {
-	case rec == nil:
+	case i < 0:
 		return fmt.Errorf("oncemill: memory: delete %q/%q: %w", scope, key, store.ErrNotFound)
-	case rec.token != token:
-		return fmt.Errorf("oncemill: memory: delete %q/%q with token %d: the record's token is %d now: %w", scope, key, token, rec.token, store.ErrLeaseLost)
+	case sh.slots[i].token != token:
+		return fmt.Errorf("oncemill: memory: delete %q/%q with token %d: the record's token is %d now: %w", scope, key, token, sh.slots[i].token, store.ErrLeaseLost)
 	}
-	sh.remove(h, rec)
+	sh.remove(i)
 	return nil
 }
 
@@ -531,17 +608,13 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 		sh := &s.shards[i]
 		now := s.clock()
 		sh.mu.Lock()
-		for h, head := range sh.records {
-			for rec := head; rec != nil && !full(); {
-				next := rec.next
-				if now >= rec.expires && now >= rec.purge {
-					sh.remove(h, rec)
-					removed++
-				}
-				rec = next
-			}
+		for i := range sh.slots {
 			if full() {
 				break
+			}
+			if rec := &sh.slots[i]; rec.used && now >= rec.expires && now >= rec.purge {
+				sh.remove(int32(i))
+				removed++
 			}
 		}
 		sh.mu.Unlock()
@@ -553,21 +626,65 @@ func (s *Store) deleteExpired(ctx context.Context, limit int) (int, error) {
 }
 
 // snapshot returns a copy of rec that the caller may keep and change.
-func (s *Store) snapshot(rec *record) store.Record {
+// sh.mu is held.
+func (s *Store) snapshot(sh *shard, rec *record) store.Record {
+	return s.snapshotOf(sh, rec, "", "", "", "")
+}
+
+// snapshotOf is snapshot, with the caller's strings for the fields they
+// equal (scope and key do when non-empty; the fingerprint and the message
+// UUID of a redelivery do too): the record's text is copied for the others
+// only, in one allocation.
+func (s *Store) snapshotOf(sh *shard, rec *record, scope, key, fingerprint, messageUUID string) store.Record {
+	var given [textResult]string
+	given[textScope], given[textKey] = scope, key
+	if string(sh.field(rec, textFingerprint)) == fingerprint {
+		given[textFingerprint] = fingerprint
+	}
+	if string(sh.field(rec, textMessageUUID)) == messageUUID {
+		given[textMessageUUID] = messageUUID
+	}
+	var b strings.Builder
+	n := 0
+	for f, l := range rec.lens[:textResult] {
+		if given[f] == "" {
+			n += int(l)
+		}
+	}
+	b.Grow(n)
+	for f := range textResult {
+		if given[f] == "" {
+			b.Write(sh.field(rec, f))
+		}
+	}
+	text := b.String()
+	var v [textResult]string
+	for f, l := range rec.lens[:textResult] {
+		if given[f] != "" || l == 0 {
+			v[f] = given[f]
+			continue
+		}
+		v[f], text = text[:l], text[l:]
+	}
 	r := store.Record{
-		Scope:        rec.scope,
-		Key:          rec.key,
-		Fingerprint:  rec.fingerprint,
+		Scope:        v[textScope],
+		Key:          v[textKey],
+		Fingerprint:  v[textFingerprint],
 		Status:       rec.status,
 		Token:        rec.token,
 		Attempt:      rec.attempt,
-		Result:       bytes.Clone(rec.result),
-		ErrorKind:    rec.errorKind,
-		ErrorMessage: rec.errorMessage,
+		MessageUUID:  v[textMessageUUID],
+		ErrorKind:    store.ErrorKind(v[textErrorKind]),
+		ErrorMessage: v[textErrorMessage],
 		CreatedAt:    s.at(rec.created),
 		UpdatedAt:    s.at(rec.updated),
 		ExpiresAt:    s.at(rec.expires),
-		MessageUUID:  rec.messageUUID,
+	}
+	if rec.hasResult {
+		r.Result = bytes.Clone(sh.field(rec, textResult))
+		if r.Result == nil {
+			r.Result = []byte{}
+		}
 	}
 	if rec.status == store.StatusInProgress {
 		r.LeaseExpiresAt = s.at(rec.leaseExpires)

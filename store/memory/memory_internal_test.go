@@ -1,7 +1,10 @@
 package memory
 
 import (
+	"bytes"
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,8 +21,8 @@ func (s *Store) len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for _, head := range sh.records {
-			for r := head; r != nil; r = r.next {
+		for i := range sh.slots {
+			if sh.slots[i].used {
 				n++
 			}
 		}
@@ -173,5 +176,60 @@ func TestCollisionChainRemoval(t *testing.T) {
 	}
 	if n := s.len(); n != 1 {
 		t.Fatalf("%d records left, want 1", n)
+	}
+}
+
+// Records rewritten and removed leave waste in their shard's text until it
+// is compacted; the records kept must read back whole afterwards, from
+// reused slots too.
+func TestTextCompaction(t *testing.T) {
+	t.Parallel()
+	s, err := New(Options{Shards: 1, CleanupInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	result := func(i int) []byte { return []byte(strings.Repeat(strconv.Itoa(i), 100)) }
+	const n = 400
+	written := 0
+	for i := range n {
+		key := "k" + strconv.Itoa(i)
+		res, err := s.ClaimLease(ctx, store.LeaseRequest{Scope: "s", Key: key, Fingerprint: "fp" + key, MessageUUID: "m" + key, LeaseDuration: time.Minute})
+		if err != nil || res.Decision != store.DecisionExecute {
+			t.Fatalf("ClaimLease(%s) = %v, %v", key, res.Decision, err)
+		}
+		if err := s.Complete(ctx, res.Claim, store.Completion{Status: store.StatusSucceeded, Result: result(i), TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		written += len("s"+key+"fp"+key+"m"+key) + len(result(i))
+		if i%4 != 0 { // three records in four go: their text is waste
+			if err := s.Delete(ctx, "s", key, res.Claim.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sh := &s.shards[0]
+	if len(sh.text) > written*3/4 {
+		t.Fatalf("%d bytes of text, of %d written, three in four deleted: never compacted", len(sh.text), written)
+	}
+	for i := range n {
+		key := "k" + strconv.Itoa(i)
+		rec, err := s.Get(ctx, "s", key)
+		if i%4 != 0 {
+			if err == nil {
+				t.Fatalf("%s found after Delete", key)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Scope != "s" || rec.Key != key || rec.Fingerprint != "fp"+key || rec.MessageUUID != "m"+key || !bytes.Equal(rec.Result, result(i)) {
+			t.Fatalf("%s read back as %+v", key, rec)
+		}
+	}
+	if got := len(sh.slots); got > n/4+1 {
+		t.Fatalf("%d slots for %d records: freed slots are not reused", got, n/4)
 	}
 }
