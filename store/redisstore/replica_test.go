@@ -40,10 +40,20 @@ func waitInSync(tb testing.TB, addr string, n int) {
 		info, err := c.Info(context.Background(), "replication").Result()
 		// Online is not yet acknowledging: a diskless replica may still be
 		// loading what it was sent, and answers the primary's GETACK only
-		// then, so a WAIT of the test's own could time out. Wait for one.
+		// then, so a WAIT of the test's own could time out. Wait for one
+		// acknowledged write: WAIT counts the replicas that have the
+		// connection's own last write, and on a connection that wrote
+		// nothing returns at once, whatever the replicas acknowledged.
 		if err == nil && strings.Count(info, "state=online") >= n {
-			if acked, err := c.Do(context.Background(), "WAIT", n, 1000).Int(); err == nil && acked >= n {
-				return
+			var acked *redis.Cmd
+			if _, err := c.Pipelined(context.Background(), func(p redis.Pipeliner) error {
+				p.Set(context.Background(), "oncemill-test:in-sync", 1, 0)
+				acked = p.Do(context.Background(), "WAIT", n, 1000)
+				return nil
+			}); err == nil {
+				if got, _ := acked.Int(); got >= n {
+					return
+				}
 			}
 		}
 		if time.Now().After(deadline) {
@@ -55,13 +65,20 @@ func waitInSync(tb testing.TB, addr string, n int) {
 
 // pause stops the replica's process (SIGSTOP): the primary keeps it as
 // connected, but it acknowledges nothing, as a replica cut off or stalled
-// does. It resumes with the returned func, or when the test ends.
+// does. It resumes with the returned func, which returns once the replica
+// acknowledges writes again (on a busy machine a resumed replica takes
+// longer than the tests' WAIT bound to catch up), or when the test ends.
 func (r replicated) pause(tb testing.TB) (resume func()) {
 	tb.Helper()
 	if err := syscall.Kill(r.replica.pid, syscall.SIGSTOP); err != nil {
 		tb.Fatal(err)
 	}
-	resume = func() { syscall.Kill(r.replica.pid, syscall.SIGCONT) }
-	tb.Cleanup(resume)
-	return resume
+	tb.Cleanup(func() { syscall.Kill(r.replica.pid, syscall.SIGCONT) })
+	return func() {
+		tb.Helper()
+		if err := syscall.Kill(r.replica.pid, syscall.SIGCONT); err != nil {
+			tb.Fatal(err)
+		}
+		waitInSync(tb, r.primary.addr, 1)
+	}
 }

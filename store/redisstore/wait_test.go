@@ -52,7 +52,7 @@ func TestWaitReplicasOptions(t *testing.T) {
 }
 
 // waitTimeout is the bound of the tests' WAITs.
-const waitTimeout = 200 * time.Millisecond
+const waitTimeout = 500 * time.Millisecond
 
 // newWaitStore starts a primary and a replica and returns a store on the
 // primary that waits for the replica, and a client of the replica.
