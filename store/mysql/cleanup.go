@@ -34,7 +34,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return 0, wrap("delete expired", err)
 	}
-	s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
+	s.metrics.Removed(ctx, n)
 	return n, nil
 }
 
@@ -154,4 +154,20 @@ func (s *Store) rest(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// cleanupLag is what the oncemill.store.cleanup.lag gauge reports: how
+// long the oldest record cleanup may remove has waited for it, by the
+// server clock, or 0 when there is none.
+func (s *Store) cleanupLag(ctx context.Context) (time.Duration, error) {
+	ctx, cancel, err := s.gate.Enter(ctx, "cleanup lag", 0)
+	if err != nil {
+		return 0, err
+	}
+	defer s.gate.Leave(cancel)
+	var lag int64
+	if err := s.db.QueryRowContext(ctx, s.sql.cleanupLag).Scan(&lag); err != nil {
+		return 0, wrap("cleanup lag", err)
+	}
+	return time.Duration(lag) * time.Microsecond, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/oncemill/oncemill/internal/configerr"
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/cleanupmetrics"
 	"github.com/oncemill/oncemill/store/internal/gate"
 )
 
@@ -33,7 +34,7 @@ type Store struct {
 	stopCleaner context.CancelFunc
 	cleanerDone chan struct{}
 	cleanupMu   sync.Mutex // one pass at a time within this process
-	telemetry   *telemetry
+	metrics     *cleanupmetrics.Metrics
 }
 
 var (
@@ -61,8 +62,8 @@ func New(db *sql.DB, opts Options) (*Store, error) {
 	}
 	n := newNames(opts.Table)
 	s := &Store{db: db, opts: opts, names: n, sql: newStatements(n, leaseWait(opts.StatementTimeout)), gate: gate.Gate{Store: "mysql", Timeout: opts.StatementTimeout}}
-	if s.telemetry, err = newTelemetry(opts.MeterProvider, opts.Table, s.cleanupLag, s.gate.Closed, opts.Logger); err != nil {
-		return nil, err
+	if s.metrics, err = cleanupmetrics.Register(opts.MeterProvider, "github.com/oncemill/oncemill/store/mysql", opts.Table, s.cleanupLag, s.gate.Closed, opts.Logger); err != nil {
+		return nil, fmt.Errorf("oncemill: mysql: %w", err)
 	}
 	if opts.CleanupInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -92,7 +93,7 @@ func (s *Store) Close() error {
 			<-s.cleanerDone
 		}
 		s.gate.Close()
-		s.telemetry.close()
+		s.metrics.Close()
 	})
 	return nil
 }

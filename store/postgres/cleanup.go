@@ -60,7 +60,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
 	if err := s.pool.QueryRow(ctx, s.sql.cleanupBatch, limit, time.Time{}).Scan(&n, &newest); err != nil {
 		return 0, wrap("delete expired", err)
 	}
-	s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
+	s.metrics.Removed(ctx, n)
 	return n, nil
 }
 

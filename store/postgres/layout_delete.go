@@ -94,7 +94,7 @@ func (s deleteLayout) clean(ctx context.Context, leader *pgxpool.Conn) (removed 
 			return removed, wrap("cleanup", err)
 		}
 		removed += n
-		s.telemetry.deleted.Add(ctx, int64(n), s.telemetry.tableAttrs)
+		s.metrics.Removed(ctx, n)
 		if n < batch {
 			return removed, nil
 		}

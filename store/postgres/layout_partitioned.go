@@ -256,7 +256,7 @@ func (s *partitionedLayout) cleanupLag(ctx context.Context) (time.Duration, erro
 func (s *partitionedLayout) clean(ctx context.Context, leader *pgxpool.Conn) (removed int, err error) {
 	if leader != nil {
 		removed, err = s.partitionUpkeep(ctx)
-		s.telemetry.deleted.Add(ctx, int64(removed), s.telemetry.tableAttrs)
+		s.metrics.Removed(ctx, removed)
 	}
 	if (leader == nil || err != nil) && ctx.Err() == nil {
 		if ferr := s.refreshKeyFilters(ctx); ferr != nil {
@@ -277,7 +277,7 @@ func (s *partitionedLayout) dropExpired(ctx context.Context) (int, error) {
 	}
 	defer s.gate.Leave(cancel)
 	dropped, err := s.asLeader(ctx, s.partitionUpkeep)
-	s.telemetry.deleted.Add(ctx, int64(dropped), s.telemetry.tableAttrs)
+	s.metrics.Removed(ctx, dropped)
 	return dropped, err
 }
 

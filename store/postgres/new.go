@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/internal/configerr"
+	"github.com/oncemill/oncemill/store/internal/cleanupmetrics"
 	"github.com/oncemill/oncemill/store/internal/gate"
 	"github.com/oncemill/oncemill/store/postgres/internal/claimtx"
 )
@@ -45,9 +47,9 @@ func New(pool *pgxpool.Pool, opts Options) (*Store, error) {
 	} else {
 		s.layout = deleteLayout{s}
 	}
-	s.telemetry, err = newTelemetry(opts.MeterProvider, opts.Schema+"."+opts.Table, s.CleanupLag, s.gate.Closed, opts.Logger)
+	s.metrics, err = cleanupmetrics.Register(opts.MeterProvider, "github.com/oncemill/oncemill/store/postgres", opts.Schema+"."+opts.Table, s.CleanupLag, s.gate.Closed, opts.Logger)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("oncemill: postgres: %w", err)
 	}
 	if opts.CleanupInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncemill/oncemill/store"
+	"github.com/oncemill/oncemill/store/internal/cleanupmetrics"
 	"github.com/oncemill/oncemill/store/internal/gate"
 	"github.com/oncemill/oncemill/store/postgres/internal/claimtx"
 	"github.com/oncemill/oncemill/store/postgres/internal/pgerr"
@@ -35,7 +36,7 @@ type Store struct {
 	cleanupKey   int64
 	stopCleaner  context.CancelFunc
 	cleanerDone  chan struct{}
-	telemetry    *telemetry
+	metrics      *cleanupmetrics.Metrics
 	cleanupMu    sync.Mutex // one pass at a time within this process
 	claimRetries int        // bound on statement runs per claim (READ COMMITTED corner)
 
@@ -69,7 +70,7 @@ func (s *Store) Close() error {
 			s.stopCleaner()
 			<-s.cleanerDone
 		}
-		s.telemetry.close()
+		s.metrics.Close()
 	})
 	return nil
 }
