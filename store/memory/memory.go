@@ -62,7 +62,7 @@ func (o Options) withDefaults() (Options, error) {
 	case o.MaxKeyLen < 0:
 		return o, configerr.New("memory.Options", "MaxKeyLen is %d; use a positive length, or 0 for the default %d", o.MaxKeyLen, defaultMaxKeyLen)
 	case o.MaxKeyLen > maxTextLen:
-		o.MaxKeyLen = maxTextLen
+		return o, configerr.New("memory.Options", "MaxKeyLen is %d; use at most %d bytes, or 0 for the default %d", o.MaxKeyLen, maxTextLen, defaultMaxKeyLen)
 	}
 	return o, nil
 }
@@ -378,7 +378,7 @@ func (s *Store) checkBegin(req store.LeaseRequest) error {
 		return fmt.Errorf("oncemill: memory: begin: %w", err)
 	}
 	if len(req.Fingerprint) > maxTextLen || len(req.MessageUUID) > maxTextLen || len(req.Scope) > maxTextLen {
-		return fmt.Errorf("oncemill: memory: begin: fingerprint or message UUID longer than %d bytes: %w", maxTextLen, store.ErrInvalidRequest)
+		return fmt.Errorf("oncemill: memory: begin: scope, fingerprint or message UUID longer than %d bytes: %w", maxTextLen, store.ErrInvalidRequest)
 	}
 	if len(req.Key) > s.maxKeyLen {
 		return fmt.Errorf("oncemill: memory: begin: key is %d bytes, longer than MaxKeyLen %d; hash long keys with keygen.StorableKey: %w",

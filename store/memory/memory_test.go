@@ -3,6 +3,7 @@ package memory_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +64,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"too many shards", memory.Options{Shards: 1 << 17}, "at most 65536"},
 		{"negative cleanup disables", memory.Options{CleanupInterval: -1}, ""},
 		{"negative MaxKeyLen", memory.Options{MaxKeyLen: -5}, "Options: MaxKeyLen is -5"},
+		{"MaxKeyLen beyond 4 GiB", memory.Options{MaxKeyLen: math.MaxInt}, "use at most 4294967295 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
