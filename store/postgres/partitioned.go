@@ -115,7 +115,7 @@ func renderPartClaims(n names, from time.Time, current partition) partClaims {
 		in := strings.NewReplacer("{{PARTITION}}", n.schema+"."+pgx.Identifier{current.name}.Sanitize(), "{{UNTIL}}", timestampLiteral(current.upper))
 		c.until = current.upper
 		c.newCurrent = r(newTokenFromSequence.Replace(in.Replace(sqlPartClaimNewCurrent)))
-		c.deferredCurrent = r(deferredTokenLiteral.Replace(in.Replace(sqlPartClaimNewCurrentDeferred)))
+		c.deferredCurrent = r(firstTokenLiteral.Replace(in.Replace(sqlPartClaimNewCurrentDeferred)))
 	}
 	return c
 }

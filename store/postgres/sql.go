@@ -439,11 +439,14 @@ SELECT coalesce(extract(epoch FROM now() - (
 const deferredMarker = "oncemill: the key is held or has a record"
 
 // newTokenFromSequence gives a claim of the partitioned layout decided up
-// front the sequence's next token, and deferredTokenLiteral a deferred
-// claim, and the DELETE layout's sqlClaimNew, claimtx.Token.
+// front the sequence's next token; firstTokenLiteral gives claimtx.Token
+// to an insert the caller need not read the token back from: a deferred
+// claim's, and the DELETE layout's sqlClaimNew. A one-transaction record
+// exists only once its transaction commits, so no earlier holder of the
+// key can still be fenced by the same token.
 var (
 	newTokenFromSequence = strings.NewReplacer("{{NEW_TOKEN}}", "nextval({{SEQ_LITERAL}})")
-	deferredTokenLiteral = strings.NewReplacer("{{NEW_TOKEN}}", fmt.Sprint(claimtx.Token))
+	firstTokenLiteral    = strings.NewReplacer("{{NEW_TOKEN}}", fmt.Sprint(claimtx.Token))
 )
 
 // A deferred claim of a new key that no lookup in other partitions guards
@@ -484,8 +487,8 @@ func newStatements(n names, async bool) statements {
 	q := statements{
 		// The forms leave placeholders of their own, which render fills in.
 		begin:          n.render(begin.Replace(sqlClaim)),
-		claimNew:       n.render(deferredTokenLiteral.Replace(sqlClaimNew)),
-		claimDeferred:  n.render(deferredTokenLiteral.Replace(sqlClaimNewDeferred)),
+		claimNew:       n.render(firstTokenLiteral.Replace(sqlClaimNew)),
+		claimDeferred:  n.render(firstTokenLiteral.Replace(sqlClaimNewDeferred)),
 		claim:          n.render(claimForm.Replace(sqlClaim)),
 		commitResult:   n.render(sqlCommitResult),
 		recordRollback: n.render(sqlRecordRollback),

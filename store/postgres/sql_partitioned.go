@@ -422,6 +422,6 @@ VALUES ($1::text, $2::text, $3::text, {{SUCCEEDED}}, {{NEW_TOKEN}}, 1, false,
 // nothing when the key has a row, into a deferred claim's, which fails
 // instead of returning nothing.
 func deferredForm(insert string) string {
-	return "WITH ins AS (" + deferredTokenLiteral.Replace(insert) + ")\n" +
+	return "WITH ins AS (" + firstTokenLiteral.Replace(insert) + ")\n" +
 		"SELECT coalesce((SELECT token::text FROM ins), '" + deferredMarker + "')::int8"
 }
